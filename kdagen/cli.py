@@ -1,0 +1,146 @@
+"""The `kdagen` command line: emit, inspect and verify kernels."""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from .table import format_table
+
+
+class _ArchList(click.ParamType):
+    name = "ARCH[,ARCH...]"
+
+    def convert(self, value, param, ctx):
+        from .codegen.target import UnknownTargetError, parse_arch_list
+        if not isinstance(value, str):
+            return value
+        try:
+            return parse_arch_list(value)
+        except UnknownTargetError as err:
+            self.fail(str(err), param, ctx)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="kdagen")
+def main():
+    """kdagen: chunked gated-delta attention kernels (KDA, GDN) from a DSL, through MLIR, to PTX."""
+
+
+@main.command()
+@click.option("-o", "--out", "out_dir", default="kdagen-out", show_default=True,
+              type=click.Path(file_okay=False), help="Bundle folder to write.")
+@click.option("--arch", "targets", default="sm_90a,sm_100a,sm_120a", show_default=True,
+              type=_ArchList(), help="Comma-separated chips (or 'all').")
+@click.option("--head-dim", default=128, show_default=True, type=click.Choice(["64", "128"]),
+              help="Head dimension K = V.")
+def emit(out_dir, targets, head_dim):
+    """Generate kernels for each chip into a bundle (manifest.json + .ptx/.cubin)."""
+    from .emit import emit_bundle
+    emitted = emit_bundle(out_dir, targets, head_dim=int(head_dim))
+    rows = []
+    for item in emitted:
+        res = item.entry.resources or {}
+        status = {True: "ok", False: "FAILED", None: "no ptxas"}[item.assembled]
+        rows.append([item.entry.name, item.entry.chip, item.entry.path, res.get("registers", "-"),
+                     res.get("spill_stores", 0) + res.get("spill_loads", 0) if res else "-",
+                     res.get("shared_bytes", "-"), status])
+    click.echo(format_table(["kernel", "chip", "path", "registers", "spill bytes", "smem bytes",
+                             "ptxas"], rows))
+    click.echo(f"wrote {len(emitted)} kernels to {out_dir}")
+    failed = [e for e in emitted if e.assembled is False]
+    for item in failed:
+        click.echo(f"ptxas failed for {item.entry.name} on {item.entry.chip}:\n{item.log}", err=True)
+    if failed:
+        sys.exit(1)
+
+
+@main.command()
+@click.argument("bundle_dir", type=click.Path(exists=True, file_okay=False))
+def check(bundle_dir):
+    """Assemble every PTX of a bundle with ptxas for its chip (exit 1 on any failure)."""
+    from .bundle import BundleError
+    from .check import check_bundle
+    from .codegen.ptxas import PtxasNotFound
+    try:
+        results = check_bundle(bundle_dir)
+    except (PtxasNotFound, BundleError) as err:
+        raise click.ClickException(str(err))
+    click.echo(format_table(["kernel", "chip", "result", "detail"],
+                            [[r.kernel, r.chip, "pass" if r.ok else "FAIL", r.detail] for r in results]))
+    passed = sum(r.ok for r in results)
+    chips = sorted({r.chip for r in results if r.ok})
+    click.echo(f"{passed}/{len(results)} kernels assembled ({', '.join(chips) or 'no chips'})")
+    if passed != len(results) or not results:
+        sys.exit(1)
+
+
+@main.command(name="list")
+def list_cmd():
+    """List the programs and gates kdagen knows."""
+    from .ir import programs, gates
+    click.echo(format_table(["program", "description"], [list(r) for r in programs.list_programs()]))
+    click.echo()
+    click.echo(format_table(["gate", "description"], [list(r) for r in gates.list_gates()]))
+
+
+@main.command()
+@click.argument("program")
+@click.option("--stage", default="dsl", show_default=True,
+              help="Which stage of the program to print ('dsl': as the DSL built it).")
+@click.option("--option", "options", multiple=True, metavar="KEY=VALUE",
+              help="Program option, e.g. --option chunk_size=64 --option gate=lower_bound.")
+def show(program, stage, options):
+    """Print a program's MLIR at a stage of its pipeline."""
+    from .ir import programs
+    if stage != "dsl":
+        raise click.ClickException(f"--stage {stage}: only 'dsl' is available so far")
+    opts = _parse_options(options)
+    try:
+        module = programs.build_program(program, **opts)
+    except (KeyError, ValueError, TypeError) as err:
+        raise click.ClickException(str(err))
+    click.echo(str(module))
+
+
+@main.command()
+@click.argument("mlir_file", type=click.File("r"))
+@click.option("-p", "--pipeline", default="", help="Comma-separated pass names (empty: parse, "
+              "verify and print).")
+def opt(mlir_file, pipeline):
+    """Parse a kda-dialect MLIR file, run a pass pipeline on it, verify and print it."""
+    from .ir.dialect import parse_module
+    if pipeline.strip():
+        raise click.ClickException("-p: passes arrive with the pass tooling; only the empty pipeline "
+                                   "is available so far")
+    try:
+        module = parse_module(mlir_file.read())
+    except Exception as err:  # the MLIR diagnostic is the useful part of any parse/verify error
+        raise click.ClickException(f"{mlir_file.name}: {err}")
+    click.echo(str(module))
+
+
+def _parse_options(pairs: tuple[str, ...]) -> dict:
+    out = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep:
+            raise click.BadParameter(f"{pair!r}: expected KEY=VALUE", param_hint="--option")
+        out[key.strip()] = _coerce(raw.strip())
+    return out
+
+
+def _coerce(raw: str):
+    low = raw.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for kind in (int, float):
+        try:
+            return kind(raw)
+        except ValueError:
+            pass
+    return raw
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Kernels assembled directly from the codegen emitters (before the DSL lowering exists)."""

@@ -1,0 +1,48 @@
+"""The upstream MLIR lowering from gpu + nvvm + llvm dialects to PTX (DESIGN.md §2).
+
+The stages are data: an ordered list of pass-pipeline pieces, the chip filled in per target.
+`lower_to_ptx` runs them on a clone of the module and returns the PTX text of the gpu.module.
+"""
+from __future__ import annotations
+
+from .._mlir import gpu, ir, passmanager
+from .target import Target
+
+LOWERING_STAGES: tuple[str, ...] = (
+    "gpu-kernel-outlining",
+    "convert-scf-to-cf",
+    "nvvm-attach-target{{chip={chip} features={features} O=3}}",
+    "gpu.module(convert-gpu-to-nvvm)",
+    "convert-vector-to-llvm",
+    "expand-strided-metadata",
+    "finalize-memref-to-llvm",
+    "gpu-to-llvm",
+    "convert-to-llvm",
+    "reconcile-unrealized-casts",
+    "gpu-module-to-binary{{format=isa}}",
+)
+
+
+class LoweringError(RuntimeError):
+    pass
+
+
+def lowering_pipeline(target: Target) -> str:
+    stages = ",".join(s.format(chip=target.chip, features=target.ptx_features) for s in LOWERING_STAGES)
+    return f"builtin.module({stages})"
+
+
+def lower_to_ptx(module: ir.Module, target: Target) -> str:
+    """Lower a GPU container module for ``target`` and return the PTX of its gpu.module."""
+    with module.context:
+        work = ir.Module.parse(str(module))
+        try:
+            passmanager.PassManager.parse(lowering_pipeline(target)).run(work.operation)
+        except ir.MLIRError as err:
+            raise LoweringError(f"lowering to PTX for {target.chip} failed: {err}") from err
+        binaries = [op for op in work.body.operations if op.operation.name == "gpu.binary"]
+        if len(binaries) != 1:
+            raise LoweringError(f"expected one gpu.binary after lowering, found {len(binaries)}")
+        objects = binaries[0].attributes["objects"]
+        ptx = gpu.ObjectAttr(objects[0]).object
+    return ptx.decode() if isinstance(ptx, bytes) else ptx

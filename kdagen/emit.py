@@ -1,0 +1,64 @@
+"""`kdagen emit`: build kernels for each chip, lower to PTX, assemble, and write a bundle."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .bundle import MANIFEST, KernelEntry, Manifest, write_atomic
+from .codegen import ptxas as ptxas_mod
+from .codegen.common.kernel import GpuModuleBuilder
+from .codegen.kernels.gate_cumsum import GateCumsumSpec, build_gate_cumsum
+from .codegen.target import Target
+from .codegen.to_ptx import lower_to_ptx
+from .version import __version__, source_hash
+
+SUPPORTED_HEAD_DIMS = (64, 128)
+
+
+@dataclass
+class EmittedKernel:
+    entry: KernelEntry
+    assembled: bool | None          # None: ptxas not available
+    log: str
+
+
+def _kernel_specs(head_dim: int) -> list[GateCumsumSpec]:
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"head_dim: {head_dim} is not supported; choose one of {SUPPORTED_HEAD_DIMS}")
+    return [GateCumsumSpec(head_dim=head_dim)]
+
+
+def emit_bundle(out_dir: str | Path, targets: list[Target], head_dim: int = 128) -> list[EmittedKernel]:
+    """Emit every kernel for every target into ``out_dir``; returns what was emitted."""
+    out = Path(out_dir)
+    try:
+        ptxas = ptxas_mod.find_ptxas()
+        version = ptxas_mod.ptxas_version(ptxas)
+    except ptxas_mod.PtxasNotFound:
+        ptxas, version = None, None
+    manifest = Manifest(kdagen_version=__version__, source_hash=source_hash(), ptxas_version=version)
+    emitted: list[EmittedKernel] = []
+    for spec in _kernel_specs(head_dim):
+        builder = GpuModuleBuilder()
+        build_gate_cumsum(builder, spec)
+        builder.verify()
+        for target in targets:
+            ptx = lower_to_ptx(builder.module, target)
+            stem = f"{spec.name}.{target.chip}"
+            write_atomic(out / f"{stem}.ptx", ptx)
+            entry = KernelEntry(name=spec.name, chip=target.chip, path="portable",
+                                ptx_file=f"{stem}.ptx",
+                                params=[asdict(p) for p in spec.params()], launch=spec.launch())
+            assembled, log = None, "ptxas not found: PTX only"
+            if ptxas:
+                result = ptxas_mod.assemble(ptx, target.chip, ptxas)
+                assembled, log = result.ok, result.log
+                if result.cubin:
+                    write_atomic(out / f"{stem}.cubin", result.cubin)
+                    entry.cubin_file = f"{stem}.cubin"
+                if spec.name in result.resources:
+                    entry.resources = asdict(result.resources[spec.name])
+            manifest.kernels.append(entry)
+            emitted.append(EmittedKernel(entry, assembled, log))
+    write_atomic(out / MANIFEST, manifest.to_json())
+    return emitted
