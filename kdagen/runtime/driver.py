@@ -1,0 +1,85 @@
+"""Thin, checked wrappers over the CUDA driver API (cuda-bindings). Imports no MLIR.
+
+Every driver call goes through `check`, which raises `DriverError` naming the call, the kernel
+(when there is one) and the driver's own error name and text.
+"""
+from __future__ import annotations
+
+import ctypes
+
+
+class DriverError(RuntimeError):
+    pass
+
+
+def _driver():
+    try:
+        from cuda.bindings import driver
+    except ImportError as err:  # pragma: no cover - cuda-bindings is a hard dependency
+        raise DriverError("cuda-bindings is not installed: pip install cuda-bindings") from err
+    return driver
+
+
+def check(result, call: str, kernel: str | None = None):
+    """Unpack a cuda-bindings result tuple ``(CUresult, *values)``, raising on any error."""
+    driver = _driver()
+    status, *values = result if isinstance(result, tuple) else (result,)
+    if status != driver.CUresult.CUDA_SUCCESS:
+        _, name = driver.cuGetErrorName(status)
+        _, text = driver.cuGetErrorString(status)
+        where = f" for kernel {kernel}" if kernel else ""
+        name = name.decode() if isinstance(name, bytes) else name
+        text = text.decode() if isinstance(text, bytes) else text
+        raise DriverError(f"{call} failed{where}: {name}: {text}")
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def current_context(device_index: int):
+    """The context torch uses on ``device_index`` (its primary context), made current."""
+    import torch
+    driver = _driver()
+    torch.cuda.init()
+    with torch.cuda.device(device_index):
+        torch.cuda.current_stream()  # forces torch to create and bind its context
+        ctx = check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
+        if ctx is None or int(ctx) == 0:
+            dev = check(driver.cuDeviceGet(device_index), "cuDeviceGet")
+            ctx = check(driver.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+            check(driver.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+    return ctx
+
+
+def load_module(image: bytes, what: str):
+    """cuModuleLoadData on a cubin or NUL-terminated PTX image."""
+    driver = _driver()
+    return check(driver.cuModuleLoadData(image), "cuModuleLoadData", what)
+
+
+def get_function(module, name: str):
+    driver = _driver()
+    return check(driver.cuModuleGetFunction(module, name.encode()), "cuModuleGetFunction", name)
+
+
+def set_max_dynamic_shared(function, nbytes: int, name: str) -> None:
+    driver = _driver()
+    attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    check(driver.cuFuncSetAttribute(function, attr, nbytes), "cuFuncSetAttribute", name)
+
+
+_CTYPES = {"ptr": ctypes.c_void_p, "i32": ctypes.c_int32, "i64": ctypes.c_int64, "f32": ctypes.c_float}
+
+
+def pack_params(kinds: list[str], values: list) -> tuple[ctypes.Array, list]:
+    """Build the ``void*[]`` array cuLaunchKernel expects; returns it and the storage to keep alive."""
+    storage = [_CTYPES[kind](value) for kind, value in zip(kinds, values)]
+    pointers = (ctypes.c_void_p * len(storage))(*[ctypes.addressof(s) for s in storage])
+    return pointers, storage
+
+
+def launch(function, grid, block, shared_bytes: int, stream_handle: int, kinds, values, name: str):
+    driver = _driver()
+    pointers, _keepalive = pack_params(kinds, values)
+    check(driver.cuLaunchKernel(function, *grid, *block, shared_bytes, stream_handle,
+                                ctypes.addressof(pointers), 0), "cuLaunchKernel", name)
