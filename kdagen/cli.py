@@ -84,39 +84,75 @@ def list_cmd():
     click.echo(format_table(["gate", "description"], [list(r) for r in gates.list_gates()]))
 
 
+def _pipeline_options(fn):
+    fn = click.option("--dump-before", multiple=True, metavar="PASS",
+                      help="Print the IR before this pass ('all' for every pass).")(fn)
+    fn = click.option("--dump-after", multiple=True, metavar="PASS",
+                      help="Print the IR after this pass ('all' for every pass).")(fn)
+    fn = click.option("--time-passes", is_flag=True, help="Report the time of each pass.")(fn)
+    return fn
+
+
+def _run_passes(module, passes, dump_before, dump_after, time_passes, keep_stages=False):
+    from .passes.pipeline import PassFailure, run_pipeline
+    try:
+        run = run_pipeline(module, passes, dump_before=tuple(dump_before),
+                           dump_after=tuple(dump_after), time_passes=time_passes,
+                           keep_stages=keep_stages)
+    except PassFailure as err:
+        raise click.ClickException(str(err))
+    if time_passes:
+        click.echo(run.format_timings(), err=True)
+    return run
+
+
 @main.command()
 @click.argument("program")
 @click.option("--stage", default="dsl", show_default=True,
-              help="Which stage of the program to print ('dsl': as the DSL built it).")
+              help="'dsl' (as the DSL built it), 'final' (after the whole pipeline) or the name of "
+                   "a pass of the pipeline (the IR right after it).")
+@click.option("--arch", default="sm_90a", show_default=True, help="Chip whose pipeline to run.")
 @click.option("--option", "options", multiple=True, metavar="KEY=VALUE",
               help="Program option, e.g. --option chunk_size=64 --option gate=lower_bound.")
-def show(program, stage, options):
+@_pipeline_options
+def show(program, stage, arch, options, dump_before, dump_after, time_passes):
     """Print a program's MLIR at a stage of its pipeline."""
     from .ir import programs
-    if stage != "dsl":
-        raise click.ClickException(f"--stage {stage}: only 'dsl' is available so far")
-    opts = _parse_options(options)
+    from .passes.base import PipelineSyntaxError
+    from .passes.pipelines import pipeline_for
     try:
-        module = programs.build_program(program, **opts)
-    except (KeyError, ValueError, TypeError) as err:
+        module = programs.build_program(program, **_parse_options(options))
+        passes = [] if stage == "dsl" else pipeline_for(arch)
+    except (KeyError, ValueError, TypeError, PipelineSyntaxError) as err:
         raise click.ClickException(str(err))
+    if stage not in ("dsl", "final"):
+        names = [p.name for p in passes]
+        if stage not in names:
+            raise click.ClickException(f"--stage {stage}: not a pass of the {arch} pipeline; "
+                                       f"choose dsl, final or one of: {', '.join(names)}")
+        passes = passes[:len(names) - names[::-1].index(stage)]
+    _run_passes(module, passes, dump_before, dump_after, time_passes)
     click.echo(str(module))
 
 
 @main.command()
 @click.argument("mlir_file", type=click.File("r"))
-@click.option("-p", "--pipeline", default="", help="Comma-separated pass names (empty: parse, "
-              "verify and print).")
-def opt(mlir_file, pipeline):
+@click.option("-p", "--pipeline", default="", help="Passes to run, e.g. "
+              "'kda-stable-reassociate,kda-partition{fuse=true}' (empty: parse, verify, print).")
+@_pipeline_options
+def opt(mlir_file, pipeline, dump_before, dump_after, time_passes):
     """Parse a kda-dialect MLIR file, run a pass pipeline on it, verify and print it."""
     from .ir.dialect import parse_module
-    if pipeline.strip():
-        raise click.ClickException("-p: passes arrive with the pass tooling; only the empty pipeline "
-                                   "is available so far")
+    from .passes.base import PipelineSyntaxError, parse_pipeline
+    try:
+        passes = parse_pipeline(pipeline)
+    except PipelineSyntaxError as err:
+        raise click.ClickException(f"-p: {err}")
     try:
         module = parse_module(mlir_file.read())
     except Exception as err:  # the MLIR diagnostic is the useful part of any parse/verify error
         raise click.ClickException(f"{mlir_file.name}: {err}")
+    _run_passes(module, passes, dump_before, dump_after, time_passes)
     click.echo(str(module))
 
 

@@ -1,0 +1,39 @@
+"""Generic passes: verification and MLIR's own canonicalization."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .._mlir import ir, passmanager
+from .base import ModulePass, PassError, register_pass
+
+
+@register_pass
+@dataclass
+class VerifyPass(ModulePass):
+    """Run MLIR's verifier (and the kda dialect's shape rules when present)."""
+    name = "verify"
+    summary = "verify the module"
+
+    def run(self, module: ir.Module) -> None:
+        with module.context:
+            if not module.operation.verify():
+                raise PassError("module does not verify")
+        try:
+            from ..ir.dialect import verify_kda
+        except ImportError:
+            return
+        verify_kda(module)
+
+
+@register_pass
+@dataclass
+class CanonicalizePass(ModulePass):
+    """MLIR's canonicalizer followed by common-subexpression elimination."""
+    name = "canonicalize"
+    summary = "fold constants, remove dead ops, merge duplicate ops"
+    cse: bool = True
+
+    def run(self, module: ir.Module) -> None:
+        pipeline = "builtin.module(canonicalize" + (",cse" if self.cse else "") + ")"
+        with module.context:
+            passmanager.PassManager.parse(pipeline).run(module.operation)

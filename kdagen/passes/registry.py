@@ -1,0 +1,2 @@
+"""Imports every pass module so that each registers itself by name."""
+from . import builtin  # noqa: F401
