@@ -1,0 +1,119 @@
+"""f32 <-> bf16/f16 packing, and reuse of mma accumulators as operands of the next mma.
+
+Packing: two f32 values become one 32-bit register holding two 16-bit values, low half first
+(``cvt.rn.bf16x2.f32`` / ``cvt.rn.f16x2.f32``: round to nearest even). This is the register format
+of every 16-bit mma/wgmma fragment.
+
+Register reuse (FlashAttention style): an f32 accumulator tile in mma C layout, rounded to 16 bits,
+*is* an A-operand fragment for the next mma (`acc_to_a`), and its transpose is a B-operand fragment
+(`acc_to_bt`) — no trip through shared memory. The register mapping is `layouts.acc_to_a_source` /
+`layouts.acc_to_bt_source`, which the CPU tests prove to be bijections onto the A/B layouts.
+"""
+from __future__ import annotations
+
+from ..._mlir import arith, ir, llvm, nvvm
+from .layouts import acc_to_a_source, acc_to_bt_source
+
+HALF_TYPES = ("bf16", "f16")
+
+
+def _half_type(dtype: str) -> ir.Type:
+    if dtype == "bf16":
+        return ir.BF16Type.get()
+    if dtype == "f16":
+        return ir.F16Type.get()
+    raise ValueError(f"16-bit operand type must be one of {HALF_TYPES}, got {dtype!r}")
+
+
+def _i32() -> ir.Type:
+    return ir.IntegerType.get_signless(32)
+
+
+def pack_f32x2(lo: ir.Value, hi: ir.Value, dtype: str = "bf16") -> ir.Value:
+    """Round two f32 to ``dtype`` (RN) and pack them into an i32: ``lo`` in bits 0-15."""
+    vec = ir.VectorType.get([2], _half_type(dtype))
+    if dtype == "bf16":
+        packed = nvvm.convert_f32x2_to_bf16x2(vec, hi, lo, rnd=nvvm.FPRoundingMode.RN)
+    else:
+        packed = nvvm.convert_f32x2_to_f16x2(vec, hi, lo, rnd=nvvm.FPRoundingMode.RN)
+    return llvm.bitcast(_i32(), packed)
+
+
+def unpack_x2(packed: ir.Value, dtype: str = "bf16") -> tuple[ir.Value, ir.Value]:
+    """Split an i32 holding two 16-bit values into two f32 (low, high)."""
+    vec_t = ir.VectorType.get([2], _half_type(dtype))
+    vec = llvm.bitcast(vec_t, packed)
+    f32 = ir.F32Type.get()
+    out = []
+    for i in range(2):
+        elem = llvm.extractelement(vec, arith.constant(_i32(), i))
+        out.append(arith.extf(f32, elem))
+    return out[0], out[1]
+
+
+def to_f32(value: ir.Value) -> ir.Value:
+    if isinstance(value.type, ir.F32Type):
+        return value
+    return arith.extf(ir.F32Type.get(), value)
+
+
+def from_f32(value: ir.Value, dtype: str) -> ir.Value:
+    """Round an f32 to ``dtype`` ('f32' leaves it alone)."""
+    if dtype == "f32":
+        return value
+    return arith.truncf(_half_type(dtype), value)
+
+
+def acc_to_a_frags(layout, values: list, pack) -> dict:
+    """Generic form of `acc_to_a` over any ``pack(lo, hi)`` (MLIR emitter or numpy simulator)."""
+    if layout.atoms_n % 2:
+        raise ValueError("accumulator → A needs an even number of n8 atoms per warp (K multiple of 16)")
+    out = {}
+    for am in range(layout.atoms_m):
+        for kk in range(layout.atoms_n // 2):
+            regs = []
+            for j in range(4):
+                atom, lo, hi = acc_to_a_source(j)
+                an = 2 * kk + atom
+                regs.append(pack(values[layout.reg(am, an, lo)], values[layout.reg(am, an, hi)]))
+            out[(am, kk)] = regs
+    return out
+
+
+def acc_to_bt_frags(layout, values: list, pack) -> dict:
+    """Generic form of `acc_to_bt` over any ``pack(lo, hi)``."""
+    if layout.atoms_n % 2:
+        raise ValueError("accumulator → Bᵀ needs an even number of n8 atoms per warp (K multiple of 16)")
+    out = {}
+    for am in range(layout.atoms_m):
+        for kk in range(layout.atoms_n // 2):
+            for nb in range(2):
+                regs = []
+                for r in range(2):
+                    atom, lo, hi = acc_to_bt_source(nb, r)
+                    an = 2 * kk + atom
+                    regs.append(pack(values[layout.reg(am, an, lo)], values[layout.reg(am, an, hi)]))
+                out[(kk, 2 * am + nb)] = regs
+    return out
+
+
+def acc_to_a(acc, dtype: str = "bf16"):
+    """A-operand fragments of an accumulator tile, as a `mma.RegOperand`.
+
+    Each warp's block [warp_rows, warp_cols] becomes the A operand [M = warp_rows, K = warp_cols]
+    of the next warp_matmul: key (am, kk) → 4 packed registers, kk the 16-wide k block.
+    """
+    from .mma import RegOperand
+    frags = acc_to_a_frags(acc.layout, acc.values, lambda lo, hi: pack_f32x2(lo, hi, dtype))
+    return RegOperand(frags, acc.layout)
+
+
+def acc_to_bt(acc, dtype: str = "bf16"):
+    """B-operand fragments of the *transpose* of an accumulator tile X, as a `mma.RegOperand`.
+
+    Each warp's X block [rows → n, cols → k] gives key (kk, an) → 2 packed registers for n8 atom
+    ``an`` of Xᵀ (an = 2·am + {0, 1}).
+    """
+    from .mma import RegOperand
+    frags = acc_to_bt_frags(acc.layout, acc.values, lambda lo, hi: pack_f32x2(lo, hi, dtype))
+    return RegOperand(frags, acc.layout)
