@@ -1,0 +1,467 @@
+"""The ``kda`` MLIR dialect: tile-level ops of chunked gated-delta attention, defined with IRDL.
+
+The dialect is declared by a table (:data:`OPS`) from which IRDL text is generated and loaded
+into every context made by :func:`make_context`. IRDL checks op names, operand/result counts,
+operand kinds (tile = builtin ranked tensor, memref, index) and required attributes. What IRDL
+cannot express is documented here and done differently:
+
+* **Terminators.** IRDL cannot declare the ``Terminator`` trait, so regions of ``kda.scan`` end
+  with ``gpu.yield`` (it has no parent constraint and verifies inside any region).
+* **Shape rules** (matmul shapes, broadcast dims, equal types of elementwise operands, ...)
+  are checked by :func:`verify_kda`, a Python verifier that :func:`parse_module` and
+  :func:`verify` run after MLIR's own verifier.
+
+Execution model (what the interpreter implements; DESIGN.md §4 is the math):
+
+* A program is a ``func.func`` whose arguments are global tensors (builtin memrefs with
+  dynamic dims and their storage element type) plus the scalar ``scale``; argument attributes
+  ``kda.name`` / ``kda.role`` / ``kda.layout`` name them, function attributes ``kda.*`` record the
+  program options.
+* Every *tile* value (a ranked tensor such as ``tensor<64x128xf32>``) is implicitly indexed by
+  the pair (sequence n, value head hv): the (sequence, value-head) iteration is implicit
+  parallelism, mapped to the grid by a later pass. Memref-only ops (``kda.sum_seqs``,
+  ``kda.sum_head_groups``) are global: they run after all the tile work before them.
+* ``kda.scan`` iterates over the chunks of each sequence (in reverse with ``reverse = true``),
+  carrying its block arguments (e.g. the ``[K, V]`` fp32 state) from chunk to chunk.
+* Token memrefs are ``[B, T, H, D...]``; a load of chunk ``c`` reads rows
+  ``c*C .. c*C+C-1`` of the current sequence (varlen: offsets from ``cu_seqlens``); rows past
+  the sequence end read as 0 and are not stored. ``head_map = "grouped"`` reads head
+  ``hv // (HV // H)`` (GVA); ``"direct"`` reads head ``hv``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kdagen._mlir import ir, irdl
+
+__all__ = [
+    "OPS",
+    "OpSpec",
+    "KdaVerifyError",
+    "make_context",
+    "parse_module",
+    "verify",
+    "verify_kda",
+    "print_module",
+    "irdl_text",
+]
+
+# operand / result kinds -> IRDL constraint
+_KINDS = {
+    "tile": 'irdl.base "!builtin.tensor"',
+    "memref": 'irdl.base "!builtin.memref"',
+    "index": 'irdl.is index',
+    "f32": 'irdl.is f32',
+    "any": 'irdl.any',
+}
+# attribute kinds -> IRDL constraint
+_ATTR_KINDS = {
+    "str": 'irdl.base "#builtin.string"',
+    "bool": 'irdl.base "#builtin.integer"',
+    "int": 'irdl.base "#builtin.integer"',
+    "float": 'irdl.base "#builtin.float"',
+    "dims": 'irdl.base "#builtin.dense_array"',
+}
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """One kda op: operands/results as ``(name, kind)`` (kind ``"...*"`` = variadic),
+    required attributes as ``(name, kind)``, region names, a one-line doc."""
+
+    operands: tuple = ()
+    results: tuple = ()
+    attrs: tuple = ()
+    regions: tuple = ()
+    doc: str = ""
+    group: str = "math"
+
+
+def _u(doc, same=True):  # unary tile op (same=True: operand and result of one type)
+    k = "tile@T" if same else "tile"
+    return OpSpec(operands=(("x", k),), results=(("res", k),), doc=doc)
+
+
+def _b(doc, same=True):  # binary tile op
+    k = "tile@T" if same else "tile"
+    return OpSpec(operands=(("lhs", k), ("rhs", k)), results=(("res", k),), doc=doc)
+
+
+OPS: dict[str, OpSpec] = {
+    # ---- structure and memory -----------------------------------------------------------
+    "scan": OpSpec(
+        operands=(("init", "any*"),), results=(("final", "any*"),), attrs=(("reverse", "bool"),),
+        regions=("body",), group="structure",
+        doc="Iterate over the chunks of each (sequence, value head); block args (chunk: index, "
+            "carried...); gpu.yield gives the next carried values; results are the last ones. "
+            "reverse = true runs from the last chunk to the first."),
+    "load": OpSpec(
+        operands=(("src", "memref"), ("chunk", "index")), results=(("tile", "tile"),),
+        attrs=(("name", "str"), ("head_map", "str")), group="memory",
+        doc="Load the [C, D...] tile of chunk `chunk` from a [B, T, H, D...] token tensor; rows "
+            "past the sequence end are 0; head_map 'grouped' reads head hv // (HV // H)."),
+    "store": OpSpec(
+        operands=(("dst", "memref"), ("chunk", "index"), ("tile", "tile")),
+        attrs=(("name", "str"),), group="memory",
+        doc="Store a [C, D...] tile to chunk `chunk` of a [B, T, HV, D...] token tensor (head hv); "
+            "rows past the sequence end are not stored."),
+    "load_head": OpSpec(
+        operands=(("src", "memref"),), results=(("tile", "tile"),), attrs=(("name", "str"),),
+        group="memory", doc="Load the per-head parameter row src[hv] of an [HV, D...] tensor."),
+    "load_state": OpSpec(
+        operands=(("src", "memref"),), results=(("tile", "tile"),), attrs=(("name", "str"),),
+        group="memory", doc="Load src[n, hv] of an [N, HV, D...] per-(sequence, head) tensor."),
+    "store_state": OpSpec(
+        operands=(("dst", "memref"), ("tile", "tile")), attrs=(("name", "str"),), group="memory",
+        doc="Store dst[n, hv] of an [N, HV, D...] per-(sequence, head) tensor."),
+    "load_chunk": OpSpec(
+        operands=(("src", "memref"), ("chunk", "index")), results=(("tile", "tile"),),
+        attrs=(("name", "str"),), group="memory",
+        doc="Load the tile of (sequence, chunk, head) from a per-chunk workspace "
+            "[total chunks, HV, D...]."),
+    "store_chunk": OpSpec(
+        operands=(("dst", "memref"), ("chunk", "index"), ("tile", "tile")), attrs=(("name", "str"),),
+        group="memory", doc="Store the tile of (sequence, chunk, head) to a per-chunk workspace."),
+    "workspace": OpSpec(
+        results=(("buffer", "memref"),), attrs=(("name", "str"), ("layout", "str")), group="memory",
+        doc="Declare a named workspace buffer between scans/kernels; layout 'chunk' "
+            "[total chunks, HV, D...], 'token' [B, T, HV, D...] or 'state' [N, HV, D...]."),
+    "sum_head_groups": OpSpec(
+        operands=(("src", "memref"), ("dst", "memref")), attrs=(("name", "str"),), group="memory",
+        doc="Global: dst[b, t, h] = sum of src[b, t, hv] over the value heads hv of q/k head h (GVA)."),
+    "sum_seqs": OpSpec(
+        operands=(("src", "memref"), ("dst", "memref")), attrs=(("name", "str"),), group="memory",
+        doc="Global: dst[hv, ...] = sum over sequences n of src[n, hv, ...]."),
+    "valid_rows": OpSpec(
+        operands=(("chunk", "index"),), results=(("mask", "tile"),), group="memory",
+        doc="tensor<Cxi1>: which rows of chunk `chunk` lie inside the sequence."),
+    "scalar": OpSpec(
+        operands=(("x", "f32"),), results=(("res", "tile"),), group="memory",
+        doc="A scalar program argument as a rank-0 tile."),
+    "constant": OpSpec(
+        results=(("res", "tile"),), attrs=(("value", "float"),),
+        doc="A tile filled with one value."),
+    # ---- elementwise ---------------------------------------------------------------------
+    "add": _b("lhs + rhs"),
+    "sub": _b("lhs - rhs"),
+    "mul": _b("lhs * rhs"),
+    "div": _b("lhs / rhs"),
+    "neg": _u("-x"),
+    "exp2": _u("2^x"),
+    "log2": _u("log2(x)"),
+    "sigmoid": _u("1 / (1 + e^-x)"),
+    "softplus": _u("log(1 + e^x)"),
+    "rsqrt": _u("1 / sqrt(x)"),
+    "convert": _u("element type conversion (bf16/fp16 storage <-> fp32 math)", same=False),
+    "select": OpSpec(
+        operands=(("cond", "tile"), ("lhs", "tile@T"), ("rhs", "tile@T")), results=(("res", "tile@T"),),
+        doc="cond ? lhs : rhs (cond an i1 tile of the same shape)"),
+    "assume_range": OpSpec(
+        operands=(("x", "tile@T"),), results=(("res", "tile@T"),), attrs=(("lo", "float"), ("hi", "float")),
+        doc="Identity that declares lo <= x <= hi (a gate's declared output range, for the "
+            "exponent-range analysis)."),
+    # ---- shape ---------------------------------------------------------------------------
+    "broadcast": OpSpec(
+        operands=(("x", "tile"),), results=(("res", "tile"),), attrs=(("dims", "dims"),),
+        doc="Expand x to the result shape; `dims` are the result dims x does not have."),
+    "reduce_sum": OpSpec(
+        operands=(("x", "tile"),), results=(("res", "tile"),), attrs=(("dims", "dims"),),
+        doc="Sum over the dims `dims` (e.g. [1]: row sums of a [C, D] tile; [0]: over tokens)."),
+    "cumsum": OpSpec(
+        operands=(("x", "tile@T"),), results=(("res", "tile@T"),), attrs=(("reverse", "bool"),),
+        doc="Inclusive cumulative sum over rows (dim 0) within the chunk; reverse = suffix sums."),
+    "transpose": _u("2-D transpose", same=False),
+    "extract_row": OpSpec(
+        operands=(("x", "tile"),), results=(("res", "tile"),), attrs=(("index", "int"),),
+        doc="Row `index` of a tile (negative counts from the end)."),
+    "embed_row": OpSpec(
+        operands=(("x", "tile"),), results=(("res", "tile"),), attrs=(("index", "int"),),
+        doc="A tile of the result shape that is 0 except row `index`, which is x."),
+    # ---- matrix --------------------------------------------------------------------------
+    "dot": OpSpec(
+        operands=(("lhs", "tile"), ("rhs", "tile")), results=(("res", "tile"),),
+        attrs=(("transpose_lhs", "bool"), ("transpose_rhs", "bool")),
+        doc="Tile matmul op(lhs) @ op(rhs), op = transpose where flagged."),
+    "tril": OpSpec(
+        operands=(("x", "tile@T"),), results=(("res", "tile@T"),), attrs=(("diagonal", "int"),),
+        doc="Keep x[i, j] with j <= i + diagonal, zero elsewhere (diagonal -1: strictly lower)."),
+    "tril_inv": _u("(I + strict_tril(x))^-1: inverse of the unit lower-triangular WY/UT matrix"),
+    "tril_solve": _b("(I + strict_tril(lhs))^-1 @ rhs: unit lower-triangular solve", same=False),
+}
+
+
+def irdl_text() -> str:
+    """The IRDL module that defines the kda dialect (generated from :data:`OPS`).
+
+    Every operand, result and attribute gets its own IRDL constraint variable (IRDL unifies
+    uses of one variable), except kinds written ``kind@VAR``, which share variable VAR: the
+    operands and result of elementwise ops must have one type.
+    """
+    lines = ["irdl.dialect @kda {"]
+    for name, spec in OPS.items():
+        defs, shared, n = [], {}, 0
+
+        def var(kind, table):
+            nonlocal n
+            base, _, tag = kind.partition("@")
+            if tag and tag in shared:
+                return shared[tag]
+            v = f"%v{n}"
+            n += 1
+            defs.append(f"    {v} = {table[base]}")
+            if tag:
+                shared[tag] = v
+            return v
+
+        def seg(items):
+            out = []
+            for nm, kind in items:
+                variadic = kind.endswith("*")
+                out.append(f"{nm}: {'variadic ' if variadic else ''}{var(kind.rstrip('*'), _KINDS)}")
+            return ", ".join(out)
+
+        body = []
+        if spec.operands:
+            body.append(f"    irdl.operands({seg(spec.operands)})")
+        if spec.results:
+            body.append(f"    irdl.results({seg(spec.results)})")
+        if spec.attrs:
+            parts = [f'"{nm}" = {var(k, _ATTR_KINDS)}' for nm, k in spec.attrs]
+            body.append(f"    irdl.attributes {{{', '.join(parts)}}}")
+        if spec.regions:
+            regs = []
+            for r in spec.regions:
+                defs.append(f"    %r_{r} = irdl.region")
+                regs.append(f"{r}: %r_{r}")
+            body.append(f"    irdl.regions({', '.join(regs)})")
+        lines.append(f"  irdl.operation @{name} {{")
+        lines.extend(defs + body)
+        lines.append("  }")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+_IRDL_CACHE: dict[int, ir.Module] = {}
+
+
+def load_dialect(ctx: ir.Context) -> None:
+    """Load the kda dialect into ``ctx`` (call once per context)."""
+    with ctx, ir.Location.unknown():
+        m = ir.Module.parse(irdl_text())
+        irdl.load_dialects(m)
+    _IRDL_CACHE[id(ctx)] = m  # keep the definitions alive with the context
+
+
+def make_context() -> ir.Context:
+    """A new MLIR context with the kda dialect (and the builtin/func/gpu dialects) loaded."""
+    ctx = ir.Context()
+    load_dialect(ctx)
+    return ctx
+
+
+class KdaVerifyError(ValueError):
+    """A kda module failed verification (MLIR's verifier or the kda shape rules)."""
+
+
+def parse_module(text: str, context: ir.Context | None = None) -> ir.Module:
+    """Parse MLIR text in a kda context and verify it (MLIR + kda shape rules).
+
+    Raises :class:`KdaVerifyError` carrying the MLIR diagnostic on failure.
+    """
+    ctx = context or make_context()
+    with ctx, ir.Location.unknown():
+        try:
+            module = ir.Module.parse(text)
+        except Exception as err:  # MLIRError: its str() holds the diagnostics
+            raise KdaVerifyError(str(err)) from None
+    verify(module)
+    return module
+
+
+def verify(module: ir.Module) -> None:
+    """Run MLIR's verifier and :func:`verify_kda`; raise :class:`KdaVerifyError` on failure."""
+    try:
+        module.operation.verify()
+    except Exception as err:
+        raise KdaVerifyError(str(err)) from None
+    verify_kda(module)
+
+
+def print_module(module, *, debug_info: bool = False) -> str:
+    """MLIR text of a module (or op) with the DSL's value names as SSA names (``%kd``, ``%S``).
+
+    ``debug_info=True`` also prints the locations, so that the names survive a parse.
+    """
+    op = module.operation if hasattr(module, "operation") else module
+    return op.get_asm(use_name_loc_as_prefix=True, enable_debug_info=debug_info,
+                      assume_verified=True)
+
+
+# --------------------------------------------------------------------------------------
+# kda shape verifier
+# --------------------------------------------------------------------------------------
+
+
+def _shape(t):
+    return tuple(ir.ShapedType(t).shape)
+
+
+def _etype(t):
+    return str(ir.ShapedType(t).element_type)
+
+
+def _is_tile(t):
+    return isinstance(t, ir.RankedTensorType)
+
+
+def py_attr(a):
+    """A Python value for a builtin attribute (bool, int, float, str, list, dict)."""
+    a = a.maybe_downcast() if hasattr(a, "maybe_downcast") else a
+    if isinstance(a, ir.BoolAttr):
+        return a.value
+    if isinstance(a, ir.IntegerAttr):
+        return a.value
+    if isinstance(a, ir.FloatAttr):
+        return a.value
+    if isinstance(a, ir.StringAttr):
+        return a.value
+    if isinstance(a, ir.DenseI64ArrayAttr):
+        return list(a)
+    if isinstance(a, ir.ArrayAttr):
+        return [py_attr(x) for x in a]
+    if isinstance(a, ir.DictAttr):
+        return {na.name: py_attr(na.attr) for na in a}
+    if isinstance(a, ir.UnitAttr):
+        return True
+    return a
+
+
+def op_attrs(op) -> dict:
+    """All attributes of an op as Python values."""
+    op = op.operation if hasattr(op, "operation") else op
+    return {n: py_attr(op.attributes[n]) for n in _attr_names(op)}
+
+
+def _attr_names(op):
+    return [na.name if hasattr(na, "name") else na for na in op.attributes]
+
+
+def _attr(op, name):
+    return py_attr(op.attributes[name])
+
+
+def _fail(op, msg):
+    raise KdaVerifyError(f"{op.name}: {msg}\n  at: {op.get_asm(assume_verified=True, skip_regions=True).strip()}")
+
+
+_ELEMENTWISE = {"add", "sub", "mul", "div", "neg", "exp2", "log2", "sigmoid", "softplus",
+                "rsqrt", "assume_range"}
+
+
+def _check_op(op):
+    name = op.name[len("kda."):]
+    ins = [v.type for v in op.operands]
+    outs = [v.type for v in op.results]
+    if name in _ELEMENTWISE:
+        if any(t != outs[0] for t in ins):
+            _fail(op, "elementwise operands and result must have one type")
+        if not isinstance(ir.ShapedType(outs[0]).element_type, ir.FloatType):
+            _fail(op, "elementwise math needs a float element type")
+    elif name == "convert":
+        if _shape(ins[0]) != _shape(outs[0]):
+            _fail(op, "convert keeps the shape")
+    elif name == "select":
+        if _etype(ins[0]) != "i1" or _shape(ins[0]) != _shape(outs[0]) or ins[1] != outs[0] or ins[2] != outs[0]:
+            _fail(op, "select(cond: i1 tile, a, b) with a, b, result of one type and cond of that shape")
+    elif name in ("broadcast", "reduce_sum"):
+        dims = _attr(op, "dims")
+        big, small = (outs[0], ins[0]) if name == "broadcast" else (ins[0], outs[0])
+        bs = _shape(big)
+        if sorted(set(dims)) != list(dims) or any(d < 0 or d >= len(bs) for d in dims):
+            _fail(op, f"dims {dims} must be increasing dims of the larger shape {list(bs)}")
+        kept = tuple(s for i, s in enumerate(bs) if i not in dims)
+        if kept != _shape(small) or _etype(big) != _etype(small):
+            _fail(op, f"shape {list(_shape(small))} is not {list(bs)} without dims {dims}")
+    elif name == "cumsum":
+        if ins[0] != outs[0] or len(_shape(ins[0])) < 1:
+            _fail(op, "cumsum keeps the type (rank >= 1)")
+    elif name == "transpose":
+        s = _shape(ins[0])
+        if len(s) != 2 or _shape(outs[0]) != (s[1], s[0]):
+            _fail(op, "transpose of a 2-D tile")
+    elif name in ("extract_row", "embed_row"):
+        big, small = (ins[0], outs[0]) if name == "extract_row" else (outs[0], ins[0])
+        bs = _shape(big)
+        idx = _attr(op, "index")
+        if not bs or _shape(small) != bs[1:] or not (-bs[0] <= idx < bs[0]):
+            _fail(op, f"row {idx} of {list(bs)} has shape {list(bs[1:])}")
+    elif name == "dot":
+        a, b = _shape(ins[0]), _shape(ins[1])
+        if len(a) != 2 or len(b) != 2:
+            _fail(op, "dot of 2-D tiles")
+        if _attr(op, "transpose_lhs"):
+            a = (a[1], a[0])
+        if _attr(op, "transpose_rhs"):
+            b = (b[1], b[0])
+        if a[1] != b[0] or _shape(outs[0]) != (a[0], b[1]):
+            _fail(op, f"dot shapes {list(a)} @ {list(b)} -> {list(_shape(outs[0]))}")
+    elif name in ("tril", "tril_inv"):
+        s = _shape(ins[0])
+        if len(s) != 2 or ins[0] != outs[0] or (name == "tril_inv" and s[0] != s[1]):
+            _fail(op, "tril/tril_inv take a 2-D (square for tril_inv) tile and keep its type")
+    elif name == "tril_solve":
+        a, b = _shape(ins[0]), _shape(ins[1])
+        if len(a) != 2 or a[0] != a[1] or b[0] != a[0] or ins[1] != outs[0]:
+            _fail(op, "tril_solve(L [C, C], B [C, D]) -> [C, D]")
+    elif name == "scan":
+        block = op.regions[0].blocks[0]
+        args = list(block.arguments)
+        if len(args) != len(ins) + 1 or str(args[0].type) != "index":
+            _fail(op, "scan body takes (chunk: index, carried...)")
+        if [a.type for a in args[1:]] != ins or outs != ins:
+            _fail(op, "scan carried types: init, block args and results must match")
+        term = list(block.operations)[-1]
+        if term.name != "gpu.yield" or [v.type for v in term.operands] != ins:
+            _fail(op, "scan body must end with gpu.yield of the carried types")
+    elif name in ("load", "load_chunk"):
+        mem = _shape(ins[0])
+        tile = _shape(outs[0])
+        lead = 3 if name == "load" else 2
+        if tuple(mem[lead:]) != tuple(tile[1:]):
+            _fail(op, f"tile {list(tile)} does not match memref trailing dims {list(mem[lead:])}")
+        if name == "load" and _attr(op, "head_map") not in ("direct", "grouped"):
+            _fail(op, "head_map must be 'direct' or 'grouped'")
+    elif name in ("store", "store_chunk"):
+        mem = _shape(ins[0])
+        tile = _shape(ins[2])
+        lead = 3 if name == "store" else 2
+        if tuple(mem[lead:]) != tuple(tile[1:]) or _etype(ins[0]) != _etype(ins[2]):
+            _fail(op, f"tile {ins[2]} does not match memref {ins[0]}")
+    elif name in ("load_head", "load_state", "store_state"):
+        mem = ins[0]
+        tile = outs[0] if name != "store_state" else ins[1]
+        lead = 1 if name == "load_head" else 2
+        if tuple(_shape(mem)[lead:]) != _shape(tile) or _etype(mem) != _etype(tile):
+            _fail(op, f"tile {tile} does not match memref {mem}")
+    elif name == "workspace":
+        if _attr(op, "layout") not in ("chunk", "token", "state"):
+            _fail(op, "layout must be 'chunk', 'token' or 'state'")
+    elif name == "valid_rows":
+        if _etype(outs[0]) != "i1" or len(_shape(outs[0])) != 1:
+            _fail(op, "valid_rows gives tensor<Cxi1>")
+
+
+def verify_kda(module) -> None:
+    """Check the kda shape rules that IRDL cannot express; raise :class:`KdaVerifyError`."""
+    root = module.operation if hasattr(module, "operation") else module
+
+    def visit(op):
+        op = op.operation
+        if op.name.startswith("kda."):
+            _check_op(op)
+        for region in op.regions:
+            for block in region.blocks:
+                for inner in block.operations:
+                    visit(inner)
+
+    visit(root)

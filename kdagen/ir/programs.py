@@ -1,0 +1,266 @@
+"""The program library: KDA and GDN forward and backward as kda-dialect programs.
+
+The forward programs are written below in the DSL, in the naive factored form of DESIGN.md §4
+in log2 space (g2 = g·log2 e; Γ = cumsum(g2); kd = k·2^Γ, ki = k·2^−Γ, qd = q·2^Γ,
+kr = k·2^(Γ_C − Γ)). They are *not* stabilised here: that is the job of the
+``kda-stable-reassociate`` pass; in float32 at strong decay these programs overflow.
+
+The backward programs are derived: ``kda_bwd = autodiff(kda_fwd)``,
+``gdn_bwd = autodiff(gdn_fwd)`` (:mod:`kdagen.ir.autodiff`), so every gate, including a
+user-defined one, gets its backward with no extra code.
+
+Entry points: :func:`build_program`, :data:`PROGRAMS`, :func:`list_programs`,
+:func:`program_options`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from kdagen._mlir import ir
+from kdagen.ir import dsl
+from kdagen.ir.dsl import (LOG2E, ProgramBuilder, cumsum, exp2, l2norm, last_row, name_locals,
+                           sigmoid, strict_tril, tril, tril_inv, where, zeros)
+from kdagen.ir.gates import Gate, get_gate
+
+__all__ = ["PROGRAMS", "Program", "build_program", "list_programs", "program_options",
+           "DEFAULT_OPTIONS", "ProgramOptionError"]
+
+
+class ProgramOptionError(ValueError):
+    """An invalid program option (the message names the option and the allowed values)."""
+
+
+# option name -> (default, help). gate-specific options (lower_bound, A_log_max, ...) come from
+# the chosen gate.
+DEFAULT_OPTIONS = {
+    "chunk_size": (64, "chunk size C, one of 16, 32, 64, 128"),
+    "head_k_dim": (128, "key head dim K, 64 or 128"),
+    "head_v_dim": (128, "value head dim V, 64 or 128"),
+    "gate": (None, "gate name (kdagen list); default 'softplus' (KDA) / 'gdn_softplus' (GDN)"),
+    "gva_ratio": (1, "value heads per q/k head (HV // H)"),
+    "dtype": ("bf16", "storage type of q, k, v, g, beta, o: bf16, fp16 or fp32"),
+    "use_qk_l2norm_in_kernel": (True, "L2-normalise q and k in the kernel"),
+    "use_beta_sigmoid_in_kernel": (True, "beta = sigmoid(beta_raw) in the kernel"),
+    "allow_neg_eigval": (False, "beta = 2 * sigmoid(beta_raw) (needs use_beta_sigmoid_in_kernel)"),
+    "use_initial_state": (True, "read initial_state [N, HV, K, V]"),
+    "output_final_state": (True, "write final_state [N, HV, K, V]"),
+    "varlen": (False, "sequences given by cu_seqlens (B = 1)"),
+}
+
+_CHUNKS = (16, 32, 64, 128)
+_HEAD_DIMS = (64, 128)
+_DTYPES = ("bf16", "fp16", "fp32")
+
+
+def _resolve(family: str, options: dict) -> tuple[dict, Gate, dict]:
+    opts = {k: v[0] for k, v in DEFAULT_OPTIONS.items()}
+    gate = get_gate(options.get("gate") or ("softplus" if family == "kda" else "gdn_softplus"))
+    if gate.family != family:
+        raise ProgramOptionError(f"gate: {gate.name!r} is a {gate.family.upper()} gate; a "
+                                 f"{family.upper()} program needs one of "
+                                 f"{sorted(n for n, g in _gates().items() if g.family == family)}")
+    gate_opts = {}
+    for k, v in options.items():
+        if k in opts:
+            opts[k] = v
+        elif k in gate.options:
+            gate_opts[k] = v
+        else:
+            raise ProgramOptionError(
+                f"unknown option {k!r}; options are {sorted(opts)} plus the gate's "
+                f"{sorted(gate.options) or '(none)'}")
+    opts["gate"] = gate.name
+
+    def check(name, allowed):
+        if opts[name] not in allowed:
+            raise ProgramOptionError(f"{name}: {opts[name]!r} is not one of {list(allowed)}")
+
+    check("chunk_size", _CHUNKS)
+    check("head_k_dim", _HEAD_DIMS)
+    check("head_v_dim", _HEAD_DIMS)
+    check("dtype", _DTYPES)
+    if not isinstance(opts["gva_ratio"], int) or isinstance(opts["gva_ratio"], bool) or opts["gva_ratio"] < 1:
+        raise ProgramOptionError(f"gva_ratio: expected a positive int, got {opts['gva_ratio']!r}")
+    for flag in ("use_qk_l2norm_in_kernel", "use_beta_sigmoid_in_kernel", "allow_neg_eigval",
+                 "use_initial_state", "output_final_state", "varlen"):
+        if not isinstance(opts[flag], bool):
+            raise ProgramOptionError(f"{flag}: expected true or false, got {opts[flag]!r}")
+    if opts["allow_neg_eigval"] and not opts["use_beta_sigmoid_in_kernel"]:
+        raise ProgramOptionError("allow_neg_eigval: needs use_beta_sigmoid_in_kernel=True")
+    try:
+        gate_opts = gate.resolve_options(gate_opts)
+        gate.output_range(**gate_opts)  # validates e.g. lower_bound
+    except ValueError as err:
+        raise ProgramOptionError(str(err)) from None
+    return opts, gate, gate_opts
+
+
+def _gates():
+    from kdagen.ir.gates import GATES
+    return GATES
+
+
+def _delta_rule_fwd(family: str, name: str, options: dict) -> ir.Module:
+    """The chunked gated delta rule forward (DESIGN.md §4), shared by KDA and GDN."""
+    opt, gate, gate_opts = _resolve(family, options)
+    C, K, V, dt = opt["chunk_size"], opt["head_k_dim"], opt["head_v_dim"], opt["dtype"]
+    lo, hi = gate.output_range(**gate_opts)
+    attrs = dict(program=name, family=family, chunk_size=C, head_k_dim=K, head_v_dim=V,
+                 gate=gate.name, gate_options={k: v for k, v in gate_opts.items() if v is not None},
+                 gate_range=[lo, hi], gva_ratio=opt["gva_ratio"], dtype=dt,
+                 use_qk_l2norm_in_kernel=opt["use_qk_l2norm_in_kernel"],
+                 use_beta_sigmoid_in_kernel=opt["use_beta_sigmoid_in_kernel"],
+                 allow_neg_eigval=opt["allow_neg_eigval"], use_initial_state=opt["use_initial_state"],
+                 output_final_state=opt["output_final_state"], varlen=opt["varlen"])
+    p = ProgramBuilder(name, attrs)
+
+    # ---- arguments (FLA names) --------------------------------------------------------
+    gate_tail = [K] if family == "kda" else []
+    beta_name = "beta_raw" if opt["use_beta_sigmoid_in_kernel"] else "beta"
+    p.input("q", "token", [K], dt, heads="qk")
+    p.input("k", "token", [K], dt, heads="qk")
+    p.input("v", "token", [V], dt, heads="v")
+    p.input(gate.input_name, "token", gate_tail, dt, heads="v")
+    p.input(beta_name, "token", [], dt, heads="v")
+    for pname, kind in gate.params.items():
+        p.input(pname, "head", [K] if kind == "channel" else [], "fp32")
+    if opt["use_initial_state"]:
+        p.input("initial_state", "state", [K, V], "fp32", grad_name="dh0")
+    if opt["varlen"]:
+        p.input("cu_seqlens", "seqlens", [], "i64")
+    p.scalar_input("scale", default=K ** -0.5)
+    p.output("o", "token", [V], dt, heads="v")
+    if opt["output_final_state"]:
+        p.output("final_state", "state", [K, V], "fp32", grad_name="dht")
+
+    with p.body():
+        scale = p.scalar("scale")
+        params = {pname: p.load_head(pname) for pname in gate.params}
+        S0 = p.load_state("initial_state", name="h0") if opt["use_initial_state"] else zeros((K, V), name="h0")
+
+        scan = p.scan([S0], names=["S"], name="S_final")
+        with scan as (c, S):
+            # -- inputs of chunk c (rows past the sequence end read as 0)
+            q = p.load("q", c).f32()
+            k = p.load("k", c).f32()
+            v = p.load("v", c).f32()
+            beta = p.load(beta_name, c).f32()
+            g_in = p.load(gate.input_name, c).f32()
+            if opt["use_qk_l2norm_in_kernel"]:
+                q, k = l2norm(q), l2norm(k)
+            if opt["use_beta_sigmoid_in_kernel"]:
+                beta = 2.0 * sigmoid(beta) if opt["allow_neg_eigval"] else sigmoid(beta)
+            # -- gate (natural log), 0 on rows past the sequence end
+            valid = p.valid_rows(c)
+            g = where(valid[:, None] if family == "kda" else valid, gate(g_in, params, **gate_opts), 0.0)
+            if family == "gdn":
+                g = dsl.broadcast_to(g[:, None], (C, K))       # scalar gate: same decay on all K
+            # -- log2-space decays: Γ = cumsum(g·log2 e), Γ_C its last row
+            G = cumsum(g * LOG2E)
+            G_C = last_row(G)
+            kd = k * exp2(G)              # k ⊙ exp(Γ)
+            ki = k * exp2(-G)             # k ⊙ exp(−Γ)
+            qd = q * exp2(G)              # q ⊙ exp(Γ)
+            kr = k * exp2(G_C - G)        # k ⊙ exp(Γ_C − Γ)
+            # -- WY/UT form: T = (I + Akk)^-1 diag(β); w = T kd, u = T v
+            Akk = strict_tril(kd @ ki.T) * beta[:, None]
+            Akk_inv = tril_inv(Akk)
+            w = Akk_inv @ (kd * beta[:, None])
+            u = Akk_inv @ (v * beta[:, None])
+            Aqk = tril(qd @ ki.T) * scale
+            # -- state-dependent part
+            v_new = u - w @ S
+            o = (qd @ S) * scale + Aqk @ v_new
+            p.store("o", c, o.to(dt))
+            S_next = S * exp2(G_C)[:, None] + kr.T @ v_new
+            scan.yield_(S_next)
+            name_locals(locals())
+        if opt["output_final_state"]:
+            p.store_state("final_state", scan.results[0])
+    return p.finish()
+
+
+def _kda_fwd(**options) -> ir.Module:
+    return _delta_rule_fwd("kda", "kda_fwd", options)
+
+
+def _gdn_fwd(**options) -> ir.Module:
+    return _delta_rule_fwd("gdn", "gdn_fwd", options)
+
+
+def _kda_bwd(**options) -> ir.Module:
+    from kdagen.ir.autodiff import autodiff
+    return autodiff(_kda_fwd(**options), name="kda_bwd")
+
+
+def _gdn_bwd(**options) -> ir.Module:
+    from kdagen.ir.autodiff import autodiff
+    return autodiff(_gdn_fwd(**options), name="gdn_bwd")
+
+
+@dataclass(frozen=True)
+class Program:
+    name: str
+    build: Callable
+    family: str
+    description: str
+    doc: str
+
+
+PROGRAMS: dict[str, Program] = {
+    "kda_fwd": Program(
+        "kda_fwd", _kda_fwd, "kda",
+        "KDA forward (per-channel gate): o, final_state from q, k, v, g_raw, beta_raw, A_log, dt_bias, h0",
+        """Kimi Delta Attention forward, chunked (DESIGN.md §4), per-channel gate g [B, T, HV, K].
+Inputs q, k [B, T, H, K]; v [B, T, HV, V]; g_raw (g for the precomputed gate); beta_raw (beta
+without in-kernel sigmoid) [B, T, HV]; the gate's per-head params (A_log [HV], dt_bias [HV, K]);
+initial_state [N, HV, K, V]; cu_seqlens [N+1] (varlen); scale. Outputs o [B, T, HV, V],
+final_state [N, HV, K, V]."""),
+    "kda_bwd": Program(
+        "kda_bwd", _kda_bwd, "kda",
+        "KDA backward = autodiff(kda_fwd): dq, dk, dv, dg_raw, dbeta_raw, dA_log, ddt_bias, dh0",
+        """Kimi Delta Attention backward, derived from kda_fwd by reverse-mode differentiation of
+the kda IR: a forward recompute scan stores the chunk-start states in a workspace; a reverse scan
+carries dS, recomputes each chunk from its stored state and runs the adjoints. Inputs: kda_fwd's
+inputs plus do (and dht); outputs the gradients of every input."""),
+    "gdn_fwd": Program(
+        "gdn_fwd", _gdn_fwd, "gdn",
+        "GDN forward (scalar gate per head): o, final_state from q, k, v, g_raw, beta_raw, A_log, dt_bias, h0",
+        """Gated DeltaNet forward, chunked; the per-head scalar gate g [B, T, HV] decays all K
+channels alike (broadcast to [C, K] in the chunk). Arguments as kda_fwd with dt_bias [HV]."""),
+    "gdn_bwd": Program(
+        "gdn_bwd", _gdn_bwd, "gdn",
+        "GDN backward = autodiff(gdn_fwd): dq, dk, dv, dg_raw, dbeta_raw, dA_log, ddt_bias, dh0",
+        """Gated DeltaNet backward, derived from gdn_fwd by reverse-mode differentiation."""),
+}
+
+
+def build_program(name: str, **options) -> ir.Module:
+    """Build program ``name`` (see :data:`PROGRAMS`) with ``options`` (see
+    :func:`program_options`); returns a verified ``ir.Module`` in a fresh kda context.
+
+    Raises :class:`ProgramOptionError` (a ValueError) for a bad option, KeyError for an
+    unknown program.
+    """
+    try:
+        prog = PROGRAMS[name]
+    except KeyError:
+        raise KeyError(f"unknown program {name!r}; programs: {sorted(PROGRAMS)}") from None
+    return prog.build(**options)
+
+
+def list_programs() -> list[tuple[str, str]]:
+    """(name, one-line description) for every program."""
+    return [(p.name, p.description) for p in PROGRAMS.values()]
+
+
+def program_options(name: str | None = None) -> dict[str, tuple]:
+    """Option name -> (default, help) for the programs (the gate adds its own options, see
+    ``kdagen.ir.gates.get_gate(name).options``)."""
+    out = dict(DEFAULT_OPTIONS)
+    if name is not None:
+        fam = PROGRAMS[name].family
+        out["gate"] = ("softplus" if fam == "kda" else "gdn_softplus", DEFAULT_OPTIONS["gate"][1])
+    return out
