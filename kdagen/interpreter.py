@@ -584,3 +584,59 @@ def _tril_inv(ex, node, x):
 @op_impl("kda.tril_solve")
 def _tril_solve(ex, node, x, b):
     return torch.linalg.solve_triangular(_unit_lower(x), b, upper=False, unitriangular=True)
+
+
+# --------------------------------------------------------------------------------------
+# bounded-exponent ops (introduced by kda-stable-reassociate; semantics in kdagen.ir.dialect)
+# --------------------------------------------------------------------------------------
+
+
+def _clamped_exp2(x, node):
+    """2^x with the argument clamped below at the op's ``clamp_min`` (when it has one)."""
+    low = node.attrs.get("clamp_min")
+    return torch.exp2(x if low is None else torch.clamp(x, min=float(low)))
+
+
+@op_impl("kda.exp2")
+def _exp2(ex, node, x):
+    return _clamped_exp2(x, node)
+
+
+def _decay_factors(node, g_row, g_col):
+    """E[..., i, j, d] = 2^(g_row[i, d] - g_col[j, d]) where j <= i + diagonal, else 0."""
+    arg = g_row.unsqueeze(-2) - g_col.unsqueeze(-3)
+    rows, cols = arg.shape[-3], arg.shape[-2]
+    mask = torch.ones(rows, cols, dtype=torch.bool).tril(int(node.attrs["diagonal"]))
+    arg = arg.masked_fill(~mask[..., None], 0.0)          # masked entries: harmless 2^0, zeroed below
+    return _clamped_exp2(arg, node) * mask[..., None].to(arg.dtype)
+
+
+@op_impl("kda.decay_dot")
+def _decay_dot(ex, node, a, b, g_a, g_b):
+    S = int(node.attrs.get("subblock", 1))
+    diagonal = int(node.attrs["diagonal"])
+    if S <= 1:
+        return torch.einsum("...id,...jd,...ijd->...ij", a, b, _decay_factors(node, g_a, g_b))
+    # Factor through r = gamma_lhs at the first row of each S-row block: for the columns j that
+    # survive the mask (j <= i + diagonal < block end), both 2^(g_a[i] - r) and 2^(r - g_b[j])
+    # have exponents the pass proved bounded, and each block is one plain matmul.
+    rows, cols = a.shape[-2], b.shape[-2]
+    out = torch.zeros(*a.shape[:-1], cols, dtype=a.dtype)
+    for start in range(0, rows, S):
+        end = min(start + S, rows)
+        ncols = max(0, min(cols, end + diagonal))
+        if ncols == 0:
+            continue
+        r = g_a[..., start:start + 1, :]
+        left = a[..., start:end, :] * _clamped_exp2(g_a[..., start:end, :] - r, node)
+        right = b[..., :ncols, :] * _clamped_exp2(r - g_b[..., :ncols, :], node)
+        out[..., start:end, :ncols] = left @ right.transpose(-1, -2)
+    return torch.tril(out, diagonal)
+
+
+@op_impl("kda.decay_matmul")
+def _decay_matmul(ex, node, w, x, g_row, g_col):
+    factors = _decay_factors(node, g_row, g_col)
+    if node.attrs.get("transpose"):
+        return torch.einsum("...ij,...id,...ijd->...jd", w, x, factors)
+    return torch.einsum("...ij,...jd,...ijd->...id", w, x, factors)

@@ -187,6 +187,21 @@ OPS: dict[str, OpSpec] = {
         doc="Keep x[i, j] with j <= i + diagonal, zero elsewhere (diagonal -1: strictly lower)."),
     "tril_inv": _u("(I + strict_tril(x))^-1: inverse of the unit lower-triangular WY/UT matrix"),
     "tril_solve": _b("(I + strict_tril(lhs))^-1 @ rhs: unit lower-triangular solve", same=False),
+    # ---- bounded decay products (introduced by kda-stable-reassociate) --------------------
+    "decay_dot": OpSpec(
+        operands=(("lhs", "tile"), ("rhs", "tile"), ("gamma_lhs", "tile"), ("gamma_rhs", "tile")),
+        results=(("res", "tile"),), attrs=(("diagonal", "int"), ("subblock", "int")), group="matrix",
+        doc="res[i, j] = sum_d lhs[i, d] rhs[j, d] 2^(gamma_lhs[i, d] - gamma_rhs[j, d]) for "
+            "j <= i + diagonal, else 0: the relative-exponent form of "
+            "tril(dot(lhs*2^gamma_lhs, (rhs*2^-gamma_rhs)^T)). subblock S > 1: evaluated as "
+            "tensor-core products factored through gamma at the first row of each S-row block."),
+    "decay_matmul": OpSpec(
+        operands=(("w", "tile"), ("x", "tile"), ("gamma_row", "tile"), ("gamma_col", "tile")),
+        results=(("res", "tile"),), attrs=(("diagonal", "int"), ("transpose", "bool"),
+                                           ("subblock", "int")), group="matrix",
+        doc="E[i, j, d] = 2^(gamma_row[i, d] - gamma_col[j, d]) masked to j <= i + diagonal; "
+            "res[i, d] = sum_j w[i, j] x[j, d] E[i, j, d], or with transpose = true "
+            "res[j, d] = sum_i w[i, j] x[i, d] E[i, j, d] (the adjoints of decay_dot)."),
 }
 
 
@@ -413,6 +428,17 @@ def _check_op(op):
         a, b = _shape(ins[0]), _shape(ins[1])
         if len(a) != 2 or a[0] != a[1] or b[0] != a[0] or ins[1] != outs[0]:
             _fail(op, "tril_solve(L [C, C], B [C, D]) -> [C, D]")
+    elif name == "decay_dot":
+        a, b, ga, gb = (_shape(t) for t in ins)
+        if len(a) != 2 or a != ga or b != gb or a[1] != b[1] or _shape(outs[0]) != (a[0], b[0]):
+            _fail(op, "decay_dot(lhs [M, D], rhs [N, D], gamma_lhs [M, D], gamma_rhs [N, D]) -> [M, N]")
+    elif name == "decay_matmul":
+        w, x, gr, gc = (_shape(t) for t in ins)
+        rows, cols = (w[1], w[0]) if _attr(op, "transpose") else (w[0], w[1])
+        if (len(w) != 2 or len(x) != 2 or x[0] != (w[0] if _attr(op, "transpose") else w[1])
+                or _shape(outs[0]) != (rows, x[1]) or gr != (w[0], x[1]) or gc != (w[1], x[1])):
+            _fail(op, "decay_matmul(w [M, N], x, gamma_row [M, D], gamma_col [N, D]): x is "
+                      "[N, D] -> [M, D], or with transpose x is [M, D] -> [N, D]")
     elif name == "scan":
         block = op.regions[0].blocks[0]
         args = list(block.arguments)

@@ -147,6 +147,11 @@ def _check_lb(lower_bound):
     return float(lower_bound)
 
 
+def _declared_A_log(A_log, A_log_max):
+    """A_log with its declared upper bound (an option), so exp(A_log) has a provable range."""
+    return assume_range(A_log, -math.inf, float(A_log_max), name="A_log_declared")
+
+
 def _softplus_range(A_log_max, gate_input_max, **_):
     return (-math.exp(A_log_max) * math.log1p(math.exp(gate_input_max)), 0.0)
 
@@ -162,13 +167,13 @@ def _pre_range(lower_bound, **_):
 @define_gate("softplus", range=_softplus_range)
 def softplus_gate(g_raw, A_log, dt_bias, *, A_log_max=math.log(16.0), gate_input_max=20.0):
     """KDA softplus gate: g = -exp(A_log[h]) * softplus(g_raw + dt_bias[h, :]), in [-exp(A_log_max) * softplus(gate_input_max), 0]."""
-    return -exp(A_log) * softplus(g_raw + dt_bias)
+    return -exp(_declared_A_log(A_log, A_log_max)) * softplus(g_raw + dt_bias)
 
 
 @define_gate("lower_bound", range=_lb_range)
-def lower_bound_gate(g_raw, A_log, dt_bias, *, lower_bound=-5.0):
+def lower_bound_gate(g_raw, A_log, dt_bias, *, lower_bound=-5.0, A_log_max=math.log(16.0)):
     """KDA lower-bound (safe) gate: g = lb * sigmoid(exp(A_log[h]) * (g_raw + dt_bias[h, :])), in [lb, 0)."""
-    return lower_bound * sigmoid(exp(A_log) * (g_raw + dt_bias))
+    return lower_bound * sigmoid(exp(_declared_A_log(A_log, A_log_max)) * (g_raw + dt_bias))
 
 
 @define_gate("precomputed", params={}, input_name="g", range=_pre_range)
@@ -180,13 +185,13 @@ def precomputed_gate(g, *, lower_bound=None):
 @define_gate("gdn_softplus", family="gdn", range=_softplus_range)
 def gdn_softplus_gate(g_raw, A_log, dt_bias, *, A_log_max=math.log(16.0), gate_input_max=20.0):
     """GDN softplus gate: g = -exp(A_log[h]) * softplus(g_raw + dt_bias[h]) (scalar per head)."""
-    return -exp(A_log) * softplus(g_raw + dt_bias)
+    return -exp(_declared_A_log(A_log, A_log_max)) * softplus(g_raw + dt_bias)
 
 
 @define_gate("gdn_lower_bound", family="gdn", range=_lb_range)
-def gdn_lower_bound_gate(g_raw, A_log, dt_bias, *, lower_bound=-5.0):
+def gdn_lower_bound_gate(g_raw, A_log, dt_bias, *, lower_bound=-5.0, A_log_max=math.log(16.0)):
     """GDN lower-bound gate: g = lb * sigmoid(exp(A_log[h]) * (g_raw + dt_bias[h])), in [lb, 0)."""
-    return lower_bound * sigmoid(exp(A_log) * (g_raw + dt_bias))
+    return lower_bound * sigmoid(exp(_declared_A_log(A_log, A_log_max)) * (g_raw + dt_bias))
 
 
 @define_gate("gdn_precomputed", family="gdn", params={}, input_name="g", range=_pre_range)

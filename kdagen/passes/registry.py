@@ -1,2 +1,3 @@
 """Imports every pass module so that each registers itself by name."""
 from . import builtin  # noqa: F401
+from . import stable_reassociate  # noqa: F401

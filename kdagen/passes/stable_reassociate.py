@@ -1,0 +1,203 @@
+"""``kda-stable-reassociate``: rewrite every exp2 whose argument is not provably in fp32 range.
+
+Driven by :mod:`kdagen.passes.exponent_range`. Three rules, applied in this order:
+
+1. **Relative exponents.** ``tril(dot(A ⊙ 2^Γ, (B ⊙ 2^−Γ)ᵀ), diagonal ≤ 0)`` — the naive
+   factored product of DESIGN.md §4, where 2^Γ underflows and 2^−Γ overflows — becomes
+   ``kda.decay_dot(A, B, Γ, Γ)``: Σ_d A_id B_jd 2^(Γ_id − Γ_jd) for j ≤ i + diagonal. When Γ is
+   a row cumsum of non-positive increments (a decaying gate), every exponent is ≤ 0.
+   The sub-block size S is chosen from the bound of the increments so that the factoring
+   2^(Γ_i − r)·2^(r − Γ_j) through r = Γ at the first row of each S-row block keeps both
+   factors in range (so codegen can use tensor-core matmuls per block); S = 1 when even two
+   rows could overflow (then the op is evaluated elementwise, still exactly).
+2. **Dead code.** The 2^−Γ factors and naive products left unused are removed.
+3. **Bounds.** Every remaining ``kda.exp2`` gets ``exp_bound`` (proven bound of |argument|)
+   and ``exp_proof`` (how it was proven). A provably non-positive argument that may fall
+   below −126 is clamped there (``clamp_min``): the value changes by less than 2^−126, which
+   no O(1) result can see, and underflow becomes a proven bound. An argument that may exceed
+   +126 with no rule above to rewrite it stops the pass with a diagnostic naming the op and
+   the bound that could be proven.
+
+The backward programs need no rules of their own: the pipeline differentiates the rewritten
+forward (``kda-autodiff`` after this pass), and the adjoints of ``decay_dot`` are again
+bounded decay products (``kda.decay_matmul``), so the catastrophically cancelling gate-gradient
+sum of the naive backward, ``dkd·kd − dki·ki − ...``, is produced as
+``ln2·(A ⊙ dA − B ⊙ dB)`` with every term O(1).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .._mlir import ir
+from .base import ModulePass, PassError, register_pass
+from .exponent_range import Range, RangeAnalysis
+
+# Ops without side effects: removable when their results are unused.
+PURE_OPS = frozenset(
+    "kda." + n for n in (
+        "add sub mul div neg exp2 log2 sigmoid softplus rsqrt convert select assume_range "
+        "broadcast reduce_sum cumsum transpose extract_row embed_row dot tril tril_inv "
+        "tril_solve constant scalar valid_rows load load_head load_state load_chunk "
+        "decay_dot decay_matmul").split())
+
+
+def _owner(value: ir.Value):
+    if isinstance(value, ir.BlockArgument):
+        return None
+    owner = value.owner
+    return owner.operation if hasattr(owner, "operation") else owner
+
+
+def _bool_attr(op, name: str) -> bool:
+    return name in op.attributes and bool(ir.BoolAttr(op.attributes[name]).value)
+
+
+def _int_attr(op, name: str) -> int:
+    return int(ir.IntegerAttr(op.attributes[name]).value)
+
+
+def _i64(v: int) -> ir.Attribute:
+    return ir.IntegerAttr.get(ir.IntegerType.get_signless(64), int(v))
+
+
+def _f64(v: float) -> ir.Attribute:
+    return ir.FloatAttr.get(ir.F64Type.get(), float(v))
+
+
+def _exp_scaled(value: ir.Value):
+    """``x ⊙ 2^p`` → (x, p); None when ``value`` is not such a product."""
+    op = _owner(value)
+    if op is None or op.name != "kda.mul":
+        return None
+    for i in (0, 1):
+        e = _owner(op.operands[i])
+        if e is not None and e.name == "kda.exp2" and "clamp_min" not in e.attributes:
+            return op.operands[1 - i], e.operands[0]
+    return None
+
+
+def _negated(value: ir.Value):
+    op = _owner(value)
+    return op.operands[0] if op is not None and op.name == "kda.neg" else None
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.4g}"
+
+
+@register_pass
+@dataclass
+class StableReassociatePass(ModulePass):
+    name = "kda-stable-reassociate"
+    summary = "rewrite exp2 of unbounded arguments into bounded forms; prove every exp2 bound"
+    max_exponent: float = 126.0      # |argument| of exp2 that fp32 represents as a normal number
+    subblock: int = 0                # 0: choose from the bounds; else force this block size
+
+    def run(self, module: ir.Module) -> None:
+        with module.context, ir.Location.unknown():
+            analysis = RangeAnalysis(module)
+            for tril in [op for op in _walk(module) if op.name == "kda.tril"]:
+                self._rewrite_decay_product(tril, analysis)
+            _remove_dead_ops(module)
+            analysis = RangeAnalysis(module)
+            for op in _walk(module):
+                if op.name == "kda.exp2":
+                    self._bound_exp2(op, analysis[op.operands[0]])
+
+    # -- rule 1 -------------------------------------------------------------------------
+    def _rewrite_decay_product(self, tril, analysis: RangeAnalysis) -> None:
+        diagonal = _int_attr(tril, "diagonal")
+        dot = _owner(tril.operands[0])
+        if diagonal > 0 or dot is None or dot.name != "kda.dot":
+            return
+        if _bool_attr(dot, "transpose_lhs") or not _bool_attr(dot, "transpose_rhs"):
+            return
+        lhs, rhs = _exp_scaled(dot.operands[0]), _exp_scaled(dot.operands[1])
+        if lhs is None or rhs is None:
+            return
+        (a, gamma), (b, neg_gamma) = lhs, rhs
+        if _negated(neg_gamma) != gamma:
+            return
+        facts = analysis[gamma]
+        if facts.row_increments is None or facts.row_increments[1] > 0:
+            return          # not a decaying cumsum: Γ_i − Γ_j has no sign
+        subblock, bound, proof = self._choose_subblock(facts)
+        decay = ir.Operation.create(
+            "kda.decay_dot", results=[tril.results[0].type], operands=[a, b, gamma, gamma],
+            attributes={"diagonal": _i64(diagonal), "subblock": _i64(subblock),
+                        "exp_bound": _f64(bound), "exp_proof": ir.StringAttr.get(proof),
+                        **({"clamp_min": _f64(-self.max_exponent)}
+                           if bound >= self.max_exponent else {})},
+            loc=tril.location, ip=ir.InsertionPoint(tril))
+        tril.results[0].replace_all_uses_with(decay.results[0])
+        tril.erase()
+
+    def _choose_subblock(self, facts: Range) -> tuple[int, float, str]:
+        rows, step = facts.rows, abs(facts.row_increments[0])
+        span = (rows - 1) * step                     # |Γ_i − Γ_j| over a whole chunk
+        if self.subblock:
+            size = self.subblock
+        else:
+            size = 1
+            while size * 2 <= rows and (size * 2 - 1) * step <= self.max_exponent:
+                size *= 2
+        inner = (size - 1) * step                    # |exponent| inside one block
+        if size > 1 and inner > self.max_exponent:
+            raise PassError(f"kda.decay_dot: subblock={size} would need exponents up to "
+                            f"{_fmt(inner)} > {_fmt(self.max_exponent)}")
+        underflow = min(span, self.max_exponent)
+        bound = max(inner, underflow)
+        # ASCII only: MLIR escapes other bytes in printed string attributes.
+        proof = (f"gamma is a row cumsum of increments in [{_fmt(facts.row_increments[0])}, "
+                 f"{_fmt(facts.row_increments[1])}], so gamma_i - gamma_j in [{_fmt(-span)}, 0] "
+                 "for j <= i")
+        if size > 1:
+            proof += (f"; blocks of {size} rows factor as 2^(gamma_i - r) * 2^(r - gamma_j), "
+                      f"r = gamma at the block's first row, |exponent| <= {_fmt(inner)} in a block")
+        if span > self.max_exponent:
+            proof += f"; exponents clamped below at {_fmt(-self.max_exponent)}"
+        return size, bound, proof
+
+    # -- rule 3 -------------------------------------------------------------------------
+    def _bound_exp2(self, op, arg: Range) -> None:
+        limit = self.max_exponent
+        if arg.hi > limit:
+            users = sorted({u.owner.name for u in op.results[0].uses}) if op.results else []
+            raise PassError(
+                f"kda.exp2 at {op.location}: argument bound {arg} exceeds ±{_fmt(limit)} and no "
+                f"bounded form applies (used by {', '.join(users) or 'nothing'}); declare a "
+                "tighter gate range or write the product in relative form")
+        proof = f"argument in {arg}"
+        bound = max(abs(arg.hi), abs(arg.lo))
+        if arg.lo < -limit:
+            op.attributes["clamp_min"] = _f64(-limit)
+            bound = max(abs(arg.hi), limit)
+            proof += f"; clamped below at {_fmt(-limit)} (changes the value by < 2^-{_fmt(limit)})"
+        op.attributes["exp_bound"] = _f64(bound)
+        op.attributes["exp_proof"] = ir.StringAttr.get(proof)
+
+
+def _walk(module: ir.Module):
+    """Every op of the module, pre-order, as a list (safe against rewrites while iterating)."""
+    out = []
+
+    def visit(op):
+        for region in op.regions:
+            for block in region.blocks:
+                for inner in block.operations:
+                    out.append(inner.operation)
+                    visit(inner.operation)
+
+    visit(module.operation)
+    return out
+
+
+def _remove_dead_ops(module: ir.Module) -> None:
+    changed = True
+    while changed:
+        changed = False
+        for op in reversed(_walk(module)):
+            if op.name in PURE_OPS and all(len(list(r.uses)) == 0 for r in op.results):
+                op.erase()
+                changed = True
