@@ -189,3 +189,324 @@ def build_row_reduce(builder: GpuModuleBuilder, m: int = 64, n: int = 64, k: int
          f"rowmax f32 [{m}] (output)", f"E f32 [{m}, {n}] (output)"],
         "S = A.float() @ B.float(); rowsum = S.sum(1); rowmax = S.amax(1); "
         "E = torch.exp2(S - rowmax[:, None])")
+
+
+# ------------------------------------------------------------------------------------------
+# TMA, wgmma, setmaxnreg (arch-specific emitters)
+# ------------------------------------------------------------------------------------------
+
+def _if(cond):
+    """Context manager: emit the body under ``scf.if cond`` (no results)."""
+    from contextlib import contextmanager
+
+    @contextmanager
+    def body():
+        op = scf.IfOp(cond)
+        with ir.InsertionPoint(op.then_block):
+            yield
+            scf.yield_([])
+    return body()
+
+
+def _eq(x, y) -> ir.Value:
+    return arith.cmpi(arith.CmpIPredicate.eq, as_i32(x), as_i32(y))
+
+
+def build_tma_tile_load(builder: GpuModuleBuilder, target: Target, rows: int = 64, cols: int = 128,
+                        rank: int = 4, dtype: str = "bf16", swizzle: int = 128,
+                        name: str | None = None) -> LaunchContract:
+    """TMA load of one [rows, cols] tile (one box per swizzle panel) completing on an mbarrier,
+    then a cooperative un-swizzling copy shared → global.
+
+    rank 4: tensor X [B, T, H, cols], tile = X[b, t0:t0+rows, h, :] (coords params c0=b, c1=t0,
+    c2=h); rank 3: X [T, H, cols], tile X[t0:t0+rows, h, :] (c0=t0, c1=h); rank 2: X [T, cols],
+    tile X[t0:t0+rows, :] (c0=t0). Rows past T arrive as zeros (TMA OOB fill).
+    Launch: grid (1,1,1); block (128,1,1); dynamic smem = contract value.
+    Params: tmap (u64: device address of the 128-byte CUtensorMap, encoded with
+    ``contract.extra['tensor_map'].encode_args(X.shape)``), out dtype [rows, cols], c0.. (i32).
+    Expected: out = X[tile] with out-of-range rows = 0.
+    """
+    from .common.smem import copy_shared_to_global
+    from .sm90 import tma
+    name = name or f"emt_tma_load_r{rank}_{rows}x{cols}_{dtype}_sw{swizzle}"
+    coord_names = [f"c{i}" for i in range(rank - 1)]
+    params = [Param("tmap", "ptr"), Param("out", "ptr", dtype)] + [Param(c, "i32") for c in coord_names]
+    layout = SmemLayout(rows, cols, ELEM_BYTES[dtype], swizzle)
+    row_dim = {4: 1, 3: 0, 2: 0}[rank]
+    contract = tma.tile_contract(layout, dtype, rank, row_dim)
+    with builder.kernel(name, params, (128, 1, 1)) as p:
+        smem = SmemAllocator(builder, target.smem_per_block)
+        wc = warp_coords()
+        bar = smem.mbarriers(1)[0]
+        tile = smem.tile(layout)
+        tmap = tma.tensormap_pointer(target, p["tmap"])
+        leader = _eq(wc.tid, 0)
+        with _if(leader):
+            tma.prefetch_tensormap(target, tmap)
+            barrier.mbarrier_init(bar, 1)
+            barrier.fence_mbarrier_init()
+        barrier.sync_threads()
+        coords = [p[c] for c in coord_names] + [0]
+        with _if(leader):
+            barrier.mbarrier_arrive_expect_tx(bar, layout.size_bytes)
+            tma.tma_load_tile(target, tile, tmap, coords, bar)
+        barrier.mbarrier_wait(bar, 0)
+        copy_shared_to_global(tile, GlobalView(p["out"], dtype, cols), wc.tid, 128)
+    shape = {4: "[B, T, H, %d]" % cols, 3: "[T, H, %d]" % cols, 2: "[T, %d]" % cols}[rank]
+    return LaunchContract(
+        name, (1, 1, 1), (128, 1, 1), smem.size_bytes,
+        [f"tmap u64 (CUtensorMap of X {dtype} {shape} in global memory)",
+         f"out {dtype} [{rows}, {cols}] (output)"] + [f"{c} i32" for c in coord_names],
+        {4: "out = X[c0, c1:c1+%d, c2, :]" % rows, 3: "out = X[c0:c0+%d, c1, :]" % rows,
+         2: "out = X[c0:c0+%d, :]" % rows}[rank] + " (rows past T are zero)",
+        chips=tma.TMA_CHIPS, extra={"tensor_map": contract})
+
+
+def build_wgmma_tile(builder: GpuModuleBuilder, target: Target, n: int = 64, k: int = 64,
+                     trans_a: bool = False, trans_b: bool = True, dtype: str = "bf16",
+                     swizzle: int = 128, name: str | None = None) -> LaunchContract:
+    """One warpgroup: C[64, n] = op(A) @ op(B) with wgmma.mma_async from swizzled shared tiles
+    written by cooperative vector copies (generic proxy → fence.proxy.async → barrier → wgmma).
+
+    Launch: grid (1,1,1); block (128,1,1); dynamic smem = contract value.
+    Params: A dtype [64, k] (trans_a: [k, 64]); B dtype [k, n] (trans_b: [n, k]); C f32 [64, n].
+    Expected: C = op(A).float() @ op(B).float()  (op = .T when transposed).
+    trans_b=True / trans_a=False are the K-major forms; the others are MN-major (transposed) wgmma.
+    """
+    from .sm90 import wgmma
+    name = name or (f"emt_wgmma_m64n{n}k{k}_{'T' if trans_a else 'N'}{'T' if trans_b else 'N'}"
+                    f"_{dtype}_sw{swizzle}")
+    params = [Param("A", "ptr", dtype), Param("B", "ptr", dtype), Param("C", "ptr", "f32")]
+    with builder.kernel(name, params, (128, 1, 1)) as p:
+        smem = SmemAllocator(builder, target.smem_per_block)
+        wc = warp_coords()
+        a_shape = (k, 64) if trans_a else (64, k)
+        b_shape = (n, k) if trans_b else (k, n)
+        ta = _load_tile(smem, wc.tid, p["A"], dtype, *a_shape, 128, str(swizzle), False)
+        tb = _load_tile(smem, wc.tid, p["B"], dtype, *b_shape, 128, str(swizzle), False)
+        barrier.fence_proxy_async_shared()
+        barrier.sync_threads()
+        acc = AccFragment.filled(wgmma.wgmma_acc_layout(n), 0.0)
+        wgmma.wgmma_fence(target)
+        acc = wgmma.wgmma_matmul(target, acc, SmemOperand(ta, trans_a), SmemOperand(tb, trans_b), k,
+                                 dtype, accumulate=False)
+        wgmma.wgmma_commit(target)
+        wgmma.wgmma_wait(target, 0)
+        store_acc(acc, GlobalView(p["C"], "f32", n), wc, "f32")
+    return LaunchContract(
+        name, (1, 1, 1), (128, 1, 1), smem.size_bytes,
+        [f"A {dtype} [{a_shape[0]}, {a_shape[1]}]", f"B {dtype} [{b_shape[0]}, {b_shape[1]}]",
+         f"C f32 [64, {n}] (output)"],
+        f"C = {'A.T' if trans_a else 'A'}.float() @ {'B.T' if trans_b else 'B'}.float()",
+        chips=wgmma.WGMMA_CHIPS)
+
+
+def build_ws_tma_wgmma_pipeline(builder: GpuModuleBuilder, target: Target, n: int = 64,
+                                k_total: int = 256, k_tile: int = 64, stages: int = 2,
+                                dtype: str = "bf16", name: str | None = None) -> LaunchContract:
+    """Warp-specialised pipeline: warpgroup 0 = producer (setmaxnreg.dec 40; one thread streams
+    A/B k-tiles with TMA into a ``stages``-deep ring guarded by full/empty mbarriers), warpgroup 1 =
+    consumer (setmaxnreg.inc 232; waits 'full', runs wgmma over the k-tile, arrives 'empty').
+    C[64, n] = A[64, k_total] @ Bᵀ with B stored [n, k_total] (both K-major). Runtime scf.for loops
+    with the accumulator carried in registers.
+
+    Launch: grid (1,1,1); block (256,1,1); dynamic smem = contract value.
+    Params: tmap_a (u64 → CUtensorMap of A dtype [64, k_total], encode with
+    ``extra['tensor_map_a'].encode_args((64, k_total))``), tmap_b (B dtype [n, k_total],
+    ``extra['tensor_map_b'].encode_args((n, k_total))``), C f32 [64, n].
+    Expected: C = A.float() @ B.float().T
+    """
+    from .sm90 import regalloc, tma, wgmma
+    require = ("sm_90a",)
+    from .target import require_chip
+    require_chip(target, require, "the wgmma pipeline test kernel")
+    name = name or f"emt_ws_tma_wgmma_m64n{n}k{k_total}_kt{k_tile}_s{stages}_{dtype}"
+    eb = ELEM_BYTES[dtype]
+    la = SmemLayout(64, k_tile, eb, 128)
+    lb = SmemLayout(n, k_tile, eb, 128)
+    ca = tma.tile_contract(la, dtype, 2, 0)
+    cb = tma.tile_contract(lb, dtype, 2, 0)
+    params = [Param("tmap_a", "ptr"), Param("tmap_b", "ptr"), Param("C", "ptr", "f32")]
+    n_iter = k_total // k_tile
+    with builder.kernel(name, params, (256, 1, 1)) as p:
+        smem = SmemAllocator(builder, target.smem_per_block)
+        tid = IntVal(warp_coords().tid)
+        full = smem.mbarriers(stages)
+        empty = smem.mbarriers(stages)
+        a_tiles = [smem.tile(la) for _ in range(stages)]
+        b_tiles = [smem.tile(lb) for _ in range(stages)]
+        tmap_a = tma.tensormap_pointer(target, p["tmap_a"])
+        tmap_b = tma.tensormap_pointer(target, p["tmap_b"])
+        with _if(_eq(tid, 0)):
+            for s in range(stages):
+                barrier.mbarrier_init(full[s], 1)
+                barrier.mbarrier_init(empty[s], 128)
+            barrier.fence_mbarrier_init()
+        barrier.sync_threads()
+        warpgroup = tid // 128
+        is_producer = _eq(warpgroup, 0)
+        idx = ir.IndexType.get()
+        c0, c1, cn = (arith.constant(idx, v) for v in (0, 1, n_iter))
+        branch = scf.IfOp(is_producer, has_else=True)
+        with ir.InsertionPoint(branch.then_block):
+            regalloc.release_registers(target, 40)
+            with _if(_eq(tid, 0)):
+                loop = scf.ForOp(c0, cn, c1)
+                with ir.InsertionPoint(loop.body):
+                    kt = IntVal(loop.induction_variable)
+                    for s in range(stages):       # static stage selection: kt % stages == s
+                        with _if(_eq(kt % stages, s)):
+                            barrier.mbarrier_wait(empty[s], ((kt // stages) % 2) ^ 1)
+                            barrier.mbarrier_arrive_expect_tx(full[s], la.size_bytes + lb.size_bytes)
+                            tma.tma_load_tile(target, a_tiles[s], tmap_a, [0, kt * k_tile], full[s])
+                            tma.tma_load_tile(target, b_tiles[s], tmap_b, [0, kt * k_tile], full[s])
+                    scf.yield_([])
+            scf.yield_([])
+        with ir.InsertionPoint(branch.else_block):
+            regalloc.claim_registers(target, 232)
+            wc = warp_coords(128)
+            layout = wgmma.wgmma_acc_layout(n)
+            zero = arith.constant(ir.F32Type.get(), 0.0)
+            loop = scf.ForOp(c0, cn, c1, [zero] * layout.regs_per_lane)
+            with ir.InsertionPoint(loop.body):
+                kt = IntVal(loop.induction_variable)
+                acc = AccFragment(layout, list(loop.inner_iter_args))
+                results = []
+                for s in range(stages):
+                    stage_if = scf.IfOp(_eq(kt % stages, s), [ir.F32Type.get()] * layout.regs_per_lane,
+                                        has_else=True)
+                    with ir.InsertionPoint(stage_if.then_block):
+                        barrier.mbarrier_wait(full[s], (kt // stages) % 2)
+                        wgmma.wgmma_fence(target)
+                        out = wgmma.wgmma_matmul(target, acc, SmemOperand(a_tiles[s]),
+                                                 SmemOperand(b_tiles[s], True), k_tile, dtype)
+                        wgmma.wgmma_commit(target)
+                        wgmma.wgmma_wait(target, 0)
+                        barrier.mbarrier_arrive(empty[s])
+                        scf.yield_(out.values)
+                    with ir.InsertionPoint(stage_if.else_block):
+                        scf.yield_(acc.values)
+                    acc = AccFragment(layout, list(stage_if.results))
+                scf.yield_(acc.values)
+            acc = AccFragment(layout, list(loop.results))
+            store_acc(acc, GlobalView(p["C"], "f32", n), wc, "f32")
+            scf.yield_([])
+    return LaunchContract(
+        name, (1, 1, 1), (256, 1, 1), smem.size_bytes,
+        [f"tmap_a u64 (CUtensorMap of A {dtype} [64, {k_total}])",
+         f"tmap_b u64 (CUtensorMap of B {dtype} [{n}, {k_total}])", f"C f32 [64, {n}] (output)"],
+        "C = A.float() @ B.float().T", chips=("sm_90a",),
+        extra={"tensor_map_a": ca, "tensor_map_b": cb})
+
+
+def build_tcgen05_tile(builder: GpuModuleBuilder, target: Target, n: int = 64, k: int = 64,
+                       dtype: str = "bf16", swizzle: int = 128,
+                       name: str | None = None) -> LaunchContract:
+    """One warpgroup, M = 128: C[128, n] = A @ Bᵀ with tcgen05.mma (A [128, k] and B [n, k] both
+    K-major in swizzled shared tiles), the f32 accumulator in tensor memory, completion through
+    tcgen05.commit on an mbarrier, and tcgen05.ld.32x32b back to registers.
+
+    Launch: grid (1,1,1); block (128,1,1); dynamic smem = contract value. sm_100a only.
+    Params: A dtype [128, k], B dtype [n, k], C f32 [128, n].
+    Expected: C = A.float() @ B.float().T
+    """
+    from .sm100 import tcgen05 as tc
+    name = name or f"emt_tcgen05_m128n{n}k{k}_{dtype}_sw{swizzle}"
+    params = [Param("A", "ptr", dtype), Param("B", "ptr", dtype), Param("C", "ptr", "f32")]
+    with builder.kernel(name, params, (128, 1, 1)) as p:
+        smem = SmemAllocator(builder, target.smem_per_block)
+        wc = warp_coords()
+        slot = smem.raw(4, 4)
+        bar = smem.mbarriers(1)[0]
+        ta = _load_tile(smem, wc.tid, p["A"], dtype, 128, k, 128, str(swizzle), False)
+        tb = _load_tile(smem, wc.tid, p["B"], dtype, n, k, 128, str(swizzle), False)
+        ncols = tc.tmem_columns(n)
+        with _if(_eq(wc.warp, 0)):
+            tc.tmem_alloc(target, slot, ncols)
+            tc.tmem_relinquish(target)
+        with _if(_eq(wc.tid, 0)):
+            barrier.mbarrier_init(bar, 1)
+            barrier.fence_mbarrier_init()
+        barrier.fence_proxy_async_shared()
+        tc.tcgen05_fence_before(target)
+        barrier.sync_threads()
+        tc.tcgen05_fence_after(target)
+        taddr = tc.tmem_address(slot)
+        idesc = tc.instruction_descriptor_bits(128, n, dtype)
+        with _if(_eq(wc.tid, 0)):
+            a_base, b_base = ta.addr32(0, 0), tb.addr32(0, 0)
+            for kk in range(k // 16):
+                sa, lbo, sbo = tc.kmajor_operand(ta.layout, 0, 16 * kk)
+                sb, lbo_b, sbo_b = tc.kmajor_operand(tb.layout, 0, 16 * kk)
+                tc.tcgen05_mma(target, taddr,
+                               tc.make_smem_descriptor(target, a_base + sa, lbo, sbo, swizzle),
+                               tc.make_smem_descriptor(target, b_base + sb, lbo_b, sbo_b, swizzle),
+                               idesc, kk > 0)
+            tc.tcgen05_commit(target, bar)
+        barrier.mbarrier_wait(bar, 0)
+        tc.tcgen05_fence_after(target)
+        row = wc.warp * 32 + wc.lane
+        values = tc.tmem_load_32x32b(target, tc.tmem_offset(taddr, wc.warp * 32, 0), n)
+        tc.tmem_wait_load(target)
+        out = GlobalView(p["C"], "f32", n)
+        for j in range(0, n, 4):
+            vec_t = ir.VectorType.get([4], ir.F32Type.get())
+            v = llvm.mlir_undef(vec_t)
+            for i in range(4):
+                v = llvm.insertelement(v, values[j + i], as_i32(i))
+            llvm.store(v, out.ptr(row, j), alignment=16)
+        tc.tcgen05_fence_before(target)
+        barrier.sync_threads()
+        with _if(_eq(wc.warp, 0)):
+            tc.tcgen05_fence_after(target)
+            tc.tmem_dealloc(target, taddr, ncols)
+    return LaunchContract(
+        name, (1, 1, 1), (128, 1, 1), smem.size_bytes,
+        [f"A {dtype} [128, {k}]", f"B {dtype} [{n}, {k}]", f"C f32 [128, {n}] (output)"],
+        "C = A.float() @ B.float().T", chips=tc.TCGEN05_CHIPS)
+
+
+def build_tma_mma_tile(builder: GpuModuleBuilder, target: Target, m: int = 64, n: int = 64,
+                       k: int = 128, warps_m: int = 2, warps_n: int = 2, dtype: str = "bf16",
+                       name: str | None = None) -> LaunchContract:
+    """The sm_120a-style portable path on any chip: TMA loads (128B swizzle, one box per 64-column
+    panel) completing on an mbarrier, then ldmatrix straight from the TMA-swizzled tiles and
+    mma.sync. C[m, n] = A @ Bᵀ, A [m, k], B [n, k].
+
+    Launch: grid (1,1,1); block (32·warps_m·warps_n,1,1); dynamic smem = contract value.
+    Params: tmap_a (u64 → CUtensorMap of A, ``extra['tensor_map_a'].encode_args((m, k))``),
+    tmap_b (``extra['tensor_map_b'].encode_args((n, k))``), C f32 [m, n].
+    Expected: C = A.float() @ B.float().T
+    """
+    from .sm90 import tma
+    name = name or f"emt_tma_mma_m{m}n{n}k{k}_w{warps_m}x{warps_n}_{dtype}"
+    nthreads = 32 * warps_m * warps_n
+    eb = ELEM_BYTES[dtype]
+    la, lb = SmemLayout(m, k, eb, 128), SmemLayout(n, k, eb, 128)
+    ca, cb = tma.tile_contract(la, dtype, 2, 0), tma.tile_contract(lb, dtype, 2, 0)
+    params = [Param("tmap_a", "ptr"), Param("tmap_b", "ptr"), Param("C", "ptr", "f32")]
+    with builder.kernel(name, params, (nthreads, 1, 1)) as p:
+        smem = SmemAllocator(builder, target.smem_per_block)
+        wc = warp_coords()
+        bar = smem.mbarriers(1)[0]
+        ta, tb = smem.tile(la), smem.tile(lb)
+        tmap_a = tma.tensormap_pointer(target, p["tmap_a"])
+        tmap_b = tma.tensormap_pointer(target, p["tmap_b"])
+        with _if(_eq(wc.tid, 0)):
+            barrier.mbarrier_init(bar, 1)
+            barrier.fence_mbarrier_init()
+        barrier.sync_threads()
+        with _if(_eq(wc.tid, 0)):
+            barrier.mbarrier_arrive_expect_tx(bar, la.size_bytes + lb.size_bytes)
+            tma.tma_load_tile(target, ta, tmap_a, [0, 0], bar)
+            tma.tma_load_tile(target, tb, tmap_b, [0, 0], bar)
+        barrier.mbarrier_wait(bar, 0)
+        layout = AccLayout(m, n, warps_m, warps_n)
+        acc = warp_matmul(AccFragment.filled(layout), SmemOperand(ta), SmemOperand(tb, True), k, wc, dtype)
+        store_acc(acc, GlobalView(p["C"], "f32", n), wc, "f32")
+    return LaunchContract(
+        name, (1, 1, 1), (nthreads, 1, 1), smem.size_bytes,
+        [f"tmap_a u64 (CUtensorMap of A {dtype} [{m}, {k}])",
+         f"tmap_b u64 (CUtensorMap of B {dtype} [{n}, {k}])", f"C f32 [{m}, {n}] (output)"],
+        "C = A.float() @ B.float().T", chips=tma.TMA_CHIPS,
+        extra={"tensor_map_a": ca, "tensor_map_b": cb})

@@ -1,0 +1,194 @@
+"""TMA: ``cp.async.bulk.tensor`` tile copies between global and shared memory, and their host
+contract (which ``cuTensorMapEncodeTiled`` arguments the runtime must use).
+
+Available on sm_90a, sm_100a and sm_120a (the emitters check the chip).
+
+**Tensor-map contract.** The kernel does not build tensor maps: the host encodes one
+``CUtensorMap`` (128 bytes) per tensor with ``cuTensorMapEncodeTiled`` using exactly the arguments
+`TensorMapContract.encode_args` returns, copies those 128 bytes into a 64-byte-aligned *device
+global* buffer before the launch, and passes the buffer's address as the kernel's ``.param .u64``
+(a `Param(name, "ptr")`; the kernel converts it to a generic address with `tensormap_pointer`).
+The map must not change while a launch that uses it is in flight. Copies complete on an mbarrier
+(``complete_tx::bytes``): the issuing thread first calls
+``barrier.mbarrier_arrive_expect_tx(bar, bytes)`` with the total bytes of the phase's copies.
+
+Shared layout: a box of inner extent ``swizzle`` bytes lands as [rows, swizzle bytes] rows in
+shared memory, XOR-swizzled on address bits — the panel of a `layouts.SmemLayout` with that
+swizzle. A tile wider than the swizzle span is `SmemLayout.num_panels` boxes (one copy each).
+Rows past the tensor's extent (the tail chunk of a sequence) are filled with zeros by the TMA unit
+(OOB fill NONE = zeros), so the kernel needs no masking on loads.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..._mlir import ir, llvm, nvvm
+from ..common.ints import as_i32, ival
+from ..common.layouts import SmemLayout
+from ..common.smem import ELEM_BYTES, SmemRegion, SmemTile, shared_ptr_type
+from ..target import Target, require_chip
+
+TMA_CHIPS = ("sm_90a", "sm_100a", "sm_120a")
+
+DATA_TYPE_ENUM = {
+    "bf16": "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16",
+    "f16": "CU_TENSOR_MAP_DATA_TYPE_FLOAT16",
+    "f32": "CU_TENSOR_MAP_DATA_TYPE_FLOAT32",
+}
+SWIZZLE_ENUM = {
+    0: "CU_TENSOR_MAP_SWIZZLE_NONE",
+    32: "CU_TENSOR_MAP_SWIZZLE_32B",
+    64: "CU_TENSOR_MAP_SWIZZLE_64B",
+    128: "CU_TENSOR_MAP_SWIZZLE_128B",
+}
+
+
+@dataclass(frozen=True)
+class TensorMapContract:
+    """The host side of a family of TMA copies of one tensor.
+
+    ``box`` is in torch dimension order (outermost first), like the tensor's shape: loading a
+    [C, 64] panel of a [B, T, H, D] tensor is ``box = (1, C, 1, 64)``.
+    """
+    dtype: str
+    box: tuple
+    swizzle: int
+
+    def __post_init__(self):
+        eb = ELEM_BYTES[self.dtype]
+        if not 1 <= len(self.box) <= 5:
+            raise ValueError(f"TMA tensors have rank 1..5, got box {self.box}")
+        if any(not 1 <= b <= 256 for b in self.box):
+            raise ValueError(f"TMA box extents must be 1..256, got {self.box}")
+        inner = self.box[-1] * eb
+        if inner % 16:
+            raise ValueError(f"TMA box inner extent must be a multiple of 16 bytes, got {inner}")
+        if self.swizzle and inner > self.swizzle:
+            raise ValueError(f"TMA box inner extent {inner} B exceeds the {self.swizzle}B swizzle span")
+        if self.swizzle not in SWIZZLE_ENUM:
+            raise ValueError(f"swizzle must be one of {tuple(SWIZZLE_ENUM)}")
+
+    @property
+    def rank(self) -> int:
+        return len(self.box)
+
+    @property
+    def box_bytes(self) -> int:
+        n = ELEM_BYTES[self.dtype]
+        for b in self.box:
+            n *= b
+        return n
+
+    def encode_args(self, shape: tuple, strides: tuple | None = None) -> dict:
+        """Arguments of ``cuTensorMapEncodeTiled`` for a tensor of ``shape`` (torch order) with
+        element ``strides`` (torch order; default contiguous). Dimension lists are innermost first,
+        as the driver API wants; the global address is the tensor's data pointer (16-byte aligned).
+        """
+        if len(shape) != self.rank:
+            raise ValueError(f"tensor rank {len(shape)} != box rank {self.rank}")
+        eb = ELEM_BYTES[self.dtype]
+        if strides is None:
+            strides, acc = [], 1
+            for s in reversed(shape):
+                strides.append(acc)
+                acc *= s
+            strides = tuple(reversed(strides))
+        if strides[-1] != 1:
+            raise ValueError("the innermost dimension must be contiguous")
+        byte_strides = [strides[i] * eb for i in range(self.rank - 1)]
+        if any(s % 16 for s in byte_strides):
+            raise ValueError(f"TMA global strides must be multiples of 16 bytes, got {byte_strides}")
+        return {
+            "tensorDataType": DATA_TYPE_ENUM[self.dtype],
+            "tensorRank": self.rank,
+            "globalDim": list(reversed(shape)),
+            "globalStrides": list(reversed(byte_strides)),   # dims 1..rank-1, innermost first
+            "boxDim": list(reversed(self.box)),
+            "elementStrides": [1] * self.rank,
+            "interleave": "CU_TENSOR_MAP_INTERLEAVE_NONE",
+            "swizzle": SWIZZLE_ENUM[self.swizzle],
+            "l2Promotion": "CU_TENSOR_MAP_L2_PROMOTION_L2_256B",
+            "oobFill": "CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE",
+        }
+
+
+def tile_contract(layout: SmemLayout, dtype: str, rank: int, row_dim: int) -> TensorMapContract:
+    """The tensor-map contract for loading a `SmemLayout` tile whose rows run along tensor
+    dimension ``row_dim`` (torch order) and whose columns are the innermost dimension; every other
+    dimension has box extent 1. E.g. a [C, D] chunk of [B, T, H, D]: ``rank=4, row_dim=1``."""
+    if ELEM_BYTES[dtype] != layout.elem_bytes:
+        raise ValueError("element size of dtype and layout differ")
+    if not 0 <= row_dim < rank - 1:
+        raise ValueError("row_dim must be an outer dimension")
+    if not layout.swizzle and layout.pad_bytes:
+        raise ValueError("TMA cannot write a padded layout; use a swizzled SmemLayout")
+    box = [1] * rank
+    box[row_dim] = layout.rows
+    box[-1] = layout.panel_cols
+    return TensorMapContract(dtype, tuple(box), layout.swizzle)
+
+
+def tensormap_pointer(target: Target, param: ir.Value) -> ir.Value:
+    """Generic pointer to the tensor map from its global-address kernel parameter."""
+    require_chip(target, TMA_CHIPS, "TMA (cp.async.bulk.tensor)")
+    return llvm.addrspacecast(llvm.PointerType.get(0), param)
+
+
+def prefetch_tensormap(target: Target, tmap: ir.Value) -> None:
+    """``prefetch.tensormap``: warm the descriptor cache (one thread, early in the kernel)."""
+    require_chip(target, TMA_CHIPS, "TMA (cp.async.bulk.tensor)")
+    nvvm.prefetch(tmap, tensormap=True)
+
+
+def tma_load(target: Target, dst: ir.Value, tmap: ir.Value, coords_inner_first: list,
+             bar: SmemRegion) -> None:
+    """``cp.async.bulk.tensor.{r}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes``.
+
+    ``dst``: shared pointer (llvm.ptr<3>) of the box; ``coords_inner_first``: element coordinates
+    of the box origin, innermost dimension first (i32 int-likes). Issue from one thread.
+    """
+    require_chip(target, TMA_CHIPS, "TMA (cp.async.bulk.tensor)")
+    if not 1 <= len(coords_inner_first) <= 5:
+        raise ValueError("TMA copies have 1..5 coordinates")
+    dst_cluster = llvm.addrspacecast(llvm.PointerType.get(7), dst)
+    nvvm.cp_async_bulk_tensor_shared_cluster_global(
+        dst_cluster, tmap, [as_i32(c) for c in coords_inner_first], bar.ptr(), [])
+
+
+def tma_load_tile(target: Target, tile: SmemTile, tmap: ir.Value, coords: list,
+                  bar: SmemRegion) -> int:
+    """Load ``tile`` (one copy per swizzle panel) from the tensor whose map follows
+    `tile_contract`; ``coords`` in torch order, the last one the first column. Returns the bytes
+    the copies will deliver (add them to the mbarrier's expected transaction count)."""
+    lay = tile.layout
+    for p in range(lay.num_panels):
+        inner = ival(coords[-1]) + p * lay.panel_cols
+        dst = tile.ptr(0, p * lay.panel_cols) if lay.swizzle else tile.ptr(0, 0)
+        tma_load(target, dst, tmap, [inner] + list(reversed(coords[:-1])), bar)
+    return lay.size_bytes
+
+
+def tma_store_tile(target: Target, tile: SmemTile, tmap: ir.Value, coords: list) -> None:
+    """Store ``tile`` to global (``cp.async.bulk.tensor...global.shared::cta.bulk_group``), one
+    copy per panel. Before: every writer thread did `barrier.fence_proxy_async_shared()` and the
+    threads synchronised; after: `tma_store_commit` + `tma_store_wait` before reusing the tile.
+    Out-of-range rows are not written."""
+    require_chip(target, TMA_CHIPS, "TMA (cp.async.bulk.tensor)")
+    lay = tile.layout
+    for p in range(lay.num_panels):
+        inner = ival(coords[-1]) + p * lay.panel_cols
+        src = tile.ptr(0, p * lay.panel_cols) if lay.swizzle else tile.ptr(0, 0)
+        nvvm.cp_async_bulk_tensor_global_shared_cta(
+            tmap, src, [as_i32(c) for c in [inner] + list(reversed(coords[:-1]))])
+
+
+def tma_store_commit(target: Target) -> None:
+    require_chip(target, TMA_CHIPS, "TMA (cp.async.bulk.tensor)")
+    nvvm.cp_async_bulk_commit_group()
+
+
+def tma_store_wait(target: Target, pending: int = 0, read_only: bool = True) -> None:
+    """Wait until at most ``pending`` bulk store groups are in flight (``.read``: only until their
+    shared-memory source has been read, enough to reuse the tile)."""
+    require_chip(target, TMA_CHIPS, "TMA (cp.async.bulk.tensor)")
+    nvvm.cp_async_bulk_wait_group(pending, read=read_only or None)
