@@ -454,6 +454,13 @@ def _workspace(ex, node):
     return buf
 
 
+@op_impl("kda.sum_chunks")
+def _sum_chunks(ex, node, mem):
+    seq_of_slot = torch.repeat_interleave(torch.arange(ex.N), ex.nchunks)
+    out = torch.zeros((ex.N, *mem.shape[1:]), dtype=mem.dtype)
+    return out.index_add_(0, seq_of_slot, mem)
+
+
 @op_impl("kda.sum_head_groups")
 def _sum_head_groups(ex, node, src, dst):
     B, T, HV = src.shape[:3]

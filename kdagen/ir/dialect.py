@@ -94,7 +94,8 @@ OPS: dict[str, OpSpec] = {
         regions=("body",), group="structure",
         doc="Iterate over the chunks of each (sequence, value head); block args (chunk: index, "
             "carried...); gpu.yield gives the next carried values; results are the last ones. "
-            "reverse = true runs from the last chunk to the first."),
+            "reverse = true runs from the last chunk to the first. IRDL unifies the constraint "
+            "variable of a variadic operand list, so all carried values have one type."),
     "load": OpSpec(
         operands=(("src", "memref"), ("chunk", "index")), results=(("tile", "tile"),),
         attrs=(("name", "str"), ("head_map", "str")), group="memory",
@@ -126,6 +127,11 @@ OPS: dict[str, OpSpec] = {
         results=(("buffer", "memref"),), attrs=(("name", "str"), ("layout", "str")), group="memory",
         doc="Declare a named workspace buffer between scans/kernels; layout 'chunk' "
             "[total chunks, HV, D...], 'token' [B, T, HV, D...] or 'state' [N, HV, D...]."),
+    "sum_chunks": OpSpec(
+        operands=(("src", "memref"),), results=(("tile", "tile"),), attrs=(("name", "str"),),
+        group="memory",
+        doc="Per (sequence, head): the sum of a per-chunk workspace over the chunks of the "
+            "sequence (e.g. per-chunk partial gradients of a per-head value)."),
     "sum_head_groups": OpSpec(
         operands=(("src", "memref"), ("dst", "memref")), attrs=(("name", "str"),), group="memory",
         doc="Global: dst[b, t, h] = sum of src[b, t, hv] over the value heads hv of q/k head h (GVA)."),
@@ -449,19 +455,22 @@ def _check_op(op):
         term = list(block.operations)[-1]
         if term.name != "gpu.yield" or [v.type for v in term.operands] != ins:
             _fail(op, "scan body must end with gpu.yield of the carried types")
+    elif name == "sum_chunks":
+        if tuple(_shape(ins[0])[2:]) != _shape(outs[0]) or _etype(ins[0]) != _etype(outs[0]):
+            _fail(op, f"tile {outs[0]} does not match the chunk workspace {ins[0]}")
     elif name in ("load", "load_chunk"):
         mem = _shape(ins[0])
         tile = _shape(outs[0])
-        lead = 3 if name == "load" else 2
-        if tuple(mem[lead:]) != tuple(tile[1:]):
+        lead, rows = (3, 1) if name == "load" else (2, 0)
+        if tuple(mem[lead:]) != tuple(tile[rows:]) or _etype(ins[0]) != _etype(outs[0]):
             _fail(op, f"tile {list(tile)} does not match memref trailing dims {list(mem[lead:])}")
         if name == "load" and _attr(op, "head_map") not in ("direct", "grouped"):
             _fail(op, "head_map must be 'direct' or 'grouped'")
     elif name in ("store", "store_chunk"):
         mem = _shape(ins[0])
         tile = _shape(ins[2])
-        lead = 3 if name == "store" else 2
-        if tuple(mem[lead:]) != tuple(tile[1:]) or _etype(ins[0]) != _etype(ins[2]):
+        lead, rows = (3, 1) if name == "store" else (2, 0)
+        if tuple(mem[lead:]) != tuple(tile[rows:]) or _etype(ins[0]) != _etype(ins[2]):
             _fail(op, f"tile {ins[2]} does not match memref {ins[0]}")
     elif name in ("load_head", "load_state", "store_state"):
         mem = ins[0]
