@@ -191,13 +191,13 @@ def _gdn_fwd(**options) -> ir.Module:
 
 
 def _kda_bwd(**options) -> ir.Module:
-    from kdagen.ir.autodiff import autodiff
-    return autodiff(_kda_fwd(**options), name="kda_bwd")
+    from kdagen.ir.derive import derive_backward
+    return derive_backward(_kda_fwd(**options), name="kda_bwd")
 
 
 def _gdn_bwd(**options) -> ir.Module:
-    from kdagen.ir.autodiff import autodiff
-    return autodiff(_gdn_fwd(**options), name="gdn_bwd")
+    from kdagen.ir.derive import derive_backward
+    return derive_backward(_gdn_fwd(**options), name="gdn_bwd")
 
 
 @dataclass(frozen=True)

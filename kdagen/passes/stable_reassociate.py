@@ -95,15 +95,35 @@ class StableReassociatePass(ModulePass):
     subblock: int = 0                # 0: choose from the bounds; else force this block size
 
     def run(self, module: ir.Module) -> None:
+        from ..ir.derive import derive_backward, forward_module, primal_func, replace_contents
+        primal = primal_func(module)
+        if primal is None:
+            self._rewrite(module)
+            return
+        # A backward program: rewrite the forward it was derived from, then derive again, so
+        # the adjoints are those of the bounded forms (see the module docstring).
+        backward_name = next(op for op in module.body.operations
+                             if op.operation.name == "func.func" and op != primal).name.value
+        forward = forward_module(module)
+        self._rewrite(forward)
+        with module.context, ir.Location.unknown():
+            derived = derive_backward(forward, name=backward_name)
+            self._prove_bounds(derived)
+        replace_contents(module, derived)
+
+    def _rewrite(self, module: ir.Module) -> None:
         with module.context, ir.Location.unknown():
             analysis = RangeAnalysis(module)
             for tril in [op for op in _walk(module) if op.name == "kda.tril"]:
                 self._rewrite_decay_product(tril, analysis)
             _remove_dead_ops(module)
-            analysis = RangeAnalysis(module)
-            for op in _walk(module):
-                if op.name == "kda.exp2":
-                    self._bound_exp2(op, analysis[op.operands[0]])
+            self._prove_bounds(module)
+
+    def _prove_bounds(self, module: ir.Module) -> None:
+        analysis = RangeAnalysis(module)
+        for op in _walk(module):
+            if op.name == "kda.exp2":
+                self._bound_exp2(op, analysis[op.operands[0]])
 
     # -- rule 1 -------------------------------------------------------------------------
     def _rewrite_decay_product(self, tril, analysis: RangeAnalysis) -> None:
@@ -135,14 +155,14 @@ class StableReassociatePass(ModulePass):
 
     def _choose_subblock(self, facts: Range) -> tuple[int, float, str]:
         rows, step = facts.rows, abs(facts.row_increments[0])
-        span = (rows - 1) * step                     # |Γ_i − Γ_j| over a whole chunk
+        span = (rows - 1) * step if step else 0.0    # |Γ_i − Γ_j| over a whole chunk
         if self.subblock:
             size = self.subblock
         else:
             size = 1
             while size * 2 <= rows and (size * 2 - 1) * step <= self.max_exponent:
                 size *= 2
-        inner = (size - 1) * step                    # |exponent| inside one block
+        inner = (size - 1) * step if size > 1 else 0.0   # |exponent| inside one block
         if size > 1 and inner > self.max_exponent:
             raise PassError(f"kda.decay_dot: subblock={size} would need exponents up to "
                             f"{_fmt(inner)} > {_fmt(self.max_exponent)}")
