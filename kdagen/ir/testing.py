@@ -17,7 +17,7 @@ from typing import Callable
 
 import torch
 
-from kdagen.ir.gates import get_gate
+from kdagen.ir.gates import GATES, get_gate
 
 __all__ = ["Case", "make_case", "GRAD_NAMES"]
 
@@ -48,7 +48,8 @@ class Case:
         gate = self.gate
         g_in = x[gate.input_name]
         params = {p: x[p] for p in gate.params}
-        builtin = gate.name in ("softplus", "lower_bound", "gdn_softplus", "gdn_lower_bound")
+        builtin = (gate.name in ("softplus", "lower_bound", "gdn_softplus", "gdn_lower_bound")
+                   and GATES.get(gate.name) is gate)
         kw = dict(scale=x.get("scale"), initial_state=x.get("initial_state"),
                   output_final_state=opt.get("output_final_state", True),
                   use_qk_l2norm_in_kernel=opt.get("use_qk_l2norm_in_kernel", True),
@@ -96,8 +97,8 @@ def make_case(family: str = "kda", *, gate: str | None = None, B: int = 1, T: in
     """
     gen = torch.Generator().manual_seed(seed)
     HV = HV or H
-    gate = gate or ("softplus" if family == "kda" else "gdn_softplus")
-    gobj = get_gate(gate)
+    gobj = get_gate(gate or ("softplus" if family == "kda" else "gdn_softplus"))
+    gname = gobj.name
     varlen = lengths is not None
     if varlen:
         B, T = 1, int(sum(lengths))
@@ -117,7 +118,7 @@ def make_case(family: str = "kda", *, gate: str | None = None, B: int = 1, T: in
         inputs["g"] = -torch.rand(*gshape, generator=gen, dtype=F64) * span
     else:
         strong = decay == "strong"
-        if "lower_bound" in gate:
+        if "lower_bound" in gname:
             inputs["g_raw"] = rnd(*gshape) + (6.0 if strong else 0.0)
         else:
             inputs["g_raw"] = rnd(*gshape) - (3.0 if strong else 1.0)
@@ -137,7 +138,8 @@ def make_case(family: str = "kda", *, gate: str | None = None, B: int = 1, T: in
         for n in lengths:
             cu.append(cu[-1] + int(n))
         inputs["cu_seqlens"] = torch.tensor(cu, dtype=torch.int64)
-    options = dict(chunk_size=chunk_size, head_k_dim=K, head_v_dim=V, gate=gate, gva_ratio=HV // H,
+    options = dict(chunk_size=chunk_size, head_k_dim=K, head_v_dim=V,
+                   gate=gname if gname in GATES and GATES[gname] is gobj else gobj, gva_ratio=HV // H,
                    dtype="bf16", use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                    use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
                    allow_neg_eigval=allow_neg_eigval, use_initial_state=use_initial_state,
