@@ -18,6 +18,7 @@ from .common import barrier
 from .common.convert import acc_to_a, acc_to_bt
 from .common.ints import IntVal, as_i32
 from .common.kernel import GpuModuleBuilder, Param
+from .common.launch import set_launch_bounds
 from .common.layouts import AccLayout, SmemLayout
 from .common.mma import AccFragment, SmemOperand, round_acc, store_acc, warp_matmul
 from .common.shuffle import acc_row_reduce
@@ -391,6 +392,8 @@ def build_ws_tma_wgmma_pipeline(builder: GpuModuleBuilder, target: Target, n: in
             acc = AccFragment(layout, list(loop.results))
             store_acc(acc, GlobalView(p["C"], "f32", n), wc, "f32")
             scf.yield_([])
+    # ptxas honours setmaxnreg only with a known register count at entry (.minnctapersm).
+    set_launch_bounds(builder, name, min_blocks_per_sm=1)
     return LaunchContract(
         name, (1, 1, 1), (256, 1, 1), smem.size_bytes,
         [f"tmap_a u64 (CUtensorMap of A {dtype} [64, {k_total}])",
@@ -510,3 +513,33 @@ def build_tma_mma_tile(builder: GpuModuleBuilder, target: Target, m: int = 64, n
          f"tmap_b u64 (CUtensorMap of B {dtype} [{n}, {k}])", f"C f32 [{m}, {n}] (output)"],
         "C = A.float() @ B.float().T", chips=tma.TMA_CHIPS,
         extra={"tensor_map_a": ca, "tensor_map_b": cb})
+
+
+def build_suite(builder: GpuModuleBuilder, target: Target) -> list[LaunchContract]:
+    """Every emitter test kernel valid on ``target``, in one gpu.module (the set the CPU tests
+    assemble and the GPU driver runs)."""
+    out = [
+        build_mma_tile(builder, 16, 16, 16),
+        build_mma_tile(builder, 64, 64, 64, 2, 2),
+        build_mma_tile(builder, 64, 64, 64, 2, 2, trans_a=True, trans_b=True),
+        build_mma_tile(builder, 64, 64, 64, 2, 2, trans_a=False, trans_b=True, use_cp_async=False,
+                       swizzle="pad"),
+        build_mma_tile(builder, 64, 64, 64, 2, 2, trans_a=True, trans_b=False, dtype="f16"),
+        build_mma_chain(builder),
+        build_row_reduce(builder),
+    ]
+    if target.has_tma:
+        out += [build_tma_tile_load(builder, target),
+                build_tma_tile_load(builder, target, rows=64, cols=64, rank=2),
+                build_tma_tile_load(builder, target, rows=32, cols=64, rank=3, swizzle=64),
+                build_tma_mma_tile(builder, target)]
+    if target.has_wgmma:
+        out += [build_wgmma_tile(builder, target),
+                build_wgmma_tile(builder, target, n=128, trans_a=True, trans_b=False),
+                build_wgmma_tile(builder, target, n=64, trans_a=False, trans_b=False, swizzle=64,
+                                 k=32),
+                build_ws_tma_wgmma_pipeline(builder, target)]
+    if target.has_tcgen05:
+        out += [build_tcgen05_tile(builder, target),
+                build_tcgen05_tile(builder, target, n=128, k=128)]
+    return out

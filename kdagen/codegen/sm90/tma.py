@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from ..._mlir import ir, llvm, nvvm
 from ..common.ints import as_i32, ival
 from ..common.layouts import SmemLayout
-from ..common.smem import ELEM_BYTES, SmemRegion, SmemTile, shared_ptr_type
+from ..common.smem import ELEM_BYTES, SmemRegion, SmemTile
 from ..target import Target, require_chip
 
 TMA_CHIPS = ("sm_90a", "sm_100a", "sm_120a")
@@ -142,17 +142,18 @@ def prefetch_tensormap(target: Target, tmap: ir.Value) -> None:
 
 def tma_load(target: Target, dst: ir.Value, tmap: ir.Value, coords_inner_first: list,
              bar: SmemRegion) -> None:
-    """``cp.async.bulk.tensor.{r}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes``.
+    """``cp.async.bulk.tensor.{r}d.shared::cta.global.tile.mbarrier::complete_tx::bytes``.
 
     ``dst``: shared pointer (llvm.ptr<3>) of the box; ``coords_inner_first``: element coordinates
     of the box origin, innermost dimension first (i32 int-likes). Issue from one thread.
+    The ``.shared::cta`` destination form (PTX 8.6+) is used: the ``.shared::cluster`` form made
+    ptxas for sm_120a keep an 8-byte stack frame and extra address conversions.
     """
     require_chip(target, TMA_CHIPS, "TMA (cp.async.bulk.tensor)")
     if not 1 <= len(coords_inner_first) <= 5:
         raise ValueError("TMA copies have 1..5 coordinates")
-    dst_cluster = llvm.addrspacecast(llvm.PointerType.get(7), dst)
     nvvm.cp_async_bulk_tensor_shared_cluster_global(
-        dst_cluster, tmap, [as_i32(c) for c in coords_inner_first], bar.ptr(), [])
+        dst, tmap, [as_i32(c) for c in coords_inner_first], bar.ptr(), [], is_cta_only=True)
 
 
 def tma_load_tile(target: Target, tile: SmemTile, tmap: ir.Value, coords: list,
