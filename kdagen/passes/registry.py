@@ -2,3 +2,4 @@
 from . import builtin  # noqa: F401
 from . import stable_reassociate  # noqa: F401
 from . import autodiff_pass  # noqa: F401
+from . import partition  # noqa: F401
