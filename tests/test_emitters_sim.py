@@ -136,3 +136,27 @@ def test_bf16_rounding_model():
     assert r[2] == np.float32(1.0 + 2 ** -7)
     assert r[3] == -2.5
     assert np.isfinite(r[4])
+
+
+@pytest.mark.parametrize("rows,cols,wn", [(16, 8, 1), (64, 32, 1), (64, 64, 2)])
+def test_cumsum_rows_scan(rows, cols, wn):
+    """The shuffle scan of shuffle.acc_cumsum_rows (same code, numpy lane ops) = np.cumsum."""
+    from kdagen.codegen.common.shuffle import cumsum_rows_warp
+    rng = np.random.default_rng(7)
+    X = rng.standard_normal((rows, cols)).astype(np.float32)
+    layout = AccLayout(rows, cols, 1, wn)
+    regs = ws.scatter_acc(layout, X)
+    out = [cumsum_rows_warp(layout, regs[w], ws.LANES, ws.NumpyLaneOps())[0] for w in range(wn)]
+    np.testing.assert_allclose(ws.gather_acc(layout, out), np.cumsum(X, 0), rtol=1e-5, atol=1e-5)
+
+
+def test_cumsum_scan_detects_a_wrong_shuffle_distance():
+    from kdagen.codegen.common.shuffle import cumsum_rows_warp
+
+    class Broken(ws.NumpyLaneOps):
+        def shfl_up(self, x, delta):
+            return super().shfl_up(x, delta // 2)
+    X = np.random.default_rng(8).standard_normal((16, 8)).astype(np.float32)
+    layout = AccLayout(16, 8)
+    out = cumsum_rows_warp(layout, ws.scatter_acc(layout, X)[0], ws.LANES, Broken())[0]
+    assert not np.allclose(ws.gather_acc(layout, [out]), np.cumsum(X, 0), atol=1e-3)

@@ -104,10 +104,10 @@ def build_mma_chain(builder: GpuModuleBuilder, m: int = 64, k1: int = 64, n1: in
 
     Warps split rows (warps_m = warps, warps_n = 1), as the register operand requires.
     Launch: grid (1, 1, 1); block (32·warps, 1, 1); dynamic smem = contract value.
-    Params: A [m, k1], B [k1, n1], V [n1, n2], A2 [m2 = 16, n1]... see expected; O f32 [m, n2],
-    Q f32 [16, m].
+    Params: A [m, k1], B [k1, n1], V [n1, n2], A2 [16, n1] (all dtype); O f32 [m, n2] and
+    Q f32 [16, m] (outputs).
     Expected: P16 = (A.float() @ B.float()).to(dtype).float();
-              O = P16 @ V.float();   Q = A2.float() @ P16.T   (A2 is [16, n1])
+              O = P16 @ V.float();   Q = A2.float() @ P16.T
     """
     name = name or f"emt_mma_chain_m{m}k{k1}n{n1}n{n2}_w{warps}_{dtype}"
     nthreads = 32 * warps
@@ -154,7 +154,7 @@ def build_row_reduce(builder: GpuModuleBuilder, m: int = 64, n: int = 64, k: int
               E = torch.exp2(S - rowmax[:, None])  (ex2.approx: rtol ~1e-6)
     """
     from .common import fastmath
-    from .common.shuffle import acc_apply_rows
+    from .common.rowcol import acc_apply_rows
     name = name or f"emt_row_reduce_m{m}n{n}k{k}_w{warps_m}x{warps_n}_{dtype}"
     nthreads = 32 * warps_m * warps_n
     params = [Param("A", "ptr", dtype), Param("B", "ptr", dtype), Param("rowsum", "ptr", "f32"),
@@ -190,6 +190,47 @@ def build_row_reduce(builder: GpuModuleBuilder, m: int = 64, n: int = 64, k: int
          f"rowmax f32 [{m}] (output)", f"E f32 [{m}, {n}] (output)"],
         "S = A.float() @ B.float(); rowsum = S.sum(1); rowmax = S.amax(1); "
         "E = torch.exp2(S - rowmax[:, None])")
+
+
+def build_tile_ops(builder: GpuModuleBuilder, m: int = 64, n: int = 64, warps_m: int = 2,
+                   warps_n: int = 2, name: str | None = None) -> LaunchContract:
+    """Accumulator-tile ops without matmul: load an f32 tile into the mma C layout, inclusive
+    cumsum down the rows (shuffle scan + cross-warp combine in shared memory), per-row and
+    per-column vectors broadcast over the tile, and a lower-triangular mask.
+
+    Launch: grid (1,1,1); block (32·warps_m·warps_n,1,1); dynamic smem = contract value.
+    Params: X f32 [m, n], r f32 [m], c f32 [n], Y f32 [m, n], Z f32 [m, n] (outputs Y, Z).
+    Expected: Y = X.cumsum(0); Z = torch.tril(X * torch.exp2(r[:, None] - c[None, :]))
+    (ex2.approx: rtol ~1e-6; cumsum order differs from torch's: rtol ~1e-5).
+    """
+    from .common import fastmath
+    from .common.mma import load_acc
+    from .common.rowcol import acc_apply_cols, acc_apply_rows, acc_mask_triangular, \
+        load_col_values, load_row_values
+    from .common.shuffle import acc_cumsum_rows
+    name = name or f"emt_tile_ops_m{m}n{n}_w{warps_m}x{warps_n}"
+    nthreads = 32 * warps_m * warps_n
+    params = [Param("X", "ptr", "f32"), Param("r", "ptr", "f32"), Param("c", "ptr", "f32"),
+              Param("Y", "ptr", "f32"), Param("Z", "ptr", "f32")]
+    with builder.kernel(name, params, (nthreads, 1, 1)) as p:
+        smem = SmemAllocator(builder)
+        wc = warp_coords()
+        scratch = smem.raw(warps_m * n * 4)
+        layout = AccLayout(m, n, warps_m, warps_n)
+        x = load_acc(layout, GlobalView(p["X"], "f32", n), wc)
+        y = acc_cumsum_rows(x, wc, scratch, barrier.sync_threads)
+        store_acc(y, GlobalView(p["Y"], "f32", n), wc, "f32")
+        rows = load_row_values(layout, GlobalView(p["r"], "f32", 1), wc)
+        cols = load_col_values(layout, GlobalView(p["c"], "f32", 1), wc)
+        z = acc_apply_rows(x, rows, lambda v, rv: arith.mulf(v, fastmath.exp2(rv)))
+        z = acc_apply_cols(z, cols, lambda v, cv: arith.mulf(v, fastmath.exp2(arith.negf(cv))))
+        z = acc_mask_triangular(z, wc)
+        store_acc(z, GlobalView(p["Z"], "f32", n), wc, "f32")
+    return LaunchContract(
+        name, (1, 1, 1), (nthreads, 1, 1), smem.size_bytes,
+        [f"X f32 [{m}, {n}]", f"r f32 [{m}]", f"c f32 [{n}]", f"Y f32 [{m}, {n}] (output)",
+         f"Z f32 [{m}, {n}] (output)"],
+        "Y = X.cumsum(0); Z = torch.tril(X * torch.exp2(r[:, None] - c[None, :]))")
 
 
 # ------------------------------------------------------------------------------------------
@@ -527,6 +568,7 @@ def build_suite(builder: GpuModuleBuilder, target: Target) -> list[LaunchContrac
         build_mma_tile(builder, 64, 64, 64, 2, 2, trans_a=True, trans_b=False, dtype="f16"),
         build_mma_chain(builder),
         build_row_reduce(builder),
+        build_tile_ops(builder),
     ]
     if target.has_tma:
         out += [build_tma_tile_load(builder, target),

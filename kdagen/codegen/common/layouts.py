@@ -229,8 +229,8 @@ def swizzle_bytes_offset(offset, swizzle: int):
     """Apply the TMA / wgmma swizzle of span ``swizzle`` bytes to a byte offset.
 
     128B: bits [4, 7) ^= bits [7, 10); 64B: bits [4, 6) ^= bits [7, 9); 32B: bit 4 ^= bit 7.
-    16-byte chunks stay contiguous; the pattern repeats every 8 rows of ``swizzle`` bytes... of
-    address space (1024 B for 128B), so tiles are placed at 1024-byte aligned offsets.
+    16-byte chunks stay contiguous. The pattern is a function of address bits, with period 1024 B
+    (128B), 512 B (64B) or 256 B (32B), so tiles sit at offsets aligned to that period.
     """
     if swizzle == 0:
         return offset

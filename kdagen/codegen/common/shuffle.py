@@ -8,11 +8,10 @@ columns (``warps_n > 1``) the partials meet in shared memory.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from ..._mlir import arith, ir, llvm, nvvm
+from ..._mlir import arith, ir, nvvm, scf
 from .ints import as_i32
-from .layouts import AccLayout, MMA_M, lane_group
+from .layouts import lane_group, lane_in_group
+from .rowcol import ColValues, RowValues, acc_apply_cols, acc_apply_rows  # noqa: F401 (re-export)
 
 FULL_MASK = -1  # 0xFFFFFFFF as a signed i32
 
@@ -66,19 +65,6 @@ ROW_LANE_MASKS = (1, 2)        # lanes of a quad: one row of a C atom
 COL_LANE_MASKS = (4, 8, 16)    # lanes with equal lane % 4: one column pair of a C atom
 
 
-@dataclass
-class RowValues:
-    """One value per row slot of an `AccLayout` (replicated over the quad and over ``warps_n``):
-    slot ``s = 2·am + hi`` of warp w covers row ``warp_row0 + 16·am + 8·hi + lane // 4``."""
-    layout: AccLayout
-    values: list
-
-    def row(self, slot: int, coords):
-        r0, _ = self.layout.warp_origin(coords.warp)
-        am, hi = divmod(slot, 2)
-        return r0 + MMA_M * am + 8 * hi + lane_group(coords.lane)
-
-
 def acc_row_reduce(acc, op: str, coords=None, scratch=None, sync=None) -> RowValues:
     """Reduce each row of an accumulator tile (``op`` in sum/max/min).
 
@@ -105,7 +91,6 @@ def acc_row_reduce(acc, op: str, coords=None, scratch=None, sync=None) -> RowVal
     rows = RowValues(lay, partial)
     wn = coords.warp % lay.warps_n
     is_writer = arith.cmpi(arith.CmpIPredicate.eq, as_i32(coords.lane % 4), as_i32(0))
-    from ..._mlir import scf
     for slot, v in enumerate(partial):
         row = rows.row(slot, coords)
         branch = scf.IfOp(is_writer)
@@ -121,16 +106,6 @@ def acc_row_reduce(acc, op: str, coords=None, scratch=None, sync=None) -> RowVal
             v = f(v, scratch.load("f32", (row * lay.warps_n + j) * 4))
         out.append(v)
     return RowValues(lay, out)
-
-
-def acc_apply_rows(acc, rows: RowValues, fn):
-    """``fn(x, row_value)`` for every register, with the value of the register's row."""
-    lay = acc.layout
-    values = list(acc.values)
-    for slot, regs in enumerate(lay.row_regs()):
-        for r in regs:
-            values[r] = fn(values[r], rows.values[slot])
-    return type(acc)(lay, values)
 
 
 def acc_col_reduce_warp(acc, op: str) -> list:
@@ -149,3 +124,95 @@ def acc_col_reduce_warp(acc, op: str) -> list:
                 v = f(v, acc.values[r])
             out.append(butterfly_reduce(v, op, COL_LANE_MASKS))
     return out
+
+
+# ------------------------------------------------------------------------------------------
+# Inclusive prefix sums down the rows (cumsum over the token dimension of a chunk tile)
+# ------------------------------------------------------------------------------------------
+
+class MlirLaneOps:
+    """Lane operations of the scan on MLIR values."""
+
+    def shfl_up(self, x, delta):
+        return shfl(x, delta, "up")
+
+    def shfl_idx(self, x, src_lane):
+        return shfl(x, src_lane, "idx")
+
+    def add(self, a, b):
+        return arith.addf(a, b)
+
+    def add_if_ge(self, x, y, g, d):
+        """x + (g >= d ? y : 0) with g an int-like lane quantity."""
+        cond = arith.cmpi(arith.CmpIPredicate.uge, as_i32(g), as_i32(d))
+        return arith.addf(x, arith.select(cond, y, arith.constant(ir.F32Type.get(), 0.0)))
+
+
+def cumsum_rows_warp(layout, values: list, lane, ops) -> tuple[list, dict]:
+    """Inclusive prefix sums down the rows of each warp's block, per column register.
+
+    Per 8-row half of an m16 atom, the 8 lanes of a column (same ``lane % 4``, lanes 4 apart)
+    scan with three ``shfl.up`` steps (Hillis–Steele); the half's total (lane ``28 + lane % 4``)
+    is broadcast with ``shfl.idx`` and carried into the following halves and atoms. Returns the
+    new registers and the warp-block column totals keyed (an, j). Generic over ``ops``
+    (`MlirLaneOps`, or the numpy model in warpsim) so the CPU test runs this exact code.
+    """
+    g, t = lane_group(lane), lane_in_group(lane)
+    out = list(values)
+    totals = {}
+    for an in range(layout.atoms_n):
+        for j in (0, 1):
+            running = None
+            for am in range(layout.atoms_m):
+                for hi in (0, 1):
+                    r = layout.reg(am, an, 2 * hi + j)
+                    x = out[r]
+                    for d in (1, 2, 4):
+                        x = ops.add_if_ge(x, ops.shfl_up(x, 4 * d), g, d)
+                    total = ops.shfl_idx(x, 28 + t)
+                    if running is not None:
+                        x = ops.add(x, running)
+                        running = ops.add(running, total)
+                    else:
+                        running = total
+                    out[r] = x
+            totals[(an, j)] = running
+    return out, totals
+
+
+def acc_cumsum_rows(acc, coords, scratch=None, sync=None):
+    """Inclusive cumsum along the rows (``out[r, c] = Σ_{r' <= r} x[r', c]``) of an accumulator
+    tile. With ``warps_m > 1`` the warps' block totals meet in ``scratch`` (an `SmemRegion` of at
+    least ``warps_m · cols · 4`` bytes) around one ``sync()`` barrier; each warp adds the totals
+    of the warps above it."""
+    lay = acc.layout
+    values, totals = cumsum_rows_warp(lay, acc.values, coords.lane, MlirLaneOps())
+    if lay.warps_m > 1:
+        if scratch is None or sync is None:
+            raise ValueError("acc_cumsum_rows: a tile split over rows needs scratch and sync")
+        if scratch.nbytes < lay.warps_m * lay.cols * 4:
+            raise ValueError("acc_cumsum_rows: scratch too small")
+        wm = coords.warp // lay.warps_n
+        _, c0 = lay.warp_origin(coords.warp)
+        t = lane_in_group(coords.lane)
+        writer = arith.cmpi(arith.CmpIPredicate.ult, as_i32(coords.lane), as_i32(4))
+        branch = scf.IfOp(writer)
+        with ir.InsertionPoint(branch.then_block):
+            for (an, j), tot in totals.items():
+                col = c0 + 8 * an + 2 * t + j
+                scratch.store(tot, (wm * lay.cols + col) * 4)
+            scf.yield_([])
+        sync()
+        f32 = ir.F32Type.get()
+        for (an, j) in totals:
+            col = c0 + 8 * an + 2 * t + j
+            offset = arith.constant(f32, 0.0)
+            for w in range(lay.warps_m - 1):
+                above = arith.cmpi(arith.CmpIPredicate.ult, as_i32(w), as_i32(wm))
+                v = scratch.load("f32", (w * lay.cols + col) * 4)
+                offset = arith.addf(offset, arith.select(above, v, arith.constant(f32, 0.0)))
+            for am in range(lay.atoms_m):
+                for hi in (0, 1):
+                    r = lay.reg(am, an, 2 * hi + j)
+                    values[r] = arith.addf(values[r], offset)
+    return type(acc)(lay, values)

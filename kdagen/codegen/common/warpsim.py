@@ -208,3 +208,21 @@ def gather_acc(layout, warps_values) -> np.ndarray:
 def scatter_acc(layout, matrix: np.ndarray) -> list[list[np.ndarray]]:
     return [[matrix[layout.coord(w, LANES, reg)].astype(np.float32)
              for reg in range(layout.regs_per_lane)] for w in range(layout.num_warps)]
+
+
+class NumpyLaneOps:
+    """`shuffle.cumsum_rows_warp` lane operations on [32] arrays (shfl.up keeps the own value
+    for lanes below delta, as the ISA does for out-of-range sources)."""
+
+    def shfl_up(self, x, delta):
+        src = LANES - delta
+        return np.where(src >= 0, x[np.maximum(src, 0)], x)
+
+    def shfl_idx(self, x, src_lane):
+        return x[np.broadcast_to(np.asarray(src_lane) % WARP_SIZE, (WARP_SIZE,))]
+
+    def add(self, a, b):
+        return (np.asarray(a, np.float32) + np.asarray(b, np.float32)).astype(np.float32)
+
+    def add_if_ge(self, x, y, g, d):
+        return np.where(np.asarray(g) >= d, self.add(x, y), x).astype(np.float32)

@@ -165,6 +165,9 @@ def wgmma_matmul(target: Target, acc: AccFragment, a: SmemOperand, b: SmemOperan
             raise ValueError("wgmma operands start at the tile origin (row0 = col0 = 0)")
     n = lay.cols
     a_k_major = operand_is_k_major("a", a.transposed)
+    if not a_k_major and a.tile.layout.panel_cols < WGMMA_M:
+        raise ValueError("an M-major (transposed) wgmma A operand needs a swizzle panel of at least "
+                         "64 elements (128B swizzle for 16-bit types)")
     b_k_major = operand_is_k_major("b", b.transposed)
     chunk = n if b_k_major else min(n, b.tile.layout.panel_cols)
     a_base, b_base = a.tile.addr32(0, 0), b.tile.addr32(0, 0)
