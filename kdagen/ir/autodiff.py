@@ -39,6 +39,7 @@ from kdagen.interpreter import arg_specs, program_func
 from kdagen.ir import dsl
 from kdagen.ir.dialect import op_attrs, py_attr, verify
 from kdagen.ir.dsl import LN2, ProgramBuilder, Tile, create, value_name
+from kdagen.ir.transforms import cse, dce
 
 __all__ = ["autodiff", "VJP_RULES", "vjp_rule", "dce", "AutodiffError"]
 
@@ -221,6 +222,7 @@ class _AD:
                 self._adjoint(op, adj)
             for fn in self.deferred:
                 fn()
+        cse(p.func)
         dce(p.func)
         verify(p.module)
         return p.module
@@ -481,48 +483,6 @@ def _strip_convert(t: Tile) -> Tile:
         if op.name == "kda.convert" and str(ir.ShapedType(op.operands[0].type).element_type) == "f32":
             return Tile(op.operands[0])
     return t
-
-
-# --------------------------------------------------------------------------------------
-# dead code elimination
-# --------------------------------------------------------------------------------------
-
-
-def _has_effects(op) -> bool:
-    if op.name in _EFFECTS:
-        return True
-    for r in op.regions:
-        for b in r.blocks:
-            if any(_has_effects(o) for o in _ops(b)):
-                return True
-    return False
-
-
-def dce(root) -> int:
-    """Erase side-effect-free ops whose results are unused (recursively); returns the count."""
-    root = root.operation if hasattr(root, "operation") else root
-    erased = 0
-
-    def block_dce(block):
-        nonlocal erased
-        changed = True
-        while changed:
-            changed = False
-            for op in reversed(_ops(block)):
-                for r in op.regions:
-                    for b in r.blocks:
-                        block_dce(b)
-                if _has_effects(op):
-                    continue
-                if all(next(iter(res.uses), None) is None for res in op.results):
-                    op.erase()
-                    erased += 1
-                    changed = True
-
-    for r in root.regions:
-        for b in r.blocks:
-            block_dce(b)
-    return erased
 
 
 # --------------------------------------------------------------------------------------

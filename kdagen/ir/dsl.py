@@ -352,7 +352,7 @@ def _binary(opname, a, b) -> Tile:
 
 def constant(value: float, shape=(), dtype="fp32", name=None) -> Tile:
     """A tile of ``shape`` filled with ``value`` (``kda.constant``)."""
-    return _op1("constant", tile_type(shape, dtype), [], {"value": _float(value)}, name)
+    return _op1("constant", tile_type(shape, dtype), [], {"value": _float(value)}, name or "cst")
 
 
 def zeros(shape, dtype="fp32", name=None) -> Tile:
@@ -716,7 +716,11 @@ class ProgramBuilder:
     def __getitem__(self, name) -> Mem:
         return self.mems[name]
 
-    def finish(self) -> ir.Module:
+    def finish(self, cleanup: bool = True) -> ir.Module:
+        """Verify and return the module (after CSE of identical pure ops when ``cleanup``)."""
+        if cleanup:
+            from kdagen.ir.transforms import cse
+            cse(self.func)
         verify(self.module)
         return self.module
 
@@ -730,7 +734,7 @@ class ProgramBuilder:
         C = self.attrs["chunk_size"]
         hm = "grouped" if mem.heads == "qk" else "direct"
         return _op1("load", tile_type((C, *mem.tail), mem.dtype), [mem, chunk],
-                    {"name": _str(mem.name), "head_map": _str(hm)}, name or mem.name)
+                    {"name": _str(mem.name), "head_map": _str(hm)}, name or f"{mem.name}_c")
 
     def store(self, mem: Mem | str, chunk, tile, name=None):
         mem = self.mems[mem] if isinstance(mem, str) else mem
@@ -739,19 +743,19 @@ class ProgramBuilder:
     def load_head(self, mem, name=None) -> Tile:
         mem = self.mems[mem] if isinstance(mem, str) else mem
         return _op1("load_head", tile_type(mem.tail, mem.dtype), [mem], {"name": _str(mem.name)},
-                    name or mem.name)
+                    name or f"{mem.name}_h")
 
     def load_state(self, mem, name=None) -> Tile:
         mem = self.mems[mem] if isinstance(mem, str) else mem
         return _op1("load_state", tile_type(mem.tail, mem.dtype), [mem], {"name": _str(mem.name)},
-                    name or mem.name)
+                    name or f"{mem.name}_h")
 
     def store_state(self, mem, tile, name=None):
         mem = self.mems[mem] if isinstance(mem, str) else mem
         create("store_state", [], [mem, _as_tile(tile)._plain()], {"name": _str(name or mem.name)})
 
     def scalar(self, name) -> Tile:
-        return _op1("scalar", tile_type((), "fp32"), [self.mems[name]], None, name)
+        return _op1("scalar", tile_type((), "fp32"), [self.mems[name]], None, f"{name}_t")
 
     def valid_rows(self, chunk, name="valid") -> Tile:
         C = self.attrs["chunk_size"]

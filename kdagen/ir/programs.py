@@ -142,38 +142,43 @@ def _delta_rule_fwd(family: str, name: str, options: dict) -> ir.Module:
 
         scan = p.scan([S0], names=["S"], name="S_final")
         with scan as (c, S):
-            # -- inputs of chunk c (rows past the sequence end read as 0)
-            q = p.load("q", c).f32()
-            k = p.load("k", c).f32()
-            v = p.load("v", c).f32()
-            beta = p.load(beta_name, c).f32()
+            # -- chunk c of the inputs (rows past the sequence end read as 0), fp32 math
+            qf = p.load("q", c).f32()
+            kf = p.load("k", c).f32()
+            vf = p.load("v", c).f32()
+            beta_in = p.load(beta_name, c).f32()
             g_in = p.load(gate.input_name, c).f32()
-            if opt["use_qk_l2norm_in_kernel"]:
-                q, k = l2norm(q), l2norm(k)
+            # -- in-kernel input transforms
+            qn, kn = (l2norm(qf), l2norm(kf)) if opt["use_qk_l2norm_in_kernel"] else (qf, kf)
             if opt["use_beta_sigmoid_in_kernel"]:
-                beta = 2.0 * sigmoid(beta) if opt["allow_neg_eigval"] else sigmoid(beta)
-            # -- gate (natural log), 0 on rows past the sequence end
+                beta = 2.0 * sigmoid(beta_in) if opt["allow_neg_eigval"] else sigmoid(beta_in)
+            else:
+                beta = beta_in
+            # -- the gate (natural-log decay, declared range), 0 on rows past the sequence end
             valid = p.valid_rows(c)
-            g = where(valid[:, None] if family == "kda" else valid, gate(g_in, params, **gate_opts), 0.0)
+            g_valid = where(valid[:, None] if family == "kda" else valid,
+                            gate(g_in, params, **gate_opts), 0.0)
             if family == "gdn":
-                g = dsl.broadcast_to(g[:, None], (C, K))       # scalar gate: same decay on all K
-            # -- log2-space decays: Γ = cumsum(g·log2 e), Γ_C its last row
-            G = cumsum(g * LOG2E)
+                g_valid = dsl.broadcast_to(g_valid[:, None], (C, K), name="g_k")  # same decay on all K
+            # -- log2-space decays: Γ = cumsum(g·log2 e) within the chunk, Γ_C its last row
+            G = cumsum(g_valid * LOG2E)
             G_C = last_row(G)
-            kd = k * exp2(G)              # k ⊙ exp(Γ)
-            ki = k * exp2(-G)             # k ⊙ exp(−Γ)
-            qd = q * exp2(G)              # q ⊙ exp(Γ)
-            kr = k * exp2(G_C - G)        # k ⊙ exp(Γ_C − Γ)
-            # -- WY/UT form: T = (I + Akk)^-1 diag(β); w = T kd, u = T v
+            eG = exp2(G)
+            kd = kn * eG                  # k ⊙ exp(Γ)
+            ki = kn * exp2(-G)            # k ⊙ exp(−Γ)
+            qd = qn * eG                  # q ⊙ exp(Γ)
+            kr = kn * exp2(G_C - G)       # k ⊙ exp(Γ_C − Γ)
+            # -- WY/UT form: T = (I + Akk)^-1 diag(β);  w = T kd,  u = T v
             Akk = strict_tril(kd @ ki.T) * beta[:, None]
             Akk_inv = tril_inv(Akk)
             w = Akk_inv @ (kd * beta[:, None])
-            u = Akk_inv @ (v * beta[:, None])
+            u = Akk_inv @ (vf * beta[:, None])
             Aqk = tril(qd @ ki.T) * scale
-            # -- state-dependent part
+            # -- state-dependent part: v' = u − w S;  o = scale qd S + Aqk v'
             v_new = u - w @ S
-            o = (qd @ S) * scale + Aqk @ v_new
-            p.store("o", c, o.to(dt))
+            o_c = (qd @ S) * scale + Aqk @ v_new
+            p.store("o", c, o_c.to(dt))
+            # -- S ← diag(exp Γ_C) S + krᵀ v'
             S_next = S * exp2(G_C)[:, None] + kr.T @ v_new
             scan.yield_(S_next)
             name_locals(locals())
