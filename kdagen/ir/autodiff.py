@@ -332,7 +332,7 @@ class _AD:
         n = op.name
         if n == "kda.store_state":
             mem = self.cot[op.operands[0]]
-            self._acc(adj, op.operands[1], self.p.load_state(mem, name=mem.name))
+            self._acc(adj, op.operands[1], self.p.load_state(mem))
         elif n == "kda.scan":
             self._reverse_scan(op, adj)
         elif n == "kda.load_state":
@@ -412,7 +412,7 @@ class _AD:
             a = adj.get(r)
             inits.append(a if a is not None else self._zeros(r.type, name="d" + (value_name(r) or "carried")))
         names = ["d" + (value_name(a) or "carried") for a in carried]
-        scan_name = ("d" + (value_name(op.operands[0]) or "init")) if carried else None
+        scan_name = ("d" + (value_name(carried[0]) or "carried") + "0") if carried else None
         scan = dsl.Scan(inits, names=names, reverse=not _attr(op, "reverse", False), name=scan_name)
         with scan as (c, *dS):
             self.pm[bargs[0]] = c
@@ -432,7 +432,7 @@ class _AD:
                 n = inner.name
                 if n == "kda.store":
                     mem = self.cot[inner.operands[0]]
-                    self._acc(adjl, inner.operands[2], self.p.load(mem, c, name=mem.name))
+                    self._acc(adjl, inner.operands[2], self.p.load(mem, c))
                 elif n == "kda.load":
                     if inner.operands[0] in self.grad:
                         self._grad_token(inner, adjl.get(inner.results[0]), c)
@@ -546,8 +546,9 @@ def _vjp_log2(ins, outs, d, need, _attrs):
 
 @vjp_rule("kda.sigmoid")
 def _vjp_sigmoid(ins, outs, d, need, _attrs):
+    # y·σ(−x) rather than y·(1 − y): the subtraction would cancel for a saturated gate
     y = outs[0]
-    return [d[0] * (y * (1.0 - y))]
+    return [d[0] * (y * dsl.sigmoid(-ins[0]))]
 
 
 @vjp_rule("kda.softplus")
