@@ -156,3 +156,25 @@ def test_smem_allocator_enforces_the_chip_budget():
         smem.tile(SmemLayout(64, 128, 2, 128))       # 80 KB
         with pytest.raises(ValueError, match="exceed the target"):
             smem.tile(SmemLayout(128, 128, 2, 128))
+
+
+def test_gpu_manifest_references_run_on_cpu(tmp_path):
+    """The manifest the GPU check consumes: every reference statement runs (on CPU tensors) and
+    yields each output with its declared shape; tensor-map args carry encode arguments."""
+    import json
+    from kdagen.codegen.emitter_check import compare, make_tensors, reference
+    manifest = tk.emit_suite(str(tmp_path), ("sm_90a",))
+    on_disk = json.loads((tmp_path / "manifest.json").read_text())
+    assert (tmp_path / "sm_90a.ptx").exists() and on_disk == json.loads(json.dumps(manifest))
+    for entry in manifest["sm_90a"]["kernels"]:
+        tensors, outputs = make_tensors(entry, device="cpu")
+        ref = reference(entry, tensors, outputs)
+        assert outputs and set(ref) == set(outputs)
+        for name in outputs:
+            assert tuple(ref[name].shape) == tuple(tensors[name].shape), (entry["kernel"], name)
+        assert compare(entry, ref, ref) == {o: 0.0 for o in outputs}
+        assert all(e == float("inf") for e in compare(entry, {o: tensors[o] for o in outputs}, ref).values())
+        for arg in entry["args"]:
+            if arg["kind"] == "tensormap":
+                assert arg["encode"]["boxDim"] == list(reversed(arg["box"]))
+        assert entry["ptxas"]["spills"] == 0

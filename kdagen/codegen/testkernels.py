@@ -28,17 +28,81 @@ from .common.threads import warp_coords
 from .target import Target
 
 
+@dataclass(frozen=True)
+class Arg:
+    """One kernel parameter (or host-only tensor) of a test kernel, machine-readable.
+
+    kind "tensor": a device tensor passed by pointer; "tensormap": the device address of a
+    128-byte CUtensorMap describing host tensor ``of`` (encode with ``box``/``swizzle`` via
+    `sm90.tma.TensorMapContract.encode_args(shape)`); "i32": a scalar (the driver passes
+    ``value``); "host": an input tensor that is not a parameter itself (only a tensor map of it is).
+    """
+    name: str
+    kind: str
+    dtype: str = ""
+    shape: tuple = ()
+    output: bool = False
+    of: str = ""
+    box: tuple = ()
+    swizzle: int = 0
+    value: int = 0
+
+    def describe(self) -> str:
+        if self.kind == "i32":
+            return f"{self.name} i32 (= {self.value})"
+        if self.kind == "tensormap":
+            return f"{self.name} u64: device address of the CUtensorMap of {self.of} (box {list(self.box)}, swizzle {self.swizzle}B)"
+        role = " (output)" if self.output else (" (host tensor, only its tensor map is passed)" if self.kind == "host" else "")
+        return f"{self.name} {self.dtype} {list(self.shape)}{role}"
+
+
+def tensor(name, dtype, shape, output=False) -> Arg:
+    return Arg(name, "tensor", dtype, tuple(shape), output)
+
+
+def host(name, dtype, shape) -> Arg:
+    return Arg(name, "host", dtype, tuple(shape))
+
+
+def tensormap(name, of: Arg, contract) -> Arg:
+    return Arg(name, "tensormap", of.dtype, of.shape, of=of.name, box=tuple(contract.box),
+               swizzle=contract.swizzle)
+
+
+def scalar(name, value) -> Arg:
+    return Arg(name, "i32", value=value)
+
+
 @dataclass
 class LaunchContract:
+    """How to launch and check one emitter test kernel.
+
+    ``args``: the kernel parameters in order; ``host``: extra host-only input tensors;
+    ``reference``: Python statements computing every output from the inputs (torch tensors of the
+    arg names, f32 for float math; names ``torch``, ``bf16``, ``f16``, ``pad_rows(t, n)`` in scope);
+    ``rtol``: bound on ‖out − ref‖ / ‖ref‖ per output.
+    """
     kernel: str
     grid: tuple
     block: tuple
     dynamic_smem_bytes: int
-    params: list
-    expected: str
+    args: list
+    reference: str
     chips: tuple = ("sm_90a", "sm_100a", "sm_120a")
-    notes: str = ""
+    host: list = field(default_factory=list)
+    rtol: float = 1e-5
     extra: dict = field(default_factory=dict)
+
+    @property
+    def params(self) -> list[str]:
+        return [a.describe() for a in self.args]
+
+    def to_json(self) -> dict:
+        from dataclasses import asdict
+        return {"kernel": self.kernel, "grid": list(self.grid), "block": list(self.block),
+                "dynamic_smem_bytes": self.dynamic_smem_bytes, "chips": list(self.chips),
+                "args": [asdict(a) for a in self.args], "host": [asdict(a) for a in self.host],
+                "reference": self.reference, "rtol": self.rtol}
 
 
 def _smem_layout(rows: int, cols: int, elem_bytes: int, swizzle: str) -> SmemLayout:
@@ -90,8 +154,7 @@ def build_mma_tile(builder: GpuModuleBuilder, m: int = 16, n: int = 16, k: int =
         store_acc(acc, GlobalView(p["C"], "f32", n), wc, "f32")
     return LaunchContract(
         name, (1, 1, 1), (nthreads, 1, 1), smem.size_bytes,
-        [f"A {dtype} [{a_shape[0]}, {a_shape[1]}]", f"B {dtype} [{b_shape[0]}, {b_shape[1]}]",
-         f"C f32 [{m}, {n}] (output)"],
+        [tensor("A", dtype, a_shape), tensor("B", dtype, b_shape), tensor("C", "f32", (m, n), True)],
         f"C = {'A.T' if trans_a else 'A'}.float() @ {'B.T' if trans_b else 'B'}.float()")
 
 
@@ -135,10 +198,11 @@ def build_mma_chain(builder: GpuModuleBuilder, m: int = 64, k1: int = 64, n1: in
         store_acc(acc_q, GlobalView(p["Q"], "f32", m), wc, "f32")
     return LaunchContract(
         name, (1, 1, 1), (nthreads, 1, 1), smem.size_bytes,
-        [f"A {dtype} [{m}, {k1}]", f"B {dtype} [{k1}, {n1}]", f"V {dtype} [{n1}, {n2}]",
-         f"A2 {dtype} [16, {n1}]", f"O f32 [{m}, {n2}] (output)", f"Q f32 [16, {m}] (output)"],
+        [tensor("A", dtype, (m, k1)), tensor("B", dtype, (k1, n1)), tensor("V", dtype, (n1, n2)),
+         tensor("A2", dtype, (16, n1)), tensor("O", "f32", (m, n2), True),
+         tensor("Q", "f32", (16, m), True)],
         f"P16 = (A.float() @ B.float()).to({dtype}).float(); O = P16 @ V.float(); "
-        "Q = A2.float() @ P16.T")
+        "Q = A2.float() @ P16.T", rtol=2e-3)
 
 
 def build_row_reduce(builder: GpuModuleBuilder, m: int = 64, n: int = 64, k: int = 32,
@@ -186,8 +250,8 @@ def build_row_reduce(builder: GpuModuleBuilder, m: int = 64, n: int = 64, k: int
         store_acc(e, GlobalView(p["E"], "f32", n), wc, "f32")
     return LaunchContract(
         name, (1, 1, 1), (nthreads, 1, 1), smem.size_bytes,
-        [f"A {dtype} [{m}, {k}]", f"B {dtype} [{k}, {n}]", f"rowsum f32 [{m}] (output)",
-         f"rowmax f32 [{m}] (output)", f"E f32 [{m}, {n}] (output)"],
+        [tensor("A", dtype, (m, k)), tensor("B", dtype, (k, n)), tensor("rowsum", "f32", (m,), True),
+         tensor("rowmax", "f32", (m,), True), tensor("E", "f32", (m, n), True)],
         "S = A.float() @ B.float(); rowsum = S.sum(1); rowmax = S.amax(1); "
         "E = torch.exp2(S - rowmax[:, None])")
 
@@ -228,8 +292,8 @@ def build_tile_ops(builder: GpuModuleBuilder, m: int = 64, n: int = 64, warps_m:
         store_acc(z, GlobalView(p["Z"], "f32", n), wc, "f32")
     return LaunchContract(
         name, (1, 1, 1), (nthreads, 1, 1), smem.size_bytes,
-        [f"X f32 [{m}, {n}]", f"r f32 [{m}]", f"c f32 [{n}]", f"Y f32 [{m}, {n}] (output)",
-         f"Z f32 [{m}, {n}] (output)"],
+        [tensor("X", "f32", (m, n)), tensor("r", "f32", (m,)), tensor("c", "f32", (n,)),
+         tensor("Y", "f32", (m, n), True), tensor("Z", "f32", (m, n), True)],
         "Y = X.cumsum(0); Z = torch.tril(X * torch.exp2(r[:, None] - c[None, :]))")
 
 
@@ -294,14 +358,18 @@ def build_tma_tile_load(builder: GpuModuleBuilder, target: Target, rows: int = 6
             tma.tma_load_tile(target, tile, tmap, coords, bar)
         barrier.mbarrier_wait(bar, 0)
         copy_shared_to_global(tile, GlobalView(p["out"], dtype, cols), wc.tid, 128)
-    shape = {4: "[B, T, H, %d]" % cols, 3: "[T, H, %d]" % cols, 2: "[T, %d]" % cols}[rank]
+    # Host tensor and coordinates chosen so the tile runs past T (the tail is zero-filled).
+    T = 100
+    x_shape = {4: (2, T, 4, cols), 3: (T, 3, cols), 2: (T, cols)}[rank]
+    coords = {4: (1, T - 20, 2), 3: (T - 40, 1), 2: (T - 50,)}[rank]
+    x = host("X", dtype, x_shape)
+    sel = {4: "X[c0, c1:c1+%d, c2, :]", 3: "X[c0:c0+%d, c1, :]", 2: "X[c0:c0+%d, :]"}[rank] % rows
     return LaunchContract(
         name, (1, 1, 1), (128, 1, 1), smem.size_bytes,
-        [f"tmap u64 (CUtensorMap of X {dtype} {shape} in global memory)",
-         f"out {dtype} [{rows}, {cols}] (output)"] + [f"{c} i32" for c in coord_names],
-        {4: "out = X[c0, c1:c1+%d, c2, :]" % rows, 3: "out = X[c0:c0+%d, c1, :]" % rows,
-         2: "out = X[c0:c0+%d, :]" % rows}[rank] + " (rows past T are zero)",
-        chips=tma.TMA_CHIPS, extra={"tensor_map": contract})
+        [tensormap("tmap", x, contract), tensor("out", dtype, (rows, cols), True)]
+        + [scalar(c, v) for c, v in zip(coord_names, coords)],
+        f"out = pad_rows({sel}.float(), {rows})", chips=tma.TMA_CHIPS, host=[x], rtol=0.0,
+        extra={"tensor_map": contract})
 
 
 def build_wgmma_tile(builder: GpuModuleBuilder, target: Target, n: int = 64, k: int = 64,
@@ -337,8 +405,7 @@ def build_wgmma_tile(builder: GpuModuleBuilder, target: Target, n: int = 64, k: 
         store_acc(acc, GlobalView(p["C"], "f32", n), wc, "f32")
     return LaunchContract(
         name, (1, 1, 1), (128, 1, 1), smem.size_bytes,
-        [f"A {dtype} [{a_shape[0]}, {a_shape[1]}]", f"B {dtype} [{b_shape[0]}, {b_shape[1]}]",
-         f"C f32 [64, {n}] (output)"],
+        [tensor("A", dtype, a_shape), tensor("B", dtype, b_shape), tensor("C", "f32", (64, n), True)],
         f"C = {'A.T' if trans_a else 'A'}.float() @ {'B.T' if trans_b else 'B'}.float()",
         chips=wgmma.WGMMA_CHIPS)
 
@@ -435,11 +502,11 @@ def build_ws_tma_wgmma_pipeline(builder: GpuModuleBuilder, target: Target, n: in
             scf.yield_([])
     # ptxas honours setmaxnreg only with a known register count at entry (.minnctapersm).
     set_launch_bounds(builder, name, min_blocks_per_sm=1)
+    a, b = host("A", dtype, (64, k_total)), host("B", dtype, (n, k_total))
     return LaunchContract(
         name, (1, 1, 1), (256, 1, 1), smem.size_bytes,
-        [f"tmap_a u64 (CUtensorMap of A {dtype} [64, {k_total}])",
-         f"tmap_b u64 (CUtensorMap of B {dtype} [{n}, {k_total}])", f"C f32 [64, {n}] (output)"],
-        "C = A.float() @ B.float().T", chips=("sm_90a",),
+        [tensormap("tmap_a", a, ca), tensormap("tmap_b", b, cb), tensor("C", "f32", (64, n), True)],
+        "C = A.float() @ B.float().T", chips=("sm_90a",), host=[a, b],
         extra={"tensor_map_a": ca, "tensor_map_b": cb})
 
 
@@ -506,7 +573,7 @@ def build_tcgen05_tile(builder: GpuModuleBuilder, target: Target, n: int = 64, k
             tc.tmem_dealloc(target, taddr, ncols)
     return LaunchContract(
         name, (1, 1, 1), (128, 1, 1), smem.size_bytes,
-        [f"A {dtype} [128, {k}]", f"B {dtype} [{n}, {k}]", f"C f32 [128, {n}] (output)"],
+        [tensor("A", dtype, (128, k)), tensor("B", dtype, (n, k)), tensor("C", "f32", (128, n), True)],
         "C = A.float() @ B.float().T", chips=tc.TCGEN05_CHIPS)
 
 
@@ -548,11 +615,11 @@ def build_tma_mma_tile(builder: GpuModuleBuilder, target: Target, m: int = 64, n
         layout = AccLayout(m, n, warps_m, warps_n)
         acc = warp_matmul(AccFragment.filled(layout), SmemOperand(ta), SmemOperand(tb, True), k, wc, dtype)
         store_acc(acc, GlobalView(p["C"], "f32", n), wc, "f32")
+    a, b = host("A", dtype, (m, k)), host("B", dtype, (n, k))
     return LaunchContract(
         name, (1, 1, 1), (nthreads, 1, 1), smem.size_bytes,
-        [f"tmap_a u64 (CUtensorMap of A {dtype} [{m}, {k}])",
-         f"tmap_b u64 (CUtensorMap of B {dtype} [{n}, {k}])", f"C f32 [{m}, {n}] (output)"],
-        "C = A.float() @ B.float().T", chips=tma.TMA_CHIPS,
+        [tensormap("tmap_a", a, ca), tensormap("tmap_b", b, cb), tensor("C", "f32", (m, n), True)],
+        "C = A.float() @ B.float().T", chips=tma.TMA_CHIPS, host=[a, b],
         extra={"tensor_map_a": ca, "tensor_map_b": cb})
 
 
@@ -585,3 +652,59 @@ def build_suite(builder: GpuModuleBuilder, target: Target) -> list[LaunchContrac
         out += [build_tcgen05_tile(builder, target),
                 build_tcgen05_tile(builder, target, n=128, k=128)]
     return out
+
+
+# ------------------------------------------------------------------------------------------
+# Emission for the GPU check (python -m kdagen.codegen.testkernels OUT_DIR [--arch ...])
+# ------------------------------------------------------------------------------------------
+
+def emit_suite(out_dir: str, chips=("sm_90a",)) -> dict:
+    """Write ``<chip>.ptx`` and ``manifest.json`` for `emitter_check` (which needs only torch and
+    cuda-bindings). Tensor-map arguments carry their ``cuTensorMapEncodeTiled`` arguments."""
+    import json
+    import os
+
+    from .ptxas import assemble
+    from .sm90.tma import TensorMapContract
+    from .target import get_target
+    from .to_ptx import lower_to_ptx
+    os.makedirs(out_dir, exist_ok=True)
+    manifest = {}
+    for chip in chips:
+        target = get_target(chip)
+        builder = GpuModuleBuilder()
+        contracts = build_suite(builder, target)
+        builder.verify()
+        ptx = lower_to_ptx(builder.module, target)
+        with open(os.path.join(out_dir, f"{chip}.ptx"), "w") as f:
+            f.write(ptx)
+        try:
+            resources = assemble(ptx, chip).resources
+        except Exception:   # ptxas missing: the report is optional
+            resources = {}
+        kernels = []
+        for c in contracts:
+            entry = c.to_json()
+            for arg in entry["args"]:
+                if arg["kind"] == "tensormap":
+                    tm = TensorMapContract(arg["dtype"], tuple(arg["box"]), arg["swizzle"])
+                    arg["encode"] = tm.encode_args(tuple(arg["shape"]))
+            r = resources.get(c.kernel)
+            if r is not None:
+                entry["ptxas"] = {"registers": r.registers, "spills": r.spills, "stack": r.stack_bytes}
+            kernels.append(entry)
+        manifest[chip] = {"ptx": f"{chip}.ptx", "kernels": kernels}
+    with open(os.path.join(out_dir, "manifest.json"), "w") as f:
+        json.dump(manifest, f, indent=1)
+    return manifest
+
+
+if __name__ == "__main__":  # pragma: no cover
+    import argparse
+    parser = argparse.ArgumentParser(description="emit the emitter test kernels for a GPU check")
+    parser.add_argument("out_dir")
+    parser.add_argument("--arch", default="sm_90a", help="comma-separated chips (default sm_90a)")
+    ns = parser.parse_args()
+    m = emit_suite(ns.out_dir, tuple(x.strip() for x in ns.arch.split(",") if x.strip()))
+    for chip, entry in m.items():
+        print(f"{chip}: {len(entry['kernels'])} kernels -> {ns.out_dir}/{entry['ptx']}")
