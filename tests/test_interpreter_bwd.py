@@ -104,3 +104,15 @@ def test_long_sequence_forward_backward_in_seconds():
     for k in ("dq", "dk", "dv", "dg_raw", "dA_log", "dh0"):
         assert rel_err(out[k], ref[k]) <= TOL, k
     assert dt < 60, f"T=1000 backward + reference took {dt:.1f}s"
+
+
+@pytest.mark.parametrize("T", [1, 63, 64, 65])
+@pytest.mark.parametrize("family", ["kda", "gdn"])
+def test_lengths_around_the_chunk_size(family, T):
+    case = make_case(family, B=2, T=T, H=1, HV=2, seed=T)
+    fwd = interpreter.run(build_program(f"{family}_fwd", **case.options), case.inputs)
+    o_ref, ht_ref = case.reference()
+    assert rel_err(fwd["o"], o_ref) <= 1e-10 and rel_err(fwd["final_state"], ht_ref) <= 1e-10
+    out, ref = _run_bwd(family, case, T)
+    for k in out:
+        assert rel_err(out[k], ref[k]) <= TOL, k

@@ -114,3 +114,14 @@ def test_long_sequence_runs_fast():
     dt = time.perf_counter() - t0
     assert torch.isfinite(out["o"]).all()
     assert dt < 10, f"T=1000 forward took {dt:.1f}s"
+
+
+def test_naive_program_fails_in_float32_at_strong_decay():
+    """The DSL programs are the naive factored form (exp2(±Γ)); stabilising them is the job of
+    kda-stable-reassociate. In float32 at lb = -5, chunk 64, the naive form overflows."""
+    case = make_case("kda", gate="lower_bound", lower_bound=-5.0, B=1, T=128, decay="strong")
+    module = build_program("kda_fwd", **case.options)
+    o32 = interpreter.run(module, case.inputs, dtype=torch.float32)["o"]
+    ref_o, _ = case.reference()
+    err = rel_err(o32, ref_o)
+    assert not (err < 1e-3), f"naive float32 unexpectedly accurate ({err:.2e})"
