@@ -20,7 +20,7 @@ from .common.ints import IntVal, as_i32
 from .common.kernel import GpuModuleBuilder, Param
 from .common.launch import set_launch_bounds
 from .common.layouts import AccLayout, SmemLayout
-from .common.mma import AccFragment, SmemOperand, round_acc, store_acc, warp_matmul
+from .common.mma import AccFragment, SmemOperand, store_acc, warp_matmul
 from .common.shuffle import acc_row_reduce
 from .common.smem import (ELEM_BYTES, GlobalView, SmemAllocator, copy_global_to_shared,
                           cp_async_commit, cp_async_wait)
@@ -295,6 +295,45 @@ def build_tile_ops(builder: GpuModuleBuilder, m: int = 64, n: int = 64, warps_m:
         [tensor("X", "f32", (m, n)), tensor("r", "f32", (m,)), tensor("c", "f32", (n,)),
          tensor("Y", "f32", (m, n), True), tensor("Z", "f32", (m, n), True)],
         "Y = X.cumsum(0); Z = torch.tril(X * torch.exp2(r[:, None] - c[None, :]))")
+
+
+def build_bthd_chunk_matmul(builder: GpuModuleBuilder, B: int = 2, T: int = 100, H: int = 3,
+                            D: int = 64, chunk: int = 64, warps_m: int = 2, warps_n: int = 2,
+                            dtype: str = "bf16", name: str | None = None) -> LaunchContract:
+    """The chunked [B, T, H, D] access pattern: block (chunk c, head h, batch b) loads the [C, D]
+    tile X[b, cC:(c+1)C, h, :] (cp.async, rows past T zero-filled), multiplies by W [D, D] and
+    stores the rows < T of the f32 result to O[b, cC:(c+1)C, h, :] (masked tail stores).
+
+    Launch: grid (ceil(T / C), H, B); block (32·warps_m·warps_n, 1, 1); dynamic smem = contract.
+    Params: X dtype [B, T, H, D], W dtype [D, D], O f32 [B, T, H, D] (output), T i32.
+    Expected: O = torch.einsum('bthd,de->bthe', X.float(), W.float())
+    """
+    from .common.sreg import block_idx
+    from .common.smem import bthd_tile
+    name = name or f"emt_bthd_chunk_matmul_C{chunk}_D{D}_w{warps_m}x{warps_n}_{dtype}"
+    nthreads = 32 * warps_m * warps_n
+    params = [Param("X", "ptr", dtype), Param("W", "ptr", dtype), Param("O", "ptr", "f32"),
+              Param("T", "i32")]
+    with builder.kernel(name, params, (nthreads, 1, 1)) as p:
+        smem = SmemAllocator(builder)
+        wc = warp_coords()
+        c, h, b = IntVal(block_idx("x")), IntVal(block_idx("y")), IntVal(block_idx("z"))
+        t0 = c * chunk
+        x_view = bthd_tile(p["X"], dtype, b, t0, h, p["T"], H, D)
+        tx = smem.tile(SmemLayout.auto(chunk, D, ELEM_BYTES[dtype]))
+        copy_global_to_shared(tx, x_view, wc.tid, nthreads, use_cp_async=True)
+        tw = _load_tile(smem, wc.tid, p["W"], dtype, D, D, nthreads, "auto", True)
+        cp_async_commit()
+        cp_async_wait(0)
+        barrier.sync_threads()
+        acc = warp_matmul(AccFragment.filled(AccLayout(chunk, D, warps_m, warps_n)),
+                          SmemOperand(tx), SmemOperand(tw), D, wc, dtype)
+        store_acc(acc, bthd_tile(p["O"], "f32", b, t0, h, p["T"], H, D), wc, "f32")
+    return LaunchContract(
+        name, (-(-T // chunk), H, B), (nthreads, 1, 1), smem.size_bytes,
+        [tensor("X", dtype, (B, T, H, D)), tensor("W", dtype, (D, D)),
+         tensor("O", "f32", (B, T, H, D), True), scalar("T", T)],
+        "O = torch.einsum('bthd,de->bthe', X.float(), W.float())")
 
 
 # ------------------------------------------------------------------------------------------
@@ -636,6 +675,7 @@ def build_suite(builder: GpuModuleBuilder, target: Target) -> list[LaunchContrac
         build_mma_chain(builder),
         build_row_reduce(builder),
         build_tile_ops(builder),
+        build_bthd_chunk_matmul(builder),
     ]
     if target.has_tma:
         out += [build_tma_tile_load(builder, target),

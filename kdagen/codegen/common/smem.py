@@ -235,8 +235,7 @@ def bthd_tile(base: ir.Value, elem: str, b, t0, h, T, H: int, D: int) -> GlobalV
     tail chunk.
     """
     row = arith.addi(arith.muli(_i64(b), _i64(T)), _i64(t0))
-    origin = arith.addi(arith.muli(arith.addi(arith.muli(row, _i64(H)), _i64(h)), _i64(D)),
-                        arith.constant(i64_type(), 0))
+    origin = arith.muli(arith.addi(arith.muli(row, _i64(H)), _i64(h)), _i64(D))
     rows_valid = ival(T) - ival(t0)
     return GlobalView(offset_ptr(base, origin, elem), elem, H * D, rows_valid)
 
