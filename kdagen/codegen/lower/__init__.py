@@ -1,0 +1,1 @@
+"""Lowering of kda-dialect programs to GPU kernels (see kernel.py for the design)."""

@@ -1,0 +1,502 @@
+"""Kernel partitioning and storage planning for the lowering of a kda program.
+
+Two decisions are made here, on the Python form of the program (program.py), before any code
+is emitted:
+
+1. **Kernels** (:func:`group_kernels`). A program's function body is cut at its *global* ops
+   (``kda.sum_head_groups``, ``kda.sum_seqs``: they need every (sequence, head) to be done, so
+   each becomes a small kernel of its own). Between them, the per-(sequence n, value head hv)
+   work becomes one kernel per ``kda.scan`` (grid = one CTA per (n, hv)). Function-level ops
+   are placed with the scan whose results they use (SSA); pure function-level ops with no such
+   dependence (``load_head``, ``scalar``, ``load_state``...) are recomputed in every kernel that
+   needs them; side-effecting ops that depend on no scan go with the latest scan before them.
+   Scans are merged into one kernel only where a tile value flows from one scan to another
+   (kernels exchange data through memory only). Memory dependences (a scan writing a workspace
+   that a later scan reads) need no merging: kernels run in program order.
+
+2. **Storage** (:class:`StoragePlan`). Every tile value gets a *mode*:
+
+   - ``const`` / ``param``: a constant or a kernel scalar, read where used;
+   - ``view``: a re-indexing of another value (broadcast, transpose, extract_row,
+     assume_range, a widening convert) — no storage;
+   - ``lazy``: an elementwise/index-wise expression (arith, gate math, select, tril, loads
+     from global memory...) evaluated inside the loop of its single consumer — no storage;
+   - ``buffer``: materialised into a per-CTA fp32 buffer (results of matrix ops, cumsum,
+     reductions, and expressions that are read more than once, read by a matrix op, read
+     across a scan boundary, ...);
+   - ``carried``: the buffer of a scan's carried value (block argument and result alias it).
+
+   Buffers get byte offsets in one per-CTA scratch region by first-fit over live intervals
+   (positions = program order; a value read inside a loop it was not defined in stays live
+   until that loop ends). All tile storage is fp32 (i1 masks as 0.0/1.0; a convert to
+   bf16/fp16 rounds and stays fp32), so buffer bytes = 4 * numel.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .program import Block, Node, Program, Value, walk
+
+__all__ = ["KernelGroup", "group_kernels", "StoragePlan", "plan_storage", "GLOBAL_OPS",
+           "MATRIX_OPS", "EXPR_OPS", "VIEW_OPS", "LoweringError"]
+
+
+class LoweringError(ValueError):
+    """A program the lowering cannot handle (the message says what and why)."""
+
+
+GLOBAL_OPS = {"kda.sum_head_groups", "kda.sum_seqs"}
+# ops producing a buffer from operands read many times / in another thread mapping
+MATRIX_OPS = {"kda.dot", "kda.decay_dot", "kda.decay_matmul", "kda.tril_inv", "kda.tril_solve",
+              "kda.cumsum", "kda.reduce_sum", "kda.sum_chunks"}
+# pure element-wise / index-wise expressions (result element = f(operands at the same index,
+# the index, kernel scalars, global memory))
+EXPR_OPS = {"kda.add", "kda.sub", "kda.mul", "kda.div", "kda.neg", "kda.exp2", "kda.log2",
+            "kda.sigmoid", "kda.softplus", "kda.rsqrt", "kda.select", "kda.tril",
+            "kda.embed_row", "kda.valid_rows", "kda.load", "kda.load_head", "kda.load_state",
+            "kda.load_chunk", "kda.convert"}
+VIEW_OPS = {"kda.broadcast", "kda.transpose", "kda.extract_row", "kda.assume_range"}
+STORE_OPS = {"kda.store", "kda.store_state", "kda.store_chunk"}
+LOAD_OPS = {"kda.load", "kda.load_head", "kda.load_state", "kda.load_chunk", "kda.sum_chunks"}
+PURE_OPS = EXPR_OPS | VIEW_OPS | MATRIX_OPS | {"kda.constant", "kda.scalar", "kda.workspace"}
+# consumers that read each element of an operand more than once (or at other indices while
+# writing): their operands must be cheap to read (buffer, view of a buffer, constant)
+MULTI_READ = {"kda.broadcast", "kda.dot", "kda.decay_dot", "kda.decay_matmul", "kda.tril_inv",
+              "kda.tril_solve", "kda.embed_row"}
+SUPPORTED = (GLOBAL_OPS | PURE_OPS | STORE_OPS | {"kda.scan", "gpu.yield", "func.return"})
+
+
+# ------------------------------------------------------------------------------------------
+# 1. kernels
+# ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class KernelGroup:
+    kind: str                      # "tile" (grid = (HV, N)) or "global"
+    nodes: list                    # function-level nodes of the kernel, program order
+    scans: list = field(default_factory=list)
+    index: int = 0
+
+    @property
+    def label(self) -> str:
+        if self.kind == "global":
+            n = self.nodes[0]
+            return f"{n.kind}_{n.attrs.get('name', '')}"
+        return "scan" + "_".join(str(i) for i in self.scan_ids) if self.scans else "tile"
+
+    scan_ids: list = field(default_factory=list)
+
+
+def _memrefs_read(node: Node) -> list:
+    out = []
+    for n in [node, *(walk(node.body) if node.body else [])]:
+        if n.op in LOAD_OPS or n.op in GLOBAL_OPS:
+            out.append(n.operands[0])
+    return out
+
+
+def _memrefs_written(node: Node) -> list:
+    out = []
+    for n in [node, *(walk(node.body) if node.body else [])]:
+        if n.op in STORE_OPS:
+            out.append(n.operands[0])
+        elif n.op in GLOBAL_OPS:
+            out.append(n.operands[1])
+    return out
+
+
+def _captured(scan: Node) -> list:
+    """Values used inside a scan body but defined outside it."""
+    inside = set()
+    for n in walk(scan.body):
+        for r in n.results:
+            inside.add(r)
+    for a in scan.body.args:
+        inside.add(a)
+    out = []
+    for n in walk(scan.body):
+        for o in n.operands:
+            if o not in inside and o.kind in ("tile",):
+                out.append(o)
+    return out
+
+
+def group_kernels(program: Program, split_scans: bool = True) -> list[KernelGroup]:
+    """Cut the program into kernels (see the module doc)."""
+    for n in program.nodes:
+        if n.op not in SUPPORTED:
+            raise LoweringError(f"{n.op}: no lowering for this op (supported: "
+                                f"{', '.join(sorted(o[4:] for o in SUPPORTED if o.startswith('kda.')))})")
+    groups: list[KernelGroup] = []
+    segment: list[Node] = []
+
+    def flush():
+        if segment:
+            groups.extend(_split_segment(list(segment), split_scans))
+            segment.clear()
+
+    for n in program.body.nodes:
+        if n.op in GLOBAL_OPS:
+            flush()
+            groups.append(KernelGroup("global", [n]))
+        elif n.op == "func.return":
+            continue
+        else:
+            segment.append(n)
+    flush()
+    # drop tile kernels that do nothing observable (only pure ops, no stores)
+    out = []
+    for g in groups:
+        if g.kind == "tile" and not g.scans and not any(
+                n.op in STORE_OPS for n in g.nodes):
+            continue
+        g.index = len(out)
+        out.append(g)
+    return out
+
+
+def _split_segment(nodes: list[Node], split_scans: bool) -> list[KernelGroup]:
+    scans = [n for n in nodes if n.op == "kda.scan"]
+    if not scans:
+        return [KernelGroup("tile", nodes)]
+    sid = {s: i for i, s in enumerate(scans)}
+    # SSA anchors: the scans whose tile results (transitively, through function-level ops)
+    # a function-level node uses
+    anchor: dict = {}
+    for n in nodes:
+        a = set()
+        ins = list(n.operands) + (_captured(n) if n.op == "kda.scan" else [])
+        for o in ins:
+            if o.owner is not None and o.owner in anchor:
+                a |= anchor[o.owner]
+        if n.op == "kda.scan":
+            a = a | {sid[n]}
+        anchor[n] = a
+    # union scans that must share a kernel: contiguous ranges
+    parent = list(range(len(scans)))
+
+    def find(x):
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    def union_range(ids):
+        if not ids:
+            return
+        lo, hi = min(ids), max(ids)
+        for i in range(lo, hi + 1):
+            parent[find(i)] = find(lo)
+
+    if not split_scans:
+        union_range(range(len(scans)))
+    for n in nodes:
+        if len(anchor[n]) > 1:
+            union_range(anchor[n])
+    # ranges may have grown: make the partition into contiguous classes
+    changed = True
+    while changed:
+        changed = False
+        for i in range(len(scans) - 1):
+            ri = [j for j in range(len(scans)) if find(j) == find(i)]
+            lo, hi = min(ri), max(ri)
+            for j in range(lo, hi + 1):
+                if find(j) != find(lo):
+                    parent[find(j)] = find(lo)
+                    changed = True
+    classes: list[list[int]] = []
+    for i in range(len(scans)):
+        if not classes or find(i) != find(classes[-1][0]):
+            classes.append([i])
+        else:
+            classes[-1].append(i)
+    kid = {i: k for k, cl in enumerate(classes) for i in cl}
+
+    # placement
+    placed: list[list[Node]] = [[] for _ in classes]
+    last_scan_kernel = 0
+    home: dict = {}
+    for n in nodes:
+        if n.op == "kda.scan":
+            k = kid[sid[n]]
+            home[n] = k
+            last_scan_kernel = k
+            placed[k].append(n)
+        elif anchor[n]:
+            k = kid[next(iter(anchor[n]))]
+            home[n] = k
+            if n.op not in PURE_OPS:
+                placed[k].append(n)
+        elif n.op not in PURE_OPS:
+            home[n] = last_scan_kernel
+            placed[last_scan_kernel].append(n)
+    # pure nodes: into every kernel that (transitively) needs them
+    needed: list[set] = [set(p) for p in placed]
+    for k in range(len(classes)):
+        stack = list(needed[k])
+        while stack:
+            n = stack.pop()
+            ins = list(n.operands) + (_captured(n) if n.op == "kda.scan" else [])
+            for o in ins:
+                d = o.owner
+                if d is not None and d.block.parent is None and d not in needed[k]:
+                    if d in home and home[d] != k and d.op not in PURE_OPS:
+                        raise LoweringError(f"{d.op} is needed by kernels {home[d]} and {k}")
+                    needed[k].add(d)
+                    stack.append(d)
+    out = []
+    for k, cl in enumerate(classes):
+        ns = [n for n in nodes if n in needed[k]]
+        g = KernelGroup("tile", ns, [scans[i] for i in cl])
+        g.scan_ids = list(cl)
+        out.append(g)
+    return out
+
+
+# ------------------------------------------------------------------------------------------
+# 2. storage
+# ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Buffer:
+    value: Value                  # the value owning it (carried: the scan's i-th result)
+    nbytes: int
+    start: int = 0
+    end: int = 0
+    offset: int = -1
+
+
+@dataclass
+class StoragePlan:
+    modes: dict                   # Value -> mode
+    buffers: dict                 # Value -> Buffer (materialised / carried values)
+    carried: dict                 # (scan node, i) -> Buffer
+    total_bytes: int              # bytes of all buffers (peak of the first-fit packing)
+    positions: dict               # Node -> position
+    written_memrefs: set          # memref Values stored to inside the kernel
+    yield_copy: dict              # (scan, i) -> "skip" | "copy"
+
+    def mode(self, v: Value) -> str:
+        return self.modes.get(v, "none")
+
+
+def _is_widening_convert(n: Node) -> bool:
+    src, dst = n.operands[0].elt, n.results[0].elt
+    return dst == "f32" and src in ("bf16", "f16", "f32")
+
+
+def plan_storage(program: Program, group: KernelGroup, align: int = 16) -> StoragePlan:
+    nodes = group.nodes
+    # every node of the kernel (function level + scan bodies), program order
+    knodes: list[Node] = []
+    for n in nodes:
+        knodes.append(n)
+        if n.body is not None:
+            knodes.extend(walk(n.body))
+    in_kernel = set(knodes)
+    written = set()
+    for n in knodes:
+        if n.op in STORE_OPS:
+            written.add(n.operands[0])
+
+    def consumers(v):
+        return [(u, i) for (u, i) in v.uses if u in in_kernel]
+
+    modes: dict = {}
+    # pass 1: modes, in program order (a view's mode depends on its operand's)
+    cheap: dict = {}
+    for n in knodes:
+        if n.op == "kda.scan":
+            for a in n.body.args[1:]:
+                modes[a] = "carried"
+                cheap[a] = True
+            for r in n.results:
+                modes[r] = "carried"
+                cheap[r] = True
+            continue
+        for r in n.results:
+            if r.kind != "tile":
+                continue
+            if n.op == "kda.constant":
+                modes[r], cheap[r] = "const", True
+            elif n.op == "kda.scalar":
+                modes[r], cheap[r] = "param", True
+            elif n.op in MATRIX_OPS:
+                modes[r], cheap[r] = "buffer", True
+            elif n.op in VIEW_OPS or (n.op == "kda.convert" and _is_widening_convert(n)):
+                modes[r] = "view"
+                cheap[r] = cheap.get(n.operands[0], False)
+            elif n.op in EXPR_OPS:
+                modes[r], cheap[r] = "lazy", False
+            else:
+                raise LoweringError(f"{n.op}: unexpected tile result")
+    # pass 2: materialise expressions that must be
+    def needs_buffer(v: Value) -> bool:
+        cons = consumers(v)
+        users = {u for u, _ in cons}
+        if len(users) != 1:
+            return len(users) > 1
+        (u,) = users
+        if u.block is not v.block:
+            return True
+        if u.op in MULTI_READ:
+            return True
+        if v.owner is not None and v.owner.op in LOAD_OPS and v.owner.operands[0] in written:
+            return True
+        if u.op == "gpu.yield":
+            scan = u.block.parent
+            return _yield_hazard(v, u.operands.index(v), scan, modes)
+        if u.op == "kda.scan":
+            return False
+        return False
+
+    # iterate to a fixed point: materialising v makes it cheap, which can make views cheap
+    for _ in range(4):
+        changed = False
+        for n in reversed(knodes):
+            for r in n.results:
+                if r.kind != "tile":
+                    continue
+                m = modes.get(r)
+                if m == "lazy" and needs_buffer(r):
+                    modes[r] = "buffer"
+                    changed = True
+                elif m == "view" and not _cheap(r, modes) and needs_buffer(r):
+                    modes[r] = "buffer"
+                    changed = True
+        if not changed:
+            break
+
+    positions: dict = {}
+    loop_end: dict = {}
+    counter = [0]
+
+    def number(block: Block):
+        for n in block.nodes:
+            positions[n] = counter[0]
+            counter[0] += 1
+            if n.body is not None:
+                number(n.body)
+                loop_end[n] = counter[0]
+                counter[0] += 1
+
+    for n in nodes:
+        positions[n] = counter[0]
+        counter[0] += 1
+        if n.body is not None:
+            number(n.body)
+            loop_end[n] = counter[0]
+            counter[0] += 1
+
+    buffers: dict = {}
+    carried: dict = {}
+    for n in knodes:
+        if n.op == "kda.scan":
+            for i, r in enumerate(n.results):
+                b = Buffer(r, _nbytes(r, align), positions[n], loop_end[n])
+                carried[(n, i)] = b
+                buffers[r] = b
+                buffers[n.body.args[1 + i]] = b
+            continue
+        for r in n.results:
+            if modes.get(r) == "buffer":
+                buffers[r] = Buffer(r, _nbytes(r, align), positions[n], positions[n])
+
+    def leaves(v: Value, acc: set):
+        """Buffers read when v is evaluated."""
+        if v in buffers:
+            acc.add(buffers[v])
+            return acc
+        if v.owner is None or v.kind != "tile":
+            return acc
+        for o in v.owner.operands:
+            leaves(o, acc)
+        return acc
+
+    def use_position(u: Node, v_block: Block) -> int:
+        """Position until which a value defined in v_block must live for a use at node u."""
+        pos = positions.get(u)
+        if u.op == "gpu.yield":
+            pos = loop_end[u.block.parent]
+        b = u.block
+        while b is not v_block and b.parent is not None:
+            pos = max(pos, loop_end[b.parent])
+            b = b.parent.block
+        return pos
+
+    for n in knodes:
+        operands = list(n.operands)
+        for o in operands:
+            if o.kind != "tile":
+                continue
+            for b in leaves(o, set()):
+                owner_block = b.value.block if b.value.carried is None else b.value.carried[0].block
+                b.end = max(b.end, use_position(n, owner_block))
+    # scan results are views of the carried buffers: extend those by the results' uses
+    yield_copy = {}
+    for n in knodes:
+        if n.op == "kda.scan":
+            y = n.body.nodes[-1]
+            for i, v in enumerate(y.operands):
+                yield_copy[(n, i)] = "skip" if v is n.body.args[1 + i] else "copy"
+
+    total = _first_fit(list({id(b): b for b in buffers.values()}.values()), align)
+    return StoragePlan(modes, buffers, carried, total, positions, written, yield_copy)
+
+
+def _cheap(v: Value, modes: dict) -> bool:
+    m = modes.get(v)
+    if m in ("const", "param", "buffer", "carried"):
+        return True
+    if m == "view":
+        return _cheap(v.owner.operands[0], modes)
+    return False
+
+
+def _yield_hazard(v: Value, i: int, scan: Node, modes: dict) -> bool:
+    """Whether evaluating v in place into carried buffer i of ``scan`` could read an element
+    of a carried buffer that this or another yield copy has already overwritten."""
+    dest = scan.body.args[1 + i]
+    carried_args = set(scan.body.args[1:])
+
+    def visit(x: Value, identity: bool) -> bool:
+        if x in carried_args:
+            return not (x is dest and identity)
+        if x.owner is None or x.kind != "tile":
+            return False
+        m = modes.get(x)
+        if m in ("buffer", "const", "param"):
+            return False
+        op = x.owner.op
+        if op in VIEW_OPS and op != "kda.assume_range":
+            return any(visit(o, False) for o in x.owner.operands if o.kind == "tile")
+        if op in ("kda.embed_row",):
+            return any(visit(o, False) for o in x.owner.operands if o.kind == "tile")
+        return any(visit(o, identity) for o in x.owner.operands if o.kind == "tile")
+
+    return visit(v, True)
+
+
+def _nbytes(v: Value, align: int) -> int:
+    n = 4 * max(1, v.numel)
+    return -(-n // align) * align
+
+
+def _first_fit(bufs: list, align: int) -> int:
+    bufs = sorted(bufs, key=lambda b: (b.start, -b.nbytes))
+    placed: list = []
+    total = 0
+    for b in bufs:
+        live = sorted((p for p in placed if not (p.end < b.start or p.start > b.end)),
+                      key=lambda p: p.offset)
+        off = 0
+        for p in live:
+            if off + b.nbytes <= p.offset:
+                break
+            off = max(off, p.offset + p.nbytes)
+        b.offset = off
+        placed.append(b)
+        total = max(total, off + b.nbytes)
+    return total
