@@ -155,6 +155,7 @@ class Executor:
         self.fn = fn
         self.dtype = dtype
         self.round_storage = round_storage
+        self.check_ranges = False
         fattrs = {k: py_attr(fn.attributes[k]) for k in _names(fn.attributes) if k.startswith("kda.")}
         self.fattrs = fattrs
         if "kda.chunk_size" not in fattrs:
@@ -339,17 +340,22 @@ def _fmt_shape(shape):
 
 
 def run(module, inputs: dict, dtype: torch.dtype = torch.float64, *, round_storage: bool = False,
-        return_workspaces: bool = False) -> dict:
+        return_workspaces: bool = False, check_ranges: bool = False) -> dict:
     """Execute the program of ``module`` on CPU; returns ``{output name: tensor}``.
 
     ``inputs`` maps argument names (``q``, ``k``, ``v``, ``g_raw``/``g``, ``beta_raw``/``beta``,
     ``A_log``, ``dt_bias``, ``initial_state``, ``cu_seqlens``, ``scale``, ``do``, ``dht``, ...)
     to tensors (``scale`` to a float; it defaults to the program's ``K ** -0.5``).
+
+    ``check_ranges=True`` checks every ``kda.assume_range`` (e.g. a gate's declared output
+    range) against the values that reach it; ``return_workspaces=True`` also returns the
+    workspace buffers as ``"workspace:NAME"``.
     """
     if dtype not in (torch.float64, torch.float32):
         raise ValueError("dtype must be torch.float64 or torch.float32")
     fn = program_func(module)
     ex = Executor(fn, inputs, dtype, round_storage)
+    ex.check_ranges = check_ranges
     ids = _Ids()
     with module.context:
         entry = fn.regions[0].blocks[0]
@@ -515,6 +521,12 @@ for _n, _f in _UNARY.items():
 
 @op_impl("kda.assume_range")
 def _assume_range(ex, node, x):
+    if ex.check_ranges:
+        lo, hi = float(node.attrs["lo"]), float(node.attrs["hi"])
+        fin = x[torch.isfinite(x)]
+        if fin.numel() and (fin.min() < lo or fin.max() > hi):
+            raise InterpreterError(f"kda.assume_range: values in [{fin.min().item():.6g}, "
+                                   f"{fin.max().item():.6g}] leave the declared range [{lo}, {hi}]")
     return x
 
 

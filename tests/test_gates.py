@@ -117,3 +117,23 @@ def test_library_gates_emit_kda_ops_and_validate_options():
         build_program("kda_fwd", gate="precomputed", A_log_max=1.0)
     with pytest.raises(ProgramOptionError, match="GDN gate"):
         build_program("kda_fwd", gate="gdn_softplus")
+
+
+def test_declared_ranges_hold_on_real_values():
+    """The interpreter checks every kda.assume_range; the library gates' declarations hold
+    (strong decay included) and a wrong declaration is caught."""
+    for gate, extra in (("lower_bound", dict(lower_bound=-5.0)), ("softplus", {}),
+                        ("gdn_lower_bound", dict(lower_bound=-1.0)), ("gdn_softplus", {})):
+        family = "gdn" if gate.startswith("gdn") else "kda"
+        case = make_case(family, gate=gate, B=1, T=70, H=1, HV=2, decay="strong", **extra)
+        interpreter.run(build_program(f"{family}_fwd", **case.options), case.inputs,
+                        check_ranges=True)
+
+    @define_gate("test_wrong_range", range=lambda **o: (-0.1, 0.0), register=False)
+    def wrong(g_raw, A_log, dt_bias):
+        return -exp(A_log) * sigmoid(g_raw + dt_bias)
+
+    case = make_case("kda", gate=wrong, gate_fn=lambda g_raw, A_log, dt_bias: None, B=1, T=10,
+                     seed=2)
+    with pytest.raises(interpreter.InterpreterError, match="declared range"):
+        interpreter.run(build_program("kda_fwd", **case.options), case.inputs, check_ranges=True)
