@@ -64,8 +64,14 @@ def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 
 def beta_sigmoid(beta_raw: torch.Tensor, allow_neg_eigval: bool = False) -> torch.Tensor:
     """``sigmoid(beta_raw)``, or ``2 * sigmoid(beta_raw)`` (range (0, 2)) with ``allow_neg_eigval``."""
-    b = torch.sigmoid(beta_raw.to(F64))
+    b = _sigmoid(beta_raw.to(F64))
     return 2.0 * b if allow_neg_eigval else b
+
+
+def _sigmoid(x: torch.Tensor) -> torch.Tensor:
+    # exp(-softplus(-x)): autograd then gives sigma(x) * sigma(-x), exact for a saturated
+    # gate, where torch.sigmoid's backward y * (1 - y) cancels (1 - y ~ 1e-10 keeps ~6 digits).
+    return torch.exp(-_softplus(-x))
 
 
 def _softplus(x: torch.Tensor) -> torch.Tensor:
@@ -93,7 +99,7 @@ def kda_gate_lower_bound(
     """KDA lower-bound gate: ``g = lb * sigmoid(exp(A_log[h]) * (g_raw + dt_bias[h, :]))`` in [lb, 0)."""
     HV, K = g_raw.shape[-2:]
     x = g_raw.to(F64) + _kda_bias(dt_bias, HV, K)
-    return float(lower_bound) * torch.sigmoid(torch.exp(A_log.to(F64)).unsqueeze(-1) * x)
+    return float(lower_bound) * _sigmoid(torch.exp(A_log.to(F64)).unsqueeze(-1) * x)
 
 
 def gdn_gate_softplus(g_raw: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor) -> torch.Tensor:
@@ -110,7 +116,7 @@ def gdn_gate_lower_bound(
 ) -> torch.Tensor:
     """GDN lower-bound gate: ``g = lb * sigmoid(exp(A_log[h]) * (g_raw + dt_bias[h]))``."""
     x = g_raw.to(F64) + dt_bias.to(F64)
-    return float(lower_bound) * torch.sigmoid(torch.exp(A_log.to(F64)) * x)
+    return float(lower_bound) * _sigmoid(torch.exp(A_log.to(F64)) * x)
 
 
 # --------------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ def forward_module(module: ir.Module) -> ir.Module:
     """A module holding only the forward program: the primal of a backward module, or the
     module's own program."""
     primal = primal_func(module)
-    with module.context:
+    with module.context, ir.Location.unknown():
         out = ir.Module.create()
         source = primal if primal is not None else program_func(module)
         copy = source.operation.clone(ip=ir.InsertionPoint(out.body))
@@ -39,7 +39,7 @@ def forward_module(module: ir.Module) -> ir.Module:
 def derive_backward(forward: ir.Module, name: str | None = None) -> ir.Module:
     """The backward of ``forward``'s program, with the forward kept as its primal."""
     backward = autodiff(forward, name=name)
-    with forward.context:
+    with forward.context, ir.Location.unknown():
         fwd = program_func(forward)
         primal = fwd.operation.clone(ip=ir.InsertionPoint(backward.body))
         primal.attributes[PRIMAL_ATTR] = ir.UnitAttr.get()
@@ -49,7 +49,7 @@ def derive_backward(forward: ir.Module, name: str | None = None) -> ir.Module:
 
 def replace_contents(module: ir.Module, new: ir.Module) -> None:
     """Make ``module`` hold ``new``'s ops (passes rewrite modules in place)."""
-    with module.context:
+    with module.context, ir.Location.unknown():
         for op in list(module.body.operations):
             op.operation.erase()
         for op in list(new.body.operations):

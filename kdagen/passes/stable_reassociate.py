@@ -18,7 +18,10 @@ Driven by :mod:`kdagen.passes.exponent_range`. Three rules, applied in this orde
    +126 with no rule above to rewrite it stops the pass with a diagnostic naming the op and
    the bound that could be proven.
 
-The backward programs need no rules of their own: the pipeline differentiates the rewritten
+4. **Complements.** ``1 − σ(x)`` becomes ``σ(−x)`` (the sigmoid adjoint's ``y·(1 − y)``
+   otherwise loses the whole gradient of a saturated gate in fp32).
+
+The backward programs need no other rules of their own: the pipeline differentiates the rewritten
 forward (``kda-autodiff`` after this pass), and the adjoints of ``decay_dot`` are again
 bounded decay products (``kda.decay_matmul``), so the catastrophically cancelling gate-gradient
 sum of the naive backward, ``dkd·kd − dki·ki − ...``, is produced as
@@ -108,6 +111,8 @@ class StableReassociatePass(ModulePass):
         self._rewrite(forward)
         with module.context, ir.Location.unknown():
             derived = derive_backward(forward, name=backward_name)
+            _rewrite_sigmoid_complements(derived)
+            _remove_dead_ops(derived)
             self._prove_bounds(derived)
         replace_contents(module, derived)
 
@@ -116,6 +121,7 @@ class StableReassociatePass(ModulePass):
             analysis = RangeAnalysis(module)
             for tril in [op for op in _walk(module) if op.name == "kda.tril"]:
                 self._rewrite_decay_product(tril, analysis)
+            _rewrite_sigmoid_complements(module)
             _remove_dead_ops(module)
             self._prove_bounds(module)
 
@@ -196,6 +202,27 @@ class StableReassociatePass(ModulePass):
             proof += f"; clamped below at {_fmt(-limit)} (changes the value by < 2^-{_fmt(limit)})"
         op.attributes["exp_bound"] = _f64(bound)
         op.attributes["exp_proof"] = ir.StringAttr.get(proof)
+
+
+def _rewrite_sigmoid_complements(module: ir.Module) -> None:
+    """``1 − σ(x)`` → ``σ(−x)``: the subtraction cancels catastrophically when σ(x) ≈ 1 (a
+    saturated gate), losing the whole of the small result; σ(−x) computes it to full precision.
+    (The sigmoid VJP ``dy·y·(1 − y)`` produces this form.)"""
+    for op in _walk(module):
+        if op.name != "kda.sub":
+            continue
+        one, sig = _owner(op.operands[0]), _owner(op.operands[1])
+        if one is None or sig is None or one.name != "kda.constant" or sig.name != "kda.sigmoid":
+            continue
+        if float(ir.FloatAttr(one.attributes["value"]).value) != 1.0:
+            continue
+        ip = ir.InsertionPoint(op)
+        x = sig.operands[0]
+        neg = ir.Operation.create("kda.neg", results=[x.type], operands=[x], ip=ip)
+        flipped = ir.Operation.create("kda.sigmoid", results=[x.type], operands=[neg.results[0]],
+                                      loc=op.location, ip=ip)
+        op.results[0].replace_all_uses_with(flipped.results[0])
+        op.erase()
 
 
 def _walk(module: ir.Module):
