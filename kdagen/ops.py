@@ -1,0 +1,310 @@
+"""kdagen's torch ops: ``torch.ops.kdagen.{kda,gdn}_{fwd,bwd}`` with fake kernels and autograd.
+
+Schemas (KDA and GDN alike; the gate ``g`` is ``[B, T, HV, K]`` for KDA, ``[B, T, HV]`` for
+GDN, and ``dt_bias`` ``[HV, K]``/``[HV * K]`` resp. ``[HV]``)::
+
+    kdagen::kda_fwd(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, Tensor? A_log,
+                    Tensor? dt_bias, Tensor? initial_state, Tensor? cu_seqlens, float scale,
+                    bool output_final_state, bool use_qk_l2norm_in_kernel,
+                    bool use_gate_in_kernel, bool use_beta_sigmoid_in_kernel,
+                    bool allow_neg_eigval, bool safe_gate, float? lower_bound)
+        -> (Tensor o, Tensor final_state)
+    kdagen::kda_bwd(Tensor do, Tensor? dht, <the forward's inputs from q to lower_bound,
+                    without output_final_state>)
+        -> (Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor dbeta, Tensor dA_log,
+            Tensor ddt_bias, Tensor dh0)
+
+Conventions (an op cannot return None):
+
+- ``o`` has v's dtype; ``final_state`` is float32 ``[N, HV, K, V]`` with
+  ``output_final_state``, else an empty float32 tensor of shape ``[0]``.
+- gradients have their input's shape and dtype; the gradient of an input that is None or
+  unused (``A_log``/``dt_bias`` without ``use_gate_in_kernel``) is an empty tensor ``[0]``.
+- ``dht`` is None when the forward ran without ``output_final_state``.
+- flags mean what FLA's do (:mod:`kdagen.api`); ``allow_neg_eigval`` is ignored without
+  ``use_beta_sigmoid_in_kernel`` and ``lower_bound`` without ``safe_gate``, as in FLA; with
+  ``safe_gate`` and a precomputed gate, ``lower_bound`` is a promise that g >= lower_bound.
+
+The ops run the programs ``kda_fwd``/``kda_bwd``/``gdn_fwd``/``gdn_bwd`` through the executor
+of the tensors' device (:mod:`kdagen.runtime.backends`). Nothing here synchronises with a CUDA
+device: ``cu_seqlens`` values are read only for CPU tensors (validation), sizes come from
+shapes. The backward recomputes the forward from the saved inputs (the derived backward
+programs carry their own recompute scan), so the forward saves only its inputs.
+"""
+# No `from __future__ import annotations`: torch.library infers the schemas from the annotations.
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from kdagen.runtime import backends
+from kdagen.runtime.backends import OutSpec
+from kdagen.validation import KdagenInputError, validate_inputs
+
+__all__ = ["kda_fwd", "kda_bwd", "gdn_fwd", "gdn_bwd", "program_options", "gate_name",
+           "SUPPORTED_HEAD_DIMS", "SUPPORTED_DTYPES", "OPS"]
+
+SUPPORTED_HEAD_DIMS = (64, 128)
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+CHUNK_SIZE = 64
+
+
+# --------------------------------------------------------------------------------------
+# flags -> program options and program-named inputs
+# --------------------------------------------------------------------------------------
+
+
+def gate_name(family: str, use_gate_in_kernel: bool, safe_gate: bool) -> str:
+    """The program's gate: ``lower_bound`` (in-kernel gate with ``safe_gate``), ``softplus``
+    (in-kernel gate), else ``precomputed``; GDN's are prefixed ``gdn_``."""
+    if use_gate_in_kernel:
+        name = "lower_bound" if safe_gate else "softplus"
+    else:
+        name = "precomputed"
+    return name if family == "kda" else "gdn_" + name
+
+
+def _normalise_flags(use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate,
+                     lower_bound):
+    allow_neg_eigval = bool(allow_neg_eigval and use_beta_sigmoid_in_kernel)
+    lower_bound = float(lower_bound) if (safe_gate and lower_bound is not None) else None
+    return allow_neg_eigval, lower_bound
+
+
+def program_options(family: str, q: Tensor, v: Tensor, *, use_initial_state: bool, varlen: bool,
+                    output_final_state: bool, use_qk_l2norm_in_kernel: bool,
+                    use_gate_in_kernel: bool, use_beta_sigmoid_in_kernel: bool,
+                    allow_neg_eigval: bool, safe_gate: bool, lower_bound: Optional[float]) -> dict:
+    """The options of the ``{family}_fwd``/``{family}_bwd`` programs for a call."""
+    allow_neg_eigval, lower_bound = _normalise_flags(
+        use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound)
+    opts = dict(
+        chunk_size=CHUNK_SIZE,
+        head_k_dim=int(q.shape[-1]),
+        head_v_dim=int(v.shape[-1]),
+        gate=gate_name(family, use_gate_in_kernel, safe_gate),
+        gva_ratio=int(v.shape[2]) // int(q.shape[2]),
+        dtype=_DTYPE_NAMES[q.dtype],
+        use_qk_l2norm_in_kernel=bool(use_qk_l2norm_in_kernel),
+        use_beta_sigmoid_in_kernel=bool(use_beta_sigmoid_in_kernel),
+        allow_neg_eigval=allow_neg_eigval,
+        use_initial_state=bool(use_initial_state),
+        output_final_state=bool(output_final_state),
+        varlen=bool(varlen),
+    )
+    if lower_bound is not None:
+        opts["lower_bound"] = lower_bound   # the bound of the lower-bound gate, or a promise
+    return opts
+
+
+def _check(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, use_gate_in_kernel,
+           safe_gate, lower_bound):
+    """validate_inputs with the kernels' restrictions; reads cu_seqlens values on CPU only."""
+    return validate_inputs(
+        family, q, k, v, g, beta, initial_state=initial_state, cu_seqlens=cu_seqlens,
+        A_log=A_log if use_gate_in_kernel else None, dt_bias=dt_bias if use_gate_in_kernel else None,
+        use_gate_in_kernel=use_gate_in_kernel, safe_gate=safe_gate, lower_bound=lower_bound,
+        allowed_dtypes=SUPPORTED_DTYPES, supported_head_dims=SUPPORTED_HEAD_DIMS,
+        require_contiguous=True, check_values=q.device.type == "cpu")
+
+
+def _program_inputs(family, sizes, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens,
+                    scale, use_gate_in_kernel, use_beta_sigmoid_in_kernel):
+    inputs = {"q": q, "k": k, "v": v,
+              ("g_raw" if use_gate_in_kernel else "g"): g,
+              ("beta_raw" if use_beta_sigmoid_in_kernel else "beta"): beta,
+              "scale": float(scale)}
+    if use_gate_in_kernel:
+        inputs["A_log"] = A_log
+        inputs["dt_bias"] = dt_bias.reshape(sizes.HV, sizes.K) if family == "kda" else dt_bias
+    if initial_state is not None:
+        inputs["initial_state"] = initial_state
+    if cu_seqlens is not None:
+        inputs["cu_seqlens"] = cu_seqlens
+    return inputs
+
+
+def _empty(like: Tensor) -> Tensor:
+    return like.new_empty((0,), dtype=torch.float32)
+
+
+# --------------------------------------------------------------------------------------
+# implementations (real and fake)
+# --------------------------------------------------------------------------------------
+
+
+def _fwd_impl(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale,
+              output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel,
+              use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound):
+    sizes = _check(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens,
+                   use_gate_in_kernel, safe_gate, lower_bound)
+    opts = program_options(
+        family, q, v, use_initial_state=initial_state is not None, varlen=cu_seqlens is not None,
+        output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+        use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+        allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, lower_bound=lower_bound)
+    inputs = _program_inputs(family, sizes, q, k, v, g, beta, A_log, dt_bias, initial_state,
+                             cu_seqlens, scale, use_gate_in_kernel, use_beta_sigmoid_in_kernel)
+    outputs = {"o": OutSpec(tuple(v.shape), v.dtype)}
+    if output_final_state:
+        outputs["final_state"] = OutSpec((sizes.N, sizes.HV, sizes.K, sizes.V), torch.float32)
+    res = backends.get_executor(q.device).run(f"{family}_fwd", opts, inputs, outputs)
+    return res["o"], (res["final_state"] if output_final_state else _empty(q))
+
+
+def _fwd_fake(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale,
+              output_final_state, *flags):
+    # shapes only: never read data, never specialise symbolic sizes
+    o = v.new_empty(v.shape)
+    if output_final_state:
+        N = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else q.shape[0]
+        ht = q.new_empty((N, v.shape[2], q.shape[3], v.shape[3]), dtype=torch.float32)
+    else:
+        ht = _empty(q)
+    return o, ht
+
+
+def _bwd_impl(family, do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale,
+              use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+              allow_neg_eigval, safe_gate, lower_bound):
+    sizes = _check(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens,
+                   use_gate_in_kernel, safe_gate, lower_bound)
+    _check_cotangent("do", do, tuple(v.shape), q.device)
+    if dht is not None:
+        _check_cotangent("dht", dht, (sizes.N, sizes.HV, sizes.K, sizes.V), q.device)
+    opts = program_options(
+        family, q, v, use_initial_state=initial_state is not None, varlen=cu_seqlens is not None,
+        output_final_state=dht is not None, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+        use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+        allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, lower_bound=lower_bound)
+    inputs = _program_inputs(family, sizes, q, k, v, g, beta, A_log, dt_bias, initial_state,
+                             cu_seqlens, scale, use_gate_in_kernel, use_beta_sigmoid_in_kernel)
+    inputs["do"] = do
+    if dht is not None:
+        inputs["dht"] = dht
+    gname = "dg_raw" if use_gate_in_kernel else "dg"
+    bname = "dbeta_raw" if use_beta_sigmoid_in_kernel else "dbeta"
+    outputs = {"dq": OutSpec(tuple(q.shape), q.dtype), "dk": OutSpec(tuple(k.shape), k.dtype),
+               "dv": OutSpec(tuple(v.shape), v.dtype), gname: OutSpec(tuple(g.shape), g.dtype),
+               bname: OutSpec(tuple(beta.shape), beta.dtype)}
+    if use_gate_in_kernel:
+        outputs["dA_log"] = OutSpec(tuple(A_log.shape), A_log.dtype)
+        outputs["ddt_bias"] = OutSpec(tuple(inputs["dt_bias"].shape), dt_bias.dtype)
+    if initial_state is not None:
+        outputs["dh0"] = OutSpec(tuple(initial_state.shape), initial_state.dtype)
+    res = backends.get_executor(q.device).run(f"{family}_bwd", opts, inputs, outputs)
+    return (res["dq"], res["dk"], res["dv"], res[gname], res[bname],
+            res["dA_log"] if use_gate_in_kernel else _empty(q),
+            res["ddt_bias"].reshape(dt_bias.shape) if use_gate_in_kernel else _empty(q),
+            res["dh0"] if initial_state is not None else _empty(q))
+
+
+def _check_cotangent(name, x, shape, device):
+    if not isinstance(x, Tensor):
+        raise KdagenInputError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    if tuple(x.shape) != shape:
+        raise KdagenInputError(f"{name}: expected shape {list(shape)}, got {list(x.shape)}")
+    if not x.is_floating_point():
+        raise KdagenInputError(f"{name}: expected a floating-point tensor, got {x.dtype}")
+    if x.device != device:
+        raise KdagenInputError(f"{name}: expected device {device} (same as q), got {x.device}")
+    if not x.is_contiguous():
+        raise KdagenInputError(f"{name}: expected a contiguous tensor; call .contiguous()")
+
+
+def _bwd_fake(family, do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale,
+              use_qk_l2norm_in_kernel, use_gate_in_kernel, *flags):
+    use_gate = use_gate_in_kernel and A_log is not None and dt_bias is not None
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), g.new_empty(g.shape),
+            beta.new_empty(beta.shape),
+            A_log.new_empty(A_log.shape) if use_gate else _empty(q),
+            dt_bias.new_empty(dt_bias.shape) if use_gate else _empty(q),
+            initial_state.new_empty(initial_state.shape) if initial_state is not None else _empty(q))
+
+
+# --------------------------------------------------------------------------------------
+# registration
+# --------------------------------------------------------------------------------------
+
+
+def _define(family: str):
+    def fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_log: Optional[Tensor],
+            dt_bias: Optional[Tensor], initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor],
+            scale: float, output_final_state: bool, use_qk_l2norm_in_kernel: bool,
+            use_gate_in_kernel: bool, use_beta_sigmoid_in_kernel: bool, allow_neg_eigval: bool,
+            safe_gate: bool, lower_bound: Optional[float]) -> tuple[Tensor, Tensor]:
+        return _fwd_impl(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale,
+                         output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel,
+                         use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound)
+
+    def bwd(do: Tensor, dht: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, g: Tensor,
+            beta: Tensor, A_log: Optional[Tensor], dt_bias: Optional[Tensor],
+            initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor], scale: float,
+            use_qk_l2norm_in_kernel: bool, use_gate_in_kernel: bool,
+            use_beta_sigmoid_in_kernel: bool, allow_neg_eigval: bool, safe_gate: bool,
+            lower_bound: Optional[float]
+            ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+        return _bwd_impl(family, do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state,
+                         cu_seqlens, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel,
+                         use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound)
+
+    fwd.__name__ = fwd.__qualname__ = f"{family}_fwd"
+    bwd.__name__ = bwd.__qualname__ = f"{family}_bwd"
+    fwd.__doc__ = f"{family.upper()} forward: (o, final_state); see kdagen.ops."
+    bwd.__doc__ = f"{family.upper()} backward: (dq, dk, dv, dg, dbeta, dA_log, ddt_bias, dh0); see kdagen.ops."
+    fwd_op = torch.library.custom_op(f"kdagen::{family}_fwd", mutates_args=())(fwd)
+    bwd_op = torch.library.custom_op(f"kdagen::{family}_bwd", mutates_args=())(bwd)
+
+    @fwd_op.register_fake
+    def _(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale, output_final_state,
+          use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
+          safe_gate, lower_bound):
+        return _fwd_fake(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale,
+                         output_final_state)
+
+    @bwd_op.register_fake
+    def _(do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale,
+          use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
+          safe_gate, lower_bound):
+        return _bwd_fake(family, do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state,
+                         cu_seqlens, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel)
+
+    def setup_context(ctx, inputs, output):
+        (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale, output_final_state,
+         use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
+         safe_gate, lower_bound) = inputs
+        ctx.save_for_backward(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens)
+        ctx.output_final_state = output_final_state
+        ctx.flags = (scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+                     allow_neg_eigval, safe_gate, lower_bound)
+
+    def backward(ctx, grad_o, grad_ht):
+        q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens = ctx.saved_tensors
+        use_gate_in_kernel = ctx.flags[2]
+        do = torch.zeros_like(v) if grad_o is None else grad_o.contiguous()
+        dht = None
+        if ctx.output_final_state:
+            N = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else q.shape[0]
+            dht = (grad_ht.contiguous() if grad_ht is not None else
+                   q.new_zeros((N, v.shape[2], q.shape[3], v.shape[3]), dtype=torch.float32))
+        dq, dk, dv, dg, dbeta, dA_log, ddt_bias, dh0 = bwd_op(
+            do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, *ctx.flags)
+        use_gate = use_gate_in_kernel and A_log is not None and dt_bias is not None
+        return (dq, dk, dv, dg, dbeta,
+                dA_log if use_gate else None,
+                ddt_bias if use_gate else None,
+                dh0 if initial_state is not None else None,
+                None,                                   # cu_seqlens
+                None, None, None, None, None, None, None, None)   # scale and flags
+
+    fwd_op.register_autograd(backward, setup_context=setup_context)
+    return fwd_op, bwd_op
+
+
+kda_fwd, kda_bwd = _define("kda")
+gdn_fwd, gdn_bwd = _define("gdn")
+
+#: every op, by qualified name (``kdagen::kda_fwd``, ...)
+OPS = {"kdagen::kda_fwd": kda_fwd, "kdagen::kda_bwd": kda_bwd,
+       "kdagen::gdn_fwd": gdn_fwd, "kdagen::gdn_bwd": gdn_bwd}

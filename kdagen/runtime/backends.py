@@ -1,0 +1,493 @@
+"""Executors: how a kda program (``kda_fwd``, ``kda_bwd``, ``gdn_fwd``, ``gdn_bwd``) runs on
+the device its tensors live on.
+
+The torch ops of :mod:`kdagen.ops` hand an executor a program name, the program options
+(:func:`kdagen.ir.programs.program_options`), the inputs named like the program's arguments
+(``q``, ``k``, ``v``, ``g``/``g_raw``, ``beta``/``beta_raw``, ``A_log``, ``dt_bias``,
+``initial_state``, ``cu_seqlens``, ``scale``, ``do``, ``dht``) and the outputs it wants
+(name -> :class:`OutSpec`: shape and dtype). It returns ``{name: tensor}`` on the inputs'
+device, in the requested dtypes.
+
+Executors are chosen per device type (:func:`get_executor`); :func:`register_executor`
+replaces one (e.g. a test double, or a future ROCm path).
+
+- ``cpu``: :class:`InterpreterExecutor`. Builds the program (cached per options), runs the
+  ``kda-stable-reassociate`` pipeline, and executes it with :func:`kdagen.interpreter.run` in
+  float32 (inputs upcast, outputs cast to the requested dtypes). A real, correct CPU
+  implementation: CI runs opcheck, autograd and torch.compile tests through it.
+- ``cuda``: :class:`BundleExecutor`. Finds a kernel bundle for (program, options, chip) —
+  ``KDAGEN_BUNDLE`` (or the ``bundle`` argument), else the on-disk cache under
+  ``KDAGEN_CACHE_DIR`` keyed by :func:`cache_key`, else compiles one into the cache when the
+  MLIR bindings are importable, else raises :class:`BundleNotFoundError` saying how to emit
+  one — and launches it through :func:`launch_bundle` (the hook to the GPU lowering's
+  launcher, :mod:`kdagen.codegen.lower.launch`).
+
+This module imports no MLIR at import time (the runtime must work with torch and
+cuda-bindings alone, DESIGN.md §1); the interpreter executor imports the compiler lazily.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+import threading
+import uuid
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+__all__ = [
+    "OutSpec",
+    "Executor",
+    "InterpreterExecutor",
+    "BundleExecutor",
+    "BundleNotFoundError",
+    "KernelLaunchNotImplemented",
+    "register_executor",
+    "get_executor",
+    "executors",
+    "freeze_options",
+    "cache_key",
+    "cache_key_fields",
+    "cache_root",
+    "BundleCache",
+    "stable_program",
+    "launch_bundle",
+    "compile_bundle",
+    "CACHE_FORMAT",
+]
+
+#: bump when the cache layout or the meaning of a key field changes
+CACHE_FORMAT = 1
+KEY_FILE = "kdagen-cache-key.json"
+
+
+@dataclass(frozen=True)
+class OutSpec:
+    """An output the caller wants: its shape and torch dtype."""
+    shape: tuple
+    dtype: Any  # torch.dtype (kept untyped so importing this module does not import torch)
+
+
+def freeze_options(options: Mapping[str, Any]) -> tuple:
+    """Program options as a hashable, order-independent tuple of (name, value) pairs."""
+    out = []
+    for name in sorted(options):
+        value = options[name]
+        if isinstance(value, list):
+            value = tuple(value)
+        elif isinstance(value, dict):
+            value = freeze_options(value)
+        out.append((name, value))
+    return tuple(out)
+
+
+# --------------------------------------------------------------------------------------
+# executor registry
+# --------------------------------------------------------------------------------------
+
+
+class Executor:
+    """Runs a program on one device type. Subclasses implement :meth:`run`."""
+
+    name = "executor"
+
+    def run(self, program: str, options: Mapping[str, Any], inputs: Mapping[str, Any],
+            outputs: Mapping[str, OutSpec]) -> dict:
+        raise NotImplementedError
+
+
+_REGISTRY: dict[str, Callable[[], Executor]] = {}
+_INSTANCES: dict[str, Executor] = {}
+_REGISTRY_LOCK = threading.Lock()
+
+
+def register_executor(device_type: str, factory: Callable[[], Executor] | Executor) -> None:
+    """Use ``factory()`` (or an executor instance) for tensors on ``device_type``."""
+    with _REGISTRY_LOCK:
+        if isinstance(factory, Executor):
+            inst = factory
+            _REGISTRY[device_type] = lambda: inst
+        else:
+            _REGISTRY[device_type] = factory
+        _INSTANCES.pop(device_type, None)
+
+
+def executors() -> dict[str, Callable[[], Executor]]:
+    """device type -> executor factory (a copy)."""
+    return dict(_REGISTRY)
+
+
+def get_executor(device) -> Executor:
+    """The executor for a ``torch.device`` (or a device-type string)."""
+    device_type = device if isinstance(device, str) else device.type
+    with _REGISTRY_LOCK:
+        inst = _INSTANCES.get(device_type)
+        if inst is None:
+            factory = _REGISTRY.get(device_type)
+            if factory is None:
+                raise RuntimeError(
+                    f"kdagen has no executor for device type {device_type!r}; it runs on "
+                    f"{sorted(_REGISTRY)} (move the tensors with .to('cuda') or .cpu())")
+            inst = _INSTANCES[device_type] = factory()
+        return inst
+
+
+# --------------------------------------------------------------------------------------
+# CPU: the interpreter
+# --------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=64)
+def stable_program(program: str, frozen_options: tuple):
+    """``build_program(program, **options)`` after ``kda-stable-reassociate`` (cached per
+    options; ``frozen_options`` from :func:`freeze_options`)."""
+    from kdagen._mlir import ir
+    from kdagen.ir.programs import build_program
+    from kdagen.passes.base import parse_pipeline
+    from kdagen.passes.pipeline import run_pipeline
+
+    options = {k: (list(v) if isinstance(v, tuple) else v) for k, v in frozen_options}
+    module = build_program(program, **options)
+    # The pass re-derives a backward program from its rewritten primal; creating the new
+    # module needs a default location.
+    with module.context, ir.Location.unknown():
+        run_pipeline(module, parse_pipeline("kda-stable-reassociate"))
+    return module
+
+
+class InterpreterExecutor(Executor):
+    """Executes the stabilised program with :func:`kdagen.interpreter.run` in float32."""
+
+    name = "interpreter"
+
+    def __init__(self):
+        self._lock = threading.Lock()  # the MLIR module is shared; walk it from one thread
+
+    def run(self, program, options, inputs, outputs):
+        import torch
+        from kdagen import interpreter
+
+        module = stable_program(program, freeze_options(options))
+        device = None
+        args = {}
+        for name, x in inputs.items():
+            if x is None:
+                continue
+            if isinstance(x, torch.Tensor):
+                device = device or x.device
+                x = x.detach()
+                args[name] = x.float() if x.is_floating_point() else x
+            else:
+                args[name] = x
+        with self._lock:
+            result = interpreter.run(module, args, dtype=torch.float32)
+        out = {}
+        for name, spec in outputs.items():
+            if name not in result:
+                raise RuntimeError(f"program {program} has no output {name!r} "
+                                   f"(it returns {sorted(result)})")
+            y = result[name]
+            if tuple(y.shape) != tuple(spec.shape):
+                raise RuntimeError(f"program {program}: output {name!r} has shape {list(y.shape)}, "
+                                   f"expected {list(spec.shape)}")
+            out[name] = y.to(device=device, dtype=spec.dtype).contiguous()
+        return out
+
+
+# --------------------------------------------------------------------------------------
+# CUDA: kernel bundles, the on-disk cache, and the launch hook
+# --------------------------------------------------------------------------------------
+
+
+class BundleNotFoundError(RuntimeError):
+    """No kernel bundle for a program on this chip, and none can be compiled here."""
+
+
+class KernelLaunchNotImplemented(NotImplementedError):
+    """The GPU launcher (kdagen.codegen.lower.launch) is not available yet."""
+
+
+def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
+    """``cache_dir``, else ``$KDAGEN_CACHE_DIR``, else ``$XDG_CACHE_HOME/kdagen``, else
+    ``~/.cache/kdagen``."""
+    if cache_dir is not None:
+        return Path(cache_dir)
+    env = os.environ.get("KDAGEN_CACHE_DIR")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return Path(xdg) / "kdagen" if xdg else Path.home() / ".cache" / "kdagen"
+
+
+def cache_key_fields(program: str, options: Mapping[str, Any], chip: str, device_name: str,
+                     ptxas_version: str | None, source_hash: str | None = None) -> dict:
+    """Everything a compiled bundle depends on, as a JSON-able dict."""
+    if source_hash is None:
+        from kdagen.version import source_hash as _sh
+        source_hash = _sh()
+    opts = {k: (list(v) if isinstance(v, tuple) else v) for k, v in freeze_options(options)}
+    return {
+        "format": CACHE_FORMAT,
+        "source_hash": source_hash,
+        "program": program,
+        "options": opts,
+        "chip": chip,
+        "device_name": device_name,
+        "ptxas_version": ptxas_version or "none",
+    }
+
+
+def cache_key(program: str, options: Mapping[str, Any], chip: str, device_name: str,
+              ptxas_version: str | None, source_hash: str | None = None) -> str:
+    """sha256 (hex, 32 chars) of the canonical JSON of :func:`cache_key_fields`: kdagen's
+    source hash, the program, its options, the chip (``sm_90a``), the device name
+    (``NVIDIA H200``) and the ptxas version."""
+    fields = cache_key_fields(program, options, chip, device_name, ptxas_version, source_hash)
+    text = json.dumps(fields, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+class BundleCache:
+    """Compiled bundles under ``root/<program>/<key>/`` (a bundle folder plus
+    ``kdagen-cache-key.json`` with the key's fields).
+
+    Entries are written atomically: built in a temporary sibling folder and renamed into
+    place, so a reader sees a complete entry or none. An entry that does not read back
+    (missing/corrupt manifest or key file, fields that do not match, missing kernel files)
+    is ignored — :meth:`lookup` returns None — and replaced by the next :meth:`store`.
+    """
+
+    def __init__(self, root: str | os.PathLike | None = None):
+        self.root = cache_root(root)
+
+    def path(self, program: str, key: str) -> Path:
+        return self.root / program / key
+
+    def lookup(self, program: str, key: str, fields: Mapping[str, Any] | None = None) -> Path | None:
+        entry = self.path(program, key)
+        if not entry.is_dir():
+            return None
+        problem = self._check(entry, fields)
+        if problem:
+            warnings.warn(f"kdagen: ignoring corrupt cache entry {entry}: {problem}", RuntimeWarning,
+                          stacklevel=2)
+            return None
+        return entry
+
+    @staticmethod
+    def _check(entry: Path, fields: Mapping[str, Any] | None) -> str | None:
+        from kdagen.bundle import read_manifest
+        try:
+            stored = json.loads((entry / KEY_FILE).read_text())
+        except (OSError, ValueError) as err:
+            return f"unreadable {KEY_FILE} ({err})"
+        if fields is not None and stored != json.loads(json.dumps(dict(fields), default=str)):
+            return f"{KEY_FILE} does not match the key"
+        try:
+            manifest = read_manifest(entry)
+        except Exception as err:  # BundleError, JSON errors, wrong fields
+            return f"unreadable manifest ({type(err).__name__}: {err})"
+        if fields is not None and manifest.source_hash != fields.get("source_hash"):
+            return "manifest source hash does not match kdagen's"
+        for k in manifest.kernels:
+            if not (entry / k.ptx_file).is_file() and not (k.cubin_file and (entry / k.cubin_file).is_file()):
+                return f"kernel file {k.ptx_file} is missing"
+        return None
+
+    def store(self, program: str, key: str, fields: Mapping[str, Any],
+              build: Callable[[Path], None]) -> Path:
+        """Run ``build(tmp_dir)`` (it writes a bundle there) and move the result into place
+        atomically; returns the entry's path. A valid entry written meanwhile by another
+        process wins; a corrupt one is replaced."""
+        final = self.path(program, key)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", suffix=".tmp", dir=final.parent))
+        try:
+            build(tmp)
+            (tmp / KEY_FILE).write_text(json.dumps(dict(fields), sort_keys=True, indent=2, default=str) + "\n")
+            problem = self._check(tmp, fields)
+            if problem:
+                raise RuntimeError(f"kdagen: the compiled bundle for {program} is incomplete: {problem}")
+            for _ in range(3):
+                try:
+                    os.rename(tmp, final)
+                    return final
+                except OSError:
+                    if self._check(final, fields) is None:
+                        return final                       # someone else stored it first
+                    # a corrupt entry: move it aside, then try again
+                    trash = final.parent / f".{key}.corrupt.{uuid.uuid4().hex[:8]}"
+                    try:
+                        os.rename(final, trash)
+                    except OSError:
+                        pass
+                    shutil.rmtree(trash, ignore_errors=True)
+            raise RuntimeError(f"kdagen: could not move the compiled bundle into {final}")
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _mlir_importable() -> bool:
+    try:
+        return importlib.util.find_spec("numba_cuda_mlir") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+@functools.lru_cache(maxsize=1)
+def _ptxas_version() -> str | None:
+    from kdagen.codegen import ptxas
+    try:
+        return ptxas.ptxas_version()
+    except Exception:
+        return None
+
+
+def emit_instructions(chip: str) -> str:
+    return (f"emit a kernel bundle on a machine with kdagen's compiler (numba-cuda-mlir): "
+            f"`kdagen emit --arch {chip} -o DIR`, copy DIR here and set KDAGEN_BUNDLE=DIR")
+
+
+def compile_bundle(program: str, options: Mapping[str, Any], chip: str, out_dir: Path) -> None:
+    """Compile ``program`` with ``options`` for ``chip`` into the bundle folder ``out_dir``.
+
+    The hook to the GPU lowering of whole programs: it calls
+    ``kdagen.codegen.lower.emit_program_bundle(out_dir, program, options, chip)``. Raises
+    :class:`KernelLaunchNotImplemented` while that lowering does not exist.
+    """
+    try:
+        from kdagen.codegen import lower
+    except ImportError as err:
+        raise KernelLaunchNotImplemented(
+            f"kdagen cannot compile {program} for {chip} yet: the GPU lowering of whole programs "
+            f"(kdagen.codegen.lower) is not available ({err}). Until it is, kdagen runs on CPU "
+            f"tensors (the interpreter); {emit_instructions(chip)} once it exists.") from None
+    emit = getattr(lower, "emit_program_bundle", None)
+    if emit is None:
+        raise KernelLaunchNotImplemented(
+            f"kdagen cannot compile {program} for {chip} yet: kdagen.codegen.lower has no "
+            f"emit_program_bundle(out_dir, program, options, chip)")
+    emit(out_dir, program, dict(options), chip)
+
+
+def launch_bundle(library, program: str, options: Mapping[str, Any], tensors: Mapping[str, Any],
+                  device) -> None:
+    """Launch the kernels of ``program`` from ``library`` (a :class:`KernelLibrary`) on
+    torch's current stream of ``device``.
+
+    ``tensors`` maps the program's argument names to tensors (inputs and the preallocated
+    outputs, which the kernels write) and ``scale`` to a float. The hook to the GPU
+    lowering's launcher: ``kdagen.codegen.lower.launch.launch_program(library, program,
+    options, tensors, device)``, which maps named tensors to kernel parameters. Raises
+    :class:`KernelLaunchNotImplemented` until that launcher exists.
+    """
+    try:
+        from kdagen.codegen.lower import launch as launcher
+    except ImportError as err:
+        raise KernelLaunchNotImplemented(
+            f"kdagen cannot launch {program} on {device} yet: the GPU launcher "
+            f"(kdagen.codegen.lower.launch) is not available ({err}). CPU tensors run through "
+            f"the interpreter meanwhile.") from None
+    fn = getattr(launcher, "launch_program", None)
+    if fn is None:
+        raise KernelLaunchNotImplemented(
+            "kdagen.codegen.lower.launch has no launch_program(library, program, options, "
+            "tensors, device)")
+    fn(library, program, dict(options), tensors, device)
+
+
+class BundleExecutor(Executor):
+    """Runs programs from kernel bundles on CUDA devices.
+
+    Lookup order for (program, options, chip): ``bundle`` (constructor argument) or
+    ``$KDAGEN_BUNDLE`` — a folder emitted by ``kdagen emit``; then the cache
+    (:class:`BundleCache` under ``cache_dir``/``$KDAGEN_CACHE_DIR``); then compile into the
+    cache when the MLIR bindings are importable; else :class:`BundleNotFoundError`.
+    """
+
+    name = "bundle"
+
+    def __init__(self, bundle: str | os.PathLike | None = None, cache_dir: str | os.PathLike | None = None,
+                 *, mlir_available: Callable[[], bool] = _mlir_importable,
+                 compiler: Callable = None, ptxas_version: Callable[[], str | None] = _ptxas_version):
+        self.bundle = bundle
+        self.cache = BundleCache(cache_dir)
+        self._mlir_available = mlir_available
+        self._compile = compiler or compile_bundle
+        self._ptxas_version = ptxas_version
+        self._libraries: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    # -- finding a bundle (no device needed: chip and device name are arguments) ---------
+    def bundle_dir(self, program: str, options: Mapping[str, Any], chip: str, device_name: str) -> Path:
+        explicit = self.bundle if self.bundle is not None else os.environ.get("KDAGEN_BUNDLE")
+        if explicit:
+            path = Path(explicit)
+            if not (path / "manifest.json").is_file():
+                raise BundleNotFoundError(
+                    f"KDAGEN_BUNDLE={path}: no manifest.json there; {emit_instructions(chip)}")
+            return path
+        fields = cache_key_fields(program, options, chip, device_name, self._ptxas_version())
+        key = cache_key(program, options, chip, device_name, fields["ptxas_version"],
+                        fields["source_hash"])
+        hit = self.cache.lookup(program, key, fields)
+        if hit is not None:
+            return hit
+        if not self._mlir_available():
+            raise BundleNotFoundError(
+                f"no kernel bundle for {program} on {chip} ({device_name}) with options "
+                f"{dict(freeze_options(options))}, none in the cache {self.cache.root}, and the "
+                f"compiler's MLIR bindings (numba-cuda-mlir) are not installed here to build one; "
+                f"{emit_instructions(chip)}")
+        return self.cache.store(program, key, fields,
+                                lambda tmp: self._compile(program, options, chip, tmp))
+
+    def library(self, path: Path):
+        from .loader import KernelLibrary
+        with self._lock:
+            lib = self._libraries.get(str(path))
+            if lib is None:
+                lib = self._libraries[str(path)] = KernelLibrary(path)
+            return lib
+
+    def run(self, program, options, inputs, outputs):
+        import torch
+        from .chips import chip_for_device
+
+        device = next(x.device for x in inputs.values() if isinstance(x, torch.Tensor))
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        chip = chip_for_device(index)
+        lib = self.library(self.bundle_dir(program, options, chip, torch.cuda.get_device_name(index)))
+        tensors = {k: v for k, v in inputs.items() if v is not None}
+        # The programs store q, k, v, g, beta and o in one dtype (options["dtype"]); gates and
+        # betas given in float32 next to bf16/fp16 q/k/v are converted here.
+        store = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[options["dtype"]]
+        for name in ("g", "g_raw", "beta", "beta_raw"):
+            if name in tensors and tensors[name].dtype != store:
+                tensors[name] = tensors[name].to(store)
+        for name in ("A_log", "dt_bias", "initial_state", "dht"):
+            if name in tensors and tensors[name].dtype != torch.float32:
+                tensors[name] = tensors[name].float()
+        # Outputs are written in the program's storage types (token tensors in
+        # options["dtype"], states and per-head parameters in float32), then cast (on the
+        # stream, no host sync) to what the caller asked for.
+        written = {}
+        for name, spec in outputs.items():
+            kind = store if name in _TOKEN_OUTPUTS else torch.float32
+            written[name] = tensors[name] = torch.empty(spec.shape, dtype=kind, device=device)
+        launch_bundle(lib, program, options, tensors, device)
+        return {name: written[name].to(spec.dtype) for name, spec in outputs.items()}
+
+
+_TOKEN_OUTPUTS = frozenset({"o", "dq", "dk", "dv", "dg", "dg_raw", "dbeta", "dbeta_raw"})
+
+
+register_executor("cpu", InterpreterExecutor)
+register_executor("cuda", BundleExecutor)
