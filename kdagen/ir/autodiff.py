@@ -15,19 +15,20 @@ The backward program of a forward ``f(inputs) -> outputs``:
   scan* that stores its carried values at the start of every chunk into a per-chunk workspace
   (``S_chunks``) and drops the forward's output stores.
 * **Adjoint.** Function-level ops are processed in reverse. A scan becomes a *reverse scan*
-  carrying the adjoints of its carried values (``dS``) plus one accumulator per value the body
-  captures from outside (per-head parameters, scale, ...). Its body reloads the chunk-start
+  carrying the adjoints of its carried values (``dS``). Its body reloads the chunk-start
   state from the workspace, recomputes the chunk forward, and runs the VJP rules in reverse
-  order. Fan-out adjoints are summed (``kda.add``).
+  order. Fan-out adjoints are summed (``kda.add``). A value the body captures from outside
+  (a per-head parameter, ...) gets its per-chunk adjoint stored into a per-chunk workspace and
+  summed per sequence after the scan (``kda.sum_chunks``): explicit, deterministic, and no
+  differently-typed carried values (IRDL gives all operands of ``kda.scan`` one type).
 * **Loads become stores.** The adjoint of a token load is a store of its adjoint to the
   gradient (rows past the sequence end are not stored). A GVA-grouped load (q, k with
   ``gva_ratio > 1``) stores per value head into an fp32 token workspace and a final
   ``kda.sum_head_groups`` reduces it into the [B, T, H, K] gradient (deterministic, no atomics).
-  The adjoint of a per-head parameter load (``kda.load_head``) is the reverse scan's
-  accumulator (a sum over chunks, itself fed by the ``kda.reduce_sum`` over tokens that is the
-  adjoint of ``kda.broadcast``), stored per (sequence, head) into a workspace and reduced over
-  sequences by a final ``kda.sum_seqs``. The adjoint of ``kda.load_state`` (h0) is stored to
-  ``dh0``.
+  The adjoint of a per-head parameter load (``kda.load_head``) is stored per (sequence, head)
+  into a workspace and reduced over sequences by a final ``kda.sum_seqs``; the reduction over
+  tokens before it is the ``kda.reduce_sum`` adjoint of the gate's ``kda.broadcast`` plus the
+  ``kda.sum_chunks`` over chunks. The adjoint of ``kda.load_state`` (h0) is stored to ``dh0``.
 
 Limits (checked, with clear errors): each differentiable input is loaded once; no nested scans;
 forward programs may not themselves read workspaces.
