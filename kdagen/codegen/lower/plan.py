@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from .program import Block, Node, Program, Value, walk
 
 __all__ = ["KernelGroup", "group_kernels", "StoragePlan", "plan_storage", "GLOBAL_OPS",
-           "MATRIX_OPS", "EXPR_OPS", "VIEW_OPS", "LoweringError"]
+           "MATRIX_OPS", "EXPR_OPS", "VIEW_OPS", "LoweringError", "buffer_strides"]
 
 
 class LoweringError(ValueError):
@@ -259,7 +259,7 @@ def _split_segment(nodes: list[Node], split_scans: bool) -> list[KernelGroup]:
 # ------------------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(eq=False)
 class Buffer:
     value: Value                  # the value owning it (carried: the scan's i-th result)
     nbytes: int
@@ -353,9 +353,9 @@ def plan_storage(program: Program, group: KernelGroup, align: int = 16) -> Stora
         return False
 
     # iterate to a fixed point: materialising v makes it cheap, which can make views cheap
-    for _ in range(4):
+    for _ in range(8):
         changed = False
-        for n in reversed(knodes):
+        for n in knodes:
             for r in n.results:
                 if r.kind != "tile":
                     continue
@@ -363,7 +363,8 @@ def plan_storage(program: Program, group: KernelGroup, align: int = 16) -> Stora
                 if m == "lazy" and needs_buffer(r):
                     modes[r] = "buffer"
                     changed = True
-                elif m == "view" and not _cheap(r, modes) and needs_buffer(r):
+                elif (m == "view" and n.op != "kda.broadcast" and not _cheap(r, modes)
+                      and needs_buffer(r)):
                     modes[r] = "buffer"
                     changed = True
         if not changed:
@@ -479,8 +480,27 @@ def _yield_hazard(v: Value, i: int, scan: Node, modes: dict) -> bool:
     return visit(v, True)
 
 
+def buffer_strides(shape: tuple) -> tuple:
+    """Element strides of a buffer of ``shape``: row-major, rows of 2-D+ tiles padded by one
+    element (an odd pitch: column-wise reads by a warp hit 32 different banks)."""
+    if not shape:
+        return ()
+    strides = [1]
+    acc = shape[-1] + (1 if len(shape) >= 2 else 0)
+    for d in reversed(shape[:-1]):
+        strides.insert(0, acc)
+        acc *= d
+    return tuple(strides)
+
+
+def buffer_elems(shape: tuple) -> int:
+    if not shape:
+        return 1
+    return shape[0] * buffer_strides(shape)[0]
+
+
 def _nbytes(v: Value, align: int) -> int:
-    n = 4 * max(1, v.numel)
+    n = 4 * buffer_elems(v.shape)
     return -(-n // align) * align
 
 

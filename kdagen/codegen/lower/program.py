@@ -154,7 +154,7 @@ def read_program(module) -> Program:
     def read_block(mblock, parent) -> Block:
         blk = Block([], [], parent)
         for a in mblock.arguments:
-            blk.args.append(mk(a, blk))
+            blk.args.append(values[a] if a in values else mk(a, blk))
         for op in mblock.operations:
             op = op.operation
             node = Node(op.name, [values[v] for v in op.operands], [], op_attrs(op), blk)
