@@ -11,37 +11,36 @@ as in the manifest. Parameters, in this order:
 1. one ``ptr`` per program memref argument the kernel reads or writes, in the program's
    argument order (q, k, v, g_raw/g, beta_raw/beta, A_log, dt_bias, initial_state, cu_seqlens,
    do, dht, o, final_state, dq, ... as the program declares them); element type as in the
-   program (bf16/f16/f32 storage, cu_seqlens int64);
-2. one ``ptr`` per workspace the kernel uses (``kda.workspace``, by name, f32 unless the program
-   says otherwise), in program order; layouts ``chunk`` ``[total_chunks, HV, *tail]`` with the
-   chunks of sequence n at rows ``sum_{m<n} ceil(len_m / C)`` + c, ``token`` ``[B, T, HV, *tail]``,
-   ``state`` ``[N, HV, *tail]``;
-3. ``T`` (i32: tokens per sequence, or total tokens with varlen), ``N`` (i32: sequences; the
+   program (bf16/f16/f32 storage; cu_seqlens int64, always passed with varlen);
+2. one ``ptr`` per workspace the kernel uses (``kda.workspace``, by name), in program order;
+   layouts ``chunk`` ``[total_chunks, HV, *tail]`` (the chunks of sequence n at rows
+   ``sum_{m<n} ceil(len_m / C) + c``), ``token`` ``[B, T, HV, *tail]``, ``state``
+   ``[N, HV, *tail]``;
+3. ``T`` (i32: tokens per sequence, or total tokens with varlen), ``N`` (i32: sequences = the
    batch size without varlen), ``HV`` (i32: value heads);
 4. every f32 scalar argument of the program (``scale``), in argument order;
 5. ``scratch`` (``ptr`` f32) when the kernel's storage is ``global``: ``N * HV *
-   scratch_bytes_per_cta`` bytes, uninitialised, private to the launch.
+   scratch_bytes_per_cta`` bytes, uninitialised, private to the launch (not shared between
+   concurrent launches).
 
-Global kernels (``kind = "global"``, kda.sum_head_groups / kda.sum_seqs): block 256, grid and
-parameters in the manifest (src, dst, T, N, HV).
+Global kernels (``kind = "global"``: kda.sum_head_groups, kda.sum_seqs): block 256, grid rule
+and parameters (src, dst, T, N, HV) in the manifest.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kdagen._mlir import arith, ir, llvm, nvvm
-from kdagen.codegen.common import smem as smem_mod
-from kdagen.codegen.common.ints import IntVal, as_i32
 from kdagen.codegen.common.kernel import GpuModuleBuilder, Param
-from kdagen.codegen.common.sreg import block_idx, thread_idx
 from kdagen.codegen.target import Target
 
+from . import backend as B
 from . import tiles as T_
-from .plan import (EXPR_OPS, GLOBAL_OPS, MATRIX_OPS, KernelGroup, LoweringError, StoragePlan,
-                   buffer_strides, group_kernels, plan_storage)
+from .plan import (MATRIX_OPS, KernelGroup, LoweringError, StoragePlan, buffer_strides,
+                   group_kernels, plan_storage)
 from .program import Program, Value, read_program, walk
 
-__all__ = ["LoweredKernel", "lower_program", "LowerOptions"]
+__all__ = ["LoweredKernel", "lower_program", "LowerOptions", "TileKernelEmitter",
+           "GlobalKernelEmitter", "REDUCE_SLOTS_BYTES", "prepare"]
 
 REDUCE_SLOTS_BYTES = 64       # cross-warp partial sums (one f32 per warp, up to 16 warps)
 
@@ -85,7 +84,7 @@ class LoweredKernel:
 @dataclass
 class MemRef:
     name: str
-    ptr: ir.Value
+    ptr: object
     elt: str
     layout: str            # token | head | state | chunk | seqlens
     heads: str | None
@@ -95,32 +94,32 @@ class MemRef:
     def inner(self) -> int:
         return T_.numel(self.tail)
 
-    def flat(self, idx) -> object:
+    def flat(self, idx):
         """Row-major offset of a tail index (int-like)."""
         off = 0
         stride = 1
         for i, d in zip(reversed(list(idx)), reversed(self.tail)):
-            off = off + i * stride if not (isinstance(i, int) and i == 0) else off
+            if not (isinstance(i, int) and i == 0):
+                off = off + i * stride
             stride *= d
         return off
 
-    def gep(self, elem_index_i64: ir.Value) -> ir.Value:
-        return llvm.getelementptr(smem_mod.global_ptr_type(), self.ptr, [elem_index_i64],
-                                  [T_._DYN], T_.elem_type(self.elt), 0)
+    def at(self, row, idx):
+        """Element offset (64-bit int-like) of ``[row, *idx]`` for a row of ``inner`` elements."""
+        fl = self.flat(idx)
+        base = B.wide(row) * self.inner if self.inner != 1 else B.wide(row)
+        if isinstance(fl, int) and fl == 0:
+            return base
+        return base + B.wide(fl)
 
-    def load_f32(self, elem_index_i64) -> ir.Value:
-        v = llvm.load(T_.elem_type(self.elt), self.gep(elem_index_i64))
-        if self.elt == "f32":
-            return v
-        return arith.extf(T_.f32t(), v)
+    def load(self, row, idx):
+        return B.load(self.ptr, self.at(row, idx), self.elt)
 
-    def store_f32(self, value: ir.Value, elem_index_i64) -> None:
-        if self.elt != "f32":
-            value = arith.truncf(T_.elem_type(self.elt), value)
-        llvm.store(value, self.gep(elem_index_i64))
+    def store(self, value, row, idx):
+        B.store(self.ptr, self.at(row, idx), value, self.elt)
 
 
-def _mem_info(v: Value, program: Program) -> tuple:
+def _mem_info(v: Value) -> tuple:
     if v.arg is not None:
         a = v.arg
         return a.name, a.elt, a.layout, a.heads, a.tail
@@ -131,56 +130,64 @@ def _mem_info(v: Value, program: Program) -> tuple:
     raise LoweringError(f"memref {v} is neither an argument nor a workspace")
 
 
+def workspace_specs(program: Program) -> list[dict]:
+    """name, layout, element type, trailing shape (and heads) of every workspace."""
+    out = []
+    for n in program.nodes:
+        if n.op == "kda.workspace":
+            nm, elt, layout, heads, tail = _mem_info(n.results[0])
+            out.append(dict(name=nm, layout=layout, elt=elt, tail=list(tail), heads=heads))
+    return out
+
+
 # ------------------------------------------------------------------------------------------
 # per-CTA geometry
 # ------------------------------------------------------------------------------------------
 
 
 class Geometry:
-    """CTA coordinates and the chunk geometry of its sequence."""
+    """CTA coordinates and the chunk geometry of its sequence (uniform over the CTA)."""
 
-    def __init__(self, program: Program, p: dict, nthreads: int, need_chunk_off: bool):
-        self.C = program.chunk_size
+    def __init__(self, program: Program, p: dict, coords: dict, need_chunk_off: bool):
+        self.C = C = program.chunk_size
         self.ratio = program.gva_ratio
-        self.tid = IntVal(thread_idx("x"))
-        self.hv = IntVal(block_idx("x"))
-        self.n = IntVal(block_idx("y"))
-        self.T = IntVal(p["T"])
-        self.N = IntVal(p["N"])
-        self.HV = IntVal(p["HV"])
+        self.tid = coords["tid"]
+        self.hv = coords["hv"]
+        self.n = coords["n"]
+        self.T, self.N, self.HV = p["T"], p["N"], p["HV"]
         self.H = self.HV // self.ratio if self.ratio > 1 else self.HV
-        C = self.C
         if program.varlen:
             cu = p["cu_seqlens"]
-            i64 = T_.i64t()
-
-            def cu_at(i):
-                return llvm.load(i64, llvm.getelementptr(smem_mod.global_ptr_type(), cu,
-                                                         [T_.i64(i)], [T_._DYN], i64, 0))
-            self.start = cu_at(self.n)
-            end = cu_at(self.n + 1)
-            self.seqlen = IntVal(arith.trunci(T_.i32t(), arith.subi(end, self.start)))
+            self.start = B.uniform(B.wide(B.load(cu, B.wide(self.n), "i64")))
+            end = B.uniform(B.wide(B.load(cu, B.wide(self.n) + 1, "i64")))
+            self.seqlen = B.uniform(B.narrow(end - self.start))
         else:
-            self.start = arith.muli(T_.i64(self.n), T_.i64(self.T))
+            self.start = B.wide(self.n) * B.wide(self.T)
             self.seqlen = self.T
         self.nchunks = (self.seqlen + (C - 1)) // C
         self.chunk_off = None
         if need_chunk_off:
             if program.varlen:
                 cu = p["cu_seqlens"]
-                i64 = T_.i64t()
 
                 def step(m, acc):
-                    a = llvm.load(i64, llvm.getelementptr(smem_mod.global_ptr_type(), cu,
-                                                          [T_.i64(m)], [T_._DYN], i64, 0))
-                    b = llvm.load(i64, llvm.getelementptr(smem_mod.global_ptr_type(), cu,
-                                                          [T_.i64(m + 1)], [T_._DYN], i64, 0))
-                    ln = IntVal(arith.trunci(T_.i32t(), arith.subi(b, a)))
-                    return [as_i32(IntVal(acc) + (ln + (C - 1)) // C)]
-                (off,) = T_.for_range(0, self.n, 1, step, [T_.ci32(0)])
-                self.chunk_off = IntVal(off)
+                    a = B.wide(B.load(cu, B.wide(m), "i64"))
+                    b = B.wide(B.load(cu, B.wide(m) + 1, "i64"))
+                    return [acc + (B.narrow(b - a) + (C - 1)) // C]
+                (off,) = B.for_range(0, self.n, 1, step, [0])
+                self.chunk_off = B.uniform(off)
             else:
                 self.chunk_off = self.n * ((self.T + (C - 1)) // C)
+
+    def state_row(self):
+        return B.wide(self.n) * B.wide(self.HV) + B.wide(self.hv)
+
+    def chunk_row(self, c):
+        return B.wide(self.chunk_off + c) * B.wide(self.HV) + B.wide(self.hv)
+
+    def token_row(self, mem: MemRef, pos, head):
+        heads = self.H if mem.heads == "qk" else self.HV
+        return (self.start + B.wide(pos)) * B.wide(heads) + B.wide(head)
 
 
 # ------------------------------------------------------------------------------------------
@@ -207,7 +214,7 @@ class TileKernelEmitter:
                     if o.kind == "memref" and o not in used:
                         used.append(o)
         args = [v for v in self.program.arg_values if v.kind == "memref"
-                and (v in used or (v.arg.layout == "seqlens"))]
+                and (v in used or v.arg.layout == "seqlens")]
         workspaces = [v for v in used if v.workspace is not None]
         return args, workspaces
 
@@ -221,74 +228,91 @@ class TileKernelEmitter:
             ps.append(Param("scratch", "ptr", "f32"))
         return ps
 
-    # -- emission ------------------------------------------------------------------------
-    def emit(self, builder: GpuModuleBuilder, name: str) -> None:
-        nt = self.opts.nthreads
-        with builder.kernel(name, self.params(), (nt, 1, 1)) as p:
-            need_off = any(m.op in ("kda.load_chunk", "kda.store_chunk", "kda.sum_chunks")
-                           for n in self.group.nodes
-                           for m in [n, *(walk(n.body) if n.body is not None else [])])
-            geo = Geometry(self.program, p, nt, need_off)
-            self.geo = geo
-            self.th = T_.Threads(geo.tid, nt)
-            if self.storage == "smem":
-                smem_mod.declare_dynamic_smem(builder)
-                base = llvm.mlir_addressof(smem_mod.shared_ptr_type(), smem_mod.DYNAMIC_SMEM_SYMBOL)
-                self.scratch = T_.Scratch(base, "smem")
-            else:
-                per_cta = self.scratch_elems
-                cta = arith.addi(arith.muli(T_.i64(geo.n), T_.i64(geo.HV)), T_.i64(geo.hv))
-                off = arith.muli(cta, arith.constant(T_.i64t(), per_cta))
-                base = llvm.getelementptr(smem_mod.global_ptr_type(), p["scratch"], [off],
-                                          [T_._DYN], T_.f32t(), 0)
-                self.scratch = T_.Scratch(base, "global")
-            self.red = T_.ReduceScratch(T_.BufRef(self.scratch, 0, (16,), (1,)))
-            args, wss = self.memrefs()
-            for v in args + wss:
-                nm, elt, layout, heads, tail = _mem_info(v, self.program)
-                self.env[v] = MemRef(nm, p[nm], elt, layout, heads, tail)
-            for a, v in zip(self.program.args, self.program.arg_values):
-                if a.layout == "scalar":
-                    self.env[v] = p[a.name]
-            for n in self.group.nodes:
-                self.node(n)
-
     @property
     def scratch_elems(self) -> int:
         return (REDUCE_SLOTS_BYTES + self.plan.total_bytes) // 4
+
+    @property
+    def scratch_bytes(self) -> int:
+        return REDUCE_SLOTS_BYTES + self.plan.total_bytes
+
+    # -- emission ------------------------------------------------------------------------
+    def emit_mlir(self, builder: GpuModuleBuilder, name: str) -> None:
+        from kdagen._mlir import llvm
+        from kdagen.codegen.common import smem as smem_mod
+        from kdagen.codegen.common.ints import IntVal
+        from kdagen.codegen.common.sreg import block_idx, thread_idx
+        nt = self.opts.nthreads
+        with builder.kernel(name, self.params(), (nt, 1, 1)) as p:
+            with B.use(B.MlirBackend()):
+                coords = dict(tid=IntVal(thread_idx("x")), hv=IntVal(block_idx("x")),
+                              n=IntVal(block_idx("y")))
+                p = {k: (IntVal(v) if k in ("T", "N", "HV") else v) for k, v in p.items()}
+                if self.storage == "smem":
+                    smem_mod.declare_dynamic_smem(builder)
+                    base = llvm.mlir_addressof(smem_mod.shared_ptr_type(),
+                                               smem_mod.DYNAMIC_SMEM_SYMBOL)
+                else:
+                    base = None
+                self.body(p, coords, base)
+
+    def body(self, p: dict, coords: dict, smem_base) -> None:
+        """The kernel body on the active backend. ``p``: parameter values by name;
+        ``coords``: tid (int-like), hv, n; ``smem_base``: the shared scratch pointer (smem
+        storage)."""
+        self.env = {}
+        nt = self.opts.nthreads
+        need_off = any(m.op in ("kda.load_chunk", "kda.store_chunk", "kda.sum_chunks")
+                       for n in self.group.nodes
+                       for m in [n, *(walk(n.body) if n.body is not None else [])])
+        geo = Geometry(self.program, p, coords, need_off)
+        self.geo = geo
+        self.th = T_.Threads(geo.tid, nt)
+        if self.storage == "smem":
+            self.scratch = T_.Scratch(smem_base, "smem")
+        else:
+            cta = B.wide(geo.n) * B.wide(geo.HV) + B.wide(geo.hv)
+            self.scratch = T_.Scratch(B.gep(p["scratch"], cta * self.scratch_elems), "global")
+        self.red = T_.ReduceScratch(T_.BufRef(self.scratch, 0, (16,), (1,)))
+        args, wss = self.memrefs()
+        for v in args + wss:
+            nm, elt, layout, heads, tail = _mem_info(v)
+            self.env[v] = MemRef(nm, p[nm], elt, layout, heads, tail)
+        for a, v in zip(self.program.args, self.program.arg_values):
+            if a.layout == "scalar":
+                self.env[v] = p[a.name]
+        for n in self.group.nodes:
+            self.node(n)
 
     def bufref(self, v: Value) -> T_.BufRef:
         b = self.plan.buffers[v]
         return T_.BufRef(self.scratch, (REDUCE_SLOTS_BYTES + b.offset) // 4, tuple(v.shape),
                          buffer_strides(tuple(v.shape)))
 
-    def barrier(self):
-        nvvm.barrier()
-
     def node(self, n) -> None:
         op = n.op
         if op == "kda.scan":
             return self.scan(n)
         if op == "kda.workspace":
-            return  # the memref is a kernel parameter (bound in emit)
+            return  # the memref is a kernel parameter (bound in body)
         if op in ("gpu.yield", "func.return"):
             raise LoweringError(f"unexpected {op}")
         if op in ("kda.store", "kda.store_state", "kda.store_chunk"):
             self.store(n)
-            self.barrier()
+            B.barrier()
             return
         if op in MATRIX_OPS:
             out = self.bufref(n.results[0])
             self.matrix(n, out)
             self.env[n.results[0]] = out
-            self.barrier()
+            B.barrier()
             return
         ref = self.expr(n)
         r = n.results[0]
         if self.plan.mode(r) == "buffer":
             out = self.bufref(r)
             T_.materialize(self.th, ref, out)
-            self.barrier()
+            B.barrier()
             ref = out
         self.env[r] = ref
 
@@ -300,7 +324,7 @@ class TileKernelEmitter:
             src = self.env[init]
             if not carried[i].same_storage(src):
                 T_.materialize(self.th, src, carried[i])
-        self.barrier()
+        B.barrier()
         body = n.body
         reverse = bool(n.attrs.get("reverse", False))
         y = body.nodes[-1]
@@ -322,10 +346,10 @@ class TileKernelEmitter:
                 T_.materialize(self.th, src, carried[i])
                 copied = True
             if copied:
-                self.barrier()
+                B.barrier()
             return []
 
-        T_.for_range(0, geo.nchunks, 1, step)
+        B.for_range(0, geo.nchunks, 1, step)
         for r, ref in zip(n.results, carried):
             self.env[r] = ref
 
@@ -336,6 +360,7 @@ class TileKernelEmitter:
         r = n.results[0]
         shape = tuple(r.shape)
         a = n.attrs
+        geo = self.geo
         if k == "constant":
             return T_.ConstRef(float(a["value"]), shape)
         if k == "scalar":
@@ -362,61 +387,35 @@ class TileKernelEmitter:
             return T_.tril(ops[0], int(a["diagonal"]))
         if k == "valid_rows":
             c = ops[0]
-            geo = self.geo
-            C = geo.C
-            return T_.FnRef(shape, lambda idx: T_.sel(
-                T_.icmp("lt", c * C + idx[0], geo.seqlen), T_.cf(1.0), T_.cf(0.0)))
+            return T_.FnRef(shape, lambda idx: B.sel(
+                B.icmp("lt", c * geo.C + idx[0], geo.seqlen), B.f(1.0), B.f(0.0)))
         if k == "load":
             return self.load_token(n, ops[0], ops[1])
         if k == "load_head":
             mem = ops[0]
-            geo = self.geo
-            return T_.FnRef(shape, lambda idx: mem.load_f32(self._off(T_.i64(geo.hv), mem, idx)))
+            return T_.FnRef(shape, lambda idx: mem.load(geo.hv, idx))
         if k == "load_state":
             mem = ops[0]
-            return T_.FnRef(shape, lambda idx: mem.load_f32(self._off(self._state_row(), mem, idx)))
+            return T_.FnRef(shape, lambda idx: mem.load(geo.state_row(), idx))
         if k == "load_chunk":
             mem, c = ops
-            return T_.FnRef(shape, lambda idx: mem.load_f32(self._off(self._chunk_row(c), mem, idx)))
+            return T_.FnRef(shape, lambda idx: mem.load(geo.chunk_row(c), idx))
         raise LoweringError(f"{n.op}: no expression lowering")
-
-    def _state_row(self):
-        geo = self.geo
-        return arith.addi(arith.muli(T_.i64(geo.n), T_.i64(geo.HV)), T_.i64(geo.hv))
-
-    def _chunk_row(self, c):
-        geo = self.geo
-        slot = T_.i64(geo.chunk_off + c)
-        return arith.addi(arith.muli(slot, T_.i64(geo.HV)), T_.i64(geo.hv))
-
-    def _off(self, row_i64, mem: MemRef, idx) -> ir.Value:
-        """row * inner + flat(idx) in i64."""
-        base = arith.muli(row_i64, arith.constant(T_.i64t(), mem.inner))
-        fl = mem.flat(idx)
-        if isinstance(fl, int) and fl == 0:
-            return base
-        return arith.addi(base, T_.i64(fl))
-
-    def _token_row(self, mem: MemRef, pos, head):
-        """(start + pos) * heads + head, i64; heads = H for q/k-head tensors, else HV."""
-        geo = self.geo
-        t = arith.addi(geo.start, T_.i64(pos))
-        heads = geo.H if mem.heads == "qk" else geo.HV
-        return arith.addi(arith.muli(t, T_.i64(heads)), T_.i64(head))
 
     def load_token(self, n, mem: MemRef, c) -> T_.Ref:
         geo = self.geo
         C = geo.C
-        grouped = n.attrs.get("head_map") == "grouped" and mem.heads == "qk"
+        ratio = self.program.gva_ratio
+        grouped = n.attrs.get("head_map") == "grouped" and mem.heads == "qk" and ratio > 1
         shape = tuple(n.results[0].shape)
 
         def read(idx):
             pos = c * C + idx[0]
-            valid = T_.icmp("lt", pos, geo.seqlen)
-            safe = IntVal(arith.select(valid, as_i32(pos), as_i32(c * C)))
-            head = geo.hv // self.program.gva_ratio if grouped and self.program.gva_ratio > 1 else geo.hv
-            x = mem.load_f32(self._off(self._token_row(mem, safe, head), mem, idx[1:]))
-            return T_.sel(valid, x, T_.cf(0.0))
+            valid = B.icmp("lt", pos, geo.seqlen)
+            safe = B.isel(valid, pos, c * C)          # row 0 of a chunk is always in range
+            head = geo.hv // ratio if grouped else geo.hv
+            x = mem.load(geo.token_row(mem, safe, head), idx[1:])
+            return B.sel(valid, x, B.f(0.0))
 
         return T_.FnRef(shape, read)
 
@@ -428,23 +427,19 @@ class TileKernelEmitter:
         if k == "store":
             c = self.env[n.operands[1]]
             src = self.env[n.operands[2]]
-            C = geo.C
 
             def write(idx):
-                pos = c * C + idx[0]
-                ok = T_.icmp("lt", pos, geo.seqlen)
-                T_.if_then(ok, lambda: mem.store_f32(
-                    src.read(idx), self._off(self._token_row(mem, pos, geo.hv), mem, idx[1:])))
+                pos = c * geo.C + idx[0]
+                B.if_then(B.icmp("lt", pos, geo.seqlen), lambda: mem.store(
+                    src.read(idx), geo.token_row(mem, pos, geo.hv), idx[1:]))
             T_.foreach(self.th, src.shape, write)
         elif k == "store_state":
             src = self.env[n.operands[1]]
-            T_.foreach(self.th, src.shape, lambda idx: mem.store_f32(
-                src.read(idx), self._off(self._state_row(), mem, idx)))
+            T_.foreach(self.th, src.shape, lambda idx: mem.store(src.read(idx), geo.state_row(), idx))
         elif k == "store_chunk":
             c = self.env[n.operands[1]]
             src = self.env[n.operands[2]]
-            T_.foreach(self.th, src.shape, lambda idx: mem.store_f32(
-                src.read(idx), self._off(self._chunk_row(c), mem, idx)))
+            T_.foreach(self.th, src.shape, lambda idx: mem.store(src.read(idx), geo.chunk_row(c), idx))
 
     # -- matrix ops ----------------------------------------------------------------------
     def matrix(self, n, out: T_.BufRef) -> None:
@@ -478,8 +473,8 @@ class TileKernelEmitter:
 
             def one(idx):
                 def step(c, acc):
-                    return [arith.addf(acc, mem.load_f32(self._off(self._chunk_row(c), mem, idx)))]
-                (acc,) = T_.for_range(0, geo.nchunks, 1, step, [T_.cf(0.0)])
+                    return [B.add(acc, mem.load(geo.chunk_row(c), idx))]
+                (acc,) = B.for_range(0, geo.nchunks, 1, step, [B.f(0.0)])
                 out.write(idx, acc)
             T_.foreach(th, out.shape, one)
         else:
@@ -491,69 +486,131 @@ class TileKernelEmitter:
 # ------------------------------------------------------------------------------------------
 
 
-def _emit_global(builder: GpuModuleBuilder, program: Program, n, name: str, block: int):
-    src_v, dst_v = n.operands
-    s_name, s_elt, s_layout, s_heads, s_tail = _mem_info(src_v, program)
-    d_name, d_elt, d_layout, d_heads, d_tail = _mem_info(dst_v, program)
-    params = [Param(s_name, "ptr", s_elt), Param(d_name, "ptr", d_elt),
-              Param("T", "i32"), Param("N", "i32"), Param("HV", "i32")]
-    inner = T_.numel(d_tail)
-    ratio = program.gva_ratio
-    varlen = program.varlen
-    with builder.kernel(name, params, (block, 1, 1)) as p:
+class GlobalKernelEmitter:
+    """kda.sum_head_groups / kda.sum_seqs: one thread per destination element."""
+
+    def __init__(self, program: Program, node, block: int):
+        self.program = program
+        self.node = node
+        self.block = block
+        src_v, dst_v = node.operands
+        self.src_info = _mem_info(src_v)
+        self.dst_info = _mem_info(dst_v)
+
+    def params(self) -> list[Param]:
+        s, d = self.src_info, self.dst_info
+        return [Param(s[0], "ptr", s[1]), Param(d[0], "ptr", d[1]),
+                Param("T", "i32"), Param("N", "i32"), Param("HV", "i32")]
+
+    def launch(self) -> dict:
+        inner = T_.numel(self.dst_info[4])
+        size = (f"tokens * H * {inner}" if self.node.op == "kda.sum_head_groups"
+                else f"HV * {inner}")
+        return {"grid": [f"ceil_div({size}, {self.block})", "1", "1"],
+                "block": [self.block, 1, 1], "dynamic_shared_memory": 0}
+
+    def emit_mlir(self, builder: GpuModuleBuilder, name: str) -> None:
+        from kdagen.codegen.common.ints import IntVal
+        from kdagen.codegen.common.sreg import block_idx, thread_idx
+        with builder.kernel(name, self.params(), (self.block, 1, 1)) as p:
+            with B.use(B.MlirBackend()):
+                p = {k: (IntVal(v) if k in ("T", "N", "HV") else v) for k, v in p.items()}
+                self.body(p, dict(tid=IntVal(thread_idx("x")), bx=IntVal(block_idx("x"))))
+
+    def body(self, p: dict, coords: dict) -> None:
+        s_name, s_elt, s_layout, s_heads, s_tail = self.src_info
+        d_name, d_elt, d_layout, d_heads, d_tail = self.dst_info
         src = MemRef(s_name, p[s_name], s_elt, s_layout, s_heads, s_tail)
         dst = MemRef(d_name, p[d_name], d_elt, d_layout, d_heads, d_tail)
-        tid = IntVal(thread_idx("x"))
-        e = IntVal(block_idx("x")) * block + tid
-        HV = IntVal(p["HV"])
-        N = IntVal(p["N"])
-        Tt = IntVal(p["T"])
-        if n.op == "kda.sum_head_groups":
+        inner = T_.numel(d_tail)
+        ratio = self.program.gva_ratio
+        e = B.wide(coords["bx"] * self.block + coords["tid"])
+        HV, N, T = p["HV"], p["N"], p["T"]
+        if self.node.op == "kda.sum_head_groups":
             H = HV // ratio if ratio > 1 else HV
-            tokens = Tt if varlen else IntVal(arith.muli(as_i32(N), as_i32(Tt)))
-            total = arith.muli(T_.i64(tokens), arith.muli(T_.i64(H), arith.constant(T_.i64t(), inner)))
-            e64 = T_.i64(e)
-            ok = arith.cmpi(arith.CmpIPredicate.slt, e64, total)
+            tokens = T if self.program.varlen else N * T
+            total = B.wide(tokens) * B.wide(H) * inner
 
             def body():
-                inner64 = arith.constant(T_.i64t(), inner)
-                d = arith.remsi(e64, inner64)
-                th = arith.divsi(e64, inner64)          # token * H + h
-                Hh = T_.i64(H)
-                h = arith.remsi(th, Hh)
-                t = arith.divsi(th, Hh)
-                acc = T_.cf(0.0)
-                for gidx in range(ratio):
-                    hv = arith.addi(arith.muli(h, arith.constant(T_.i64t(), ratio)),
-                                    arith.constant(T_.i64t(), gidx))
-                    row = arith.addi(arith.muli(t, T_.i64(HV)), hv)
-                    acc = arith.addf(acc, src.load_f32(arith.addi(arith.muli(row, inner64), d)))
-                dst.store_f32(acc, e64)
-            T_.if_then(ok, body)
-        elif n.op == "kda.sum_seqs":
-            total = HV * inner
-            ok = e.lt(total)
+                # e = (token * H + h) * inner + d; the token's value heads h*ratio .. +ratio-1
+                acc = B.f(0.0)
+                th, d = _divmod64(e, inner)
+                t, h = _divmod64(th, H)
+                for g in range(ratio):
+                    row = t * B.wide(HV) + (h * ratio + g)
+                    acc = B.add(acc, B.load(src.ptr, row * inner + d, s_elt))
+                B.store(dst.ptr, e, acc, d_elt)
+            B.if_then(B.icmp("lt", e, total), body)
+        elif self.node.op == "kda.sum_seqs":
+            total = B.wide(HV) * inner
 
             def body():
                 def step(m, acc):
-                    idx = arith.addi(arith.muli(T_.i64(m), T_.i64(total)), T_.i64(e))
-                    return [arith.addf(acc, src.load_f32(idx))]
-                (acc,) = T_.for_range(0, N, 1, step, [T_.cf(0.0)])
-                dst.store_f32(acc, T_.i64(e))
-            T_.if_then(ok, body)
+                    return [B.add(acc, B.load(src.ptr, B.wide(m) * total + e, s_elt))]
+                (acc,) = B.for_range(0, N, 1, step, [B.f(0.0)])
+                B.store(dst.ptr, e, acc, d_elt)
+            B.if_then(B.icmp("lt", e, total), body)
         else:  # pragma: no cover
-            raise LoweringError(n.op)
-    if n.op == "kda.sum_head_groups":
-        size = f"tokens * H * {inner}"
-    else:
-        size = f"HV * {inner}"
-    return params, {"grid": [f"ceil_div({size}, {block})", "1", "1"], "block": [block, 1, 1],
-                    "dynamic_shared_memory": 0}
+            raise LoweringError(self.node.op)
+
+
+def _divmod64(x, d):
+    """(x // d, x % d) of non-negative 64-bit int-likes (d an int or int-like)."""
+    be = B.current()
+    if be.name == "sim":
+        return x // d, x % d
+    from kdagen._mlir import arith
+    from .backend import W64
+    xv = W64._v(x)
+    dv = W64._v(d if not isinstance(d, int) else d)
+    return W64(arith.divsi(xv, dv)), W64(arith.remsi(xv, dv))
 
 
 # ------------------------------------------------------------------------------------------
-# entry point
+# entry points
 # ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PreparedKernel:
+    """A kernel of a program before emission: its group, plan, storage and emitter."""
+    name: str
+    group: KernelGroup
+    emitter: object
+    storage: str
+    launch: dict
+    plan: StoragePlan | None = None
+
+
+def prepare(program: Program, target: Target | None, prefix: str,
+            opts: LowerOptions) -> list[PreparedKernel]:
+    """Partition and plan a program (no MLIR emitted): what both the GPU lowering and the
+    CPU simulator run."""
+    out = []
+    for g in group_kernels(program, opts.split_scans):
+        kname = f"{prefix}__k{g.index}_{g.label}"
+        if g.kind == "global":
+            em = GlobalKernelEmitter(program, g.nodes[0], opts.global_block)
+            launch = em.launch()
+            launch.update(kind="global", order=g.index, storage="none", scratch_bytes_per_cta=0)
+            out.append(PreparedKernel(kname, g, em, "none", launch))
+            continue
+        plan = plan_storage(program, g)
+        need = REDUCE_SLOTS_BYTES + plan.total_bytes
+        budget = (target.smem_per_block if target is not None else 227 * 1024) - opts.smem_reserve
+        storage = opts.storage
+        if storage == "auto":
+            storage = "smem" if need <= budget else "global"
+        if storage == "smem" and need > budget:
+            raise LoweringError(f"{kname}: {need} bytes of tile storage exceed the shared-memory "
+                                f"budget {budget}")
+        em = TileKernelEmitter(program, g, plan, storage, opts)
+        launch = {"grid": ["HV", "N", "1"], "block": [opts.nthreads, 1, 1],
+                  "dynamic_shared_memory": need if storage == "smem" else 0, "kind": "tile",
+                  "order": g.index, "storage": storage,
+                  "scratch_bytes_per_cta": need if storage == "global" else 0, "tile_bytes": need}
+        out.append(PreparedKernel(kname, g, em, storage, launch, plan))
+    return out
 
 
 def lower_program(module, target: Target, *, name: str | None = None,
@@ -563,40 +620,22 @@ def lower_program(module, target: Target, *, name: str | None = None,
     opts = options or LowerOptions()
     program = read_program(module)
     prefix = name or program.name
-    groups = group_kernels(program, opts.split_scans)
     out: list[LoweredKernel] = []
-    for g in groups:
-        kname = f"{prefix}__k{g.index}_{g.label}"
-        builder = GpuModuleBuilder(f"{kname}_module")
-        if g.kind == "global":
-            with builder.context, builder.location:
-                params, launch = _emit_global(builder, program, g.nodes[0], kname, opts.global_block)
-            launch.update(kind="global", order=g.index, storage="none", scratch_bytes_per_cta=0)
-            out.append(LoweredKernel(kname, program.name, "global", g.index, builder, params,
-                                     launch, "none", 0, "portable"))
-            continue
-        plan = plan_storage(program, g)
-        need = REDUCE_SLOTS_BYTES + plan.total_bytes
-        budget = target.smem_per_block - opts.smem_reserve
-        storage = opts.storage
-        if storage == "auto":
-            storage = "smem" if need <= budget else "global"
-        if storage == "smem" and need > budget:
-            raise LoweringError(f"{kname}: {need} bytes of tile storage exceed the "
-                                f"{target.chip} shared-memory budget {budget}")
-        em = TileKernelEmitter(program, g, plan, storage, opts)
+    for pk in prepare(program, target, prefix, opts):
+        builder = GpuModuleBuilder(f"{pk.name}_module")
         with builder.context, builder.location:
-            params = em.params()
-            em.emit(builder, kname)
-        dyn = need if storage == "smem" else 0
-        launch = {"grid": ["HV", "N", "1"], "block": [opts.nthreads, 1, 1],
-                  "dynamic_shared_memory": dyn, "kind": "tile", "order": g.index,
-                  "storage": storage, "scratch_bytes_per_cta": need if storage == "global" else 0,
-                  "tile_bytes": need}
+            params = pk.emitter.params()
+            pk.emitter.emit_mlir(builder, pk.name)
+        if pk.group.kind == "global":
+            out.append(LoweredKernel(pk.name, program.name, "global", pk.group.index, builder,
+                                     params, pk.launch, "none", 0, "portable"))
+            continue
+        plan = pk.plan
         info = {"buffers": len({id(b) for b in plan.buffers.values()}),
-                "modes": _mode_counts(plan), "scans": len(g.scans)}
-        out.append(LoweredKernel(kname, program.name, "tile", g.index, builder, params, launch,
-                                 storage, need if storage == "global" else 0, "portable-fma", info))
+                "modes": _mode_counts(plan), "scans": len(pk.group.scans)}
+        out.append(LoweredKernel(pk.name, program.name, "tile", pk.group.index, builder, params,
+                                 pk.launch, pk.storage, pk.launch["scratch_bytes_per_cta"],
+                                 "portable-fma", info))
     return out
 
 

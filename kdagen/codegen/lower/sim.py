@@ -1,0 +1,150 @@
+"""Run a lowered program on the CPU: the kernels' emitter code executed by the simulator
+backend (backend.SimBackend), one CTA at a time, over numpy copies of the program's tensors.
+
+This is how the lowering is tested without a GPU: ``simulate(module, inputs)`` returns the
+same outputs the GPU kernels would write (up to the float32 rounding of ex2/lg2/rcp, which the
+simulator computes exactly-rounded), so it can be compared with the interpreter and the float64
+reference; and the simulator raises :class:`backend.SimError` on shared-scratch races, barriers
+in divergent code and out-of-bounds accesses.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from . import backend as B
+from .kernel import LowerOptions, prepare, workspace_specs
+from .program import read_program
+
+__all__ = ["simulate", "program_sizes"]
+
+
+def _to_storage(x: torch.Tensor, elt: str) -> np.ndarray:
+    if elt == "bf16":
+        return x.detach().to(torch.bfloat16).to(torch.float32).cpu().numpy().copy()
+    if elt == "f16":
+        return x.detach().to(torch.float16).to(torch.float32).cpu().numpy().copy()
+    if elt == "i64":
+        return x.detach().to(torch.int64).cpu().numpy().copy()
+    return x.detach().to(torch.float32).cpu().numpy().copy()
+
+
+def program_sizes(program, inputs: dict) -> dict:
+    """B, T, H, HV, N, varlen, total_chunks, per-sequence lengths from the inputs."""
+    tok = None
+    for a in program.args:
+        if a.role == "input" and a.layout == "token" and a.heads == "v" and a.name in inputs:
+            tok = inputs[a.name]
+            break
+    if tok is None:
+        raise ValueError("no value-head token input to size the launch")
+    Bsz, T, HV = (int(d) for d in tok.shape[:3])
+    ratio = program.gva_ratio
+    H = HV // ratio
+    C = program.chunk_size
+    cu = inputs.get("cu_seqlens")
+    if cu is not None:
+        cu_l = [int(x) for x in cu.tolist()]
+        lengths = [b - a for a, b in zip(cu_l[:-1], cu_l[1:])]
+        N = len(lengths)
+    else:
+        lengths = [T] * Bsz
+        N = Bsz
+    total_chunks = sum((n + C - 1) // C for n in lengths)
+    return dict(B=Bsz, T=T, H=H, HV=HV, N=N, C=C, varlen=cu is not None, lengths=lengths,
+                total_chunks=total_chunks, tokens=Bsz * T)
+
+
+def _alloc(layout, tail, sz, heads):
+    tail = tuple(int(d) for d in tail)
+    if layout == "token":
+        lead = (sz["B"], sz["T"], sz["H"] if heads == "qk" else sz["HV"])
+    elif layout == "state":
+        lead = (sz["N"], sz["HV"])
+    elif layout == "chunk":
+        lead = (sz["total_chunks"], sz["HV"])
+    elif layout == "head":
+        lead = (sz["HV"],)
+    else:
+        raise ValueError(layout)
+    return np.full(lead + tail, np.nan, np.float32)
+
+
+def simulate(module, inputs: dict, *, options: LowerOptions | None = None, storage: str = "global",
+             check_races: bool = True, return_workspaces: bool = False) -> dict:
+    """Execute the lowered kernels of ``module`` on the CPU; returns ``{output: tensor}``.
+
+    ``storage`` forces where tile buffers live ("global" scratch or "smem"); both run the same
+    code except for the scratch base pointer.
+    """
+    opts = options or LowerOptions(storage=storage)
+    if options is None:
+        opts.storage = storage
+    program = read_program(module)
+    sz = program_sizes(program, inputs)
+    mems: dict = {}
+    for a in program.args:
+        if a.layout == "scalar":
+            continue
+        if a.role == "input":
+            if a.name not in inputs:
+                raise ValueError(f"missing input {a.name!r}")
+            mems[a.name] = B.SimMemory(a.name, _to_storage(inputs[a.name], a.elt), a.elt)
+        else:
+            mems[a.name] = B.SimMemory(a.name, _alloc(a.layout, a.tail, sz, a.heads), a.elt)
+    shapes = {a.name: None for a in program.args}
+    for w in workspace_specs(program):
+        mems[w["name"]] = B.SimMemory(w["name"], _alloc(w["layout"], w["tail"], sz, w["heads"]), w["elt"])
+    scalars = {}
+    for a in program.args:
+        if a.layout == "scalar":
+            v = inputs.get(a.name, a.default)
+            scalars[a.name] = np.float32(float(v))
+    base_p = {"T": sz["T"], "N": sz["N"], "HV": sz["HV"], **scalars}
+    for pk in prepare(program, None, "sim", opts):
+        em = pk.emitter
+        p = dict(base_p)
+        for prm in em.params():
+            if prm.kind == "ptr" and prm.name != "scratch":
+                p[prm.name] = B.SimPtr(mems[prm.name])
+        if pk.group.kind == "global":
+            block = pk.launch["block"][0]
+            size = _global_size(pk.launch["grid"][0], sz)
+            for bx in range(-(-size // block)):
+                be = B.SimBackend(block, check_races)
+                with B.use(be):
+                    em.body(p, dict(tid=be.lanes, bx=bx))
+            continue
+        elems = em.scratch_elems
+        for n in range(sz["N"]):
+            for hv in range(sz["HV"]):
+                be = B.SimBackend(opts.nthreads, check_races)
+                scratch = B.SimMemory("scratch", np.full(elems, np.nan, np.float32), "f32", track=True)
+                cta = n * sz["HV"] + hv
+                if pk.storage == "global":
+                    p["scratch"] = B.SimPtr(scratch, -cta * elems)
+                    base = None
+                else:
+                    base = B.SimPtr(scratch, 0)
+                with B.use(be):
+                    em.body(p, dict(tid=be.lanes, hv=hv, n=n), base)
+    out = {}
+    for a in program.args:
+        if a.role == "output":
+            out[a.name] = torch.from_numpy(mems[a.name].data.reshape(_shape_of(a, sz)).copy())
+    if return_workspaces:
+        for w in workspace_specs(program):
+            out["workspace:" + w["name"]] = torch.from_numpy(mems[w["name"]].data.copy())
+    return out
+
+
+def _shape_of(a, sz):
+    return _alloc(a.layout, a.tail, sz, a.heads).shape
+
+
+def _global_size(rule: str, sz: dict) -> int:
+    # rule: "ceil_div(<expr>, <block>)"
+    inner = rule[len("ceil_div("):-1]
+    expr, _, block = inner.rpartition(",")
+    env = dict(tokens=sz["tokens"], H=sz["H"], HV=sz["HV"], N=sz["N"], T=sz["T"])
+    return int(eval(expr, {"__builtins__": {}}, env))
