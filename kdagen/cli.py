@@ -132,7 +132,7 @@ def show(program, stage, arch, options, dump_before, dump_after, time_passes):
                                        f"choose dsl, final or one of: {', '.join(names)}")
         passes = passes[:len(names) - names[::-1].index(stage)]
     _run_passes(module, passes, dump_before, dump_after, time_passes)
-    click.echo(str(module))
+    click.echo(_print(module))
 
 
 @main.command()
@@ -153,7 +153,13 @@ def opt(mlir_file, pipeline, dump_before, dump_after, time_passes):
     except Exception as err:  # the MLIR diagnostic is the useful part of any parse/verify error
         raise click.ClickException(f"{mlir_file.name}: {err}")
     _run_passes(module, passes, dump_before, dump_after, time_passes)
-    click.echo(str(module))
+    click.echo(_print(module))
+
+
+def _print(module) -> str:
+    """MLIR text with the DSL's value names (%kd, %S, ...) as SSA names."""
+    from .ir.dialect import print_module
+    return print_module(module)
 
 
 def _parse_options(pairs: tuple[str, ...]) -> dict:

@@ -659,3 +659,18 @@ def _decay_matmul(ex, node, w, x, g_row, g_col):
     if node.attrs.get("transpose"):
         return torch.einsum("...ij,...id,...ijd->...jd", w, x, factors)
     return torch.einsum("...ij,...jd,...ijd->...id", w, x, factors)
+
+
+# --------------------------------------------------------------------------------------
+# pipeline structure (introduced by kda-warp-specialize): synchronisation only, no values
+# --------------------------------------------------------------------------------------
+
+
+@op_impl("kda.pipeline_wait")
+def _pipeline_wait(ex, node, x):
+    return x
+
+
+@op_impl("kda.pipeline_release")
+def _pipeline_release(ex, node, x):
+    return []

@@ -4,6 +4,7 @@ import torch
 
 from filecheck_util import filecheck
 from kdagen import interpreter
+from kdagen.ir.dialect import print_module
 from kdagen.ir.programs import build_program
 from kdagen.ir.testing import make_case
 from kdagen.passes.base import parse_pipeline
@@ -13,30 +14,34 @@ from kdagen.reference import rel_err
 
 PIPELINE = "kda-stable-reassociate,kda-partition"
 
-# FLA (fla-core 0.6) KDA forward, K = V = 128, C = 64, bf16 inputs, counted per token and value
-# head from its four kernels' reads + writes (gate+cumsum 768; intra: q, k, v, g, beta in,
-# w, u, kg, Aqk, Akk out 2372; fwd_h: w, u, kg, g_last in, h per chunk + v_new out 1544;
-# fwd_o: q, v_new, g, h, Aqk in, o out 2048).
+# FLA's KDA kernel sequences, K = V = 128, C = 64, bf16 inputs, bytes read + written per token
+# and value head, counted by hand from its public source (each kernel reads its inputs once and
+# writes its outputs once; g fp32, h and w/u/kg bf16, Aqk/Akk fp32), *without* its separate
+# L2-norm and gate kernels (kdagen's count includes both, fused):
+# forward: gate+cumsum 768, intra (w, u, kg, Aqk, Akk) 2372, fwd_h (h, v_new) 1544, fwd_o 2048;
+# backward: cumsum 1024, recompute w/u 2564, fwd_h 1544, dAv 1792, dhu 2560, wy_dqkg 5384,
+# intra 4616.
 FLA_KDA_FWD_BYTES_PER_TOKEN = 6732
+FLA_KDA_BWD_BYTES_PER_TOKEN = 19484
 
 
 GOLDEN = r"""
-// CHECK: "kda.workspace"() {layout = "chunk", name = "qd_ws"}
-// CHECK: "kda.workspace"() {layout = "chunk", name = "w_ws"}
-// CHECK: "kda.workspace"() {layout = "chunk", name = "u_ws"}
-// The chunk-parallel kernel: no carried values, stores what the state scan needs.
+// Workspaces: fp32 unless every use is a matrix operand (then bf16)
+// CHECK: %w_ws = "kda.workspace"() {layout = "chunk", name = "w_ws"} : () -> memref<?x?x64x128xbf16>
+// CHECK: %u_ws = "kda.workspace"() {layout = "chunk", name = "u_ws"} : () -> memref<?x?x64x128xf32>
+// CHECK: %Aqk_ws = "kda.workspace"() {layout = "chunk", name = "Aqk_ws"} : () -> memref<?x?x64x64xbf16>
+// The chunk-parallel kernel: no carried values, all matrix work, stores what the state needs.
 // CHECK: "kda.scan"() ({
 // CHECK: "kda.decay_dot"
 // CHECK: "kda.tril_inv"
-// CHECK: "kda.store_chunk"({{.*}}) {name = "w"}
-// CHECK: "kda.store_chunk"({{.*}}) {name = "u"}
+// CHECK: "kda.store_chunk"(%w_ws, %{{.*}}) {name = "w"}
+// CHECK: "kda.store_chunk"(%u_ws, %{{.*}}) {name = "u"}
 // CHECK: kda.kernel = "kda_fwd_chunk", parallel = true
-// The state scan: loads the workspaces, keeps only state-dependent math.
-// CHECK: "kda.scan"(%{{.*}}) ({
-// CHECK: "kda.load_chunk"({{.*}}) {name = "w"}
+// The state scan: loads the workspaces, re-reads inputs rather than copying them.
+// CHECK: %S_final = "kda.scan"(%h0) ({
+// CHECK: %w = "kda.load_chunk"(%w_ws, %{{.*}}) {name = "w"}
 // CHECK-NOT: "kda.tril_inv"
 // CHECK-NOT: "kda.decay_dot"
-// CHECK-NOT: "kda.load"(
 // CHECK: "kda.store"({{.*}}) {name = "o"}
 // CHECK: kda.kernel = "kda_fwd_state", parallel = false
 """
@@ -45,7 +50,7 @@ GOLDEN = r"""
 def test_golden_partition_kda_fwd():
     module = build_program("kda_fwd", gate="lower_bound", lower_bound=-5.0)
     run_pipeline(module, parse_pipeline(PIPELINE))
-    filecheck(str(module), GOLDEN)
+    filecheck(print_module(module), GOLDEN)
 
 
 @pytest.mark.parametrize("family,spec", [
@@ -66,18 +71,25 @@ def test_partition_preserves_semantics(family, spec):
     assert kernels == [f"{family}_fwd_chunk", f"{family}_fwd_state"]
 
 
-def test_fused_forward_moves_fewer_bytes_than_fla():
-    module = build_program("kda_fwd")            # K = V = 128, C = 64, bf16
+@pytest.mark.parametrize("program,fla", [("kda_fwd", FLA_KDA_FWD_BYTES_PER_TOKEN),
+                                         ("kda_bwd", FLA_KDA_BWD_BYTES_PER_TOKEN)])
+def test_fused_kernels_move_fewer_bytes_than_fla(program, fla):
+    module = build_program(program)                 # K = V = 128, C = 64, bf16, gate + l2norm fused
     run_pipeline(module, parse_pipeline(PIPELINE))
-    report = dict((name, nbytes) for name, _, nbytes in kernel_report(module))
-    # chunk kernel: q, k, v, g_raw (bf16 [C, 128]), beta_raw in; qd, kr, w, u (fp32 [C, 128]),
-    # Aqk (fp32 [C, C]) and the chunk decay (fp32 [128]) out
-    assert report["kda_fwd_chunk"] == pytest.approx((4 * 128 * 2 + 2) + 4 * 128 * 4 + 64 * 4 + 128 * 4 / 64)
-    total = sum(report.values())
-    assert total < FLA_KDA_FWD_BYTES_PER_TOKEN, (total, FLA_KDA_FWD_BYTES_PER_TOKEN)
-    bf16 = build_program("kda_fwd")
-    run_pipeline(bf16, parse_pipeline(PIPELINE + "{workspace_dtype=bf16}"))
-    assert sum(n for _, _, n in kernel_report(bf16)) < total
+    report = kernel_report(module)
+    total = sum(nbytes for _, _, nbytes in report)
+    assert total < fla, (report, total, fla)
+    assert any(parallel for _, parallel, _ in report) and any(not p for _, p, _ in report)
+
+
+def test_min_cut_beats_crossing_everything_and_keeps_matrix_work_parallel():
+    fused = build_program("kda_fwd")
+    run_pipeline(fused, parse_pipeline(PIPELINE))
+    unfused = build_program("kda_fwd")
+    run_pipeline(unfused, parse_pipeline("kda-stable-reassociate,kda-partition{fuse=false}"))
+    assert sum(n for *_, n in kernel_report(fused)) < sum(n for *_, n in kernel_report(unfused))
+    state = str(fused).split('kda.kernel = "kda_fwd_chunk"')[1]
+    assert "kda.decay_dot" not in state and "kda.tril_inv" not in state
 
 
 def test_fusion_rematerialises_broadcasts_instead_of_storing_them():
@@ -90,8 +102,8 @@ def test_fusion_rematerialises_broadcasts_instead_of_storing_them():
     fused, fused_bytes = workspaces("true")
     unfused, unfused_bytes = workspaces("false")
     # fused: the chunk decay crosses as [K] and is broadcast to [K, V] inside the state kernel
-    assert not any("memref<?x?x128x128xf32>" in l for l in fused)
+    assert not any("x128x128x" in l for l in fused)
     assert any("memref<?x?x128xf32>" in l for l in fused)
     # unfused: the [K, V] broadcast itself crosses kernels
-    assert any("memref<?x?x128x128xf32>" in l for l in unfused)
+    assert any("x128x128x" in l for l in unfused)
     assert unfused_bytes > fused_bytes

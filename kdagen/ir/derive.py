@@ -13,6 +13,7 @@ from kdagen.ir import decay  # noqa: F401  (VJP rules of the decay ops)
 from kdagen.ir.autodiff import autodiff
 
 PRIMAL_ATTR = "kda.primal"
+PRIMAL_SUFFIX = "_primal"
 
 
 def primal_func(module: ir.Module):
@@ -33,6 +34,8 @@ def forward_module(module: ir.Module) -> ir.Module:
         copy = source.operation.clone(ip=ir.InsertionPoint(out.body))
         if PRIMAL_ATTR in copy.attributes:
             del copy.attributes[PRIMAL_ATTR]
+            name = ir.StringAttr(copy.attributes["sym_name"]).value
+            copy.attributes["sym_name"] = ir.StringAttr.get(name.removesuffix(PRIMAL_SUFFIX))
     return out
 
 
@@ -43,7 +46,7 @@ def derive_backward(forward: ir.Module, name: str | None = None) -> ir.Module:
         fwd = program_func(forward)
         primal = fwd.operation.clone(ip=ir.InsertionPoint(backward.body))
         primal.attributes[PRIMAL_ATTR] = ir.UnitAttr.get()
-        primal.attributes["sym_name"] = ir.StringAttr.get(fwd.name.value + "_primal")
+        primal.attributes["sym_name"] = ir.StringAttr.get(fwd.name.value + PRIMAL_SUFFIX)
     return backward
 
 

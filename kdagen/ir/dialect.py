@@ -193,6 +193,15 @@ OPS: dict[str, OpSpec] = {
         doc="Keep x[i, j] with j <= i + diagonal, zero elsewhere (diagonal -1: strictly lower)."),
     "tril_inv": _u("(I + strict_tril(x))^-1: inverse of the unit lower-triangular WY/UT matrix"),
     "tril_solve": _b("(I + strict_tril(lhs))^-1 @ rhs: unit lower-triangular solve", same=False),
+    # ---- pipeline structure (introduced by kda-warp-specialize) ---------------------------
+    "pipeline_wait": OpSpec(
+        operands=(("x", "tile@T"),), results=(("res", "tile@T"),), attrs=(("slot", "int"),),
+        group="structure",
+        doc="Consumer side of a producer/consumer ring: wait until the producer's bulk copy of x "
+            "into ring slot `slot` has landed (mbarrier 'full'); returns x (identity)."),
+    "pipeline_release": OpSpec(
+        operands=(("x", "tile"),), attrs=(("slot", "int"),), group="structure",
+        doc="Consumer side: x's ring slot may be refilled (mbarrier 'empty' arrive); no value."),
     # ---- bounded decay products (introduced by kda-stable-reassociate) --------------------
     "decay_dot": OpSpec(
         operands=(("lhs", "tile"), ("rhs", "tile"), ("gamma_lhs", "tile"), ("gamma_rhs", "tile")),

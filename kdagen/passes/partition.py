@@ -9,13 +9,14 @@ on the chunk's inputs and can run for all chunks at once. The pass
    into a per-chunk workspace (``kda.workspace`` + ``kda.store_chunk``);
 2. keeps the state-dependent ops in a scan that loads those workspaces
    (``kda.load_chunk``) — kernel ``<program>_state``;
-3. fuses instead of storing where that moves fewer bytes: sources (constants, scalars, masks,
-   input loads) are re-emitted in the state kernel, and shape-expanding or type-changing
-   producers (``broadcast``, ``convert``, ``neg``) are re-emitted there so the smaller operand
-   crosses instead (e.g. the per-channel chunk decay [K] rather than its [K, V] broadcast).
+3. fuses instead of storing where that moves fewer bytes: a min cut over the data-flow graph
+   decides which values cross (each costs the bytes it would move) and which the state kernel
+   recomputes from cheaper ones — e.g. the per-channel chunk decay [K] crosses rather than its
+   [K, V] broadcast, and inputs are re-read rather than copied.
 
-Workspaces hold ``workspace_dtype`` (fp32 by default: the backward recomputes from them and the
-forward's accuracy target is close to bf16 rounding of the float64 result). Each kernel scan gets
+Workspaces hold ``workspace_dtype``; ``auto`` (the default) stores a value in bf16 only when
+every use of it is a matrix-product operand (the tensor cores round it to bf16 anyway) and in
+fp32 otherwise (states, gate quantities, anything summed or exponentiated). Each kernel scan gets
 ``kda.hbm_bytes_per_token``: bytes moved to/from global memory per token and value head,
 counted from its loads and stores (tile bytes per chunk / chunk rows; per-sequence state loads
 and stores are excluded as they do not scale with T).
@@ -28,8 +29,30 @@ from dataclasses import dataclass
 from .._mlir import ir
 from .base import ModulePass, PassError, register_pass
 
-SOURCE_OPS = frozenset({"kda.constant", "kda.scalar", "kda.valid_rows", "kda.load", "kda.load_head"})
-SHRINKING_REMAT_OPS = frozenset({"kda.broadcast", "kda.convert", "kda.neg"})
+FREE_OPS = frozenset({"kda.constant", "kda.scalar", "kda.valid_rows"})
+RELOAD_OPS = frozenset({"kda.load", "kda.load_head", "kda.load_chunk", "kda.load_state"})
+SOURCE_OPS = FREE_OPS | RELOAD_OPS
+# Matrix work does not move into the state kernel (see _banned_from_state): it runs once per
+# chunk in sequence there, while the chunk kernel runs all chunks in parallel.
+STATE_BANNED_OPS = frozenset({"kda.dot", "kda.decay_dot", "kda.decay_matmul", "kda.tril_inv",
+                              "kda.tril_solve"})
+MATMUL_OPS = frozenset({"kda.dot", "kda.decay_dot", "kda.decay_matmul"})
+
+
+def _banned_from_state(op) -> bool:
+    """Matrix work stays in the chunk kernel, except products larger than their operands
+    (outer-product-like, e.g. a chunk's [K, V] contribution to dS): crossing those costs more
+    than recomputing them next to the state."""
+    if op.name not in STATE_BANNED_OPS:
+        return False
+    size = math.prod(_shape(op.results[0].type))
+    return size <= max(math.prod(_shape(v.type)) for v in op.operands)
+
+
+def _matmul_operand(op, value) -> bool:
+    """Whether ``value`` enters ``op`` only as a matrix operand (not as a decay exponent)."""
+    positions = [i for i, v in enumerate(op.operands) if v == value]
+    return all(i < 2 for i in positions)
 SIDE_EFFECT_OPS = frozenset({"kda.store", "kda.store_chunk", "kda.store_state"})
 _ELEMENT_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "f64": 8, "i1": 1, "i32": 4, "i64": 8}
 _WORKSPACE_TYPES = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}
@@ -67,12 +90,13 @@ def _clone(op, mapping: dict, ip) -> ir.Operation:
 
 
 def _chunk_rows(scan) -> int:
-    """Rows per chunk of a scan: the leading dim of the tiles its body loads or stores."""
-    for op in scan.regions[0].blocks[0].operations:
-        if op.operation.name in ("kda.load", "kda.store", "kda.valid_rows"):
-            value = op.results[0] if op.operation.name != "kda.store" else op.operands[2]
-            return _shape(value.type)[0]
-    raise PassError("kda-partition: cannot tell the chunk size of a scan without token loads")
+    """Rows per chunk: the program's ``kda.chunk_size`` (the func that holds the scan)."""
+    op = scan
+    while op is not None and op.name != "func.func":
+        op = op.parent
+    if op is None or "kda.chunk_size" not in op.attributes:
+        raise PassError("kda-partition: the program function has no kda.chunk_size attribute")
+    return int(ir.IntegerAttr(op.attributes["kda.chunk_size"]).value)
 
 
 def hbm_bytes_per_token(scan) -> float:
@@ -92,13 +116,13 @@ def hbm_bytes_per_token(scan) -> float:
 class PartitionPass(ModulePass):
     name = "kda-partition"
     summary = "split chunk scans into chunk-parallel and state-scan kernels; fuse; plan workspaces"
-    workspace_dtype: str = "fp32"
+    workspace_dtype: str = "auto"     # auto | fp32 | bf16 | fp16
     fuse: bool = True
 
     def run(self, module: ir.Module) -> None:
-        if self.workspace_dtype not in _WORKSPACE_TYPES:
+        if self.workspace_dtype not in _WORKSPACE_TYPES and self.workspace_dtype != "auto":
             raise PassError(f"kda-partition: workspace_dtype={self.workspace_dtype!r}; choose "
-                            f"{', '.join(_WORKSPACE_TYPES)}")
+                            f"auto, {', '.join(_WORKSPACE_TYPES)}")
         from ..interpreter import program_func
         with module.context, ir.Location.unknown():
             func = program_func(module)
@@ -126,34 +150,26 @@ class PartitionPass(ModulePass):
         if not carried or not dep_ops or not any(o.name not in SOURCE_OPS for o in indep_ops):
             self._mark(scan, f"{kernel_prefix}_scan", parallel=not carried)
             return
-        # Values the state part needs from the independent part; re-emit cheap producers.
-        remat: list = []
-        needed_by_state = self._needed(dep_ops + [terminator], dependent)
         if self.fuse:
-            changed = True
-            while changed:
-                changed = False
-                for value in list(needed_by_state):
-                    producer = value.owner.operation if not isinstance(value, ir.BlockArgument) else None
-                    if producer is None or producer in remat:
-                        continue
-                    if producer.name in SOURCE_OPS or producer.name in SHRINKING_REMAT_OPS:
-                        remat.append(producer)
-                        changed = True
-                needed_by_state = self._needed(dep_ops + remat + [terminator], dependent,
-                                               exclude=set(v for o in remat for v in o.results))
-        crossing = [v for v in (r for o in indep_ops for r in o.results) if v in needed_by_state]
-        remat = [o for o in indep_ops if o in remat]          # keep program order
+            remat, crossing = self._min_cut(indep_ops, dep_ops + [terminator])
+        else:
+            remat = [o for o in indep_ops if o.name in FREE_OPS]
+            needed = self._needed(dep_ops + remat + [terminator], dependent,
+                                  exclude={v for o in remat for v in o.results})
+            crossing = [r for o in indep_ops for r in o.results if r in needed]
+        if not crossing:   # everything is cheaper to recompute: one kernel
+            self._mark(scan, f"{kernel_prefix}_scan", parallel=False)
+            return
 
         chunk_ip = ir.InsertionPoint(scan)
         workspaces = {}
         _names: dict = {}
         for value in crossing:
             shape = _shape(value.type)
-            elt = _elt_type(_WORKSPACE_TYPES[self.workspace_dtype])
+            elt = _elt_type(self._storage(value))
             dyn = ir.ShapedType.get_dynamic_size()
             mem_t = ir.MemRefType.get([dyn, dyn] + shape, elt)
-            name = _value_name(value) or f"x{len(workspaces)}"
+            name = _value_name(value) or f"{value.owner.operation.name[4:]}{len(workspaces)}"
             _names[value] = name
             ws = ir.Operation.create("kda.workspace", results=[mem_t], attributes={
                 "name": ir.StringAttr.get(f"{name}_ws"), "layout": ir.StringAttr.get("chunk")},
@@ -171,10 +187,10 @@ class PartitionPass(ModulePass):
             _clone(op, mapping, par_ip)
         for value in crossing:
             stored = mapping[value]
-            if _element(value.type) != _WORKSPACE_TYPES[self.workspace_dtype]:
+            if _element(value.type) != self._storage(value):
                 stored = ir.Operation.create(
                     "kda.convert", results=[ir.RankedTensorType.get(_shape(value.type), _elt_type(
-                        _WORKSPACE_TYPES[self.workspace_dtype]))], operands=[stored], ip=par_ip).results[0]
+                        self._storage(value)))], operands=[stored], ip=par_ip).results[0]
             ir.Operation.create("kda.store_chunk", results=[], operands=[
                 workspaces[value], par_block.arguments[0], stored],
                 attributes={"name": ir.StringAttr.get(_names[value])}, ip=par_ip)
@@ -192,11 +208,11 @@ class PartitionPass(ModulePass):
         st_ip = ir.InsertionPoint(st_block)
         for value in crossing:
             loaded = ir.Operation.create("kda.load_chunk", results=[ir.RankedTensorType.get(
-                _shape(value.type), _elt_type(_WORKSPACE_TYPES[self.workspace_dtype]))],
+                _shape(value.type), _elt_type(self._storage(value)))],
                 operands=[workspaces[value], st_block.arguments[0]],
                 attributes={"name": ir.StringAttr.get(_names[value])},
                 loc=ir.Location.name(_names[value]), ip=st_ip).results[0]
-            if _element(value.type) != _WORKSPACE_TYPES[self.workspace_dtype]:
+            if _element(value.type) != self._storage(value):
                 loaded = ir.Operation.create("kda.convert", results=[value.type], operands=[loaded],
                                              ip=st_ip).results[0]
             mapping[value] = loaded
@@ -208,6 +224,67 @@ class PartitionPass(ModulePass):
         for old, new in zip(scan.results, state.results):
             old.replace_all_uses_with(new)
         scan.erase()
+
+    def _min_cut(self, indep_ops: list, state_users: list) -> tuple[list, list]:
+        """Choose what the state kernel recomputes and what crosses through workspaces.
+
+        A min cut on the data-flow graph of the independent ops (the rematerialisation
+        formulation): each value costs what crossing it would move — 2 × its workspace bytes
+        (written, then read), or its own bytes for a load (read again), 0 for constants — and
+        the cut separates the chunk's inputs from the values the state ops use. Values on the
+        cut cross (loads on the cut are simply re-issued); everything past it is recomputed.
+        """
+        values = [op.results[0] for op in indep_ops if op.results]
+        index = {v: i for i, v in enumerate(values)}
+        n = len(values)
+        source, sink = 2 * n, 2 * n + 1
+        big = 1 << 60
+        graph = MaxFlow(2 * n + 2)
+        for v, i in index.items():
+            graph.add_edge(2 * i, 2 * i + 1, self._crossing_cost(v))
+            operands = [u for u in v.owner.operation.operands if u in index]
+            if not operands or _banned_from_state(v.owner.operation):
+                graph.add_edge(source, 2 * i, big)       # must be computed in the chunk kernel
+            for u in operands:
+                graph.add_edge(2 * index[u] + 1, 2 * i, big)
+        used_by_state = {u for op in state_users for u in op.operands if u in index}
+        for v in used_by_state:
+            graph.add_edge(2 * index[v] + 1, sink, big)
+        reachable = graph.min_cut_source_side(source, sink)
+        crossing, remat = [], []
+        for op in indep_ops:
+            if not op.results:
+                continue
+            i = index[op.results[0]]
+            if 2 * i in reachable and 2 * i + 1 not in reachable:      # on the cut
+                if op.name in FREE_OPS or op.name in RELOAD_OPS:
+                    remat.append(op)                                   # re-issue it
+                else:
+                    crossing.append(op.results[0])
+            elif 2 * i not in reachable:
+                remat.append(op)                                       # past the cut
+        return remat, crossing
+
+    def _crossing_cost(self, value) -> int:
+        name = value.owner.operation.name
+        if name in FREE_OPS:
+            return 0
+        if name in RELOAD_OPS:
+            return tile_bytes(value.type)
+        numel = math.prod(_shape(value.type))
+        return 2 * numel * _ELEMENT_BYTES[self._storage(value)]
+
+    def _storage(self, value) -> str:
+        """Element type a crossing value is stored in. ``auto``: bf16 when every use is a
+        matrix-product operand (tensor cores round it to bf16 anyway), else fp32 (states, gate
+        and exponent quantities, anything summed or fed to exp2 keeps full precision)."""
+        if self.workspace_dtype != "auto":
+            return _WORKSPACE_TYPES[self.workspace_dtype]
+        users = [u.owner.operation if hasattr(u.owner, "operation") else u.owner
+                 for u in value.uses]
+        if users and all(u.name in MATMUL_OPS and _matmul_operand(u, value) for u in users):
+            return "bf16"
+        return "f32"
 
     @staticmethod
     def _needed(users, dependent, exclude=frozenset()) -> set:
@@ -226,6 +303,53 @@ class PartitionPass(ModulePass):
 def _value_name(value) -> str | None:
     from ..ir.dsl import value_name
     return value_name(value)
+
+
+class MaxFlow:
+    """Edmonds–Karp max flow on a small graph (a few hundred nodes per scan body)."""
+
+    def __init__(self, n: int):
+        self.adj: list[list[int]] = [[] for _ in range(n)]
+        self.to: list[int] = []
+        self.cap: list[int] = []
+
+    def add_edge(self, u: int, v: int, capacity: int) -> None:
+        for a, b, c in ((u, v, capacity), (v, u, 0)):
+            self.adj[a].append(len(self.to))
+            self.to.append(b)
+            self.cap.append(c)
+
+    def _augment(self, s: int, t: int) -> bool:
+        parent = {s: None}
+        queue = [s]
+        for u in queue:
+            for e in self.adj[u]:
+                v = self.to[e]
+                if self.cap[e] > 0 and v not in parent:
+                    parent[v] = e
+                    if v == t:
+                        path, node = [], t
+                        while parent[node] is not None:
+                            path.append(parent[node])
+                            node = self.to[parent[node] ^ 1]
+                        push = min(self.cap[e2] for e2 in path)
+                        for e2 in path:
+                            self.cap[e2] -= push
+                            self.cap[e2 ^ 1] += push
+                        return True
+                    queue.append(v)
+        return False
+
+    def min_cut_source_side(self, s: int, t: int) -> set:
+        while self._augment(s, t):
+            pass
+        seen, queue = {s}, [s]
+        for u in queue:
+            for e in self.adj[u]:
+                if self.cap[e] > 0 and self.to[e] not in seen:
+                    seen.add(self.to[e])
+                    queue.append(self.to[e])
+        return seen
 
 
 def _remove_unused(block) -> None:

@@ -8,10 +8,20 @@ from __future__ import annotations
 from ..codegen.target import TARGETS
 from .base import ModulePass, parse_pipeline
 
+_COMMON = ["verify", "kda-stable-reassociate", "kda-partition{workspace_dtype=fp32}"]
+
 PIPELINES: dict[str, list[str]] = {
-    "sm_90a": ["verify", "canonicalize", "verify"],
-    "sm_100a": ["verify", "canonicalize", "verify"],
-    "sm_120a": ["verify", "canonicalize", "verify"],
+    # Hopper: 227 KB of shared memory, two consumer warpgroups (setmaxnreg 232/40).
+    "sm_90a": _COMMON + ["kda-warp-specialize{depth=2,consumer_warpgroups=2,smem_budget=232448}",
+                         "verify"],
+    # Datacenter Blackwell: same budget; accumulators move to TMEM in codegen.
+    "sm_100a": _COMMON + ["kda-warp-specialize{depth=2,consumer_warpgroups=2,smem_budget=232448}",
+                          "verify"],
+    # Consumer Blackwell: ~99 KB of shared memory, one consumer warpgroup; bf16 workspaces so
+    # that one chunk stage of the state kernel (w, u, qd, kr, Aqk) fits beside the state.
+    "sm_120a": ["verify", "kda-stable-reassociate", "kda-partition{workspace_dtype=bf16}",
+                "kda-warp-specialize{depth=2,consumer_warpgroups=1,smem_budget=101376,"
+                "reserved_smem=16384}", "verify"],
 }
 
 
