@@ -39,9 +39,14 @@ def encode_tensor_map(encode: dict, data_ptr: int):
     from cuda.bindings import driver as cu
 
     from ..runtime.driver import check
+    # cuda-bindings wants the typed cuuint64_t / cuuint32_t wrappers, not plain ints
     tmap = check(cu.cuTensorMapEncodeTiled(
-        getattr(cu.CUtensorMapDataType, encode["tensorDataType"]), encode["tensorRank"], data_ptr,
-        encode["globalDim"], encode["globalStrides"], encode["boxDim"], encode["elementStrides"],
+        getattr(cu.CUtensorMapDataType, encode["tensorDataType"]), cu.cuuint32_t(int(encode["tensorRank"])),
+        data_ptr,
+        [cu.cuuint64_t(int(x)) for x in encode["globalDim"]],
+        [cu.cuuint64_t(int(x)) for x in encode["globalStrides"]],
+        [cu.cuuint32_t(int(x)) for x in encode["boxDim"]],
+        [cu.cuuint32_t(int(x)) for x in encode["elementStrides"]],
         getattr(cu.CUtensorMapInterleave, encode["interleave"]),
         getattr(cu.CUtensorMapSwizzle, encode["swizzle"]),
         getattr(cu.CUtensorMapL2promotion, encode["l2Promotion"]),
