@@ -106,3 +106,46 @@ def test_gpu_compile_matches_eager():
         gc = torch.autograd.grad(compiled(*xc.values()), list(xc.values()))
     for n, a, b in zip(names, gc, ge):
         torch.testing.assert_close(a, b, msg=lambda m, n=n: f"{n}: {m}")
+
+
+# ------------------------------------------------------------------------------------------
+# `python tests/test_api_gpu.py DIR [CHIP]`: emit, on a machine without a GPU, one bundle with
+# every program variant these tests use; then run them with KDAGEN_BUNDLE=DIR.
+# ------------------------------------------------------------------------------------------
+
+
+def variants_used() -> list:
+    from kdagen.runtime.backends import recording
+    with recording("cpu") as rec:
+        for name, spec in GPU_CASES.items():
+            for dtype in (torch.bfloat16, torch.float16):
+                spec2 = dict(spec)
+                family = spec2.pop("family")
+                x, flags = make_inputs(family, dtype=dtype, g_dtype=torch.float32, **spec2)
+                fn = kdagen.chunk_kda if family == "kda" else kdagen.chunk_gated_delta_rule
+                o, ht = fn(**x, **flags)
+                (o.float().sum() + ht.sum()).backward()
+        x, flags = make_inputs("kda", dtype=torch.bfloat16, lengths=[10, 100, 30], H=1, HV=2,
+                               gate="softplus", beta_sigmoid=True)
+        o, ht = kdagen.chunk_kda(**x, **flags)
+        (o.float().sum() + ht.sum()).backward()
+        x, flags = make_inputs("gdn", dtype=torch.bfloat16, T=200, H=1, HV=2)
+        o, ht = kdagen.chunk_gated_delta_rule(**x, **flags)
+        (o.float().sum() + ht.sum()).backward()
+    return rec.variants()
+
+
+if __name__ == "__main__":
+    import sys
+    import time
+
+    from kdagen.codegen.lower.bundle import write_bundle
+
+    out_dir, chip = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else "sm_90a")
+    variants = variants_used()
+    for program, options in variants:
+        start = time.time()
+        write_bundle(out_dir, [(program, options)], [chip])
+        print(f"{program} {options} ({time.time() - start:.1f} s)", flush=True)
+    print(f"wrote {len(variants)} variants for {chip} to {out_dir}; run the GPU tests with "
+          f"KDAGEN_BUNDLE={out_dir}")

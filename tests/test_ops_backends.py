@@ -268,19 +268,54 @@ def test_compile_on_miss_then_cache_hit(tmp_path, monkeypatch):
     assert len(calls) == 3
 
 
-def test_default_compile_and_launch_hooks_raise_clearly(tmp_path):
-    try:
-        from kdagen.codegen.lower import launch as launcher  # noqa: F401
-        has_launcher = hasattr(launcher, "launch_program")
-    except ImportError:
-        has_launcher = False
-    if has_launcher:
-        pytest.skip("kdagen.codegen.lower.launch.launch_program exists: the hook is live")
-    with pytest.raises(KernelLaunchNotImplemented, match="kdagen.codegen.lower"):
-        backends.launch_bundle(None, "kda_fwd", OPTS, {}, "cuda:0")
+def test_hooks_raise_clearly_without_the_gpu_lowering(tmp_path, monkeypatch):
+    import sys
+    # as if kdagen.codegen.lower were not there (None in sys.modules makes the import fail)
+    monkeypatch.setitem(sys.modules, "kdagen.codegen.lower.launch", None)
+    monkeypatch.setitem(sys.modules, "kdagen.codegen.lower.bundle", None)
+    with pytest.raises(KernelLaunchNotImplemented, match="kdagen.codegen.lower.launch"):
+        backends.launch_bundle(None, tmp_path, "kda_fwd", OPTS, {}, "cuda:0", "sm_90a")
     assert issubclass(KernelLaunchNotImplemented, NotImplementedError)
-    with pytest.raises(KernelLaunchNotImplemented, match="kdagen emit --arch sm_90a -o DIR|emit_program_bundle"):
+    with pytest.raises(KernelLaunchNotImplemented, match="kdagen emit --arch sm_90a -o DIR"):
         backends.compile_bundle("kda_fwd", OPTS, "sm_90a", tmp_path)
+
+
+def write_lowered(folder, variants):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "lowered.json").write_text(json.dumps({"variants": variants}))
+
+
+def test_find_variant_by_resolved_options(tmp_path, monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "kdagen.codegen.lower.bundle", None)   # no variant_name
+    attrs = dict(OPTS, gate_options={"A_log_max": 2.77})
+    lb_attrs = dict(OPTS, gate="lower_bound", gate_options={"lower_bound": -5.0})
+    write_lowered(tmp_path, {
+        "fwd_fp16": {"program": "kda_fwd", "attrs": dict(attrs, dtype="fp16")},
+        "fwd_bf16": {"program": "kda_fwd", "attrs": attrs},
+        "bwd_bf16": {"program": "kda_bwd", "attrs": attrs},
+        "fwd_lb5": {"program": "kda_fwd", "attrs": lb_attrs},
+        "fwd_opts_only": {"program": "gdn_fwd", "options": {"gate": "gdn_precomputed"}},
+    })
+    assert backends.find_variant(tmp_path, "kda_fwd", OPTS) == "fwd_bf16"
+    assert backends.find_variant(tmp_path, "kda_bwd", OPTS) == "bwd_bf16"
+    assert backends.find_variant(tmp_path, "kda_fwd", dict(OPTS, dtype="fp16")) == "fwd_fp16"
+    lb = dict(OPTS, gate="lower_bound", lower_bound=-5.0)
+    assert backends.find_variant(tmp_path, "kda_fwd", lb) == "fwd_lb5"
+    assert backends.find_variant(tmp_path, "gdn_fwd", {"gate": "gdn_precomputed"}) == "fwd_opts_only"
+    with pytest.raises(BundleNotFoundError) as info:
+        backends.find_variant(tmp_path, "kda_fwd", dict(lb, lower_bound=-2.0), "sm_100a")
+    msg = str(info.value)
+    assert "no variant of kda_fwd" in msg and "fwd_lb5" in msg and "kdagen emit --arch sm_100a" in msg
+    with pytest.raises(BundleNotFoundError, match="no readable lowered.json"):
+        backends.find_variant(tmp_path / "nothing", "kda_fwd", OPTS)
+
+
+def test_find_variant_uses_the_lowering_variant_name(tmp_path):
+    lowering = pytest.importorskip("kdagen.codegen.lower.bundle")
+    name = lowering.variant_name("kda_fwd", OPTS)
+    write_lowered(tmp_path, {name: {"program": "kda_fwd", "attrs": {}}})   # matched by name alone
+    assert backends.find_variant(tmp_path, "kda_fwd", OPTS) == name
 
 
 def test_backends_module_imports_no_mlir():
@@ -291,3 +326,20 @@ def test_backends_module_imports_no_mlir():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr
+
+
+def test_recording_lists_the_variants_a_model_needs():
+    import kdagen
+    from test_api import make_inputs
+    before = backends.executors()["cpu"]
+    with backends.recording("cpu") as rec:
+        for _ in range(2):                                   # repeated calls: one variant each
+            x, flags = make_inputs("kda", dtype=torch.bfloat16, T=300, H=2, HV=4, K=128, V=128,
+                                   gate="lower_bound", lower_bound=-3.0)
+            o, ht = kdagen.chunk_kda(**x, **flags)
+            (o.float().sum() + ht.sum()).backward()
+    assert backends.executors()["cpu"] is before
+    assert [p for p, _ in rec.variants()] == ["kda_fwd", "kda_bwd"] and len(rec.calls) == 4
+    opts = rec.variants()[0][1]
+    assert opts["gate"] == "lower_bound" and opts["lower_bound"] == -3.0 and opts["gva_ratio"] == 2
+    assert opts["head_k_dim"] == 128 and opts["dtype"] == "bf16"

@@ -19,14 +19,17 @@ replaces one (e.g. a test double, or a future ROCm path).
   ``KDAGEN_BUNDLE`` (or the ``bundle`` argument), else the on-disk cache under
   ``KDAGEN_CACHE_DIR`` keyed by :func:`cache_key`, else compiles one into the cache when the
   MLIR bindings are importable, else raises :class:`BundleNotFoundError` saying how to emit
-  one — and launches it through :func:`launch_bundle` (the hook to the GPU lowering's
-  launcher, :mod:`kdagen.codegen.lower.launch`).
+  one (:func:`compile_bundle`, the hook to ``kdagen.codegen.lower.bundle.write_bundle``) —
+  and launches it through :func:`launch_bundle` (the hook to the GPU lowering's launcher,
+  ``kdagen.codegen.lower.launch.LoweredProgram``; the variant is found by
+  :func:`find_variant`).
 
 This module imports no MLIR at import time (the runtime must work with torch and
 cuda-bindings alone, DESIGN.md §1); the interpreter executor imports the compiler lazily.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib.util
@@ -59,6 +62,9 @@ __all__ = [
     "stable_program",
     "launch_bundle",
     "compile_bundle",
+    "find_variant",
+    "RecordingExecutor",
+    "recording",
     "CACHE_FORMAT",
 ]
 
@@ -136,6 +142,51 @@ def get_executor(device) -> Executor:
                     f"{sorted(_REGISTRY)} (move the tensors with .to('cuda') or .cpu())")
             inst = _INSTANCES[device_type] = factory()
         return inst
+
+
+class RecordingExecutor(Executor):
+    """Runs nothing: records every (program, options) asked for and returns zeros of the
+    requested outputs. Used by :func:`recording` to find the program variants a model needs
+    (e.g. to emit one bundle holding all of them)."""
+
+    name = "recording"
+
+    def __init__(self):
+        self.calls: list[tuple[str, dict]] = []
+
+    def run(self, program, options, inputs, outputs):
+        import torch
+        self.calls.append((program, dict(options)))
+        device = next((x.device for x in inputs.values() if isinstance(x, torch.Tensor)), "cpu")
+        return {n: torch.zeros(s.shape, dtype=s.dtype, device=device) for n, s in outputs.items()}
+
+    def variants(self) -> list[tuple[str, dict]]:
+        """The distinct (program, options) recorded, in first-use order."""
+        seen, out = set(), []
+        for program, options in self.calls:
+            key = (program, freeze_options(options))
+            if key not in seen:
+                seen.add(key)
+                out.append((program, options))
+        return out
+
+
+@contextlib.contextmanager
+def recording(device_type: str = "cpu"):
+    """``with recording() as rec: <run the model on CPU tensors>`` — then
+    ``rec.variants()`` lists the programs and options it needs (nothing is computed)."""
+    rec = RecordingExecutor()
+    old = _REGISTRY.get(device_type)
+    register_executor(device_type, rec)
+    try:
+        yield rec
+    finally:
+        if old is None:
+            with _REGISTRY_LOCK:
+                _REGISTRY.pop(device_type, None)
+                _INSTANCES.pop(device_type, None)
+        else:
+            register_executor(device_type, old)
 
 
 # --------------------------------------------------------------------------------------
@@ -358,49 +409,94 @@ def emit_instructions(chip: str) -> str:
 def compile_bundle(program: str, options: Mapping[str, Any], chip: str, out_dir: Path) -> None:
     """Compile ``program`` with ``options`` for ``chip`` into the bundle folder ``out_dir``.
 
-    The hook to the GPU lowering of whole programs: it calls
-    ``kdagen.codegen.lower.emit_program_bundle(out_dir, program, options, chip)``. Raises
-    :class:`KernelLaunchNotImplemented` while that lowering does not exist.
+    The hook to the GPU lowering of whole programs:
+    ``kdagen.codegen.lower.bundle.write_bundle(out_dir, [(program, options)], [chip])``.
+    Raises :class:`KernelLaunchNotImplemented` while that lowering is not importable.
     """
     try:
-        from kdagen.codegen import lower
+        from kdagen.codegen.lower.bundle import write_bundle
     except ImportError as err:
         raise KernelLaunchNotImplemented(
-            f"kdagen cannot compile {program} for {chip} yet: the GPU lowering of whole programs "
-            f"(kdagen.codegen.lower) is not available ({err}). Until it is, kdagen runs on CPU "
-            f"tensors (the interpreter); {emit_instructions(chip)} once it exists.") from None
-    emit = getattr(lower, "emit_program_bundle", None)
-    if emit is None:
-        raise KernelLaunchNotImplemented(
-            f"kdagen cannot compile {program} for {chip} yet: kdagen.codegen.lower has no "
-            f"emit_program_bundle(out_dir, program, options, chip)")
-    emit(out_dir, program, dict(options), chip)
+            f"kdagen cannot compile {program} for {chip} here: the GPU lowering of whole programs "
+            f"(kdagen.codegen.lower.bundle.write_bundle) is not available ({err}); "
+            f"{emit_instructions(chip)}") from None
+    write_bundle(out_dir, [(program, dict(options))], [chip])
 
 
-def launch_bundle(library, program: str, options: Mapping[str, Any], tensors: Mapping[str, Any],
-                  device) -> None:
-    """Launch the kernels of ``program`` from ``library`` (a :class:`KernelLibrary`) on
-    torch's current stream of ``device``.
+LOWERED = "lowered.json"
 
-    ``tensors`` maps the program's argument names to tensors (inputs and the preallocated
-    outputs, which the kernels write) and ``scale`` to a float. The hook to the GPU
-    lowering's launcher: ``kdagen.codegen.lower.launch.launch_program(library, program,
-    options, tensors, device)``, which maps named tensors to kernel parameters. Raises
-    :class:`KernelLaunchNotImplemented` until that launcher exists.
+
+def _option_matches(spec: Mapping[str, Any], name: str, value: Any) -> bool:
+    """Whether a bundle variant (an entry of lowered.json) was built with option ``name`` =
+    ``value``: from its program attributes (resolved options, defaults included), else from
+    the options it was emitted with."""
+    attrs = spec.get("attrs") or {}
+    if name == "lower_bound":
+        have = (attrs.get("gate_options") or {}).get("lower_bound", (spec.get("options") or {}).get(name))
+    elif name in attrs:
+        have = attrs[name]
+    else:
+        have = (spec.get("options") or {}).get(name)
+    if isinstance(value, float) or isinstance(have, float):
+        try:
+            return have is not None and float(have) == float(value)
+        except (TypeError, ValueError):
+            return False
+    return have == value
+
+
+def find_variant(bundle_dir: str | os.PathLike, program: str, options: Mapping[str, Any],
+                 chip: str = "sm_90a") -> str:
+    """The name of the variant of ``program`` with ``options`` in a bundle's lowered.json
+    (the name ``kdagen.codegen.lower.bundle.variant_name`` gives it, else any variant of the
+    program whose resolved options match). Raises :class:`BundleNotFoundError`."""
+    path = Path(bundle_dir) / LOWERED
+    try:
+        variants = json.loads(path.read_text())["variants"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise BundleNotFoundError(
+            f"bundle {bundle_dir} has no readable {LOWERED} ({type(err).__name__}: {err}), so no "
+            f"lowered programs; {emit_instructions(chip)}") from None
+    try:
+        from kdagen.codegen.lower.bundle import variant_name
+        name = variant_name(program, dict(options))
+        if name in variants:
+            return name
+    except ImportError:
+        pass
+    for name, spec in sorted(variants.items()):
+        if spec.get("program") == program and all(
+                _option_matches(spec, k, v) for k, v in options.items()):
+            return name
+    have = sorted(f"{n}" for n, sp in variants.items() if sp.get("program") == program)
+    raise BundleNotFoundError(
+        f"bundle {bundle_dir} has no variant of {program} with options "
+        f"{dict(freeze_options(options))} (its {program} variants: {have or 'none'}); "
+        f"{emit_instructions(chip)}")
+
+
+def launch_bundle(library, bundle_dir: str | os.PathLike, program: str,
+                  options: Mapping[str, Any], tensors: Mapping[str, Any], device,
+                  chip: str) -> dict:
+    """Run ``program`` with ``options`` from the bundle ``bundle_dir`` (kernels loaded through
+    ``library``, a :class:`KernelLibrary`) on torch's current stream of ``device``.
+
+    ``tensors`` maps the program's input names to tensors (``scale`` to a float); returns the
+    program's outputs by name, in the kernels' storage dtypes. The hook to the GPU lowering's
+    launcher, ``kdagen.codegen.lower.launch.LoweredProgram`` (which maps named tensors to
+    kernel parameters and allocates outputs and workspaces). Raises
+    :class:`KernelLaunchNotImplemented` while that launcher is not importable.
     """
     try:
-        from kdagen.codegen.lower import launch as launcher
+        from kdagen.codegen.lower.launch import LoweredProgram
     except ImportError as err:
         raise KernelLaunchNotImplemented(
             f"kdagen cannot launch {program} on {device} yet: the GPU launcher "
-            f"(kdagen.codegen.lower.launch) is not available ({err}). CPU tensors run through "
-            f"the interpreter meanwhile.") from None
-    fn = getattr(launcher, "launch_program", None)
-    if fn is None:
-        raise KernelLaunchNotImplemented(
-            "kdagen.codegen.lower.launch has no launch_program(library, program, options, "
-            "tensors, device)")
-    fn(library, program, dict(options), tensors, device)
+            f"(kdagen.codegen.lower.launch.LoweredProgram) is not available ({err}). CPU tensors "
+            f"run through the interpreter meanwhile.") from None
+    variant = find_variant(bundle_dir, program, options, chip)
+    runner = LoweredProgram(bundle_dir, variant, library=library)
+    return runner(device=device, poison=False, **tensors)
 
 
 class BundleExecutor(Executor):
@@ -464,29 +560,16 @@ class BundleExecutor(Executor):
         device = next(x.device for x in inputs.values() if isinstance(x, torch.Tensor))
         index = device.index if device.index is not None else torch.cuda.current_device()
         chip = chip_for_device(index)
-        lib = self.library(self.bundle_dir(program, options, chip, torch.cuda.get_device_name(index)))
+        path = self.bundle_dir(program, options, chip, torch.cuda.get_device_name(index))
         tensors = {k: v for k, v in inputs.items() if v is not None}
-        # The programs store q, k, v, g, beta and o in one dtype (options["dtype"]); gates and
-        # betas given in float32 next to bf16/fp16 q/k/v are converted here.
-        store = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[options["dtype"]]
-        for name in ("g", "g_raw", "beta", "beta_raw"):
-            if name in tensors and tensors[name].dtype != store:
-                tensors[name] = tensors[name].to(store)
-        for name in ("A_log", "dt_bias", "initial_state", "dht"):
-            if name in tensors and tensors[name].dtype != torch.float32:
-                tensors[name] = tensors[name].float()
-        # Outputs are written in the program's storage types (token tensors in
-        # options["dtype"], states and per-head parameters in float32), then cast (on the
-        # stream, no host sync) to what the caller asked for.
-        written = {}
-        for name, spec in outputs.items():
-            kind = store if name in _TOKEN_OUTPUTS else torch.float32
-            written[name] = tensors[name] = torch.empty(spec.shape, dtype=kind, device=device)
-        launch_bundle(lib, program, options, tensors, device)
+        # The launcher converts inputs to the kernels' storage types (q, k, v, g, beta, o in
+        # options["dtype"], states and per-head parameters in float32) and allocates the
+        # outputs; they are cast here (on the stream, no host sync) to the requested dtypes.
+        written = launch_bundle(self.library(path), path, program, options, tensors, device, chip)
+        missing = sorted(set(outputs) - set(written))
+        if missing:
+            raise RuntimeError(f"kdagen: the kernels of {program} returned no {missing}")
         return {name: written[name].to(spec.dtype) for name, spec in outputs.items()}
-
-
-_TOKEN_OUTPUTS = frozenset({"o", "dq", "dk", "dv", "dg", "dg_raw", "dbeta", "dbeta_raw"})
 
 
 register_executor("cpu", InterpreterExecutor)
