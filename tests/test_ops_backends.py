@@ -343,3 +343,50 @@ def test_recording_lists_the_variants_a_model_needs():
     opts = rec.variants()[0][1]
     assert opts["gate"] == "lower_bound" and opts["lower_bound"] == -3.0 and opts["gva_ratio"] == 2
     assert opts["head_k_dim"] == 128 and opts["dtype"] == "bf16"
+
+
+def test_bundle_executor_run_with_a_stub_launcher(tmp_path, monkeypatch):
+    """BundleExecutor.run end to end without a GPU: device queries and the launcher stubbed.
+    The bundle is resolved once, the variant found in lowered.json, the runner reused, inputs
+    passed by program name, and outputs cast to the requested dtypes."""
+    import sys
+    import types
+
+    from kdagen.runtime import chips
+
+    monkeypatch.delenv("KDAGEN_BUNDLE", raising=False)
+    monkeypatch.setattr(chips, "chip_for_device", lambda index: "sm_90a")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: "NVIDIA H200")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    made, calls = [], []
+
+    class StubProgram:
+        def __init__(self, bundle_dir, variant, library=None):
+            made.append(variant)
+
+        def __call__(self, device=None, poison=True, **tensors):
+            calls.append(sorted(tensors))
+            return {"o": torch.ones(tensors["v"].shape, dtype=torch.bfloat16),
+                    "final_state": torch.ones(1, 1, 64, 64)}
+
+    stub = types.ModuleType("kdagen.codegen.lower.launch")
+    stub.LoweredProgram = StubProgram
+    monkeypatch.setitem(sys.modules, "kdagen.codegen.lower.launch", stub)
+
+    def compiler(program, options, chip, out_dir):
+        write_bundle(out_dir, chip=chip)
+        write_lowered(out_dir, {"v1": {"program": program, "attrs": dict(options)}})
+
+    ex = BundleExecutor(cache_dir=tmp_path, mlir_available=lambda: True, compiler=compiler,
+                        ptxas_version=lambda: "13.0")
+    monkeypatch.setattr(ex, "library", lambda path: object())
+    v = torch.randn(1, 8, 1, 64, dtype=torch.bfloat16)
+    inputs = {"q": v, "k": v, "v": v, "g": v, "beta": None, "scale": 0.125}
+    outs = {"o": OutSpec((1, 8, 1, 64), torch.float32), "final_state": OutSpec((1, 1, 64, 64), torch.float32)}
+    for _ in range(2):
+        r = ex.run("kda_fwd", OPTS, inputs, outs)
+    assert r["o"].dtype == torch.float32 and torch.equal(r["o"], torch.ones(1, 8, 1, 64))
+    assert made == ["v1"] and len(calls) == 2
+    assert calls[0] == ["g", "k", "q", "scale", "v"]                 # None inputs are dropped
+    with pytest.raises(RuntimeError, match="returned no \\['dq'\\]"):
+        ex.run("kda_fwd", OPTS, inputs, {"dq": OutSpec((1,), torch.float32)})

@@ -477,7 +477,7 @@ def find_variant(bundle_dir: str | os.PathLike, program: str, options: Mapping[s
 
 def launch_bundle(library, bundle_dir: str | os.PathLike, program: str,
                   options: Mapping[str, Any], tensors: Mapping[str, Any], device,
-                  chip: str) -> dict:
+                  chip: str, *, cache: dict | None = None) -> dict:
     """Run ``program`` with ``options`` from the bundle ``bundle_dir`` (kernels loaded through
     ``library``, a :class:`KernelLibrary`) on torch's current stream of ``device``.
 
@@ -485,7 +485,8 @@ def launch_bundle(library, bundle_dir: str | os.PathLike, program: str,
     program's outputs by name, in the kernels' storage dtypes. The hook to the GPU lowering's
     launcher, ``kdagen.codegen.lower.launch.LoweredProgram`` (which maps named tensors to
     kernel parameters and allocates outputs and workspaces). Raises
-    :class:`KernelLaunchNotImplemented` while that launcher is not importable.
+    :class:`KernelLaunchNotImplemented` while that launcher is not importable. ``cache``
+    (a dict) keeps the runner per (bundle, program, options, chip) across calls.
     """
     try:
         from kdagen.codegen.lower.launch import LoweredProgram
@@ -494,8 +495,13 @@ def launch_bundle(library, bundle_dir: str | os.PathLike, program: str,
             f"kdagen cannot launch {program} on {device} yet: the GPU launcher "
             f"(kdagen.codegen.lower.launch.LoweredProgram) is not available ({err}). CPU tensors "
             f"run through the interpreter meanwhile.") from None
-    variant = find_variant(bundle_dir, program, options, chip)
-    runner = LoweredProgram(bundle_dir, variant, library=library)
+    key = (str(bundle_dir), program, freeze_options(options), chip)
+    runner = None if cache is None else cache.get(key)
+    if runner is None:
+        variant = find_variant(bundle_dir, program, options, chip)
+        runner = LoweredProgram(bundle_dir, variant, library=library)
+        if cache is not None:
+            cache[key] = runner
     return runner(device=device, poison=False, **tensors)
 
 
@@ -519,10 +525,22 @@ class BundleExecutor(Executor):
         self._compile = compiler or compile_bundle
         self._ptxas_version = ptxas_version
         self._libraries: dict[str, Any] = {}
+        self._paths: dict[tuple, Path] = {}      # resolved bundle folder per call signature
+        self._runners: dict[tuple, Any] = {}     # launcher per (bundle, program, options, chip)
         self._lock = threading.Lock()
 
     # -- finding a bundle (no device needed: chip and device name are arguments) ---------
     def bundle_dir(self, program: str, options: Mapping[str, Any], chip: str, device_name: str) -> Path:
+        """The bundle folder for a call (memoised per program, options, chip, device name and
+        $KDAGEN_BUNDLE, so the disk is looked at once)."""
+        memo = (program, freeze_options(options), chip, device_name, self.bundle,
+                os.environ.get("KDAGEN_BUNDLE"))
+        path = self._paths.get(memo)
+        if path is None:
+            path = self._paths[memo] = self._find_bundle(program, options, chip, device_name)
+        return path
+
+    def _find_bundle(self, program, options, chip, device_name) -> Path:
         explicit = self.bundle if self.bundle is not None else os.environ.get("KDAGEN_BUNDLE")
         if explicit:
             path = Path(explicit)
@@ -565,7 +583,8 @@ class BundleExecutor(Executor):
         # The launcher converts inputs to the kernels' storage types (q, k, v, g, beta, o in
         # options["dtype"], states and per-head parameters in float32) and allocates the
         # outputs; they are cast here (on the stream, no host sync) to the requested dtypes.
-        written = launch_bundle(self.library(path), path, program, options, tensors, device, chip)
+        written = launch_bundle(self.library(path), path, program, options, tensors, device, chip,
+                                cache=self._runners)
         missing = sorted(set(outputs) - set(written))
         if missing:
             raise RuntimeError(f"kdagen: the kernels of {program} returned no {missing}")
