@@ -148,3 +148,86 @@ def _global_size(rule: str, sz: dict) -> int:
     expr, _, block = inner.rpartition(",")
     env = dict(tokens=sz["tokens"], H=sz["H"], HV=sz["HV"], N=sz["N"], T=sz["T"])
     return int(eval(expr, {"__builtins__": {}}, env))
+
+
+# ------------------------------------------------------------------------------------------
+# a stand-in for runtime.loader.KernelLibrary (tests the launcher's calling convention on CPU)
+# ------------------------------------------------------------------------------------------
+
+
+class SimKernel:
+    def __init__(self, entry, prepared, nthreads: int, check_races: bool):
+        self.entry = entry
+        self.prepared = prepared
+        self.nthreads = nthreads
+        self.check_races = check_races
+
+    def launch(self, grid, args: list, stream=None) -> None:
+        params = self.entry.params
+        if len(args) != len(params):
+            raise TypeError(f"{self.entry.name}: expected {len(params)} arguments, got {len(args)}")
+        p, backs = {}, []
+        for prm, a in zip(params, args):
+            if prm["kind"] == "ptr":
+                if not isinstance(a, torch.Tensor):
+                    raise TypeError(f"{self.entry.name}: parameter {prm['name']} needs a tensor")
+                want = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32,
+                        "i64": torch.int64}[prm["elem"]]
+                if a.dtype != want:
+                    raise TypeError(f"{self.entry.name}: {prm['name']} is {a.dtype}, kernel takes {want}")
+                if not a.is_contiguous():
+                    raise TypeError(f"{self.entry.name}: {prm['name']} is not contiguous")
+                arr = (a.to(torch.int64) if prm["elem"] == "i64" else a.to(torch.float32)).numpy().copy()
+                mem = B.SimMemory(prm["name"], arr, prm["elem"], track=prm["name"] == "scratch")
+                p[prm["name"]] = B.SimPtr(mem)
+                backs.append((a, mem))
+            elif prm["kind"] == "i32":
+                p[prm["name"]] = int(a)
+            else:
+                p[prm["name"]] = np.float32(a)
+        pk = self.prepared
+        em = pk.emitter
+        if pk.group.kind == "global":
+            block = pk.launch["block"][0]
+            for bx in range(int(grid[0])):
+                be = B.SimBackend(block, self.check_races)
+                with B.use(be):
+                    em.body(p, dict(tid=be.lanes, bx=bx))
+        else:
+            elems = em.scratch_elems
+            for n in range(int(grid[1])):
+                for hv in range(int(grid[0])):
+                    be = B.SimBackend(self.nthreads, self.check_races)
+                    base = None
+                    if pk.storage == "smem":
+                        base = B.SimPtr(B.SimMemory("smem", np.full(elems, np.nan, np.float32), "f32",
+                                                    track=True))
+                    with B.use(be):
+                        em.body(p, dict(tid=be.lanes, hv=hv, n=n), base)
+        for a, mem in backs:
+            a.copy_(torch.from_numpy(mem.data.reshape(a.shape)).to(a.dtype))
+
+
+class SimLibrary:
+    """``KernelLibrary`` look-alike whose kernels run in the CPU simulator: built from the
+    bundle's manifest (params, launch) and the modules the bundle was written from."""
+
+    def __init__(self, bundle_dir, modules: dict, chip: str, check_races: bool = True):
+        from kdagen.bundle import read_manifest
+        from kdagen.codegen.target import get_target
+        self.manifest = read_manifest(bundle_dir)
+        self.chip = chip
+        self.kernels = {}
+        opts = LowerOptions()
+        for vname, module in modules.items():
+            program = read_program(module)
+            for pk in prepare(program, get_target(chip), vname, opts):
+                self.kernels[pk.name] = pk
+        self.nthreads = opts.nthreads
+        self.check_races = check_races
+
+    def get(self, name: str, device=None) -> SimKernel:
+        for e in self.manifest.kernels:
+            if e.name == name and e.chip == self.chip:
+                return SimKernel(e, self.kernels[name], self.nthreads, self.check_races)
+        raise KeyError(f"no kernel {name} for {self.chip} in the bundle")

@@ -1,0 +1,164 @@
+"""Write lowered programs into a kernel bundle (PTX + cubin + manifest) for the runtime.
+
+``write_bundle(out_dir, programs_with_options, targets)`` builds each program, runs
+``kda-stable-reassociate``, lowers it (kernel.py), lowers every kernel to PTX per chip,
+assembles it with ptxas (cubin + register/spill report) and writes:
+
+- ``<kernel>.<chip>.ptx`` / ``.cubin`` and one manifest entry per (kernel, chip) in
+  ``manifest.json`` (kdagen.bundle format: params in launch order, launch = grid rule, block,
+  dynamic shared memory, plus ``kind``, ``order``, ``storage``, ``scratch_bytes_per_cta``);
+- ``lowered.json``: per program *variant* (a program with its options) the kernel names in
+  launch order, the program arguments (name, role, layout, heads, dtype, trailing shape), the
+  workspaces and the options — what ``launch.py`` needs to run the variant with no MLIR.
+
+An existing manifest in ``out_dir`` is kept and extended (entries of the same kernel and chip
+are replaced).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from kdagen.bundle import MANIFEST, KernelEntry, Manifest, read_manifest, write_atomic
+
+LOWERED = "lowered.json"
+
+__all__ = ["write_bundle", "variant_name", "LOWERED"]
+
+
+def variant_name(program: str, options: dict) -> str:
+    """A readable, unique name for a program with options (K, V, C, gate, GVA, varlen + hash)."""
+    o = dict(options)
+    K = o.get("head_k_dim", 128)
+    V = o.get("head_v_dim", 128)
+    C = o.get("chunk_size", 64)
+    gate = o.get("gate") or ("softplus" if program.startswith("kda") else "gdn_softplus")
+    parts = [program, f"K{K}V{V}C{C}", str(gate), f"r{o.get('gva_ratio', 1)}"]
+    if o.get("varlen"):
+        parts.append("varlen")
+    digest = hashlib.sha1(json.dumps(o, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    parts.append(digest)
+    return "_".join(parts)
+
+
+def _normalise(item) -> tuple[str, dict, str | None]:
+    if isinstance(item, dict):
+        return item["program"], dict(item.get("options", {})), item.get("name")
+    if isinstance(item, (tuple, list)):
+        program, options = item[0], dict(item[1]) if len(item) > 1 else {}
+        return program, options, item[2] if len(item) > 2 else None
+    return str(item), {}, None
+
+
+def build_lowered_module(program: str, options: dict):
+    """build_program + kda-stable-reassociate (the pipeline the lowering expects)."""
+    from kdagen._mlir import ir
+    from kdagen.ir.programs import build_program
+    from kdagen.passes.base import parse_pipeline
+    from kdagen.passes.pipeline import run_pipeline
+    module = build_program(program, **options)
+    with module.context, ir.Location.unknown():
+        run_pipeline(module, parse_pipeline("kda-stable-reassociate"))
+    return module
+
+
+def write_bundle(out_dir, programs_with_options, targets, *, lower_options=None,
+                 assemble: bool = True, verbose: bool = False) -> dict:
+    """Lower programs for ``targets`` into the bundle folder ``out_dir``.
+
+    ``programs_with_options``: items ``"kda_fwd"``, ``("kda_fwd", {options})``,
+    ``("kda_fwd", {options}, "variant name")`` or ``{"program", "options", "name"}``.
+    ``targets``: chip names or `Target`s. Returns the ``lowered.json`` content plus a
+    ``"report"`` list (kernel, chip, registers, spills, storage, bytes).
+    """
+    from kdagen.codegen import ptxas as ptxas_mod
+    from kdagen.codegen.target import Target, get_target
+    from kdagen.codegen.to_ptx import lower_to_ptx
+    from kdagen.version import __version__, source_hash
+
+    from .kernel import lower_program, workspace_specs
+    from .program import read_program
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tgts = [t if isinstance(t, Target) else get_target(t) for t in targets]
+    ptxas = None
+    version = None
+    if assemble:
+        try:
+            ptxas = ptxas_mod.find_ptxas()
+            version = ptxas_mod.ptxas_version(ptxas)
+        except ptxas_mod.PtxasNotFound:
+            ptxas = None
+    if (out / MANIFEST).is_file():
+        manifest = read_manifest(out)
+        manifest.ptxas_version = version or manifest.ptxas_version
+    else:
+        manifest = Manifest(kdagen_version=__version__, source_hash=source_hash(),
+                            ptxas_version=version)
+    lowered_path = out / LOWERED
+    lowered = json.loads(lowered_path.read_text()) if lowered_path.is_file() else {"variants": {}}
+    report = []
+    for item in programs_with_options:
+        program, options, vname = _normalise(item)
+        vname = vname or variant_name(program, options)
+        module = build_lowered_module(program, options)
+        prog = read_program(module)
+        spec = {
+            "program": program,
+            "options": options,
+            "attrs": {k: v for k, v in prog.attrs.items()},
+            "family": prog.attrs.get("family"),
+            "chunk_size": prog.chunk_size,
+            "gva_ratio": prog.gva_ratio,
+            "varlen": prog.varlen,
+            "args": [dict(name=a.name, role=a.role, layout=a.layout, heads=a.heads, dtype=a.elt,
+                          tail=list(a.tail), default=a.default) for a in prog.args],
+            "workspaces": workspace_specs(prog),
+            "kernels": [],
+            "chips": {},
+        }
+        for target in tgts:
+            kernels = lower_program(module, target, name=vname, options=lower_options)
+            names = []
+            for k in kernels:
+                k.builder.verify()
+                ptx = lower_to_ptx(k.module, target)
+                if "__nv_" in ptx:
+                    raise RuntimeError(f"{k.name}: PTX calls libdevice ({target.chip})")
+                stem = f"{k.name}.{target.chip}"
+                write_atomic(out / f"{stem}.ptx", ptx)
+                entry = KernelEntry(name=k.name, chip=target.chip, path=k.path,
+                                    ptx_file=f"{stem}.ptx", params=k.param_dicts(),
+                                    launch=dict(k.launch))
+                row = dict(kernel=k.name, chip=target.chip, storage=k.storage,
+                           tile_bytes=k.launch.get("tile_bytes", 0),
+                           dynamic_shared_memory=k.launch.get("dynamic_shared_memory", 0))
+                if ptxas:
+                    res = ptxas_mod.assemble(ptx, target.chip, ptxas)
+                    if not res.ok:
+                        raise RuntimeError(f"ptxas failed for {k.name} on {target.chip}:\n{res.log}")
+                    if res.cubin:
+                        write_atomic(out / f"{stem}.cubin", res.cubin)
+                        entry.cubin_file = f"{stem}.cubin"
+                    r = res.resources.get(k.name)
+                    if r is not None:
+                        entry.resources = asdict(r)
+                        row.update(registers=r.registers, spill_stores=r.spill_stores,
+                                   spill_loads=r.spill_loads, stack_bytes=r.stack_bytes)
+                manifest.kernels = [e for e in manifest.kernels
+                                    if not (e.name == k.name and e.chip == target.chip)]
+                manifest.kernels.append(entry)
+                names.append(k.name)
+                report.append(row)
+                if verbose:
+                    print(row, flush=True)
+            spec["chips"][target.chip] = names
+            spec["kernels"] = names
+        lowered["variants"][vname] = spec
+    manifest.kernels.sort(key=lambda e: (e.name, e.chip))
+    write_atomic(out / MANIFEST, manifest.to_json())
+    write_atomic(lowered_path, json.dumps(lowered, indent=2, sort_keys=True, default=str) + "\n")
+    return {**lowered, "report": report}

@@ -1,0 +1,265 @@
+"""GPU check of lowered kernels against the float64 reference (runs where there is a GPU).
+
+Needs only torch + cuda-bindings + this repository (no MLIR)::
+
+    python -m kdagen.codegen.lower.gpu_check BUNDLE [--variant SUBSTRING] [--quick]
+
+For every program variant in BUNDLE/lowered.json (written by ``kdagen.codegen.lower.bundle``)
+and a few shapes, it draws random bf16/fp16 inputs, runs the variant's kernels (outputs
+poisoned with NaN first), runs the float64 per-token reference of ``kdagen.reference`` on the
+*same* (storage-rounded) inputs, and prints one line per output tensor:
+
+    variant  case  tensor  rel_err  bar  floor  status
+
+``rel_err = ||out - ref|| / ||ref||`` (DESIGN.md §5), ``bar`` the project's bar for that tensor,
+``floor`` = the error of rounding the reference itself to the output dtype (what no kernel can
+beat). It also checks: no NaN/Inf anywhere in the outputs (padding included), bitwise identical
+results on a second run (determinism), and reports the kernel time of each case (second run).
+Exit status 0 when every check passes, 1 otherwise.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import traceback
+
+import torch
+
+from kdagen import reference as R
+from kdagen.codegen.lower.launch import LoweredProgram, list_variants
+
+BARS = {"o": 0.005, "final_state": 0.005, "dq": 0.008, "dk": 0.008, "dv": 0.008, "dh0": 0.008,
+        "dg_raw": 0.02, "dg": 0.02, "dbeta_raw": 0.02, "dbeta": 0.02, "dA_log": 0.008,
+        "ddt_bias": 0.008}
+GRAD_OF = {"q": "dq", "k": "dk", "v": "dv", "g_raw": "dg_raw", "g": "dg", "beta_raw": "dbeta_raw",
+           "beta": "dbeta", "A_log": "dA_log", "dt_bias": "ddt_bias", "initial_state": "dh0"}
+_DT = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+
+
+def _cases(spec: dict, quick: bool) -> list[dict]:
+    bwd = spec["program"].endswith("_bwd")
+    if spec["varlen"]:
+        lens = [[1, 17, 129]] if bwd else [[1, 17, 64, 129, 1000], [63, 65]]
+        cases = [dict(label=f"varlen{l}", B=1, lengths=l, decay="moderate") for l in lens]
+        cases.append(dict(label="varlen[70,200] strong", B=1, lengths=[70, 200], decay="strong"))
+    else:
+        shapes = [(1, 65), (2, 1)] if bwd else [(2, 1), (1, 63), (2, 65), (1, 1000)]
+        cases = [dict(label=f"B{b}_T{t}", B=b, T=t, decay="moderate") for b, t in shapes]
+        cases.append(dict(label="B1_T200 strong", B=1, T=200, decay="strong"))
+    if quick:
+        cases = cases[:2]
+    return cases
+
+
+def _inputs(spec: dict, case: dict, device, seed: int) -> tuple[dict, dict]:
+    """(kernel inputs in storage dtypes, the same values in float64 for the reference)."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    attrs = spec["attrs"]
+    fam = spec["family"]
+    K, V = int(attrs["head_k_dim"]), int(attrs["head_v_dim"])
+    ratio = int(spec["gva_ratio"])
+    H = 2
+    HV = H * ratio
+    dt = _DT[attrs.get("dtype", "bf16")]
+    if case.get("lengths"):
+        lengths = case["lengths"]
+        B, T = 1, sum(lengths)
+        cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0).tolist()), dtype=torch.int64)
+        N = len(lengths)
+    else:
+        B, T = case["B"], case["T"]
+        cu, N = None, case["B"]
+    strong = case["decay"] == "strong"
+    gate = attrs.get("gate", "")
+
+    def rnd(*s, scale=1.0):
+        return torch.randn(*s, generator=g, dtype=torch.float64) * scale
+
+    x = {"q": rnd(B, T, H, K), "k": rnd(B, T, H, K), "v": rnd(B, T, HV, V)}
+    gshape = (B, T, HV, K) if fam == "kda" else (B, T, HV)
+    names = {a["name"]: a for a in spec["args"]}
+    if "g" in names:
+        lb = (attrs.get("gate_options") or {}).get("lower_bound")
+        span = -(lb if lb is not None else (-5.0 if strong else -1.0))
+        x["g"] = -torch.rand(*gshape, generator=g, dtype=torch.float64) * span
+    else:
+        if "lower_bound" in gate:
+            x["g_raw"] = rnd(*gshape) + (6.0 if strong else 0.0)
+        else:
+            x["g_raw"] = rnd(*gshape) - (3.0 if strong else 1.0)
+        if "A_log" in names:
+            x["A_log"] = torch.full((HV,), math.log(16.0), dtype=torch.float64) if strong else rnd(HV, scale=0.5)
+        if "dt_bias" in names:
+            x["dt_bias"] = rnd(HV, K, scale=0.5) if fam == "kda" else rnd(HV, scale=0.5)
+    bname = "beta_raw" if "beta_raw" in names else "beta"
+    x[bname] = rnd(B, T, HV) if bname == "beta_raw" else torch.sigmoid(rnd(B, T, HV))
+    if "initial_state" in names:
+        x["initial_state"] = rnd(N, HV, K, V, scale=0.5)
+    if "do" in names:
+        x["do"] = rnd(B, T, HV, V)
+    if "dht" in names:
+        x["dht"] = rnd(N, HV, K, V)
+    kern, ref = {}, {}
+    for name, val in x.items():
+        a = names[name]
+        t = val.to(_DT.get(a["dtype"], torch.float32))
+        kern[name] = t.to(device)
+        ref[name] = t.to(torch.float64).to(device)
+    if cu is not None:
+        kern["cu_seqlens"] = cu.to(device)
+        ref["cu_seqlens"] = cu.to(device)
+    return kern, ref
+
+
+def _reference_fn(spec: dict):
+    attrs = spec["attrs"]
+    fam = spec["family"]
+    gate = attrs.get("gate", "")
+    opts = attrs.get("gate_options") or {}
+    builtin = gate in ("softplus", "lower_bound", "gdn_softplus", "gdn_lower_bound")
+    pre = gate in ("precomputed", "gdn_precomputed")
+    if not (builtin or pre):
+        return None
+    lb = opts.get("lower_bound", -5.0) if "lower_bound" in gate else None
+
+    def fn(**x):
+        beta = x.get("beta_raw", x.get("beta"))
+        kw = dict(scale=x.get("scale"), initial_state=x.get("initial_state"), output_final_state=True,
+                  use_qk_l2norm_in_kernel=bool(attrs.get("use_qk_l2norm_in_kernel", True)),
+                  use_beta_sigmoid_in_kernel=bool(attrs.get("use_beta_sigmoid_in_kernel", True)),
+                  allow_neg_eigval=bool(attrs.get("allow_neg_eigval", False)),
+                  cu_seqlens=x.get("cu_seqlens"))
+        if builtin:
+            kw.update(use_gate_in_kernel=True, safe_gate=lb is not None, lower_bound=lb,
+                      A_log=x.get("A_log"), dt_bias=x.get("dt_bias"))
+            gin = x["g_raw"]
+        else:
+            gin = x["g"]
+        f = R.chunk_kda if fam == "kda" else R.chunk_gated_delta_rule
+        return f(x["q"], x["k"], x["v"], gin, beta, **kw)
+
+    return fn
+
+
+def _floor(ref: torch.Tensor, dtype) -> float:
+    if dtype in (torch.float32, torch.float64):
+        return 0.0
+    return R.rel_err(ref.to(dtype), ref)
+
+
+def run_case(prog: LoweredProgram, spec: dict, case: dict, device, seed: int) -> list[dict]:
+    kern, ref_in = _inputs(spec, case, device, seed)
+    fn = _reference_fn(spec)
+    names = {a["name"]: a for a in spec["args"]}
+    rows = []
+    cuda = torch.device(device).type == "cuda"
+    out1 = prog(device=device, **kern)
+    if cuda:
+        torch.cuda.synchronize()
+    out2 = prog(device=device, **kern)
+    ms = float("nan")
+    if cuda:
+        torch.cuda.synchronize()
+        reps = 3
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            prog(device=device, poison=False, **kern)
+        end.record()
+        torch.cuda.synchronize()
+        ms = start.elapsed_time(end) / reps
+    deterministic = all(torch.equal(out1[k].view(torch.uint8) if out1[k].dtype != torch.int64 else out1[k],
+                                    out2[k].view(torch.uint8) if out2[k].dtype != torch.int64 else out2[k])
+                        for k in out1)
+    if fn is None:
+        for k, v in out1.items():
+            rows.append(dict(tensor=k, err=float("nan"), bar=None, floor=None, finite=bool(torch.isfinite(v.float()).all()),
+                             det=deterministic, ms=ms, note="no reference for this gate"))
+        return rows
+    refs = {}
+    if spec["program"].endswith("_fwd"):
+        with torch.no_grad():
+            o, ht = fn(**ref_in)
+        refs = {"o": o, "final_state": ht}
+    else:
+        inputs = {k: v for k, v in ref_in.items() if k not in ("do", "dht")}
+        grads = R.reference_grads(lambda **x: fn(**x), inputs, ref_in["do"], ref_in.get("dht"))
+        for k, v in grads.items():
+            if k in GRAD_OF and v is not None:
+                refs[GRAD_OF[k]] = v
+    for k, v in out1.items():
+        finite = bool(torch.isfinite(v.float()).all())
+        r = refs.get(k)
+        if r is None:
+            rows.append(dict(tensor=k, err=float("nan"), bar=BARS.get(k), floor=None, finite=finite,
+                             det=deterministic, ms=ms, note="no reference value"))
+            continue
+        r = r.reshape(v.shape) if r.numel() == v.numel() else r
+        err = R.rel_err(v.to(torch.float64), r)
+        rows.append(dict(tensor=k, err=err, bar=BARS.get(k), floor=_floor(r, v.dtype), finite=finite,
+                         det=deterministic, ms=ms, note=""))
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("bundle")
+    ap.add_argument("--variant", default=None, help="only variants whose name contains this")
+    ap.add_argument("--quick", action="store_true", help="two shapes per variant")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("gpu_check: no CUDA device; nothing to check")
+        return 1
+    device = torch.device("cuda", torch.cuda.current_device())
+    from kdagen.runtime.chips import chip_for_device
+    chip = chip_for_device(device.index)
+    print(f"kdagen lowered-kernel GPU check: bundle {args.bundle}")
+    print(f"device {torch.cuda.get_device_name(device)} ({chip}), torch {torch.__version__}")
+    print("rel_err = ||out - ref||2 / ||ref||2 vs the float64 per-token reference on the same "
+          "storage-rounded inputs;")
+    print("floor = rel_err of the reference rounded to the output dtype; bar = DESIGN.md §5; "
+          "det = bitwise identical on a rerun; ms = mean time of one full run (all kernels)")
+    variants = list_variants(args.bundle)
+    names = [v for v in variants if args.variant is None or args.variant in v]
+    hdr = f"{'variant':58s} {'case':26s} {'tensor':12s} {'rel_err':>9s} {'bar':>6s} {'floor':>8s} {'finite':>6s} {'det':>4s} {'ms':>8s}  status"
+    print(hdr)
+    print("-" * len(hdr))
+    n_ok = n_bad = n_err = 0
+    for vname in names:
+        spec = variants[vname]
+        try:
+            prog = LoweredProgram(args.bundle, vname)
+        except Exception as exc:  # noqa: BLE001 - report and go on
+            print(f"{vname:58s} {'(load)':26s} ERROR {type(exc).__name__}: {exc}")
+            n_err += 1
+            continue
+        for ci, case in enumerate(_cases(spec, args.quick)):
+            try:
+                rows = run_case(prog, spec, case, device, args.seed + ci)
+            except Exception as exc:  # noqa: BLE001
+                print(f"{vname:58s} {case['label']:26s} ERROR {type(exc).__name__}: {exc}")
+                traceback.print_exc(limit=3, file=sys.stdout)
+                n_err += 1
+                continue
+            for r in rows:
+                bar = r["bar"]
+                ok = r["finite"] and r["det"] and (bar is None or (r["err"] == r["err"] and r["err"] <= bar))
+                status = "ok" if ok else "FAIL"
+                if r["note"]:
+                    status += f" ({r['note']})"
+                n_ok += ok
+                n_bad += not ok
+                print(f"{vname:58s} {case['label']:26s} {r['tensor']:12s} {r['err']:9.2e} "
+                      f"{(bar if bar is not None else float('nan')):6.3f} "
+                      f"{(r['floor'] if r['floor'] is not None else float('nan')):8.2e} "
+                      f"{str(r['finite']):>6s} {str(r['det'])[0]:>4s} {r['ms']:8.3f}  {status}",
+                      flush=True)
+    print("-" * len(hdr))
+    print(f"SUMMARY: {n_ok} ok, {n_bad} FAIL, {n_err} ERROR  ({len(names)} variants)")
+    return 0 if (n_bad == 0 and n_err == 0) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

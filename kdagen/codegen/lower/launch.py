@@ -1,0 +1,171 @@
+"""Run a lowered program variant from a bundle with torch tensors (imports no MLIR).
+
+::
+
+    from kdagen.codegen.lower.launch import LoweredProgram
+    prog = LoweredProgram(bundle_dir, variant)          # a name from lowered.json
+    out = prog(q=q, k=k, v=v, g_raw=g, beta_raw=b, A_log=a, dt_bias=dtb,
+               initial_state=h0, cu_seqlens=cu, scale=0.125)
+    out["o"], out["final_state"]
+
+Inputs are converted to the dtypes the kernels take (bf16/f16/f32 storage as the program
+declares, cu_seqlens int64) and made contiguous; outputs, workspaces and scratch are allocated
+here (outputs poisoned with NaN unless ``poison=False``); kernels are launched in the order of
+the bundle on torch's current stream. The parameter order of each kernel is taken from the
+manifest, so this file encodes no calling convention beyond the names:
+program arguments and workspaces by name, ``T``/``N``/``HV`` (i32), f32 scalars by name,
+``scratch`` (per-launch buffer of ``N * HV * scratch_bytes_per_cta`` bytes).
+"""
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import torch
+
+from kdagen.runtime.loader import KernelLibrary
+
+LOWERED = "lowered.json"
+
+_TORCH_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32,
+                 "i64": torch.int64, "i32": torch.int32}
+
+
+def list_variants(bundle_dir) -> dict:
+    return json.loads((Path(bundle_dir) / LOWERED).read_text())["variants"]
+
+
+def eval_rule(rule, env: dict) -> int:
+    """Evaluate a grid rule ("HV", "ceil_div(tokens * H * 64, 256)", 3...) over ``env``."""
+    if isinstance(rule, int):
+        return rule
+    tree = ast.parse(str(rule), mode="eval")
+
+    def ev(node):
+        if isinstance(node, ast.Expression):
+            return ev(node.body)
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return node.value
+        if isinstance(node, ast.Name):
+            return int(env[node.id])
+        if isinstance(node, ast.BinOp):
+            a, b = ev(node.left), ev(node.right)
+            if isinstance(node.op, ast.Add):
+                return a + b
+            if isinstance(node.op, ast.Sub):
+                return a - b
+            if isinstance(node.op, ast.Mult):
+                return a * b
+            if isinstance(node.op, ast.FloorDiv):
+                return a // b
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                and node.func.id == "ceil_div" and len(node.args) == 2):
+            a, b = ev(node.args[0]), ev(node.args[1])
+            return -(-a // b)
+        raise ValueError(f"unsupported grid rule {rule!r}")
+
+    return ev(tree)
+
+
+class LoweredProgram:
+    def __init__(self, bundle_dir, variant: str, library: KernelLibrary | None = None):
+        self.bundle_dir = Path(bundle_dir)
+        variants = list_variants(bundle_dir)
+        if variant not in variants:
+            raise KeyError(f"bundle {bundle_dir} has no variant {variant!r}; it has {sorted(variants)}")
+        self.variant = variant
+        self.spec = variants[variant]
+        self.library = library or KernelLibrary(self.bundle_dir)
+        self.args = self.spec["args"]
+        self.C = int(self.spec["chunk_size"])
+        self.ratio = int(self.spec["gva_ratio"])
+
+    def kernel_names(self, chip: str) -> list[str]:
+        return self.spec["chips"].get(chip) or self.spec["kernels"]
+
+    def sizes(self, tensors: dict) -> dict:
+        tok = None
+        for a in self.args:
+            if a["role"] == "input" and a["layout"] == "token" and a["heads"] == "v":
+                tok = tensors[a["name"]]
+                break
+        Bsz, T, HV = (int(d) for d in tok.shape[:3])
+        cu = tensors.get("cu_seqlens")
+        if cu is not None:
+            cu_l = [int(x) for x in cu.detach().cpu().tolist()]
+            lengths = [b - a for a, b in zip(cu_l[:-1], cu_l[1:])]
+        else:
+            lengths = [T] * Bsz
+        N = len(lengths)
+        return dict(B=Bsz, T=T, HV=HV, H=HV // self.ratio, N=N, tokens=Bsz * T,
+                    total_chunks=sum((n + self.C - 1) // self.C for n in lengths))
+
+    def _alloc(self, layout, heads, tail, dtype, sz, device, poison):
+        if layout == "token":
+            lead = (sz["B"], sz["T"], sz["H"] if heads == "qk" else sz["HV"])
+        elif layout == "state":
+            lead = (sz["N"], sz["HV"])
+        elif layout == "chunk":
+            lead = (max(1, sz["total_chunks"]), sz["HV"])
+        elif layout == "head":
+            lead = (sz["HV"],)
+        else:
+            raise ValueError(layout)
+        x = torch.empty(lead + tuple(tail), dtype=_TORCH_DTYPES[dtype], device=device)
+        if poison and x.is_floating_point():
+            x.fill_(float("nan"))
+        return x
+
+    def __call__(self, device=None, poison: bool = True, stream=None, chip: str | None = None,
+                 **tensors) -> dict:
+        device = torch.device(device) if device is not None else next(
+            t.device for t in tensors.values() if isinstance(t, torch.Tensor))
+        sz = self.sizes(tensors)
+        values: dict = {"T": sz["T"], "N": sz["N"], "HV": sz["HV"]}
+        outputs = {}
+        for a in self.args:
+            name = a["name"]
+            if a["layout"] == "scalar":
+                v = tensors.get(name)
+                values[name] = float(a["default"] if v is None else v)
+                continue
+            if a["role"] == "input":
+                if name not in tensors or tensors[name] is None:
+                    raise ValueError(f"{self.variant}: missing input {name!r}")
+                x = tensors[name].to(device=device, dtype=_TORCH_DTYPES[a["dtype"]]).contiguous()
+                values[name] = x
+            else:
+                x = self._alloc(a["layout"], a["heads"], a["tail"], a["dtype"], sz, device, poison)
+                values[name] = x
+                outputs[name] = x
+        for w in self.spec["workspaces"]:
+            values[w["name"]] = self._alloc(w["layout"], w.get("heads"), w["tail"], w["elt"], sz,
+                                            device, poison)
+        if chip is None:
+            from kdagen.runtime.chips import chip_for_device
+            chip = chip_for_device(device.index if device.index is not None
+                                   else torch.cuda.current_device())
+        env = dict(sz)
+        for name in self.kernel_names(chip):
+            kern = self.library.get(name, device)
+            launch = kern.entry.launch
+            args = []
+            for p in kern.entry.params:
+                if p["name"] == "scratch":
+                    nbytes = int(launch["scratch_bytes_per_cta"]) * sz["N"] * sz["HV"]
+                    args.append(torch.empty(max(1, nbytes // 4), dtype=torch.float32, device=device))
+                else:
+                    args.append(values[p["name"]])
+            grid = [eval_rule(g, env) for g in launch["grid"]]
+            if min(grid) <= 0:
+                continue
+            kern.launch(grid, args, stream=stream)
+        return outputs
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+__all__ = ["LoweredProgram", "list_variants", "eval_rule"]
