@@ -446,6 +446,9 @@ class SimPtr:
 
 
 class SimMemory:
+    """Flat simulated memory. ``track``: remember per element the last writer and readers
+    (key = epoch * 4096 + thread; thread 4095 = several readers) for race detection."""
+
     def __init__(self, name: str, data: np.ndarray, elt: str, track: bool = False):
         self.name = name
         self.data = data.reshape(-1)
@@ -453,10 +456,8 @@ class SimMemory:
         self.track = track
         if track:
             n = self.data.size
-            self.w_epoch = np.full(n, -1, np.int64)
-            self.w_tid = np.full(n, -1, np.int64)
-            self.r_epoch = np.full(n, -1, np.int64)
-            self.r_tid = np.full(n, -1, np.int64)
+            self.w_key = np.full(n, -1, np.int64)
+            self.r_key = np.full(n, -1, np.int64)
 
 
 def _bf16_round(x: np.ndarray) -> np.ndarray:
@@ -624,61 +625,90 @@ class SimBackend:
 
     # memory
     def gep(self, ptr: SimPtr, index, elt="f32"):
-        return SimPtr(ptr.mem, ptr.offset + np.asarray(index, np.int64) if not isinstance(index, int)
-                      else ptr.offset + index)
+        if isinstance(index, int):
+            return SimPtr(ptr.mem, ptr.offset + index)
+        return SimPtr(ptr.mem, ptr.offset + np.asarray(index, np.int64))
 
     def _addr(self, ptr: SimPtr, index):
-        a = self._arr(np.asarray(ptr.offset, np.int64) + np.asarray(index, np.int64), np.int64)
+        a = np.asarray(ptr.offset + index, np.int64)
+        if a.ndim == 0:
+            a = np.full(self.nt, int(a), np.int64)
         m = self.mask
         mem = ptr.mem
+        full = m is self.full or m.all()
+        if full:
+            lo, hi = a.min(), a.max()
+            if lo < 0 or hi >= mem.data.size:
+                self._oob(mem, a, np.ones(self.nt, bool))
+            return a, None
         bad = m & ((a < 0) | (a >= mem.data.size))
         if bad.any():
-            i = int(np.argmax(bad))
-            raise SimError(f"out-of-bounds access to {mem.name}[{int(a[i])}] (size {mem.data.size}) "
-                           f"by thread {i}")
-        return np.where(m, a, 0), m
+            self._oob(mem, a, bad)
+        return a[m], m
+
+    def _oob(self, mem, a, bad):
+        bad = bad & ((a < 0) | (a >= mem.data.size))
+        i = int(np.argmax(bad))
+        raise SimError(f"out-of-bounds access to {mem.name}[{int(a[i])}] (size {mem.data.size}) "
+                       f"by thread {i}")
+
+    _MANY = 4095
 
     def load(self, ptr: SimPtr, index, elt: str = "f32"):
         a, m = self._addr(ptr, index)
         mem = ptr.mem
         vals = mem.data[a]
         if mem.track and self.check_races:
-            am, tm = a[m], self.lanes[m]
-            clash = (mem.w_epoch[am] == self.epoch) & (mem.w_tid[am] != tm)
+            lanes = self.lanes if m is None else self.lanes[m]
+            ek = self.epoch * 4096
+            me = ek + lanes
+            key = mem.w_key[a]
+            clash = (key >= ek) & (key != me)
             if clash.any():
                 j = int(np.argmax(clash))
-                raise SimError(f"race on {mem.name}[{int(am[j])}]: thread {int(tm[j])} reads what "
-                               f"thread {int(mem.w_tid[am[j]])} wrote without a barrier between")
-            uniq, first, counts = np.unique(am, return_index=True, return_counts=True)
-            new = np.where(counts > 1, -2, tm[first])
-            same = mem.r_epoch[uniq] == self.epoch
-            prev = mem.r_tid[uniq]
-            mem.r_tid[uniq] = np.where(same & (prev != new), -2, new)
-            mem.r_epoch[uniq] = self.epoch
-        if elt == "i64":
-            return np.where(m, vals, 0).astype(np.int64)
-        return np.where(m, vals, 0).astype(np.float32)
+                raise SimError(f"race on {mem.name}[{int(a[j])}]: thread {int(lanes[j])} reads "
+                               f"what thread {int(key[j] - ek)} wrote without a barrier between")
+            prev = mem.r_key[a]
+            conflict = (prev >= ek) & (prev != me)
+            mem.r_key[a] = me
+            conflict |= mem.r_key[a] != me          # several lanes read it in this access
+            if conflict.any():
+                mem.r_key[a[conflict]] = ek + self._MANY
+        dt = np.int64 if elt == "i64" else np.float32
+        if m is None:
+            return vals.astype(dt, copy=False)
+        out = np.zeros(self.nt, dt)
+        out[m] = vals
+        return out
 
     def store(self, ptr: SimPtr, index, value, elt: str = "f32"):
         a, m = self._addr(ptr, index)
         mem = ptr.mem
-        v = self._arr(np.asarray(value, np.float32), np.float32)
+        v = np.asarray(value, np.float32)
+        if v.ndim == 0:
+            v = np.full(self.nt, v, np.float32)
+        if m is not None:
+            v = v[m]
         if elt in ("bf16", "f16"):
             v = self.round_to(v, elt)
-        am, tm = a[m], self.lanes[m]
-        if mem.track and self.check_races:
-            clash = (mem.r_epoch[am] == self.epoch) & (mem.r_tid[am] != tm) & (mem.r_tid[am] != -1)
-            if clash.any():
-                j = int(np.argmax(clash))
-                raise SimError(f"race on {mem.name}[{int(am[j])}]: thread {int(tm[j])} overwrites "
-                               f"what another thread read without a barrier between")
-            wclash = (mem.w_epoch[am] == self.epoch) & (mem.w_tid[am] != tm)
-            if wclash.any():
-                j = int(np.argmax(wclash))
-                raise SimError(f"race on {mem.name}[{int(am[j])}]: two threads write it "
-                               f"without a barrier between")
-            mem.w_epoch[am] = self.epoch
-            mem.w_tid[am] = tm
-        if len(np.unique(am)) != len(am):
-            raise SimError(f"two threads store to the same element of {mem.name} in one instruction")
-        mem.data[am] = v[m]
+        if mem.track:
+            lanes = self.lanes if m is None else self.lanes[m]
+            if len(np.unique(a)) != len(a):
+                raise SimError(f"two threads store to the same element of {mem.name} in one access")
+            if self.check_races:
+                ek = self.epoch * 4096
+                me = ek + lanes
+                rk = mem.r_key[a]
+                clash = (rk >= ek) & (rk != me)
+                if clash.any():
+                    j = int(np.argmax(clash))
+                    raise SimError(f"race on {mem.name}[{int(a[j])}]: thread {int(lanes[j])} "
+                                   f"overwrites what another thread read without a barrier between")
+                wk = mem.w_key[a]
+                wclash = (wk >= ek) & (wk != me)
+                if wclash.any():
+                    j = int(np.argmax(wclash))
+                    raise SimError(f"race on {mem.name}[{int(a[j])}]: two threads write it "
+                                   f"without a barrier between")
+                mem.w_key[a] = me
+        mem.data[a] = v
