@@ -152,3 +152,55 @@ def test_launcher_calling_convention_end_to_end(tmp_path):
     assert all(r["finite"] and r["det"] for r in rows)
     assert by["final_state"]["err"] < 1e-5
     assert by["o"]["err"] < by["o"]["floor"] + 5e-4
+
+
+# A partitioned program as the partition pass makes them: a chunk-parallel scan (no carried
+# values) writing a per-chunk workspace, then a state scan reading it.
+TOY = '''
+func.func @toy(%v: memref<?x?x?x64xbf16> {kda.heads = "v", kda.layout = "token", kda.name = "v", kda.role = "input"},
+               %o: memref<?x?x?x64xbf16> {kda.heads = "v", kda.layout = "token", kda.name = "o", kda.role = "output"},
+               %final_state: memref<?x?x64xf32> {kda.layout = "state", kda.name = "final_state", kda.role = "output"})
+    attributes {kda.chunk_size = 16 : i64, kda.program = "toy", kda.gva_ratio = 1 : i64, kda.varlen = false} {
+  %ws = "kda.workspace"() {layout = "chunk", name = "colsum"} : () -> memref<?x?x64xf32>
+  "kda.scan"() ({
+  ^bb0(%c: index):
+    %x = "kda.load"(%v, %c) {head_map = "direct", name = "v"} : (memref<?x?x?x64xbf16>, index) -> tensor<16x64xbf16>
+    %xf = "kda.convert"(%x) : (tensor<16x64xbf16>) -> tensor<16x64xf32>
+    %s = "kda.reduce_sum"(%xf) {dims = array<i64: 0>} : (tensor<16x64xf32>) -> tensor<64xf32>
+    "kda.store_chunk"(%ws, %c, %s) {name = "colsum"} : (memref<?x?x64xf32>, index, tensor<64xf32>) -> ()
+    %cs = "kda.cumsum"(%xf) {reverse = true} : (tensor<16x64xf32>) -> tensor<16x64xf32>
+    %ob = "kda.convert"(%cs) : (tensor<16x64xf32>) -> tensor<16x64xbf16>
+    "kda.store"(%o, %c, %ob) {name = "o"} : (memref<?x?x?x64xbf16>, index, tensor<16x64xbf16>) -> ()
+    gpu.yield
+  }) {reverse = false} : () -> ()
+  %z = "kda.constant"() {value = 0.0 : f64} : () -> tensor<64xf32>
+  %S = "kda.scan"(%z) ({
+  ^bb0(%c: index, %acc: tensor<64xf32>):
+    %s = "kda.load_chunk"(%ws, %c) {name = "colsum"} : (memref<?x?x64xf32>, index) -> tensor<64xf32>
+    %h = "kda.constant"() {value = 0.5 : f64} : () -> tensor<64xf32>
+    %d = "kda.mul"(%acc, %h) : (tensor<64xf32>, tensor<64xf32>) -> tensor<64xf32>
+    %n = "kda.add"(%d, %s) : (tensor<64xf32>, tensor<64xf32>) -> tensor<64xf32>
+    gpu.yield %n : tensor<64xf32>
+  }) {reverse = false} : (tensor<64xf32>) -> tensor<64xf32>
+  "kda.store_state"(%final_state, %S) {name = "final_state"} : (memref<?x?x64xf32>, tensor<64xf32>) -> ()
+  return
+}
+'''
+
+
+@pytest.mark.parametrize("storage", ["smem", "global"])
+def test_partitioned_program_chunk_parallel_kernel(storage):
+    from kdagen.codegen.lower.kernel import lower_program
+    from kdagen.codegen.target import get_target
+    from kdagen.ir.dialect import parse_module
+    m = parse_module(TOY)
+    k0, k1 = lower_program(m, get_target("sm_90a"))
+    assert k0.launch["grid"] == ["HV", "N", "max_chunks"] and k0.launch["parallel_chunks"]
+    assert k1.launch["grid"] == ["HV", "N", "1"]
+    assert [p.name for p in k0.params][:3] == ["v", "o", "colsum"]
+    assert "colsum" in [p.name for p in k1.params]
+    v = torch.randn(2, 40, 3, 64, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16)
+    out = simulate(m, {"v": v}, storage=storage)
+    ref = interpreter.run(m, {"v": v.to(torch.float64)})
+    assert rel_err(out["final_state"], ref["final_state"]) < F32_TOL
+    assert rel_err(out["o"], ref["o"]) < ROUND_TOL

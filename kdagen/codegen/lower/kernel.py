@@ -6,7 +6,10 @@ Calling convention (what the runtime relies on; also written into every bundle m
 
 Tile kernels (``kind = "tile"``): grid = ``(HV, N, 1)`` (blockIdx.x = value head hv,
 blockIdx.y = sequence n), block = ``(nthreads, 1, 1)`` (128 by default), dynamic shared memory
-as in the manifest. Parameters, in this order:
+as in the manifest. A kernel whose only scan carries nothing (a chunk-parallel scan, as the
+partition pass makes) gets grid ``(HV, N, max_chunks)`` instead: blockIdx.z = chunk c (CTAs
+with c >= the sequence's chunk count exit), ``max_chunks = max_n ceil(len_n / C)``.
+Parameters, in this order:
 
 1. one ``ptr`` per program memref argument the kernel reads or writes, in the program's
    argument order (q, k, v, g_raw/g, beta_raw/beta, A_log, dt_bias, initial_state, cu_seqlens,
@@ -19,9 +22,9 @@ as in the manifest. Parameters, in this order:
 3. ``T`` (i32: tokens per sequence, or total tokens with varlen), ``N`` (i32: sequences = the
    batch size without varlen), ``HV`` (i32: value heads);
 4. every f32 scalar argument of the program (``scale``), in argument order;
-5. ``scratch`` (``ptr`` f32) when the kernel's storage is ``global``: ``N * HV *
-   scratch_bytes_per_cta`` bytes, uninitialised, private to the launch (not shared between
-   concurrent launches).
+5. ``scratch`` (``ptr`` f32) when the kernel's storage is ``global``:
+   ``scratch_bytes_per_cta`` times the number of CTAs of the grid, uninitialised, private to
+   the launch (CTA (x, y, z) uses slice ``(z * gridDim.y + y) * gridDim.x + x``).
 
 Global kernels (``kind = "global"``: kda.sum_head_groups, kda.sum_seqs): block 256, grid rule
 and parameters (src, dst, T, N, HV) in the manifest.
@@ -245,8 +248,12 @@ class TileKernelEmitter:
         nt = self.opts.nthreads
         with builder.kernel(name, self.params(), (nt, 1, 1)) as p:
             with B.use(B.MlirBackend()):
+                from kdagen._mlir import nvvm
+                i32 = IntVal(thread_idx("x")).value.type
                 coords = dict(tid=IntVal(thread_idx("x")), hv=IntVal(block_idx("x")),
-                              n=IntVal(block_idx("y")))
+                              n=IntVal(block_idx("y")), z=IntVal(block_idx("z")),
+                              grid=(IntVal(nvvm.read_ptx_sreg_nctaid_x(results=[i32])),
+                                    IntVal(nvvm.read_ptx_sreg_nctaid_y(results=[i32]))))
                 p = {k: (IntVal(v) if k in ("T", "N", "HV") else v) for k, v in p.items()}
                 if self.storage == "smem":
                     smem_mod.declare_dynamic_smem(builder)
@@ -258,8 +265,9 @@ class TileKernelEmitter:
 
     def body(self, p: dict, coords: dict, smem_base) -> None:
         """The kernel body on the active backend. ``p``: parameter values by name;
-        ``coords``: tid (int-like), hv, n; ``smem_base``: the shared scratch pointer (smem
-        storage)."""
+        ``coords``: tid (int-like), hv, n, z (block indices), grid (gridDim.x, gridDim.y);
+        ``smem_base``: the shared scratch pointer (smem storage)."""
+        self.coords = coords
         self.env = {}
         nt = self.opts.nthreads
         need_off = any(m.op in ("kda.load_chunk", "kda.store_chunk", "kda.sum_chunks")
@@ -271,7 +279,8 @@ class TileKernelEmitter:
         if self.storage == "smem":
             self.scratch = T_.Scratch(smem_base, "smem")
         else:
-            cta = B.wide(geo.n) * B.wide(geo.HV) + B.wide(geo.hv)
+            gx, gy = coords["grid"]
+            cta = (B.wide(coords["z"]) * B.wide(gy) + B.wide(geo.n)) * B.wide(gx) + B.wide(geo.hv)
             self.scratch = T_.Scratch(B.gep(p["scratch"], cta * self.scratch_elems), "global")
         self.red = T_.ReduceScratch(T_.BufRef(self.scratch, 0, (16,), (1,)))
         args, wss = self.memrefs()
@@ -349,7 +358,11 @@ class TileKernelEmitter:
                 B.barrier()
             return []
 
-        B.for_range(0, geo.nchunks, 1, step)
+        if self.group.parallel:
+            z = self.coords["z"]
+            B.if_then(B.icmp("lt", z, geo.nchunks), lambda: step(z))
+        else:
+            B.for_range(0, geo.nchunks, 1, step)
         for r, ref in zip(n.results, carried):
             self.env[r] = ref
 
@@ -605,7 +618,8 @@ def prepare(program: Program, target: Target | None, prefix: str,
             raise LoweringError(f"{kname}: {need} bytes of tile storage exceed the shared-memory "
                                 f"budget {budget}")
         em = TileKernelEmitter(program, g, plan, storage, opts)
-        launch = {"grid": ["HV", "N", "1"], "block": [opts.nthreads, 1, 1],
+        launch = {"grid": ["HV", "N", "max_chunks" if g.parallel else "1"],
+                  "block": [opts.nthreads, 1, 1], "parallel_chunks": g.parallel,
                   "dynamic_shared_memory": need if storage == "smem" else 0, "kind": "tile",
                   "order": g.index, "storage": storage,
                   "scratch_bytes_per_cta": need if storage == "global" else 0, "tile_bytes": need}

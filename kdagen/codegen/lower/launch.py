@@ -14,7 +14,7 @@ here (outputs poisoned with NaN unless ``poison=False``); kernels are launched i
 the bundle on torch's current stream. The parameter order of each kernel is taken from the
 manifest, so this file encodes no calling convention beyond the names:
 program arguments and workspaces by name, ``T``/``N``/``HV`` (i32), f32 scalars by name,
-``scratch`` (per-launch buffer of ``N * HV * scratch_bytes_per_cta`` bytes).
+``scratch`` (per-launch buffer of ``scratch_bytes_per_cta`` bytes per CTA of the grid).
 """
 from __future__ import annotations
 
@@ -98,8 +98,9 @@ class LoweredProgram:
         else:
             lengths = [T] * Bsz
         N = len(lengths)
+        chunks = [(n + self.C - 1) // self.C for n in lengths]
         return dict(B=Bsz, T=T, HV=HV, H=HV // self.ratio, N=N, tokens=Bsz * T,
-                    total_chunks=sum((n + self.C - 1) // self.C for n in lengths))
+                    total_chunks=sum(chunks), max_chunks=max(chunks + [0]))
 
     def _alloc(self, layout, heads, tail, dtype, sz, device, poison):
         if layout == "token":
@@ -150,16 +151,16 @@ class LoweredProgram:
         for name in self.kernel_names(chip):
             kern = self.library.get(name, device)
             launch = kern.entry.launch
-            args = []
-            for p in kern.entry.params:
-                if p["name"] == "scratch":
-                    nbytes = int(launch["scratch_bytes_per_cta"]) * sz["N"] * sz["HV"]
-                    args.append(torch.empty(max(1, nbytes // 4), dtype=torch.float32, device=device))
-                else:
-                    args.append(values[p["name"]])
             grid = [eval_rule(g, env) for g in launch["grid"]]
             if min(grid) <= 0:
                 continue
+            args = []
+            for p in kern.entry.params:
+                if p["name"] == "scratch":
+                    nbytes = int(launch["scratch_bytes_per_cta"]) * grid[0] * grid[1] * grid[2]
+                    args.append(torch.empty(max(1, nbytes // 4), dtype=torch.float32, device=device))
+                else:
+                    args.append(values[p["name"]])
             kern.launch(grid, args, stream=stream)
         return outputs
 

@@ -86,6 +86,8 @@ class KernelGroup:
         return "scan" + "_".join(str(i) for i in self.scan_ids) if self.scans else "tile"
 
     scan_ids: list = field(default_factory=list)
+    parallel: bool = False         # one CTA per chunk (grid z): a single scan without
+                                   # carried values and no function-level side effects
 
 
 def _memrefs_read(node: Node) -> list:
@@ -152,6 +154,9 @@ def group_kernels(program: Program, split_scans: bool = True) -> list[KernelGrou
                 n.op in STORE_OPS for n in g.nodes):
             continue
         g.index = len(out)
+        if (g.kind == "tile" and len(g.scans) == 1 and not g.scans[0].operands
+                and all(n.op in PURE_OPS for n in g.nodes if n.op != "kda.scan")):
+            g.parallel = True
         out.append(g)
     return out
 

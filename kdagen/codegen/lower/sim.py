@@ -52,7 +52,8 @@ def program_sizes(program, inputs: dict) -> dict:
         N = Bsz
     total_chunks = sum((n + C - 1) // C for n in lengths)
     return dict(B=Bsz, T=T, H=H, HV=HV, N=N, C=C, varlen=cu is not None, lengths=lengths,
-                total_chunks=total_chunks, tokens=Bsz * T)
+                total_chunks=total_chunks, tokens=Bsz * T,
+                max_chunks=max([(n + C - 1) // C for n in lengths] + [0]))
 
 
 def _alloc(layout, tail, sz, heads):
@@ -116,18 +117,22 @@ def simulate(module, inputs: dict, *, options: LowerOptions | None = None, stora
                     em.body(p, dict(tid=be.lanes, bx=bx))
             continue
         elems = em.scratch_elems
-        for n in range(sz["N"]):
-            for hv in range(sz["HV"]):
-                be = B.SimBackend(opts.nthreads, check_races)
-                scratch = B.SimMemory("scratch", np.full(elems, np.nan, np.float32), "f32", track=True)
-                cta = n * sz["HV"] + hv
-                if pk.storage == "global":
-                    p["scratch"] = B.SimPtr(scratch, -cta * elems)
-                    base = None
-                else:
-                    base = B.SimPtr(scratch, 0)
-                with B.use(be):
-                    em.body(p, dict(tid=be.lanes, hv=hv, n=n), base)
+        gz = sz["max_chunks"] if pk.group.parallel else 1
+        for z in range(gz):
+            for n in range(sz["N"]):
+                for hv in range(sz["HV"]):
+                    be = B.SimBackend(opts.nthreads, check_races)
+                    scratch = B.SimMemory("scratch", np.full(elems, np.nan, np.float32), "f32",
+                                          track=True)
+                    cta = (z * sz["N"] + n) * sz["HV"] + hv
+                    if pk.storage == "global":
+                        p["scratch"] = B.SimPtr(scratch, -cta * elems)
+                        base = None
+                    else:
+                        base = B.SimPtr(scratch, 0)
+                    with B.use(be):
+                        em.body(p, dict(tid=be.lanes, hv=hv, n=n, z=z, grid=(sz["HV"], sz["N"])),
+                                base)
     out = {}
     for a in program.args:
         if a.role == "output":
@@ -195,15 +200,17 @@ class SimKernel:
                     em.body(p, dict(tid=be.lanes, bx=bx))
         else:
             elems = em.scratch_elems
-            for n in range(int(grid[1])):
-                for hv in range(int(grid[0])):
-                    be = B.SimBackend(self.nthreads, self.check_races)
-                    base = None
-                    if pk.storage == "smem":
-                        base = B.SimPtr(B.SimMemory("smem", np.full(elems, np.nan, np.float32), "f32",
-                                                    track=True))
-                    with B.use(be):
-                        em.body(p, dict(tid=be.lanes, hv=hv, n=n), base)
+            for z in range(int(grid[2])):
+                for n in range(int(grid[1])):
+                    for hv in range(int(grid[0])):
+                        be = B.SimBackend(self.nthreads, self.check_races)
+                        base = None
+                        if pk.storage == "smem":
+                            base = B.SimPtr(B.SimMemory("smem", np.full(elems, np.nan, np.float32),
+                                                        "f32", track=True))
+                        with B.use(be):
+                            em.body(p, dict(tid=be.lanes, hv=hv, n=n, z=z,
+                                            grid=(int(grid[0]), int(grid[1]))), base)
         for a, mem in backs:
             a.copy_(torch.from_numpy(mem.data.reshape(a.shape)).to(a.dtype))
 
