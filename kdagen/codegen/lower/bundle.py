@@ -162,3 +162,44 @@ def write_bundle(out_dir, programs_with_options, targets, *, lower_options=None,
     write_atomic(out / MANIFEST, manifest.to_json())
     write_atomic(lowered_path, json.dumps(lowered, indent=2, sort_keys=True, default=str) + "\n")
     return {**lowered, "report": report}
+
+
+# The variants the GPU check covers by default (kda/gdn, fwd/bwd, K = V = 64/128, both gate
+# forms, GVA, varlen, fp16, without initial state).
+DEFAULT_SET = [
+    ("kda_fwd", dict(head_k_dim=64, head_v_dim=64, gate="softplus")),
+    ("kda_fwd", dict(head_k_dim=128, head_v_dim=128, gate="lower_bound", gva_ratio=2, varlen=True)),
+    ("kda_fwd", dict(head_k_dim=64, head_v_dim=64, gate="lower_bound", dtype="fp16",
+                     use_initial_state=False)),
+    ("gdn_fwd", dict(head_k_dim=64, head_v_dim=64, gate="gdn_lower_bound", gva_ratio=2, varlen=True)),
+    ("gdn_fwd", dict(head_k_dim=128, head_v_dim=128, gate="gdn_softplus")),
+    ("kda_bwd", dict(head_k_dim=64, head_v_dim=64, gate="softplus", gva_ratio=2, varlen=True)),
+    ("gdn_bwd", dict(head_k_dim=64, head_v_dim=64, gate="gdn_lower_bound")),
+    ("kda_bwd", dict(head_k_dim=128, head_v_dim=128, gate="lower_bound")),
+]
+
+
+def main(argv=None) -> int:
+    """``python -m kdagen.codegen.lower.bundle OUT [--chips sm_90a,...] [--quick]``: write the
+    default variant set (DEFAULT_SET) for the GPU check."""
+    import argparse
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("out")
+    ap.add_argument("--chips", default="sm_90a")
+    ap.add_argument("--quick", action="store_true", help="forward variants only")
+    args = ap.parse_args(argv)
+    items = [it for it in DEFAULT_SET if not (args.quick and it[0].endswith("_bwd"))]
+    built = []
+    for it in items:
+        try:
+            build_lowered_module(*it)
+            built.append(it)
+        except Exception as exc:  # noqa: BLE001 - e.g. a backward that does not derive yet
+            print(f"skipping {it[0]} {it[1]}: {type(exc).__name__}: {exc}")
+    res = write_bundle(args.out, built, args.chips.split(","), verbose=True)
+    print(f"wrote {len(res['variants'])} variants, {len(res['report'])} kernels to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
