@@ -113,14 +113,19 @@ def test_calling_convention_forward_varlen():
     assert k.storage == "smem" and k.launch["dynamic_shared_memory"] == k.launch["tile_bytes"]
 
 
-def test_storage_falls_back_to_global_scratch():
+def test_storage_falls_back_to_hybrid_and_global_scratch():
     m = stable_module("kda_fwd", head_k_dim=128, head_v_dim=128)
     (k90,) = lower_program(m, get_target("sm_90a"))
-    (k120,) = lower_program(m, get_target("sm_120a"), options=LowerOptions(storage="auto"))
-    assert k120.storage == "global" and k120.params[-1].name == "scratch"
-    assert k120.launch["scratch_bytes_per_cta"] > get_target("sm_120a").smem_per_block
-    assert k120.launch["dynamic_shared_memory"] == 0
-    assert k90.launch["tile_bytes"] == k120.launch["tile_bytes"]
+    (k120,) = lower_program(m, get_target("sm_120a"))
+    (kg,) = lower_program(m, get_target("sm_90a"), options=LowerOptions(storage="global"))
+    for k, chip in ((k90, "sm_90a"), (k120, "sm_120a")):
+        # too big for shared memory: the most-read buffers there, the rest in the scratch
+        assert k.storage == "hybrid" and k.params[-1].name == "scratch"
+        assert 0 < k.launch["dynamic_shared_memory"] <= get_target(chip).smem_per_block
+        assert k.launch["scratch_bytes_per_cta"] > 0
+    assert k120.launch["scratch_bytes_per_cta"] > k90.launch["scratch_bytes_per_cta"]
+    assert kg.storage == "global" and kg.launch["dynamic_shared_memory"] == 0
+    assert kg.launch["scratch_bytes_per_cta"] == kg.launch["tile_bytes"]
     with pytest.raises(ValueError, match="shared-memory"):
         lower_program(m, get_target("sm_120a"), options=LowerOptions(storage="smem"))
 

@@ -22,7 +22,9 @@ Parameters, in this order:
 3. ``T`` (i32: tokens per sequence, or total tokens with varlen), ``N`` (i32: sequences = the
    batch size without varlen), ``HV`` (i32: value heads);
 4. every f32 scalar argument of the program (``scale``), in argument order;
-5. ``scratch`` (``ptr`` f32) when the kernel's storage is ``global``:
+5. ``scratch`` (``ptr`` f32) when the kernel's storage is ``global`` or ``hybrid`` (tile
+   buffers that do not fit the shared-memory budget live there, the most-read ones in shared
+   memory):
    ``scratch_bytes_per_cta`` times the number of CTAs of the grid, uninitialised, private to
    the launch (CTA (x, y, z) uses slice ``(z * gridDim.y + y) * gridDim.x + x``).
 
@@ -227,17 +229,39 @@ class TileKernelEmitter:
         ps += [Param(v.workspace["name"], "ptr", v.elt) for v in wss]
         ps += [Param("T", "i32"), Param("N", "i32"), Param("HV", "i32")]
         ps += [Param(a.name, "f32") for a in self.program.args if a.layout == "scalar"]
-        if self.storage == "global":
+        if self.uses_global:
             ps.append(Param("scratch", "ptr", "f32"))
         return ps
 
+    # pools: the cross-warp reduction slots go first in shared memory when the kernel has
+    # any, else first in the global scratch
     @property
-    def scratch_elems(self) -> int:
-        return (REDUCE_SLOTS_BYTES + self.plan.total_bytes) // 4
+    def uses_smem(self) -> bool:
+        return self.storage in ("smem", "hybrid")
+
+    @property
+    def uses_global(self) -> bool:
+        return self.storage in ("global", "hybrid")
+
+    def pool_base(self, space: str) -> int:
+        reduce_here = (space == "smem") == self.uses_smem
+        return REDUCE_SLOTS_BYTES if reduce_here else 0
+
+    @property
+    def smem_bytes(self) -> int:
+        return self.pool_base("smem") + self.plan.smem_bytes if self.uses_smem else 0
 
     @property
     def scratch_bytes(self) -> int:
-        return REDUCE_SLOTS_BYTES + self.plan.total_bytes
+        return self.pool_base("global") + self.plan.global_bytes if self.uses_global else 0
+
+    @property
+    def scratch_elems(self) -> int:
+        return self.scratch_bytes // 4
+
+    @property
+    def smem_elems(self) -> int:
+        return self.smem_bytes // 4
 
     # -- emission ------------------------------------------------------------------------
     def emit_mlir(self, builder: GpuModuleBuilder, name: str) -> None:
@@ -255,7 +279,7 @@ class TileKernelEmitter:
                               grid=(IntVal(nvvm.read_ptx_sreg_nctaid_x(results=[i32])),
                                     IntVal(nvvm.read_ptx_sreg_nctaid_y(results=[i32]))))
                 p = {k: (IntVal(v) if k in ("T", "N", "HV") else v) for k, v in p.items()}
-                if self.storage == "smem":
+                if self.uses_smem:
                     smem_mod.declare_dynamic_smem(builder)
                     base = llvm.mlir_addressof(smem_mod.shared_ptr_type(),
                                                smem_mod.DYNAMIC_SMEM_SYMBOL)
@@ -276,13 +300,15 @@ class TileKernelEmitter:
         geo = Geometry(self.program, p, coords, need_off)
         self.geo = geo
         self.th = T_.Threads(geo.tid, nt)
-        if self.storage == "smem":
-            self.scratch = T_.Scratch(smem_base, "smem")
-        else:
+        self.pools = {}
+        if self.uses_smem:
+            self.pools["smem"] = T_.Scratch(smem_base, "smem")
+        if self.uses_global:
             gx, gy = coords["grid"]
             cta = (B.wide(coords["z"]) * B.wide(gy) + B.wide(geo.n)) * B.wide(gx) + B.wide(geo.hv)
-            self.scratch = T_.Scratch(B.gep(p["scratch"], cta * self.scratch_elems), "global")
-        self.red = T_.ReduceScratch(T_.BufRef(self.scratch, 0, (16,), (1,)))
+            self.pools["global"] = T_.Scratch(B.gep(p["scratch"], cta * self.scratch_elems), "global")
+        red_pool = self.pools["smem" if self.uses_smem else "global"]
+        self.red = T_.ReduceScratch(T_.BufRef(red_pool, 0, (16,), (1,)))
         args, wss = self.memrefs()
         for v in args + wss:
             nm, elt, layout, heads, tail = _mem_info(v)
@@ -295,8 +321,8 @@ class TileKernelEmitter:
 
     def bufref(self, v: Value) -> T_.BufRef:
         b = self.plan.buffers[v]
-        return T_.BufRef(self.scratch, (REDUCE_SLOTS_BYTES + b.offset) // 4, tuple(v.shape),
-                         buffer_strides(tuple(v.shape)))
+        return T_.BufRef(self.pools[b.space], (self.pool_base(b.space) + b.offset) // 4,
+                         tuple(v.shape), buffer_strides(tuple(v.shape)))
 
     def node(self, n) -> None:
         op = n.op
@@ -613,16 +639,23 @@ def prepare(program: Program, target: Target | None, prefix: str,
         budget = (target.smem_per_block if target is not None else 227 * 1024) - opts.smem_reserve
         storage = opts.storage
         if storage == "auto":
-            storage = "smem" if need <= budget else "global"
+            storage = "smem" if need <= budget else "hybrid"
         if storage == "smem" and need > budget:
             raise LoweringError(f"{kname}: {need} bytes of tile storage exceed the shared-memory "
                                 f"budget {budget}")
+        plan.pack(storage, budget - REDUCE_SLOTS_BYTES)
+        if storage == "hybrid" and plan.global_bytes == 0:
+            plan.pack("smem")
+            storage = "smem"
+        elif storage == "hybrid" and plan.smem_bytes == 0:
+            plan.pack("global")
+            storage = "global"
         em = TileKernelEmitter(program, g, plan, storage, opts)
         launch = {"grid": ["HV", "N", "max_chunks" if g.parallel else "1"],
                   "block": [opts.nthreads, 1, 1], "parallel_chunks": g.parallel,
-                  "dynamic_shared_memory": need if storage == "smem" else 0, "kind": "tile",
+                  "dynamic_shared_memory": em.smem_bytes, "kind": "tile",
                   "order": g.index, "storage": storage,
-                  "scratch_bytes_per_cta": need if storage == "global" else 0, "tile_bytes": need}
+                  "scratch_bytes_per_cta": em.scratch_bytes, "tile_bytes": need}
         out.append(PreparedKernel(kname, g, em, storage, launch, plan))
     return out
 

@@ -270,7 +270,9 @@ class Buffer:
     nbytes: int
     start: int = 0
     end: int = 0
-    offset: int = -1
+    offset: int = -1              # byte offset in its pool
+    space: str = "smem"           # pool: "smem" (shared memory) or "global" (scratch)
+    density: float = 0.0          # estimated element reads per element per kernel run
 
 
 @dataclass
@@ -278,13 +280,45 @@ class StoragePlan:
     modes: dict                   # Value -> mode
     buffers: dict                 # Value -> Buffer (materialised / carried values)
     carried: dict                 # (scan node, i) -> Buffer
-    total_bytes: int              # bytes of all buffers (peak of the first-fit packing)
+    total_bytes: int              # bytes of all buffers packed in one pool (first fit)
     positions: dict               # Node -> position
     written_memrefs: set          # memref Values stored to inside the kernel
     yield_copy: dict              # (scan, i) -> "skip" | "copy"
+    smem_bytes: int = 0           # after pack(): bytes of each pool
+    global_bytes: int = 0
 
     def mode(self, v: Value) -> str:
         return self.modes.get(v, "none")
+
+    def unique_buffers(self) -> list:
+        return list({id(b): b for b in self.buffers.values()}.values())
+
+    def pack(self, storage: str, smem_capacity: int | None = None, align: int = 16) -> None:
+        """Assign every buffer a pool and an offset. ``storage``: "smem" / "global" (one pool),
+        "hybrid": the buffers read most per byte go to shared memory as long as
+        ``smem_capacity`` allows (first fit over live intervals), the rest to the global
+        scratch."""
+        bufs = self.unique_buffers()
+        if storage in ("smem", "global"):
+            for b in bufs:
+                b.space = storage
+            total = _first_fit(bufs, align)
+            self.smem_bytes, self.global_bytes = (total, 0) if storage == "smem" else (0, total)
+            return
+        if storage != "hybrid":
+            raise ValueError(f"storage must be smem, global or hybrid, not {storage!r}")
+        placed = {"smem": [], "global": []}
+        size = {"smem": 0, "global": 0}
+        for b in sorted(bufs, key=lambda b: (-b.density, b.start, -b.nbytes)):
+            for space in ("smem", "global"):
+                cap = smem_capacity if space == "smem" else None
+                off = _fit(b, placed[space], cap)
+                if off is not None:
+                    b.space, b.offset = space, off
+                    placed[space].append(b)
+                    size[space] = max(size[space], off + b.nbytes)
+                    break
+        self.smem_bytes, self.global_bytes = size["smem"], size["global"]
 
 
 def _is_widening_convert(n: Node) -> bool:
@@ -434,12 +468,16 @@ def plan_storage(program: Program, group: KernelGroup, align: int = 16) -> Stora
 
     for n in knodes:
         operands = list(n.operands)
-        for o in operands:
+        weight = 64.0 ** n.block.depth          # body ops run once per chunk
+        for i, o in enumerate(operands):
             if o.kind != "tile":
                 continue
             for b in leaves(o, set()):
                 owner_block = b.value.block if b.value.carried is None else b.value.carried[0].block
                 b.end = max(b.end, use_position(n, owner_block))
+                b.density += weight * _read_factor(n, i)
+        if n.op in ("kda.tril_inv", "kda.tril_solve") and n.results[0] in buffers:
+            buffers[n.results[0]].density += weight * n.results[0].shape[0] / 2
     # scan results are views of the carried buffers: extend those by the results' uses
     yield_copy = {}
     for n in knodes:
@@ -450,6 +488,23 @@ def plan_storage(program: Program, group: KernelGroup, align: int = 16) -> Stora
 
     total = _first_fit(list({id(b): b for b in buffers.values()}.values()), align)
     return StoragePlan(modes, buffers, carried, total, positions, written, yield_copy)
+
+
+def _read_factor(n: Node, i: int) -> float:
+    """How many times a matrix op reads each element of operand i (1 for element-wise use)."""
+    op = n.op
+    out = n.results[0].shape if n.results else ()
+    if op == "kda.dot":
+        return float(out[1] if i == 0 else out[0])
+    if op == "kda.decay_dot":
+        return float(out[1] if i in (0, 2) else out[0])
+    if op == "kda.decay_matmul":
+        return float(out[1] if i == 0 else out[0])
+    if op in ("kda.tril_inv",):
+        return n.operands[0].shape[0] / 2
+    if op == "kda.tril_solve":
+        return float(n.operands[1].numel // n.operands[1].shape[0]) if i == 0 else 1.0
+    return 1.0
 
 
 def _cheap(v: Value, modes: dict) -> bool:
@@ -509,19 +564,27 @@ def _nbytes(v: Value, align: int) -> int:
     return -(-n // align) * align
 
 
+def _fit(b, placed: list, capacity: int | None):
+    """First-fit offset for b among the placed buffers that are live at the same time, or
+    None when it would end past ``capacity``."""
+    live = sorted((p for p in placed if not (p.end < b.start or p.start > b.end)),
+                  key=lambda p: p.offset)
+    off = 0
+    for p in live:
+        if off + b.nbytes <= p.offset:
+            break
+        off = max(off, p.offset + p.nbytes)
+    if capacity is not None and off + b.nbytes > capacity:
+        return None
+    return off
+
+
 def _first_fit(bufs: list, align: int) -> int:
     bufs = sorted(bufs, key=lambda b: (b.start, -b.nbytes))
     placed: list = []
     total = 0
     for b in bufs:
-        live = sorted((p for p in placed if not (p.end < b.start or p.start > b.end)),
-                      key=lambda p: p.offset)
-        off = 0
-        for p in live:
-            if off + b.nbytes <= p.offset:
-                break
-            off = max(off, p.offset + p.nbytes)
-        b.offset = off
+        b.offset = _fit(b, placed, None)
         placed.append(b)
-        total = max(total, off + b.nbytes)
+        total = max(total, b.offset + b.nbytes)
     return total

@@ -116,20 +116,21 @@ def simulate(module, inputs: dict, *, options: LowerOptions | None = None, stora
                 with B.use(be):
                     em.body(p, dict(tid=be.lanes, bx=bx))
             continue
-        elems = em.scratch_elems
+        elems = max(1, em.scratch_elems)
         gz = sz["max_chunks"] if pk.group.parallel else 1
         for z in range(gz):
             for n in range(sz["N"]):
                 for hv in range(sz["HV"]):
                     be = B.SimBackend(opts.nthreads, check_races)
-                    scratch = B.SimMemory("scratch", np.full(elems, np.nan, np.float32), "f32",
-                                          track=True)
                     cta = (z * sz["N"] + n) * sz["HV"] + hv
-                    if pk.storage == "global":
+                    base = None
+                    if em.uses_global:
+                        scratch = B.SimMemory("scratch", np.full(elems, np.nan, np.float32), "f32",
+                                              track=True)
                         p["scratch"] = B.SimPtr(scratch, -cta * elems)
-                        base = None
-                    else:
-                        base = B.SimPtr(scratch, 0)
+                    if em.uses_smem:
+                        base = B.SimPtr(B.SimMemory("smem", np.full(max(1, em.smem_elems), np.nan,
+                                                                    np.float32), "f32", track=True))
                     with B.use(be):
                         em.body(p, dict(tid=be.lanes, hv=hv, n=n, z=z, grid=(sz["HV"], sz["N"])),
                                 base)
@@ -199,15 +200,14 @@ class SimKernel:
                 with B.use(be):
                     em.body(p, dict(tid=be.lanes, bx=bx))
         else:
-            elems = em.scratch_elems
             for z in range(int(grid[2])):
                 for n in range(int(grid[1])):
                     for hv in range(int(grid[0])):
                         be = B.SimBackend(self.nthreads, self.check_races)
                         base = None
-                        if pk.storage == "smem":
-                            base = B.SimPtr(B.SimMemory("smem", np.full(elems, np.nan, np.float32),
-                                                        "f32", track=True))
+                        if em.uses_smem:
+                            base = B.SimPtr(B.SimMemory("smem", np.full(max(1, em.smem_elems), np.nan,
+                                                                        np.float32), "f32", track=True))
                         with B.use(be):
                             em.body(p, dict(tid=be.lanes, hv=hv, n=n, z=z,
                                             grid=(int(grid[0]), int(grid[1]))), base)

@@ -226,7 +226,7 @@ def contraction_plan(M: int, N: int, nthreads: int, max_acc: int = 64) -> Contra
 
 
 def contraction(th: Threads, out: BufRef, R: int, row_fn, col_fn, combine, pre_fn=None,
-                epilogue=None, max_acc: int = 64) -> None:
+                epilogue=None, max_acc: int = 32) -> None:
     """``out[p, q] = epilogue(p, q, acc)``, ``acc = fold over r < R of
     combine(acc, row_vals(p, r), col_vals(r, q), pre_vals(p, q), p, q, r)`` from 0.
 
