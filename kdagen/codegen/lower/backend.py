@@ -174,6 +174,23 @@ def uniform(x):
     return current().uniform(x)
 
 
+def fresh_tid():
+    """The thread index, re-read so that the compiler cannot hoist what depends on it out of
+    enclosing loops (each op's addressing stays local to the op: low register pressure)."""
+    return current().fresh_tid()
+
+
+def pack_bf16x2(lo, hi):
+    """Two f32 rounded to bf16 (round to nearest even) in one 32-bit register, lo first."""
+    return current().pack_bf16x2(lo, hi)
+
+
+def mma_bf16(a: list, b: list, c: list) -> list:
+    """mma.sync.m16n8k16.row.col.f32.bf16: 4 packed A registers, 2 packed B registers, 4 f32
+    accumulators of this lane (PTX fragment layouts, see common/layouts.py) -> 4 f32."""
+    return current().mma_bf16(a, b, c)
+
+
 # derived math (same formulas on both backends)
 
 def exp2_clamped(x, clamp_min):
@@ -399,6 +416,19 @@ class MlirBackend:
         from kdagen.codegen.common.shuffle import shfl_xor
         return shfl_xor(x, mask)
 
+    def fresh_tid(self):
+        v = self.llvm.inline_asm(self.i32(), [], "mov.u32 $0, %tid.x;", "=r",
+                                 has_side_effects=True)
+        return self.ints.IntVal(v)
+
+    def pack_bf16x2(self, lo, hi):
+        from kdagen.codegen.common.convert import pack_f32x2
+        return pack_f32x2(lo, hi, "bf16")
+
+    def mma_bf16(self, a, b, c):
+        from kdagen.codegen.common.mma import mma_m16n8k16
+        return mma_m16n8k16(list(a), list(b), list(c), "bf16")
+
     # memory: ptr is an llvm.ptr value (global or shared); index an int-like (i32) or W64
     def _elem(self, elt):
         ir = self.ir
@@ -622,6 +652,40 @@ class SimBackend:
             raise SimError("shfl.sync with inactive lanes")
         x = self._arr(x, np.float32)
         return x[self.lanes ^ mask]
+
+    def fresh_tid(self):
+        return self.lanes
+
+    def pack_bf16x2(self, lo, hi):
+        lo = self._arr(np.asarray(lo, np.float32), np.float32)
+        hi = self._arr(np.asarray(hi, np.float32), np.float32)
+        return np.stack([_bf16_round(lo), _bf16_round(hi)])
+
+    def mma_bf16(self, a, b, c):
+        """The warp-collective mma on the PTX fragment layouts (groupID g = lane / 4,
+        threadID_in_group t = lane % 4): A reg r half h = A[g + 8(r%2), 2t + h + 8(r/2)],
+        B reg r half h = B[2t + h + 8r, g], C reg i = C[g + 8(i/2), 2t + i%2]."""
+        if not self.mask.all():
+            raise SimError("mma.sync with inactive lanes")
+        nw = self.nt // 32
+        lane = self.lanes % 32
+        warp = self.lanes // 32
+        g, t = lane // 4, lane % 4
+        A = np.zeros((nw, 16, 16))
+        Bm = np.zeros((nw, 16, 8))
+        Cm = np.zeros((nw, 16, 8))
+        for r in range(4):
+            for h in range(2):
+                A[warp, g + 8 * (r % 2), 2 * t + h + 8 * (r // 2)] = np.asarray(a[r])[h]
+        for r in range(2):
+            for h in range(2):
+                Bm[warp, 2 * t + h + 8 * r, g] = np.asarray(b[r])[h]
+        rows = [g + 8 * (i // 2) for i in range(4)]
+        cols = [2 * t + (i % 2) for i in range(4)]
+        for i in range(4):
+            Cm[warp, rows[i], cols[i]] = self._arr(np.asarray(c[i], np.float32), np.float32)
+        D = (np.einsum("wik,wkj->wij", A, Bm) + Cm).astype(np.float32)
+        return [D[warp, rows[i], cols[i]] for i in range(4)]
 
     # memory
     def gep(self, ptr: SimPtr, index, elt="f32"):

@@ -57,6 +57,10 @@ class LowerOptions:
     storage: str = "auto"               # "auto" | "smem" | "global"
     smem_reserve: int = 1024            # bytes of the target's budget kept free
     global_block: int = 256
+    # matrix products: "fma" (fp32 FMA on the CUDA cores), "bf16x3" (mma.sync with operands
+    # split into bf16 hi + lo: ~fp32 accuracy), "bf16" (mma.sync on bf16-rounded operands).
+    # Tensor cores take kda.dot and kda.decay_dot with a subblock that is a multiple of 16.
+    dot: str = "fma"
 
 
 @dataclass
@@ -328,6 +332,8 @@ class TileKernelEmitter:
         op = n.op
         if op == "kda.scan":
             return self.scan(n)
+        # a fresh thread index per op: its addressing is not hoisted out of the chunk loop
+        self.th = T_.Threads(B.fresh_tid(), self.opts.nthreads)
         if op == "kda.workspace":
             return  # the memref is a kernel parameter (bound in body)
         if op in ("gpu.yield", "func.return"):
@@ -486,15 +492,25 @@ class TileKernelEmitter:
         ops = [self.env.get(o) for o in n.operands]
         a = n.attrs
         th = self.th
+        mma = self.opts.dot in T_.MMA_PRECISIONS
         if k == "dot":
             lhs, rhs = ops
             if a.get("transpose_lhs"):
                 lhs = T_.transpose(lhs)
             if a.get("transpose_rhs"):
                 rhs = T_.transpose(rhs)
-            T_.emit_dot(th, out, lhs, rhs)
+            if mma and T_.mma_supported(out.shape[0], out.shape[1], lhs.shape[1]):
+                T_.emit_dot_mma(th, out, lhs, rhs, self.opts.dot)
+            else:
+                T_.emit_dot(th, out, lhs, rhs)
         elif k == "decay_dot":
-            T_.emit_decay_dot(th, out, *ops, int(a["diagonal"]), a.get("clamp_min"))
+            S = int(a.get("subblock", 1))
+            D = ops[0].shape[1]
+            if mma and S >= 16 and S % 16 == 0 and T_.mma_supported(out.shape[0], out.shape[1], D):
+                T_.emit_decay_dot_mma(th, out, *ops, int(a["diagonal"]), a.get("clamp_min"), S,
+                                      self.opts.dot)
+            else:
+                T_.emit_decay_dot(th, out, *ops, int(a["diagonal"]), a.get("clamp_min"))
         elif k == "decay_matmul":
             T_.emit_decay_matmul(th, out, *ops, int(a["diagonal"]), bool(a.get("transpose")),
                                  a.get("clamp_min"))

@@ -329,6 +329,169 @@ def emit_decay_matmul(th: Threads, out: BufRef, w: Ref, x: Ref, g_row: Ref, g_co
 
 
 # ------------------------------------------------------------------------------------------
+# tensor-core contraction: mma.sync m16n8k16 bf16 -> f32, fragments loaded from any Ref
+# ------------------------------------------------------------------------------------------
+
+MMA_PRECISIONS = ("bf16", "bf16x3")
+
+
+@dataclass(frozen=True)
+class MmaPlan:
+    wm: int            # warps over rows
+    wn: int            # warps over columns
+    am: int            # 16-row atoms per warp per pass
+    an: int            # 8-column atoms per warp per pass
+    row_passes: int
+    col_passes: int
+
+    @property
+    def warps(self) -> int:
+        return self.wm * self.wn
+
+
+def mma_plan(M: int, N: int, nthreads: int, max_acc: int = 32) -> MmaPlan:
+    """Warps as a wm x wn grid over the [M, N] output (rows first: each warp's A fragments
+    are its own rows); a warp owns [M / wm, N / wn] in m16n8 atoms, visited am x an atoms at a
+    time so that am * an * 4 accumulators stay <= max_acc."""
+    warps = max(1, nthreads // 32)
+    wm = warps
+    while wm > 1 and M % (16 * wm):
+        wm //= 2
+    wn = max(1, warps // wm)
+    while wn > 1 and N % (8 * wn):
+        wn //= 2
+    am_total, an_total = (M // wm) // 16, (N // wn) // 8
+    an = max(1, min(an_total, max_acc // 4))
+    while an_total % an:
+        an -= 1
+    am = max(1, min(am_total, max_acc // (4 * an)))
+    while am_total % am:
+        am -= 1
+    return MmaPlan(wm, wn, am, an, am_total // am, an_total // an)
+
+
+def mma_supported(M: int, N: int, K: int) -> bool:
+    return M % 16 == 0 and N % 8 == 0 and K % 16 == 0
+
+
+def _split_pack(vals: dict, precision: str):
+    """A fragment (dict (reg, half) -> f32) as packed bf16 registers: [hi] or [hi, lo] with
+    lo = bf16(x - bf16(x)) (bf16x3: the product error drops from ~2^-9 to ~2^-17)."""
+    nregs = max(r for r, _ in vals) + 1
+    hi = [B.pack_bf16x2(vals[(r, 0)], vals[(r, 1)]) for r in range(nregs)]
+    if precision == "bf16":
+        return [hi]
+    lo = []
+    for r in range(nregs):
+        pair = []
+        for h in (0, 1):
+            x = vals[(r, h)]
+            pair.append(B.sub(x, B.round_to(x, "bf16")))
+        lo.append(B.pack_bf16x2(pair[0], pair[1]))
+    return [hi, lo]
+
+
+def mma_contraction(th: Threads, out: BufRef, K: int, a_elem, b_elem, precision: str = "bf16x3",
+                    epilogue=None, b_per_atom: bool = False, max_acc: int = 32) -> None:
+    """``out[i, j] = epilogue(i, j, sum_k a_elem(i, k) * b_elem(k, j, atom_row0))`` on tensor
+    cores. Each lane loads its fragment elements straight from the operands (any Ref: buffers
+    with any strides, views, lazy expressions) and rounds them to bf16 (``bf16x3``: hi + lo
+    split, three mmas, ~fp32 accuracy). ``b_per_atom``: B depends on the output row atom (its
+    first row is passed), so B fragments are loaded per row atom."""
+    if precision not in MMA_PRECISIONS:
+        raise ValueError(f"mma precision must be one of {MMA_PRECISIONS}, got {precision!r}")
+    M, N = out.shape
+    plan = mma_plan(M, N, th.count, max_acc)
+    lane = th.tid % 32
+    warp = th.tid // 32
+    g, t = lane // 4, lane % 4
+    row0 = (warp // plan.wn) * (M // plan.wm)
+    col0 = (warp % plan.wn) * (N // plan.wn)
+
+    def body():
+        for pss, cps in [(p_, q_) for p_ in range(plan.row_passes) for q_ in range(plan.col_passes)]:
+            rbases = [row0 + 16 * (pss * plan.am + x) for x in range(plan.am)]
+            cbases = [col0 + 8 * (cps * plan.an + y) for y in range(plan.an)]
+            init = [B.f(0.0)] * (plan.am * plan.an * 4)
+
+            def step(kk, *acc):
+                k0 = kk * 16
+                afr = []
+                for rb in rbases:
+                    vals = {(r, h): a_elem(rb + g + 8 * (r % 2), k0 + 2 * t + h + 8 * (r // 2))
+                            for r in range(4) for h in (0, 1)}
+                    afr.append(_split_pack(vals, precision))
+
+                def bfrag(cb, rb):
+                    vals = {(r, h): b_elem(k0 + 2 * t + h + 8 * r, cb + g, rb)
+                            for r in range(2) for h in (0, 1)}
+                    return _split_pack(vals, precision)
+
+                new = list(acc)
+                # one B fragment at a time (few live registers), all row atoms against it
+                for y, cb in enumerate(cbases):
+                    shared = None if b_per_atom else bfrag(cb, rbases[0])
+                    for x, rb in enumerate(rbases):
+                        b_parts = shared if shared is not None else bfrag(cb, rb)
+                        a_parts = afr[x]
+                        base = (x * plan.an + y) * 4
+                        c = new[base:base + 4]
+                        if precision == "bf16x3":
+                            c = B.mma_bf16(a_parts[1], b_parts[0], c)
+                            c = B.mma_bf16(a_parts[0], b_parts[1], c)
+                        c = B.mma_bf16(a_parts[0], b_parts[0], c)
+                        new[base:base + 4] = c
+                return new
+
+            acc = B.for_range(0, K // 16, 1, step, init)
+            for x, rb in enumerate(rbases):
+                for y, cb in enumerate(cbases):
+                    for i in range(4):
+                        r = rb + g + 8 * (i // 2)
+                        c = cb + 2 * t + (i % 2)
+                        v = acc[(x * plan.an + y) * 4 + i]
+                        if epilogue is not None:
+                            v = epilogue(r, c, v)
+                        out.write([r, c], v)
+
+    if plan.warps * 32 < th.count:
+        B.if_then(B.icmp("lt", th.tid, plan.warps * 32), body)
+    else:
+        body()
+
+
+def emit_dot_mma(th: Threads, out: BufRef, a: Ref, b: Ref, precision: str) -> None:
+    mma_contraction(th, out, a.shape[1], lambda i, k: a.read([i, k]),
+                    lambda k, j, rb: b.read([k, j]), precision)
+
+
+def emit_decay_dot_mma(th: Threads, out: BufRef, lhs: Ref, rhs: Ref, gl: Ref, gr: Ref,
+                       diagonal: int, clamp_min, subblock: int, precision: str) -> None:
+    """decay_dot with subblock S (a multiple of 16) on tensor cores, factored through
+    r = gl[first row of the S-row block]: out[i, j] = sum_d (lhs[i, d] 2^(gl[i, d] - r_d)) *
+    (rhs[j, d] 2^(r_d - gr[j, d])), both exponents proven bounded by kda-stable-reassociate for
+    j <= block end + diagonal; later columns are zeroed before the product (their factor may
+    overflow) and the result is masked to j <= i + diagonal."""
+    S = subblock
+    zero = B.f(0.0)
+
+    def a_elem(i, d):
+        bs = (i // S) * S
+        return B.mul(lhs.read([i, d]), B.exp2_clamped(B.sub(gl.read([i, d]), gl.read([bs, d])),
+                                                     clamp_min))
+
+    def b_elem(d, j, rb):
+        bs = (rb // S) * S
+        v = B.mul(rhs.read([j, d]), B.exp2_clamped(B.sub(gl.read([bs, d]), gr.read([j, d])),
+                                                  clamp_min))
+        return B.sel(B.icmp("le", j, addk(bs, S - 1 + diagonal)), v, zero)
+
+    mma_contraction(th, out, lhs.shape[1], a_elem, b_elem, precision,
+                    epilogue=lambda i, j, v: B.sel(B.icmp("le", j, addk(i, diagonal)), v, zero),
+                    b_per_atom=True)
+
+
+# ------------------------------------------------------------------------------------------
 # scans over rows, reductions, triangular solves
 # ------------------------------------------------------------------------------------------
 
