@@ -81,6 +81,23 @@ def test_forward_kernels_assemble(config, chip):
             assert k.launch["dynamic_shared_memory"] <= get_target(chip).smem_per_block
 
 
+@pytest.mark.parametrize("chip", CHIPS)
+def test_tensor_core_path_assembles(chip):
+    from kdagen.codegen import ptxas
+    exe = _ptxas_or_skip()
+    m = stable_module("kda_fwd", head_k_dim=128, head_v_dim=128, gate="lower_bound", gva_ratio=2,
+                      varlen=True)
+    (k,) = lower_program(m, get_target(chip), options=LowerOptions(dot="bf16x3"))
+    ptx = lower_to_ptx(k.module, get_target(chip))
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx
+    assert "__nv_" not in ptx
+    res = ptxas.assemble(ptx, chip, exe)
+    assert res.ok, res.log
+    r = res.resources[k.name]
+    REPORT.append(("kda_K128_lb_gva2_varlen+mma", chip, k.name, k.storage, k.launch["tile_bytes"],
+                   r.registers, r.spill_stores + r.spill_loads))
+
+
 def test_report_registers(capsys):
     """Print the register/spill table of the kernels assembled above (pytest -s shows it)."""
     if not REPORT:

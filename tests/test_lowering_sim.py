@@ -47,20 +47,20 @@ def _rounded(inputs: dict, keep=("A_log", "dt_bias", "initial_state", "dht", "cu
             for k, v in inputs.items()}
 
 
-def _check(module, inputs, storage, out_dtypes):
+def _check(module, inputs, storage, out_dtypes, dot="fma", f32_tol=F32_TOL, round_tol=ROUND_TOL):
+    from kdagen.codegen.lower.kernel import LowerOptions
     if storage == "hybrid":   # a small shared-memory budget: buffers split over both pools
-        from kdagen.codegen.lower.kernel import LowerOptions
-        opts = LowerOptions(storage="hybrid", smem_reserve=227 * 1024 - 24 * 1024)
-        out = simulate(module, inputs, options=opts)
+        opts = LowerOptions(storage="hybrid", smem_reserve=227 * 1024 - 24 * 1024, dot=dot)
     else:
-        out = simulate(module, inputs, storage=storage)
+        opts = LowerOptions(storage=storage, dot=dot)
+    out = simulate(module, inputs, options=opts)
     ref = interpreter.run(module, _rounded(inputs), dtype=torch.float64)
     assert set(out) == set(ref)
     errs = {}
     for k, v in out.items():
         assert torch.isfinite(v).all(), f"{k}: NaN/Inf (unwritten or poisoned elements?)"
         errs[k] = rel_err(v, ref[k])
-        tol = F32_TOL if out_dtypes.get(k, "bf16") == "f32" else ROUND_TOL
+        tol = f32_tol if out_dtypes.get(k, "bf16") == "f32" else round_tol
         assert errs[k] < tol, (k, errs[k])
     return errs
 
@@ -110,6 +110,39 @@ def test_backward_varlen_gva(family):
     inputs["do"] = torch.randn(sz["B"], sz["T"], sz["HV"], sz["V"], generator=g, dtype=torch.float64)
     inputs["dht"] = torch.randn(sz["N"], sz["HV"], sz["K"], sz["V"], generator=g, dtype=torch.float64)
     _check(m, inputs, "global", BWD_F32)
+
+
+@pytest.mark.parametrize("gate", ["lower_bound", "softplus"])
+def test_forward_tensor_cores_bf16x3(gate):
+    """mma.sync with bf16 hi + lo operands: kda.dot, and decay_dot factored per 16-row block
+    (the lower-bound gate gives subblock 16) — fp32-level accuracy."""
+    case = make_case("kda", gate=gate, H=1, HV=2, K=64, V=64, lengths=[5, 70], decay="strong",
+                     seed=9)
+    _check(stable_module("kda_fwd", **case.options), case.inputs, "hybrid", FWD_F32,
+           dot="bf16x3", f32_tol=5e-5)
+
+
+def test_forward_tensor_cores_bf16():
+    """Plain bf16 operands: the error of rounding every matrix operand to bf16 (FLA-like)."""
+    case = make_case("gdn", gate="gdn_lower_bound", B=1, T=40, H=1, K=64, V=64, chunk_size=32,
+                     seed=10)
+    errs = _check(stable_module("gdn_fwd", **case.options), case.inputs, "smem", FWD_F32,
+                  dot="bf16", f32_tol=5e-3, round_tol=5e-3)
+    assert errs["final_state"] > 1e-5     # really rounded (not silently fp32)
+
+
+def test_backward_tensor_cores_bf16x3():
+    case = make_case("kda", gate="lower_bound", H=1, HV=2, K=64, V=64, lengths=[30, 40], seed=11)
+    try:
+        m = stable_module("kda_bwd", **case.options)
+    except Exception as exc:
+        pytest.skip(f"kda_bwd does not build: {exc}")
+    g = torch.Generator().manual_seed(12)
+    sz = case.sizes
+    inputs = dict(case.inputs)
+    inputs["do"] = torch.randn(sz["B"], sz["T"], sz["HV"], sz["V"], generator=g, dtype=torch.float64)
+    inputs["dht"] = torch.randn(sz["N"], sz["HV"], sz["K"], sz["V"], generator=g, dtype=torch.float64)
+    _check(m, inputs, "global", BWD_F32, dot="bf16x3", f32_tol=2e-4)
 
 
 def test_simulator_catches_a_missing_barrier(monkeypatch):

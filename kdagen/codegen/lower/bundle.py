@@ -28,9 +28,11 @@ LOWERED = "lowered.json"
 __all__ = ["write_bundle", "variant_name", "LOWERED"]
 
 
-def variant_name(program: str, options: dict) -> str:
-    """A readable, unique name for a program with options (K, V, C, gate, GVA, varlen + hash)."""
+def variant_name(program: str, options: dict, lower: dict | None = None) -> str:
+    """A readable, unique name for a program with options (K, V, C, gate, GVA, varlen, the
+    matrix-product path when not the default + a hash of everything)."""
     o = dict(options)
+    lower = dict(lower or {})
     K = o.get("head_k_dim", 128)
     V = o.get("head_v_dim", 128)
     C = o.get("chunk_size", 64)
@@ -38,18 +40,26 @@ def variant_name(program: str, options: dict) -> str:
     parts = [program, f"K{K}V{V}C{C}", str(gate), f"r{o.get('gva_ratio', 1)}"]
     if o.get("varlen"):
         parts.append("varlen")
-    digest = hashlib.sha1(json.dumps(o, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    if lower.get("dot", "fma") != "fma":
+        parts.append(lower["dot"])
+    key = json.dumps([o, lower] if lower else o, sort_keys=True, default=str)
+    digest = hashlib.sha1(key.encode()).hexdigest()[:8]
     parts.append(digest)
     return "_".join(parts)
 
 
-def _normalise(item) -> tuple[str, dict, str | None]:
+def _normalise(item) -> tuple[str, dict, dict, str | None]:
+    """(program, program options, lowering options, variant name or None)."""
     if isinstance(item, dict):
-        return item["program"], dict(item.get("options", {})), item.get("name")
+        return (item["program"], dict(item.get("options", {})), dict(item.get("lower", {})),
+                item.get("name"))
     if isinstance(item, (tuple, list)):
         program, options = item[0], dict(item[1]) if len(item) > 1 else {}
-        return program, options, item[2] if len(item) > 2 else None
-    return str(item), {}, None
+        lower = dict(item[2]) if len(item) > 2 and isinstance(item[2], dict) else {}
+        name = item[3] if len(item) > 3 else (item[2] if len(item) > 2 and isinstance(item[2], str)
+                                               else None)
+        return program, options, lower, name
+    return str(item), {}, {}, None
 
 
 def build_lowered_module(program: str, options: dict):
@@ -69,7 +79,10 @@ def write_bundle(out_dir, programs_with_options, targets, *, lower_options=None,
     """Lower programs for ``targets`` into the bundle folder ``out_dir``.
 
     ``programs_with_options``: items ``"kda_fwd"``, ``("kda_fwd", {options})``,
-    ``("kda_fwd", {options}, "variant name")`` or ``{"program", "options", "name"}``.
+    ``("kda_fwd", {options}, {lowering options})`` (fields of kernel.LowerOptions, e.g.
+    ``{"dot": "bf16x3"}``), optionally a 4th element ``"variant name"``, or dicts
+    ``{"program", "options", "lower", "name"}``. ``lower_options`` applies to every item
+    (item values win).
     ``targets``: chip names or `Target`s. Returns the ``lowered.json`` content plus a
     ``"report"`` list (kernel, chip, registers, spills, storage, bytes).
     """
@@ -101,9 +114,17 @@ def write_bundle(out_dir, programs_with_options, targets, *, lower_options=None,
     lowered_path = out / LOWERED
     lowered = json.loads(lowered_path.read_text()) if lowered_path.is_file() else {"variants": {}}
     report = []
+    from .kernel import LowerOptions
+    base_lower = {}
+    if lower_options is not None:
+        base_lower = dict(vars(lower_options)) if isinstance(lower_options, LowerOptions) \
+            else dict(lower_options)
     for item in programs_with_options:
-        program, options, vname = _normalise(item)
-        vname = vname or variant_name(program, options)
+        program, options, lower, vname = _normalise(item)
+        lower = {**base_lower, **lower}
+        lopts = LowerOptions(**lower)
+        vname = vname or variant_name(program, options, {k: v for k, v in lower.items()
+                                                         if getattr(LowerOptions(), k) != v})
         module = build_lowered_module(program, options)
         prog = read_program(module)
         spec = {
@@ -119,9 +140,10 @@ def write_bundle(out_dir, programs_with_options, targets, *, lower_options=None,
             "workspaces": workspace_specs(prog),
             "kernels": [],
             "chips": {},
+            "lower": dict(vars(lopts)),
         }
         for target in tgts:
-            kernels = lower_program(module, target, name=vname, options=lower_options)
+            kernels = lower_program(module, target, name=vname, options=lopts)
             names = []
             for k in kernels:
                 k.builder.verify()
@@ -166,8 +188,13 @@ def write_bundle(out_dir, programs_with_options, targets, *, lower_options=None,
 
 # The variants the GPU check covers by default (kda/gdn, fwd/bwd, K = V = 64/128, both gate
 # forms, GVA, varlen, fp16, without initial state).
+TC = {"dot": "bf16x3"}          # tensor cores, operands split in bf16 hi + lo
 DEFAULT_SET = [
     ("kda_fwd", dict(head_k_dim=64, head_v_dim=64, gate="softplus")),
+    ("kda_fwd", dict(head_k_dim=128, head_v_dim=128, gate="lower_bound"), TC),
+    ("kda_fwd", dict(head_k_dim=128, head_v_dim=128, gate="lower_bound"), {"dot": "bf16"}),
+    ("gdn_fwd", dict(head_k_dim=64, head_v_dim=64, gate="gdn_lower_bound", gva_ratio=2, varlen=True), TC),
+    ("kda_bwd", dict(head_k_dim=64, head_v_dim=64, gate="lower_bound", gva_ratio=2, varlen=True), TC),
     ("kda_fwd", dict(head_k_dim=128, head_v_dim=128, gate="lower_bound", gva_ratio=2, varlen=True)),
     ("kda_fwd", dict(head_k_dim=64, head_v_dim=64, gate="lower_bound", dtype="fp16",
                      use_initial_state=False)),
@@ -192,7 +219,7 @@ def main(argv=None) -> int:
     built = []
     for it in items:
         try:
-            build_lowered_module(*it)
+            build_lowered_module(it[0], it[1])
             built.append(it)
         except Exception as exc:  # noqa: BLE001 - e.g. a backward that does not derive yet
             print(f"skipping {it[0]} {it[1]}: {type(exc).__name__}: {exc}")

@@ -202,12 +202,69 @@ def run_case(prog: LoweredProgram, spec: dict, case: dict, device, seed: int) ->
     return rows
 
 
+def bench(bundle, names, variants, device) -> None:
+    """Kernel time of each forward variant at B=1, T=8192, HV=16 (median of 5 runs)."""
+    print("\nTIMING (forward variants, B=1 T=8192 HV=16, all kernels of the variant, median of 5):")
+    for vname in names:
+        spec = variants[vname]
+        if not spec["program"].endswith("_fwd"):
+            continue
+        try:
+            prog = LoweredProgram(bundle, vname)
+            ratio = int(spec["gva_ratio"])
+            case = (dict(label="bench", B=1, lengths=[8192], decay="moderate") if spec["varlen"]
+                    else dict(label="bench", B=1, T=8192, decay="moderate"))
+            kern, _ = _inputs(spec, case, device, 0)
+            # _inputs uses H = 2 q/k heads; widen to HV = 16 value heads
+            H = 16 // ratio
+            kern = _widen(kern, spec, H, ratio)
+            prog(device=device, **kern)
+            torch.cuda.synchronize()
+            times = []
+            for _ in range(5):
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                prog(device=device, poison=False, **kern)
+                b.record()
+                torch.cuda.synchronize()
+                times.append(a.elapsed_time(b))
+            times.sort()
+            print(f"  {vname:58s} {times[2]:9.3f} ms")
+        except Exception as exc:  # noqa: BLE001
+            print(f"  {vname:58s} ERROR {type(exc).__name__}: {exc}")
+
+
+def _widen(kern: dict, spec: dict, H: int, ratio: int) -> dict:
+    HV = H * ratio
+    out = {}
+    for name, x in kern.items():
+        a = next((a for a in spec["args"] if a["name"] == name), None)
+        if a is None or not x.is_floating_point():
+            out[name] = x
+            continue
+        if a["layout"] == "token":
+            heads = H if a["heads"] == "qk" else HV
+            reps = [1] * x.dim()
+            reps[2] = -(-heads // x.shape[2])
+            out[name] = x.repeat(*reps)[:, :, :heads].contiguous()
+        elif a["layout"] in ("head", "state"):
+            dim = 0 if a["layout"] == "head" else 1
+            reps = [1] * x.dim()
+            reps[dim] = -(-HV // x.shape[dim])
+            out[name] = x.repeat(*reps).narrow(dim, 0, HV).contiguous()
+        else:
+            out[name] = x
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("bundle")
     ap.add_argument("--variant", default=None, help="only variants whose name contains this")
     ap.add_argument("--quick", action="store_true", help="two shapes per variant")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--bench", action="store_true",
+                    help="also time the forward variants at B=1, T=8192, HV=16 (no reference)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("gpu_check: no CUDA device; nothing to check")
@@ -258,6 +315,8 @@ def main(argv=None) -> int:
                       flush=True)
     print("-" * len(hdr))
     print(f"SUMMARY: {n_ok} ok, {n_bad} FAIL, {n_err} ERROR  ({len(names)} variants)")
+    if args.bench:
+        bench(args.bundle, names, variants, device)
     return 0 if (n_bad == 0 and n_err == 0) else 1
 
 
