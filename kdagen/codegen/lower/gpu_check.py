@@ -34,7 +34,8 @@ BARS = {"o": 0.005, "final_state": 0.005, "dq": 0.008, "dk": 0.008, "dv": 0.008,
         "ddt_bias": 0.008}
 GRAD_OF = {"q": "dq", "k": "dk", "v": "dv", "g_raw": "dg_raw", "g": "dg", "beta_raw": "dbeta_raw",
            "beta": "dbeta", "A_log": "dA_log", "dt_bias": "ddt_bias", "initial_state": "dh0"}
-_DT = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+_DT = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32, "fp16": torch.float16,
+       "fp32": torch.float32}
 
 
 def _cases(spec: dict, quick: bool) -> list[dict]:
@@ -61,7 +62,6 @@ def _inputs(spec: dict, case: dict, device, seed: int) -> tuple[dict, dict]:
     ratio = int(spec["gva_ratio"])
     H = 2
     HV = H * ratio
-    dt = _DT[attrs.get("dtype", "bf16")]
     if case.get("lengths"):
         lengths = case["lengths"]
         B, T = 1, sum(lengths)
