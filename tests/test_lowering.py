@@ -98,6 +98,29 @@ def test_tensor_core_path_assembles(chip):
                    r.registers, r.spill_stores + r.spill_loads))
 
 
+@pytest.mark.parametrize("chip", CHIPS)
+def test_full_pipeline_lowers_and_assembles(chip):
+    """The chip's pass pipeline (stable-reassociate, partition, warp-specialize): a
+    chunk-parallel kernel (grid z over chunks) and a state kernel, both assemble."""
+    from kdagen.codegen import ptxas
+    from kdagen.passes.pipelines import pipeline_for
+    exe = _ptxas_or_skip()
+    m = build_program("kda_fwd", head_k_dim=128, head_v_dim=128, gate="lower_bound", gva_ratio=2,
+                      varlen=True)
+    with m.context, ir.Location.unknown():
+        run_pipeline(m, pipeline_for(chip))
+    kernels = lower_program(m, get_target(chip), options=LowerOptions(dot="bf16x3"))
+    assert [k.launch["grid"][2] for k in kernels] == ["max_chunks", "1"]
+    for k in kernels:
+        ptx = lower_to_ptx(k.module, get_target(chip))
+        assert "__nv_" not in ptx
+        res = ptxas.assemble(ptx, chip, exe)
+        assert res.ok, res.log
+        r = res.resources[k.name]
+        REPORT.append((f"pipeline kda_K128 {k.name[-5:]}", chip, k.name, k.storage,
+                       k.launch["tile_bytes"], r.registers, r.spill_stores + r.spill_loads))
+
+
 def test_report_registers(capsys):
     """Print the register/spill table of the kernels assembled above (pytest -s shows it)."""
     if not REPORT:

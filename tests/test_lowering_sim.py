@@ -242,3 +242,19 @@ def test_partitioned_program_chunk_parallel_kernel(storage):
     ref = interpreter.run(m, {"v": v.to(torch.float64)})
     assert rel_err(out["final_state"], ref["final_state"]) < F32_TOL
     assert rel_err(out["o"], ref["o"]) < ROUND_TOL
+
+
+@pytest.mark.parametrize("chip", ["sm_90a", "sm_120a"])
+def test_full_pipeline_numerics(chip):
+    """kda_fwd through the chip's pass pipeline (partitioned into a chunk-parallel kernel and a
+    state kernel; sm_120a stores bf16 workspaces) matches the interpreter on the same IR."""
+    from kdagen.codegen.lower.kernel import LowerOptions
+    from kdagen.passes.pipelines import pipeline_for
+    case = make_case("kda", gate="lower_bound", H=1, HV=2, K=64, V=64, lengths=[5, 65], seed=13)
+    m = build_program("kda_fwd", **case.options)
+    with m.context, ir.Location.unknown():
+        run_pipeline(m, pipeline_for(chip))
+    out = simulate(m, case.inputs, options=LowerOptions(dot="bf16x3"))
+    ref = interpreter.run(m, _rounded(case.inputs), dtype=torch.float64, round_storage=True)
+    assert rel_err(out["o"], ref["o"]) < ROUND_TOL
+    assert rel_err(out["final_state"], ref["final_state"]) < 5e-5

@@ -336,6 +336,8 @@ class TileKernelEmitter:
         self.th = T_.Threads(B.fresh_tid(), self.opts.nthreads)
         if op == "kda.workspace":
             return  # the memref is a kernel parameter (bound in body)
+        if op == "kda.pipeline_release":
+            return  # synchronisation marker: every op is followed by a barrier already
         if op in ("gpu.yield", "func.return"):
             raise LoweringError(f"unexpected {op}")
         if op in ("kda.store", "kda.store_state", "kda.store_chunk"):
@@ -414,7 +416,7 @@ class TileKernelEmitter:
             return T_.binary(k, ops[0], ops[1])
         if k in ("neg", "exp2", "log2", "sigmoid", "softplus", "rsqrt"):
             return T_.unary(k, ops[0], a)
-        if k == "assume_range":
+        if k in ("assume_range", "pipeline_wait"):
             return ops[0]
         if k == "convert":
             return T_.convert(ops[0], n.operands[0].elt, r.elt)

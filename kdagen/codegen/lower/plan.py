@@ -55,10 +55,15 @@ EXPR_OPS = {"kda.add", "kda.sub", "kda.mul", "kda.div", "kda.neg", "kda.exp2", "
             "kda.sigmoid", "kda.softplus", "kda.rsqrt", "kda.select", "kda.tril",
             "kda.embed_row", "kda.valid_rows", "kda.load", "kda.load_head", "kda.load_state",
             "kda.load_chunk", "kda.convert"}
-VIEW_OPS = {"kda.broadcast", "kda.transpose", "kda.extract_row", "kda.assume_range"}
+VIEW_OPS = {"kda.broadcast", "kda.transpose", "kda.extract_row", "kda.assume_range",
+            "kda.pipeline_wait"}
+# synchronisation markers of kda-warp-specialize: with a barrier after every op the lowering is
+# already synchronised, so they emit nothing (pipeline_wait is an identity view)
+NOOP_OPS = {"kda.pipeline_release"}
 STORE_OPS = {"kda.store", "kda.store_state", "kda.store_chunk"}
 LOAD_OPS = {"kda.load", "kda.load_head", "kda.load_state", "kda.load_chunk", "kda.sum_chunks"}
-PURE_OPS = EXPR_OPS | VIEW_OPS | MATRIX_OPS | {"kda.constant", "kda.scalar", "kda.workspace"}
+PURE_OPS = (EXPR_OPS | VIEW_OPS | MATRIX_OPS | NOOP_OPS
+            | {"kda.constant", "kda.scalar", "kda.workspace"})
 # consumers that read each element of an operand more than once (or at other indices while
 # writing): their operands must be cheap to read (buffer, view of a buffer, constant)
 MULTI_READ = {"kda.broadcast", "kda.dot", "kda.decay_dot", "kda.decay_matmul", "kda.tril_inv",
@@ -341,7 +346,7 @@ def plan_storage(program: Program, group: KernelGroup, align: int = 16) -> Stora
             written.add(n.operands[0])
 
     def consumers(v):
-        return [(u, i) for (u, i) in v.uses if u in in_kernel]
+        return [(u, i) for (u, i) in v.uses if u in in_kernel and u.op not in NOOP_OPS]
 
     modes: dict = {}
     # pass 1: modes, in program order (a view's mode depends on its operand's)
@@ -365,6 +370,7 @@ def plan_storage(program: Program, group: KernelGroup, align: int = 16) -> Stora
             elif n.op in MATRIX_OPS:
                 modes[r], cheap[r] = "buffer", True
             elif n.op in VIEW_OPS or (n.op == "kda.convert" and _is_widening_convert(n)):
+                # pipeline_wait / assume_range / widening converts are identities
                 modes[r] = "view"
                 cheap[r] = cheap.get(n.operands[0], False)
             elif n.op in EXPR_OPS:
@@ -467,6 +473,8 @@ def plan_storage(program: Program, group: KernelGroup, align: int = 16) -> Stora
         return pos
 
     for n in knodes:
+        if n.op in NOOP_OPS:
+            continue
         operands = list(n.operands)
         weight = 64.0 ** n.block.depth          # body ops run once per chunk
         for i, o in enumerate(operands):
@@ -531,7 +539,7 @@ def _yield_hazard(v: Value, i: int, scan: Node, modes: dict) -> bool:
         if m in ("buffer", "const", "param"):
             return False
         op = x.owner.op
-        if op in VIEW_OPS and op != "kda.assume_range":
+        if op in VIEW_OPS and op not in ("kda.assume_range", "kda.pipeline_wait"):
             return any(visit(o, False) for o in x.owner.operands if o.kind == "tile")
         if op in ("kda.embed_row",):
             return any(visit(o, False) for o in x.owner.operands if o.kind == "tile")
