@@ -163,6 +163,40 @@ def test_simulator_catches_a_missing_barrier(monkeypatch):
         simulate(m, case.inputs, storage="smem")
 
 
+def test_launcher_with_chip_pipeline_bf16_workspaces(tmp_path):
+    """pipeline="chip" on sm_120a: partitioned kernels exchanging bf16 workspaces; the launcher
+    allocates the workspaces with the chip's dtypes."""
+    from kdagen.codegen.lower import gpu_check
+    from kdagen.codegen.lower.bundle import build_lowered_module, write_bundle
+    from kdagen.codegen.lower.launch import LoweredProgram
+    from kdagen.codegen.lower.sim import SimLibrary
+    opts = dict(head_k_dim=64, head_v_dim=64, chunk_size=32, gate="lower_bound")
+    res = write_bundle(tmp_path, [("kda_fwd", opts, {"dot": "bf16x3"})], ["sm_120a"],
+                       pipeline="chip")
+    (vname,) = res["variants"]
+    spec = res["variants"][vname]
+    assert len(spec["chips"]["sm_120a"]) == 2
+    assert any(w["elt"] == "bf16" for w in spec["chip_workspaces"]["sm_120a"])
+    lib = SimLibrary(tmp_path, {}, "sm_120a")
+    from kdagen.codegen.lower.kernel import LowerOptions, prepare
+    from kdagen.codegen.lower.program import read_program
+    from kdagen.codegen.target import get_target
+    m = build_lowered_module("kda_fwd", opts, "chip", "sm_120a")
+    for pk in prepare(read_program(m), get_target("sm_120a"), vname, LowerOptions(dot="bf16x3")):
+        lib.kernels[pk.name] = pk
+    prog = LoweredProgram(tmp_path, vname, library=lib)
+
+    class OnCpu:
+        def __call__(self, **kw):
+            return prog(chip="sm_120a", **kw)
+
+    rows = gpu_check.run_case(OnCpu(), spec, dict(label="b", B=1, T=40, decay="moderate"),
+                              torch.device("cpu"), 0)
+    by = {r["tensor"]: r for r in rows}
+    assert all(r["finite"] and r["det"] for r in rows)
+    assert by["o"]["err"] < 5e-3 and by["final_state"]["err"] < 5e-3   # bf16 workspaces
+
+
 def test_launcher_calling_convention_end_to_end(tmp_path):
     """write_bundle -> LoweredProgram (the MLIR-free launcher: argument conversion, output /
     workspace / scratch allocation, grid rules, manifest parameter order) -> kernels run by the

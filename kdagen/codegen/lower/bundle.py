@@ -42,6 +42,8 @@ def variant_name(program: str, options: dict, lower: dict | None = None) -> str:
         parts.append("varlen")
     if lower.get("dot", "fma") != "fma":
         parts.append(lower["dot"])
+    if lower.get("pipeline") == "chip":
+        parts.append("part")
     key = json.dumps([o, lower] if lower else o, sort_keys=True, default=str)
     digest = hashlib.sha1(key.encode()).hexdigest()[:8]
     parts.append(digest)
@@ -62,20 +64,31 @@ def _normalise(item) -> tuple[str, dict, dict, str | None]:
     return str(item), {}, {}, None
 
 
-def build_lowered_module(program: str, options: dict):
-    """build_program + kda-stable-reassociate (the pipeline the lowering expects)."""
+def build_lowered_module(program: str, options: dict, pipeline: str = "stable",
+                         chip: str | None = None):
+    """build_program + the passes before lowering: ``pipeline="stable"``:
+    kda-stable-reassociate only (one kernel per scan, chunks in sequence); ``"chip"``: the
+    chip's full pipeline (kdagen.passes.pipelines: partition into chunk-parallel + state
+    kernels, warp-specialize annotations); or any pipeline text for parse_pipeline."""
     from kdagen._mlir import ir
     from kdagen.ir.programs import build_program
     from kdagen.passes.base import parse_pipeline
     from kdagen.passes.pipeline import run_pipeline
     module = build_program(program, **options)
     with module.context, ir.Location.unknown():
-        run_pipeline(module, parse_pipeline("kda-stable-reassociate"))
+        if pipeline == "stable":
+            passes = parse_pipeline("kda-stable-reassociate")
+        elif pipeline == "chip":
+            from kdagen.passes.pipelines import pipeline_for
+            passes = pipeline_for(chip or "sm_90a")
+        else:
+            passes = parse_pipeline(pipeline)
+        run_pipeline(module, passes)
     return module
 
 
 def write_bundle(out_dir, programs_with_options, targets, *, lower_options=None,
-                 assemble: bool = True, verbose: bool = False) -> dict:
+                 assemble: bool = True, verbose: bool = False, pipeline: str = "stable") -> dict:
     """Lower programs for ``targets`` into the bundle folder ``out_dir``.
 
     ``programs_with_options``: items ``"kda_fwd"``, ``("kda_fwd", {options})``,
@@ -123,9 +136,11 @@ def write_bundle(out_dir, programs_with_options, targets, *, lower_options=None,
         program, options, lower, vname = _normalise(item)
         lower = {**base_lower, **lower}
         lopts = LowerOptions(**lower)
-        vname = vname or variant_name(program, options, {k: v for k, v in lower.items()
-                                                         if getattr(LowerOptions(), k) != v})
-        module = build_lowered_module(program, options)
+        tag = {k: v for k, v in lower.items() if getattr(LowerOptions(), k) != v}
+        if pipeline != "stable":
+            tag["pipeline"] = pipeline
+        vname = vname or variant_name(program, options, tag)
+        module = build_lowered_module(program, options, pipeline, tgts[0].chip)
         prog = read_program(module)
         spec = {
             "program": program,
@@ -141,8 +156,13 @@ def write_bundle(out_dir, programs_with_options, targets, *, lower_options=None,
             "kernels": [],
             "chips": {},
             "lower": dict(vars(lopts)),
+            "pipeline": pipeline,
+            "chip_workspaces": {},
         }
         for target in tgts:
+            if pipeline == "chip" and target is not tgts[0]:
+                module = build_lowered_module(program, options, pipeline, target.chip)
+            spec["chip_workspaces"][target.chip] = workspace_specs(read_program(module))
             kernels = lower_program(module, target, name=vname, options=lopts)
             names = []
             for k in kernels:
@@ -214,6 +234,9 @@ def main(argv=None) -> int:
     ap.add_argument("out")
     ap.add_argument("--chips", default="sm_90a")
     ap.add_argument("--quick", action="store_true", help="forward variants only")
+    ap.add_argument("--pipeline", default="stable", choices=["stable", "chip"],
+                    help="stable: kda-stable-reassociate only; chip: the chip's full pipeline "
+                         "(partitioned chunk-parallel + state kernels)")
     args = ap.parse_args(argv)
     items = [it for it in DEFAULT_SET if not (args.quick and it[0].endswith("_bwd"))]
     built = []
@@ -223,7 +246,7 @@ def main(argv=None) -> int:
             built.append(it)
         except Exception as exc:  # noqa: BLE001 - e.g. a backward that does not derive yet
             print(f"skipping {it[0]} {it[1]}: {type(exc).__name__}: {exc}")
-    res = write_bundle(args.out, built, args.chips.split(","), verbose=True)
+    res = write_bundle(args.out, built, args.chips.split(","), verbose=True, pipeline=args.pipeline)
     print(f"wrote {len(res['variants'])} variants, {len(res['report'])} kernels to {args.out}")
     return 0
 

@@ -140,13 +140,14 @@ class LoweredProgram:
                 x = self._alloc(a["layout"], a["heads"], a["tail"], a["dtype"], sz, device, poison)
                 values[name] = x
                 outputs[name] = x
-        for w in self.spec["workspaces"]:
-            values[w["name"]] = self._alloc(w["layout"], w.get("heads"), w["tail"], w["elt"], sz,
-                                            device, poison)
         if chip is None:
             from kdagen.runtime.chips import chip_for_device
             chip = chip_for_device(device.index if device.index is not None
                                    else torch.cuda.current_device())
+        workspaces = (self.spec.get("chip_workspaces") or {}).get(chip, self.spec["workspaces"])
+        for w in workspaces:
+            values[w["name"]] = self._alloc(w["layout"], w.get("heads"), w["tail"], w["elt"], sz,
+                                            device, poison)
         env = dict(sz)
         for name in self.kernel_names(chip):
             kern = self.library.get(name, device)
