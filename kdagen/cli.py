@@ -30,27 +30,46 @@ def main():
 @main.command()
 @click.option("-o", "--out", "out_dir", default="kdagen-out", show_default=True,
               type=click.Path(file_okay=False), help="Bundle folder to write.")
+@click.option("--op", "op", default="all", show_default=True,
+              type=click.Choice(["kda", "gdn", "all", "gate-cumsum"]),
+              help="Programs to emit (forward + backward), or the foundation's gate+cumsum kernel.")
 @click.option("--arch", "targets", default="sm_90a,sm_100a,sm_120a", show_default=True,
               type=_ArchList(), help="Comma-separated chips (or 'all').")
-@click.option("--head-dim", default=128, show_default=True, type=click.Choice(["64", "128"]),
+@click.option("--head-dim", default="128", show_default=True, type=click.Choice(["64", "128"]),
               help="Head dimension K = V.")
-def emit(out_dir, targets, head_dim):
+@click.option("--gate", default=None, help="Gate name (see `kdagen list`); default softplus "
+              "(KDA) / gdn_softplus (GDN).")
+def emit(out_dir, op, targets, head_dim, gate):
     """Generate kernels for each chip into a bundle (manifest.json + .ptx/.cubin)."""
-    from .emit import emit_bundle
-    emitted = emit_bundle(out_dir, targets, head_dim=int(head_dim))
-    rows = []
-    for item in emitted:
-        res = item.entry.resources or {}
-        status = {True: "ok", False: "FAILED", None: "no ptxas"}[item.assembled]
-        rows.append([item.entry.name, item.entry.chip, item.entry.path, res.get("registers", "-"),
-                     res.get("spill_stores", 0) + res.get("spill_loads", 0) if res else "-",
-                     res.get("shared_bytes", "-"), status])
+    from .emit import emit_bundle, emit_programs
+    if op == "gate-cumsum":
+        emitted = emit_bundle(out_dir, targets, head_dim=int(head_dim))
+        rows = []
+        for item in emitted:
+            res = item.entry.resources or {}
+            rows.append(dict(kernel=item.entry.name, chip=item.entry.chip, path=item.entry.path,
+                             registers=res.get("registers", "-"),
+                             spill_stores=res.get("spill_stores", 0),
+                             spill_loads=res.get("spill_loads", 0),
+                             dynamic_shared_memory=item.entry.launch["dynamic_shared_memory"],
+                             storage="registers"))
+        failed = [e for e in emitted if e.assembled is False]
+        for item in failed:
+            click.echo(f"ptxas failed for {item.entry.name} on {item.entry.chip}:\n{item.log}",
+                       err=True)
+    else:
+        ops = ["kda", "gdn"] if op == "all" else [op]
+        try:
+            rows = emit_programs(out_dir, targets, ops, head_dim=int(head_dim), gate=gate)
+        except ValueError as err:
+            raise click.ClickException(str(err))
+        failed = []
+    table = [[r["kernel"], r["chip"], r["path"], r.get("registers", "-"),
+              r.get("spill_stores", 0) + r.get("spill_loads", 0) if "registers" in r else "-",
+              r.get("dynamic_shared_memory", 0), r.get("storage", "-")] for r in rows]
     click.echo(format_table(["kernel", "chip", "path", "registers", "spill bytes", "smem bytes",
-                             "ptxas"], rows))
-    click.echo(f"wrote {len(emitted)} kernels to {out_dir}")
-    failed = [e for e in emitted if e.assembled is False]
-    for item in failed:
-        click.echo(f"ptxas failed for {item.entry.name} on {item.entry.chip}:\n{item.log}", err=True)
+                             "tile storage"], table))
+    click.echo(f"wrote {len(rows)} kernels to {out_dir}")
     if failed:
         sys.exit(1)
 

@@ -1,4 +1,11 @@
-"""`kdagen emit`: build kernels for each chip, lower to PTX, assemble, and write a bundle."""
+"""`kdagen emit`: build kernels for each chip, lower to PTX, assemble, and write a bundle.
+
+Two kinds of kernels:
+- the programs (kda_fwd, kda_bwd, gdn_fwd, gdn_bwd): built from the DSL, run through
+  ``kda-stable-reassociate`` and lowered by :mod:`kdagen.codegen.lower` (``emit_programs``);
+- the first hand-assembled kernel of the foundation issue, the KDA gate + chunk cumsum, kept as
+  the smallest end-to-end check of the emitter → PTX → driver path (``emit_bundle``).
+"""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -13,6 +20,8 @@ from .codegen.to_ptx import lower_to_ptx
 from .version import __version__, source_hash
 
 SUPPORTED_HEAD_DIMS = (64, 128)
+OPS = {"kda": ("kda_fwd", "kda_bwd"), "gdn": ("gdn_fwd", "gdn_bwd")}
+DEFAULT_GATES = {"kda": "softplus", "gdn": "gdn_softplus"}
 
 
 @dataclass
@@ -62,3 +71,36 @@ def emit_bundle(out_dir: str | Path, targets: list[Target], head_dim: int = 128)
             emitted.append(EmittedKernel(entry, assembled, log))
     write_atomic(out / MANIFEST, manifest.to_json())
     return emitted
+
+
+def program_variants(ops: list[str], head_dim: int, gate: str | None) -> list[tuple[str, dict]]:
+    """(program, options) for each requested op: forward and backward, K = V = head_dim."""
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"head_dim: {head_dim} is not supported; choose one of {SUPPORTED_HEAD_DIMS}")
+    out = []
+    for op in ops:
+        if op not in OPS:
+            raise ValueError(f"op: unknown op {op!r}; choose from {', '.join(OPS)} or all")
+        family_gate = gate or DEFAULT_GATES[op]
+        from .ir.gates import get_gate
+        if get_gate(family_gate).family != op:
+            raise ValueError(f"gate: {family_gate!r} is not a {op.upper()} gate; "
+                             "see `kdagen list` for the gates of each op")
+        options = dict(head_k_dim=head_dim, head_v_dim=head_dim, gate=family_gate)
+        out.extend((program, dict(options)) for program in OPS[op])
+    return out
+
+
+def emit_programs(out_dir: str | Path, targets: list[Target], ops: list[str], head_dim: int = 128,
+                  gate: str | None = None, verbose: bool = False) -> list[dict]:
+    """Lower the programs of ``ops`` for every target into the bundle ``out_dir``; returns the
+    per-kernel report rows (kernel, chip, path, registers, spills, shared memory)."""
+    from .codegen.lower.bundle import write_bundle
+    result = write_bundle(out_dir, program_variants(ops, head_dim, gate), targets, verbose=verbose)
+    manifest = {(e["name"], e["chip"]): e for e in
+                __import__("json").loads((Path(out_dir) / MANIFEST).read_text())["kernels"]}
+    rows = []
+    for row in result["report"]:
+        entry = manifest.get((row["kernel"], row["chip"]), {})
+        rows.append({**row, "path": entry.get("path", "?")})
+    return rows

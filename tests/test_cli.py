@@ -33,7 +33,7 @@ def test_command_help(command):
 @requires_ptxas
 def test_emit_then_check_all_three_chips(tmp_path):
     out = tmp_path / "bundle"
-    result = run("emit", "-o", str(out))
+    result = run("emit", "-o", str(out), "--op", "gate-cumsum")
     assert result.exit_code == 0, result.output
     for chip in ("sm_90a", "sm_100a", "sm_120a"):
         assert chip in result.output
@@ -54,8 +54,8 @@ def test_emit_then_check_all_three_chips(tmp_path):
 
 @requires_ptxas
 def test_emit_is_deterministic(tmp_path):
-    run("emit", "-o", str(tmp_path / "a"), "--arch", "sm_90a")
-    run("emit", "-o", str(tmp_path / "b"), "--arch", "sm_90a")
+    run("emit", "-o", str(tmp_path / "a"), "--arch", "sm_90a", "--op", "kda", "--head-dim", "64")
+    run("emit", "-o", str(tmp_path / "b"), "--arch", "sm_90a", "--op", "kda", "--head-dim", "64")
     ptx_a = sorted((tmp_path / "a").glob("*.ptx"))
     assert ptx_a
     for path in ptx_a:
@@ -65,7 +65,7 @@ def test_emit_is_deterministic(tmp_path):
 @requires_ptxas
 def test_check_fails_on_broken_ptx(tmp_path):
     out = tmp_path / "bundle"
-    run("emit", "-o", str(out), "--arch", "sm_90a")
+    run("emit", "-o", str(out), "--arch", "sm_90a", "--op", "gate-cumsum")
     ptx = next(out.glob("*.ptx"))
     ptx.write_text(ptx.read_text().replace("ret;", "this_is_not_ptx;"))
     result = run("check", str(out))
@@ -82,7 +82,7 @@ def test_check_without_manifest(tmp_path):
 @requires_ptxas
 def test_check_reports_missing_ptxas(tmp_path, monkeypatch):
     out = tmp_path / "bundle"
-    run("emit", "-o", str(out), "--arch", "sm_120a")
+    run("emit", "-o", str(out), "--arch", "sm_120a", "--op", "gate-cumsum")
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     monkeypatch.delenv("KDAGEN_PTXAS", raising=False)
     monkeypatch.setattr(ptxas_mod, "FALLBACK_LOCATIONS", ())
@@ -101,3 +101,34 @@ def test_emit_rejects_bad_head_dim(tmp_path):
     result = run("emit", "-o", str(tmp_path), "--head-dim", "96")
     assert result.exit_code == 2
     assert "96" in result.output
+
+
+@requires_ptxas
+@pytest.mark.parametrize("op,head_dim", [("kda", "64"), ("kda", "128"), ("gdn", "64"), ("gdn", "128")])
+def test_emit_programs_every_op_chip_and_head_dim(tmp_path, op, head_dim):
+    """The DSL programs (forward + backward) go through the passes and the lowering to PTX that
+    ptxas assembles for all three chips; the manifest says which path each kernel took."""
+    out = tmp_path / "bundle"
+    result = run("emit", "-o", str(out), "--op", op, "--head-dim", head_dim)
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    kernels = manifest["kernels"]
+    for program in (f"{op}_fwd", f"{op}_bwd"):
+        for chip in ("sm_90a", "sm_100a", "sm_120a"):
+            assert any(k["name"].startswith(program) and k["chip"] == chip for k in kernels), (program, chip)
+    for kernel in kernels:
+        assert kernel["path"].startswith("portable")
+        assert kernel["resources"]["registers"] > 0
+        ptx = (out / kernel["ptx_file"]).read_text()
+        assert "__nv_" not in ptx
+        if kernel["chip"] == "sm_120a":
+            assert "wgmma" not in ptx and "tcgen05" not in ptx
+    checked = run("check", str(out))
+    assert checked.exit_code == 0, checked.output
+    assert f"{len(kernels)}/{len(kernels)} kernels assembled (sm_100a, sm_120a, sm_90a)" in checked.output
+
+
+def test_emit_rejects_a_gate_of_the_other_op(tmp_path):
+    result = run("emit", "-o", str(tmp_path), "--op", "gdn", "--gate", "lower_bound")
+    assert result.exit_code == 1
+    assert "not a GDN gate" in result.output
