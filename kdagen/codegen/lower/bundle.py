@@ -93,7 +93,7 @@ def write_bundle(out_dir, programs_with_options, targets, *, lower_options=None,
 
     ``programs_with_options``: items ``"kda_fwd"``, ``("kda_fwd", {options})``,
     ``("kda_fwd", {options}, {lowering options})`` (fields of kernel.LowerOptions, e.g.
-    ``{"dot": "bf16x3"}``), optionally a 4th element ``"variant name"``, or dicts
+    ``{"dot": "bf16x3"}``, plus ``"pipeline"`` to override ``pipeline`` for the item), optionally a 4th element ``"variant name"``, or dicts
     ``{"program", "options", "lower", "name"}``. ``lower_options`` applies to every item
     (item values win).
     ``targets``: chip names or `Target`s. Returns the ``lowered.json`` content plus a
@@ -135,12 +135,13 @@ def write_bundle(out_dir, programs_with_options, targets, *, lower_options=None,
     for item in programs_with_options:
         program, options, lower, vname = _normalise(item)
         lower = {**base_lower, **lower}
+        item_pipeline = lower.pop("pipeline", pipeline)
         lopts = LowerOptions(**lower)
         tag = {k: v for k, v in lower.items() if getattr(LowerOptions(), k) != v}
-        if pipeline != "stable":
-            tag["pipeline"] = pipeline
+        if item_pipeline != "stable":
+            tag["pipeline"] = item_pipeline
         vname = vname or variant_name(program, options, tag)
-        module = build_lowered_module(program, options, pipeline, tgts[0].chip)
+        module = build_lowered_module(program, options, item_pipeline, tgts[0].chip)
         prog = read_program(module)
         spec = {
             "program": program,
@@ -156,12 +157,12 @@ def write_bundle(out_dir, programs_with_options, targets, *, lower_options=None,
             "kernels": [],
             "chips": {},
             "lower": dict(vars(lopts)),
-            "pipeline": pipeline,
+            "pipeline": item_pipeline,
             "chip_workspaces": {},
         }
         for target in tgts:
-            if pipeline == "chip" and target is not tgts[0]:
-                module = build_lowered_module(program, options, pipeline, target.chip)
+            if item_pipeline == "chip" and target is not tgts[0]:
+                module = build_lowered_module(program, options, item_pipeline, target.chip)
             spec["chip_workspaces"][target.chip] = workspace_specs(read_program(module))
             kernels = lower_program(module, target, name=vname, options=lopts)
             names = []
@@ -209,7 +210,11 @@ def write_bundle(out_dir, programs_with_options, targets, *, lower_options=None,
 # The variants the GPU check covers by default (kda/gdn, fwd/bwd, K = V = 64/128, both gate
 # forms, GVA, varlen, fp16, without initial state).
 TC = {"dot": "bf16x3"}          # tensor cores, operands split in bf16 hi + lo
+PART = {"dot": "bf16x3", "pipeline": "chip"}   # + the chip's pipeline: partitioned kernels
 DEFAULT_SET = [
+    ("kda_fwd", dict(head_k_dim=128, head_v_dim=128, gate="lower_bound", gva_ratio=2, varlen=True), PART),
+    ("gdn_fwd", dict(head_k_dim=128, head_v_dim=128, gate="gdn_softplus"), PART),
+    ("kda_bwd", dict(head_k_dim=64, head_v_dim=64, gate="softplus"), PART),
     ("kda_fwd", dict(head_k_dim=64, head_v_dim=64, gate="softplus")),
     ("kda_fwd", dict(head_k_dim=128, head_v_dim=128, gate="lower_bound"), TC),
     ("kda_fwd", dict(head_k_dim=128, head_v_dim=128, gate="lower_bound"), {"dot": "bf16"}),
