@@ -663,8 +663,7 @@ def prepare(program: Program, target: Target | None, prefix: str,
                                 f"budget {budget}")
         plan.pack(storage, budget - REDUCE_SLOTS_BYTES)
         if storage == "hybrid" and plan.global_bytes == 0:
-            plan.pack("smem")
-            storage = "smem"
+            storage = "smem"            # everything fitted: keep the (within-budget) offsets
         elif storage == "hybrid" and plan.smem_bytes == 0:
             plan.pack("global")
             storage = "global"
