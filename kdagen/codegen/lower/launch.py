@@ -92,15 +92,19 @@ class LoweredProgram:
                 break
         Bsz, T, HV = (int(d) for d in tok.shape[:3])
         cu = tensors.get("cu_seqlens")
+        per_seq = ceil_div(T, self.C)
         if cu is not None:
-            cu_l = [int(x) for x in cu.detach().cpu().tolist()]
-            lengths = [b - a for a, b in zip(cu_l[:-1], cu_l[1:])]
+            # Never read cu_seqlens on the host (that would synchronise with the device and
+            # break CUDA-graph capture): size by bounds. Sequence n's chunks start at row
+            # sum_{m<n} ceil(len_m / C) <= T / C + n, so ceil(T / C) + N rows hold them all, and
+            # no sequence has more than ceil(T / C) chunks (chunk CTAs past a sequence's end exit).
+            N = int(cu.shape[0]) - 1
+            total, longest = per_seq + N, per_seq
         else:
-            lengths = [T] * Bsz
-        N = len(lengths)
-        chunks = [(n + self.C - 1) // self.C for n in lengths]
+            N = Bsz
+            total, longest = Bsz * per_seq, per_seq
         return dict(B=Bsz, T=T, HV=HV, H=HV // self.ratio, N=N, tokens=Bsz * T,
-                    total_chunks=sum(chunks), max_chunks=max(chunks + [0]))
+                    total_chunks=total, max_chunks=longest if T > 0 else 0)
 
     def _alloc(self, layout, heads, tail, dtype, sz, device, poison):
         if layout == "token":
