@@ -1,0 +1,58 @@
+"""Emit (on a machine with MLIR) the kernel bundle bench_fla.py needs on the GPU machine.
+
+    python bench/emit_bench_bundle.py OUT [--chip sm_90a] [--lower fma|bf16x3] [--pipeline stable|chip]
+
+It runs the benchmark's calls on tiny CPU inputs under kdagen's recording executor to learn
+which (program, options) variants they use, then lowers each with the requested lowering (by
+default the chip's full pass pipeline — partitioned into chunk-parallel and state kernels — and
+tensor-core bf16x3 matrix products) under the variant name the runtime looks up.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def bench_variants(ops: list[str]) -> list[tuple[str, dict]]:
+    import torch
+
+    import bench_fla
+    from kdagen.runtime.backends import recording
+
+    with recording("cpu") as rec:
+        for family in ops:
+            fn = bench_fla.implementations(family, fla=False)["kdagen"]
+            for name, (B, T, H, HV, lengths) in bench_fla.CONFIGS.items():
+                small = [min(n, 70) for n in lengths] if lengths else None
+                x, kw, _ = bench_fla.make_inputs(family, 1 if small else B, 70, H, HV, small, "cpu")
+                with torch.enable_grad():
+                    bench_fla.call(fn, family, x, kw, grad=True)
+    return rec.variants()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out")
+    ap.add_argument("--chip", default="sm_90a")
+    ap.add_argument("--ops", default="kda,gdn")
+    ap.add_argument("--lower", default="bf16x3", choices=["fma", "bf16x3", "bf16"])
+    ap.add_argument("--pipeline", default="chip", choices=["stable", "chip"])
+    args = ap.parse_args(argv)
+    from kdagen.codegen.lower.bundle import variant_name, write_bundle
+    variants = bench_variants(args.ops.split(","))
+    for program, options in variants:
+        start = time.time()
+        lower = {"pipeline": args.pipeline} | ({"dot": args.lower} if args.lower != "fma" else {})
+        write_bundle(args.out, [(program, options, lower, variant_name(program, options))],
+                     [args.chip])
+        print(f"{program} {options} ({time.time() - start:.1f} s)", flush=True)
+    print(f"wrote {len(variants)} variants to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
