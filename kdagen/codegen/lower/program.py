@@ -128,13 +128,8 @@ def _type_info(t) -> tuple[str, tuple, str]:
 
 
 def _program_func(module):
-    funcs = [op for op in module.body.operations if op.operation.name == "func.func"]
-    if not funcs:
-        raise ValueError("module has no func.func")
-    for f in funcs:
-        if "kda.program" in f.attributes:
-            return f
-    return funcs[0]
+    from kdagen.interpreter import program_func     # one definition of "the program function"
+    return program_func(module)
 
 
 def read_program(module) -> Program:
