@@ -108,3 +108,14 @@ def test_show_unknown_stage_lists_the_pipeline():
     result = CliRunner().invoke(main, ["show", "kda_fwd", "--stage", "kda-nonsense"])
     assert result.exit_code == 1
     assert "kda-stable-reassociate" in result.output and "kda-partition" in result.output
+
+
+@pytest.mark.parametrize("chip", list(PIPELINES))
+@pytest.mark.parametrize("program", ["kda_fwd", "gdn_fwd", "kda_bwd", "gdn_bwd"])
+def test_default_programs_fit_every_chip_at_head_dim_128(chip, program):
+    """K = V = 128, C = 64: every pipeline completes (the sm_120a budget included) and every
+    kernel gets a pipeline plan."""
+    module = build_program(program)
+    run_pipeline(module, pipeline_for(chip))
+    text = str(module)
+    assert text.count("kda.pipeline = {") == text.count('kda.kernel = "') >= 2

@@ -8,7 +8,7 @@ from __future__ import annotations
 from ..codegen.target import TARGETS
 from .base import ModulePass, parse_pipeline
 
-_COMMON = ["verify", "kda-stable-reassociate", "kda-partition{workspace_dtype=fp32}"]
+_COMMON = ["verify", "kda-stable-reassociate", "kda-partition{workspace_dtype=auto}"]
 
 PIPELINES: dict[str, list[str]] = {
     # Hopper: 227 KB of shared memory, two consumer warpgroups (setmaxnreg 232/40).

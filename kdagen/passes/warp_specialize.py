@@ -70,11 +70,11 @@ class WarpSpecializePass(ModulePass):
             # largest tile, filled in consumer order
             slot_bytes = max(sizes, default=0)
             slots = min(self.depth * len(loads), available // max(slot_bytes, 1))
-            if slots < 2:
+            if slots < 1:
                 raise PassError(
                     f"kda-warp-specialize: kernel {kernel} has a {slot_bytes}-byte tile but only "
                     f"{available} of the {self.smem_budget}-byte budget are left after "
-                    f"{self.reserved_smem} reserved: not even a two-slot ring fits; lower "
+                    f"{self.reserved_smem} reserved: not even one ring slot fits; lower "
                     "reserved_smem or use a smaller chunk")
             mode, depth, stage_bytes = "tile", 0, slot_bytes
         for index, load in enumerate(loads):
