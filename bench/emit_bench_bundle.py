@@ -14,13 +14,13 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
 
 
 def bench_variants(ops: list[str]) -> list[tuple[str, dict]]:
     import torch
 
-    import bench_fla
+    from kdagen import benchmark as bench_fla
     from kdagen.runtime.backends import recording
 
     with recording("cpu") as rec:

@@ -181,6 +181,18 @@ def _print(module) -> str:
     return print_module(module)
 
 
+@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.pass_context
+def bench(ctx):
+    """kdagen vs FLA on the GPU: median ms, ratio, % of roofline floor (table + JSON).
+
+    Arguments pass through to the benchmark, e.g. `kdagen bench --ops kda --json out.json`
+    (`kdagen bench --help-bench` lists them). Needs a CUDA GPU, fla-core and a kernel bundle."""
+    from .benchmark import main as bench_main
+    args = ["--help" if a == "--help-bench" else a for a in ctx.args]
+    sys.exit(bench_main(args))
+
+
 def _parse_options(pairs: tuple[str, ...]) -> dict:
     out = {}
     for pair in pairs:

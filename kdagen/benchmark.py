@@ -1,0 +1,189 @@
+"""kdagen vs FLA (fla-core) on the same inputs in one process (DESIGN.md §6).
+
+For each config: forward (no grad) and forward+backward, median ms over repeated runs
+(triton.testing.do_bench), the ratio FLA time / kdagen time, % of the roofline floor
+(max(bytes moved once / 4.25 TB/s, FLOPs / 700 TFLOP/s)), and the first-call time (module load
+for kdagen, compilation/autotuning for FLA) measured separately. Prints a table and writes JSON.
+
+    kdagen bench --json bench.json [--configs B1_T8k_H16,...] [--ops kda,gdn]
+    python bench/bench_fla.py ... (the same)
+
+Needs a CUDA GPU, fla-core, and a kdagen kernel bundle (KDAGEN_BUNDLE) or the MLIR package.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+
+COPY_BYTES_PER_S = 4.25e12
+MATMUL_FLOPS_PER_S = 700e12
+CHUNK = 64
+
+# name -> (B, T, H, HV, varlen lengths or None)
+CONFIGS = {
+    "B1_T8k_H16": (1, 8192, 16, 16, None),
+    "B1_T32k_H16": (1, 32768, 16, 16, None),
+    "B1_T32k_H32": (1, 32768, 32, 32, None),
+    "B8_T4k_H32": (8, 4096, 32, 32, None),
+    "varlen_mix_H16": (1, None, 16, 16, [1, 17, 64, 129, 1000, 2500, 4096, 8192, 300, 16000]),
+    "gva_H4_HV16_T8k": (1, 8192, 4, 16, None),
+}
+
+
+def flops_per_token(K: int, V: int, C: int = CHUNK, backward: bool = False) -> float:
+    """Matrix FLOPs of the chunked algorithm per token and value head (forward: Akk, Aqk, the
+    inverse, w, u, v', o, state update; the backward counted as 2.5x the forward)."""
+    fwd = 2 * (2 * C * K + C * C / 3 + C * (K + V) + K * V + K * V + C * V + K * V)
+    return fwd * (3.5 if backward else 1.0)
+
+
+def bytes_moved(B, T, H, HV, K, V, family, backward, elt=2):
+    """Bytes read/written once: q, k (H heads), v, g, beta, o (HV heads); plus do and every
+    gradient for forward+backward."""
+    g = K if family == "kda" else 1
+    tokens = B * T
+    fwd = tokens * (H * 2 * K + HV * (V + g + 1 + V)) * elt
+    return fwd * (2.2 if backward else 1.0)
+
+
+def make_inputs(family, B, T, H, HV, lengths, device, seed=0):
+    import torch
+    K = V = 128
+    gen = torch.Generator(device=device).manual_seed(seed)
+    B = B if lengths is None else 1
+
+    def rnd(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=gen, device=device) * scale).to(torch.bfloat16)
+
+    cu = None
+    if lengths is not None:
+        T = sum(lengths)
+        cu = torch.tensor([0] + list(__import__("itertools").accumulate(lengths)),
+                          dtype=torch.int32, device=device)
+    N = len(lengths) if lengths else B
+    gshape = (B, T, HV, K) if family == "kda" else (B, T, HV)
+    x = dict(q=rnd(B, T, H, K), k=rnd(B, T, H, K), v=rnd(B, T, HV, V), g=rnd(*gshape),
+             beta=rnd(B, T, HV),
+             initial_state=torch.randn(N, HV, K, V, generator=gen, device=device) * 0.1)
+    kw = dict(use_qk_l2norm_in_kernel=True, output_final_state=True, cu_seqlens=cu)
+    if family == "kda":
+        kw.update(use_gate_in_kernel=True, A_log=torch.rand(HV, device=device).log1p(),
+                  dt_bias=torch.randn(HV * K, device=device) * 0.1, use_beta_sigmoid_in_kernel=True)
+    else:
+        x["g"] = -torch.nn.functional.softplus(x["g"].float()).to(torch.bfloat16)
+        x["beta"] = x["beta"].float().sigmoid().to(torch.bfloat16)
+    return x, kw, T
+
+
+def implementations(family, fla=True):
+    impls = {}
+    import kdagen
+    impls["kdagen"] = kdagen.chunk_kda if family == "kda" else kdagen.chunk_gated_delta_rule
+    if not fla:
+        return impls
+    try:
+        if family == "kda":
+            from fla.ops.kda import chunk_kda as fla_fn
+        else:
+            from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_fn
+        impls["fla"] = fla_fn
+    except Exception as err:  # report, don't hide
+        print(f"FLA unavailable for {family}: {err!r}", file=sys.stderr)
+    return impls
+
+
+def call(fn, family, x, kw, grad):
+    import torch
+    args = {k: (v.detach().requires_grad_(grad) if v.is_floating_point() else v)
+            for k, v in x.items()}
+    if family != "kda":
+        kw = {k: v for k, v in kw.items() if k in ("use_qk_l2norm_in_kernel", "output_final_state",
+                                                    "cu_seqlens")}
+    else:
+        kw = dict(kw)
+        if "use_beta_sigmoid_in_kernel" in kw and fn.__module__.startswith("fla"):
+            kw.pop("use_beta_sigmoid_in_kernel")
+            args["beta"] = args["beta"].float().sigmoid().to(args["beta"].dtype).detach().requires_grad_(grad)
+    o, ht = fn(args["q"], args["k"], args["v"], args["g"], args["beta"],
+               initial_state=args["initial_state"], **kw)
+    if grad:
+        torch.autograd.backward([o, ht], [torch.ones_like(o), torch.ones_like(ht)])
+    return o
+
+
+def measure(fn, warmup_ms=50, rep_ms=300):
+    import triton
+    return triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="kdagen bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--ops", default="kda,gdn")
+    parser.add_argument("--modes", default="fwd,fwdbwd")
+    parser.add_argument("--json", default="bench.json")
+    parser.add_argument("--rep-ms", type=int, default=300)
+    args = parser.parse_args(argv)
+    import torch
+    if not torch.cuda.is_available():
+        print("kdagen bench needs a CUDA GPU (it times kernels against FLA on the same inputs)",
+              file=sys.stderr)
+        return 2
+    device = "cuda"
+    rows = []
+    for family in args.ops.split(","):
+        impls = implementations(family)
+        for name in args.configs.split(","):
+            B, T, H, HV, lengths = CONFIGS[name]
+            x, kw, T = make_inputs(family, B, T or 0, H, HV, lengths, device)
+            for mode in args.modes.split(","):
+                grad = mode == "fwdbwd"
+                row = {"op": family, "config": name, "mode": mode}
+                for impl, fn in impls.items():
+                    ctx = torch.enable_grad() if grad else torch.no_grad()
+                    try:
+                        with ctx:
+                            torch.cuda.synchronize()
+                            start = time.perf_counter()
+                            call(fn, family, x, kw, grad)
+                            torch.cuda.synchronize()
+                            row[f"{impl}_first_call_s"] = time.perf_counter() - start
+                            row[f"{impl}_ms"] = measure(lambda: call(fn, family, x, kw, grad),
+                                                        rep_ms=args.rep_ms)
+                    except Exception as err:
+                        row[f"{impl}_error"] = f"{type(err).__name__}: {err}"[:200]
+                tokens = B * T if lengths is None else T
+                nbytes = bytes_moved(B, T, H, HV, 128, 128, family, grad)
+                flops = tokens * HV * flops_per_token(128, 128, backward=grad)
+                floor_ms = 1e3 * max(nbytes / COPY_BYTES_PER_S, flops / MATMUL_FLOPS_PER_S)
+                row["floor_ms"] = floor_ms
+                for impl in impls:
+                    if f"{impl}_ms" in row:
+                        row[f"{impl}_pct_floor"] = 100 * floor_ms / row[f"{impl}_ms"]
+                if "kdagen_ms" in row and "fla_ms" in row:
+                    row["ratio_fla_over_kdagen"] = row["fla_ms"] / row["kdagen_ms"]
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+                with open(args.json, "w") as f:       # keep what was measured if cut short
+                    json.dump({"rows": rows, "device": torch.cuda.get_device_name()}, f, indent=2)
+    header = ["op", "config", "mode", "kdagen ms", "fla ms", "FLA/kdagen", "kdagen %floor",
+              "fla %floor", "kdagen 1st s", "fla 1st s"]
+    print("\n" + " | ".join(header))
+    for r in rows:
+        cells = [r["op"], r["config"], r["mode"]]
+        for key, fmt in (("kdagen_ms", "{:.3f}"), ("fla_ms", "{:.3f}"),
+                         ("ratio_fla_over_kdagen", "{:.2f}"), ("kdagen_pct_floor", "{:.1f}"),
+                         ("fla_pct_floor", "{:.1f}"), ("kdagen_first_call_s", "{:.2f}"),
+                         ("fla_first_call_s", "{:.2f}")):
+            cells.append(fmt.format(r[key]) if key in r else ("ERR" if key.split("_")[0] + "_error" in r else "-"))
+        print(" | ".join(cells))
+    with open(args.json, "w") as f:
+        json.dump({"rows": rows, "device": torch.cuda.get_device_name()}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    main()
