@@ -1,7 +1,7 @@
 """Small cleanups on kda IR used by the program builder and the autodiff: CSE and DCE."""
 from __future__ import annotations
 
-__all__ = ["cse", "dce", "PURE_TILE_OPS", "SIDE_EFFECT_OPS"]
+__all__ = ["cse", "dce", "walk", "PURE_TILE_OPS", "SIDE_EFFECT_OPS"]
 
 # ops that compute a tile from their operands and attributes only (no memory access)
 PURE_TILE_OPS = frozenset(
@@ -12,11 +12,28 @@ PURE_TILE_OPS = frozenset(
 
 SIDE_EFFECT_OPS = frozenset({
     "kda.store", "kda.store_state", "kda.store_chunk", "kda.sum_head_groups", "kda.sum_seqs",
-    "func.return", "gpu.yield"})
+    "kda.pipeline_release", "func.return", "gpu.yield"})
 
 
 def _ops(block):
     return [op.operation for op in block.operations]
+
+
+def walk(root) -> list:
+    """Every op nested in ``root`` (a module or op), pre-order, as a list (safe to rewrite
+    while iterating over it)."""
+    root = root.operation if hasattr(root, "operation") else root
+    out = []
+
+    def visit(op):
+        for region in op.regions:
+            for block in region.blocks:
+                for inner in _ops(block):
+                    out.append(inner)
+                    visit(inner)
+
+    visit(root)
+    return out
 
 
 def _attr_key(op):

@@ -27,6 +27,7 @@ import math
 from dataclasses import dataclass
 
 from .._mlir import ir
+from ..ir.transforms import dce, walk
 from .base import ModulePass, PassError, register_pass
 
 FREE_OPS = frozenset({"kda.constant", "kda.scalar", "kda.valid_rows"})
@@ -53,7 +54,6 @@ def _matmul_operand(op, value) -> bool:
     """Whether ``value`` enters ``op`` only as a matrix operand (not as a decay exponent)."""
     positions = [i for i, v in enumerate(op.operands) if v == value]
     return all(i < 2 for i in positions)
-SIDE_EFFECT_OPS = frozenset({"kda.store", "kda.store_chunk", "kda.store_state"})
 _ELEMENT_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "f64": 8, "i1": 1, "i32": 4, "i64": 8}
 _WORKSPACE_TYPES = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}
 
@@ -195,7 +195,7 @@ class PartitionPass(ModulePass):
                 workspaces[value], par_block.arguments[0], stored],
                 attributes={"name": ir.StringAttr.get(_names[value])}, ip=par_ip)
         ir.Operation.create("gpu.yield", results=[], operands=[], ip=par_ip)
-        _remove_unused(par_block)
+        dce(par)
         self._mark(par, f"{kernel_prefix}_chunk", parallel=True)
 
         # kernel 2: the state scan, reading the workspaces
@@ -352,31 +352,9 @@ class MaxFlow:
         return seen
 
 
-def _remove_unused(block) -> None:
-    changed = True
-    while changed:
-        changed = False
-        for op in reversed([o.operation for o in block.operations]):
-            if op.name.startswith("kda.") and op.name not in SIDE_EFFECT_OPS and op.results \
-                    and all(len(list(r.uses)) == 0 for r in op.results):
-                op.erase()
-                changed = True
-
-
 def kernel_report(module: ir.Module) -> list[tuple[str, bool, float]]:
     """(kernel, parallel, HBM bytes per token and value head) for every kernel scan."""
-    out = []
-
-    def visit(op):
-        for region in op.regions:
-            for block in region.blocks:
-                for inner in block.operations:
-                    inner = inner.operation
-                    if inner.name == "kda.scan" and "kda.kernel" in inner.attributes:
-                        out.append((ir.StringAttr(inner.attributes["kda.kernel"]).value,
-                                    bool(ir.BoolAttr(inner.attributes["parallel"]).value),
-                                    ir.FloatAttr(inner.attributes["kda.hbm_bytes_per_token"]).value))
-                    visit(inner)
-
-    visit(module.operation)
-    return out
+    return [(ir.StringAttr(op.attributes["kda.kernel"]).value,
+             bool(ir.BoolAttr(op.attributes["parallel"]).value),
+             ir.FloatAttr(op.attributes["kda.hbm_bytes_per_token"]).value)
+            for op in walk(module) if op.name == "kda.scan" and "kda.kernel" in op.attributes]

@@ -33,17 +33,9 @@ import math
 from dataclasses import dataclass
 
 from .._mlir import ir
+from ..ir.transforms import dce, walk
 from .base import ModulePass, PassError, register_pass
 from .exponent_range import Range, RangeAnalysis
-
-# Ops without side effects: removable when their results are unused.
-PURE_OPS = frozenset(
-    "kda." + n for n in (
-        "add sub mul div neg exp2 log2 sigmoid softplus rsqrt convert select assume_range "
-        "broadcast reduce_sum cumsum transpose extract_row embed_row dot tril tril_inv "
-        "tril_solve constant scalar valid_rows load load_head load_state load_chunk "
-        "decay_dot decay_matmul").split())
-
 
 def _owner(value: ir.Value):
     if isinstance(value, ir.BlockArgument):
@@ -112,22 +104,22 @@ class StableReassociatePass(ModulePass):
         with module.context, ir.Location.unknown():
             derived = derive_backward(forward, name=backward_name)
             _rewrite_sigmoid_complements(derived)
-            _remove_dead_ops(derived)
+            dce(derived)
             self._prove_bounds(derived)
         replace_contents(module, derived)
 
     def _rewrite(self, module: ir.Module) -> None:
         with module.context, ir.Location.unknown():
             analysis = RangeAnalysis(module)
-            for tril in [op for op in _walk(module) if op.name == "kda.tril"]:
+            for tril in [op for op in walk(module) if op.name == "kda.tril"]:
                 self._rewrite_decay_product(tril, analysis)
             _rewrite_sigmoid_complements(module)
-            _remove_dead_ops(module)
+            dce(module)
             self._prove_bounds(module)
 
     def _prove_bounds(self, module: ir.Module) -> None:
         analysis = RangeAnalysis(module)
-        for op in _walk(module):
+        for op in walk(module):
             if op.name == "kda.exp2":
                 self._bound_exp2(op, analysis[op.operands[0]])
 
@@ -208,7 +200,7 @@ def _rewrite_sigmoid_complements(module: ir.Module) -> None:
     """``1 − σ(x)`` → ``σ(−x)``: the subtraction cancels catastrophically when σ(x) ≈ 1 (a
     saturated gate), losing the whole of the small result; σ(−x) computes it to full precision.
     (The sigmoid VJP ``dy·y·(1 − y)`` produces this form.)"""
-    for op in _walk(module):
+    for op in walk(module):
         if op.name != "kda.sub":
             continue
         one, sig = _owner(op.operands[0]), _owner(op.operands[1])
@@ -223,28 +215,3 @@ def _rewrite_sigmoid_complements(module: ir.Module) -> None:
                                       loc=op.location, ip=ip)
         op.results[0].replace_all_uses_with(flipped.results[0])
         op.erase()
-
-
-def _walk(module: ir.Module):
-    """Every op of the module, pre-order, as a list (safe against rewrites while iterating)."""
-    out = []
-
-    def visit(op):
-        for region in op.regions:
-            for block in region.blocks:
-                for inner in block.operations:
-                    out.append(inner.operation)
-                    visit(inner.operation)
-
-    visit(module.operation)
-    return out
-
-
-def _remove_dead_ops(module: ir.Module) -> None:
-    changed = True
-    while changed:
-        changed = False
-        for op in reversed(_walk(module)):
-            if op.name in PURE_OPS and all(len(list(r.uses)) == 0 for r in op.results):
-                op.erase()
-                changed = True

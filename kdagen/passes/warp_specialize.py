@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .._mlir import ir
+from ..ir.transforms import walk
 from .base import ModulePass, PassError, register_pass
 from .partition import tile_bytes
 
@@ -128,18 +129,7 @@ class WarpSpecializePass(ModulePass):
 
 
 def _kernel_scans(module: ir.Module) -> list:
-    out = []
-
-    def visit(op):
-        for region in op.regions:
-            for block in region.blocks:
-                for inner in block.operations:
-                    inner = inner.operation
-                    if inner.name == "kda.scan" and "kda.kernel" in inner.attributes:
-                        out.append(inner)
-                    visit(inner)
-
-    visit(module.operation)
+    out = [op for op in walk(module) if op.name == "kda.scan" and "kda.kernel" in op.attributes]
     if not out:
         raise PassError("kda-warp-specialize: no kernel scans; run kda-partition first")
     return out
