@@ -513,7 +513,7 @@ def _softplus(x):
     return torch.logaddexp(x, torch.zeros((), dtype=x.dtype))
 
 
-_UNARY = {"kda.neg": torch.neg, "kda.exp2": torch.exp2, "kda.log2": torch.log2,
+_UNARY = {"kda.neg": torch.neg, "kda.log2": torch.log2,
           "kda.sigmoid": torch.sigmoid, "kda.softplus": _softplus, "kda.rsqrt": torch.rsqrt}
 for _n, _f in _UNARY.items():
     op_impl(_n)(lambda ex, node, x, _f=_f: _f(x))
