@@ -269,10 +269,13 @@ class W64:
 class MlirBackend:
     name = "mlir"
 
-    def __init__(self):
+    def __init__(self, barrier: tuple[int, int] | None = None):
+        """``barrier``: (named barrier id, thread count) that `barrier()` synchronises on, for
+        kernels whose tile code runs in one warpgroup of several (None: the whole CTA)."""
         from kdagen._mlir import arith, ir, llvm, nvvm, scf
         from kdagen.codegen.common import ints
         self.arith, self.ir, self.llvm, self.nvvm, self.scf, self.ints = arith, ir, llvm, nvvm, scf, ints
+        self.named_barrier = barrier
 
     # types
     def f32(self):
@@ -407,7 +410,11 @@ class MlirBackend:
             self.scf.yield_([])
 
     def barrier(self):
-        self.nvvm.barrier()
+        if self.named_barrier is None:
+            self.nvvm.barrier()
+        else:
+            from kdagen.codegen.common.barrier import named_barrier_sync
+            named_barrier_sync(*self.named_barrier)
 
     def uniform(self, x):
         return x

@@ -44,6 +44,8 @@ def variant_name(program: str, options: dict, lower: dict | None = None) -> str:
         parts.append(lower["dot"])
     if lower.get("pipeline") == "chip":
         parts.append("part")
+    if lower.get("path", "portable") != "portable":
+        parts.append(lower["path"])
     key = json.dumps([o, lower] if lower else o, sort_keys=True, default=str)
     digest = hashlib.sha1(key.encode()).hexdigest()[:8]
     parts.append(digest)
@@ -211,6 +213,17 @@ def write_bundle(out_dir, programs_with_options, targets, *, lower_options=None,
 # forms, GVA, varlen, fp16, without initial state).
 TC = {"dot": "bf16x3"}          # tensor cores, operands split in bf16 hi + lo
 PART = {"dot": "bf16x3", "pipeline": "chip"}   # + the chip's pipeline: partitioned kernels
+NATIVE = {"dot": "bf16x3", "pipeline": "chip", "path": "native"}   # sm_90a: TMA + wgmma + WS
+NATIVE_SET = [
+    ("kda_fwd", dict(head_k_dim=128, head_v_dim=128, gate="lower_bound", gva_ratio=2, varlen=True), NATIVE),
+    ("kda_fwd", dict(head_k_dim=128, head_v_dim=128, gate="softplus"), NATIVE),
+    ("kda_fwd", dict(head_k_dim=64, head_v_dim=64, gate="lower_bound", dtype="fp16",
+                     use_initial_state=False), NATIVE),
+    ("gdn_fwd", dict(head_k_dim=128, head_v_dim=128, gate="gdn_softplus"), NATIVE),
+    ("kda_bwd", dict(head_k_dim=128, head_v_dim=128, gate="lower_bound"), NATIVE),
+    ("kda_bwd", dict(head_k_dim=64, head_v_dim=64, gate="softplus", gva_ratio=2, varlen=True), NATIVE),
+    ("gdn_bwd", dict(head_k_dim=128, head_v_dim=128, gate="gdn_softplus"), NATIVE),
+]
 DEFAULT_SET = [
     ("kda_fwd", dict(head_k_dim=128, head_v_dim=128, gate="lower_bound", gva_ratio=2, varlen=True), PART),
     ("gdn_fwd", dict(head_k_dim=128, head_v_dim=128, gate="gdn_softplus"), PART),
@@ -239,11 +252,15 @@ def main(argv=None) -> int:
     ap.add_argument("out")
     ap.add_argument("--chips", default="sm_90a")
     ap.add_argument("--quick", action="store_true", help="forward variants only")
+    ap.add_argument("--set", default="default", choices=["default", "native"],
+                    help="default: the portable variants (DEFAULT_SET); native: the sm_90a "
+                         "native-path variants (NATIVE_SET)")
     ap.add_argument("--pipeline", default="stable", choices=["stable", "chip"],
                     help="stable: kda-stable-reassociate only; chip: the chip's full pipeline "
                          "(partitioned chunk-parallel + state kernels)")
     args = ap.parse_args(argv)
-    items = [it for it in DEFAULT_SET if not (args.quick and it[0].endswith("_bwd"))]
+    chosen = NATIVE_SET if args.set == "native" else DEFAULT_SET
+    items = [it for it in chosen if not (args.quick and it[0].endswith("_bwd"))]
     built = []
     for it in items:
         try:

@@ -61,6 +61,10 @@ class LowerOptions:
     # split into bf16 hi + lo: ~fp32 accuracy), "bf16" (mma.sync on bf16-rounded operands).
     # Tensor cores take kda.dot and kda.decay_dot with a subblock that is a multiple of 16.
     dot: str = "fma"
+    # "portable" (valid on every chip) or "native": the chip's own path where kdagen has one
+    # (sm_90a: warp-specialised TMA producer + wgmma consumer, kdagen.codegen.sm90.native);
+    # chips without a native path take the portable one (LoweredKernel.path says which)
+    path: str = "portable"
 
 
 @dataclass
@@ -372,8 +376,9 @@ class TileKernelEmitter:
         reverse = bool(n.attrs.get("reverse", False))
         y = body.nodes[-1]
 
-        def step(s, *_):
+        def step(s, *_, it=None):
             c = (geo.nchunks - 1) - s if reverse else s
+            self.step_begin(s if it is None else it)
             self.env[body.args[0]] = c
             for a, ref in zip(body.args[1:], carried):
                 self.env[a] = ref
@@ -390,15 +395,24 @@ class TileKernelEmitter:
                 copied = True
             if copied:
                 B.barrier()
+            self.step_end(s if it is None else it)
             return []
 
         if self.group.parallel:
             z = self.coords["z"]
-            B.if_then(B.icmp("lt", z, geo.nchunks), lambda: step(z))
+            B.if_then(B.icmp("lt", z, geo.nchunks), lambda: step(z, it=0))
         else:
             B.for_range(0, geo.nchunks, 1, step)
         for r, ref in zip(n.results, carried):
             self.env[r] = ref
+
+    # hooks of the chunk loop (the native paths synchronise their load pipelines here);
+    # ``it`` is the iteration index (0 in a chunk-parallel kernel)
+    def step_begin(self, it) -> None:
+        pass
+
+    def step_end(self, it) -> None:
+        pass
 
     # -- expressions ---------------------------------------------------------------------
     def expr(self, n) -> T_.Ref:
@@ -655,6 +669,16 @@ def prepare(program: Program, target: Target | None, prefix: str,
         plan = plan_storage(program, g)
         need = REDUCE_SLOTS_BYTES + plan.total_bytes
         budget = (target.smem_per_block if target is not None else 227 * 1024) - opts.smem_reserve
+        native = None
+        if opts.path not in ("portable", "native"):
+            raise LoweringError(f"path: {opts.path!r} is not a lowering path; use 'portable' or "
+                                "'native'")
+        if opts.path == "native" and g.kind == "tile" and _native_module(target) is not None:
+            nat = _native_module(target)
+            precision = opts.dot if opts.dot in T_.MMA_PRECISIONS else "bf16x3"
+            native = nat.plan_native(program, g, budget - REDUCE_SLOTS_BYTES, plan.total_bytes,
+                                     precision)
+            budget -= native.bytes + 1024       # the native region starts 1024-aligned
         storage = opts.storage
         if storage == "auto":
             storage = "smem" if need <= budget else "hybrid"
@@ -667,12 +691,24 @@ def prepare(program: Program, target: Target | None, prefix: str,
         elif storage == "hybrid" and plan.smem_bytes == 0:
             plan.pack("global")
             storage = "global"
-        em = TileKernelEmitter(program, g, plan, storage, opts)
+        if native is not None:
+            used = (REDUCE_SLOTS_BYTES + plan.smem_bytes) if storage in ("smem", "hybrid") else 0
+            native.base = -(-used // 1024) * 1024
+            em = nat.Sm90NativeTileEmitter(program, g, plan, storage, opts, target, native)
+            block = em.block_threads
+        else:
+            em = TileKernelEmitter(program, g, plan, storage, opts)
+            block = opts.nthreads
         launch = {"grid": ["HV", "N", "max_chunks" if g.parallel else "1"],
-                  "block": [opts.nthreads, 1, 1], "parallel_chunks": g.parallel,
+                  "block": [block, 1, 1], "parallel_chunks": g.parallel,
                   "dynamic_shared_memory": em.smem_bytes, "kind": "tile",
                   "order": g.index, "storage": storage,
                   "scratch_bytes_per_cta": em.scratch_bytes, "tile_bytes": need}
+        if native is not None:
+            launch.update(path=em.path, tensor_maps=native.tensor_maps(),
+                          ring={"depth": native.depth, "stage_bytes": native.stage_bytes,
+                                "tma_loads": [s.tensor for s in native.slots]},
+                          wgmma_precision=native.precision)
         out.append(PreparedKernel(kname, g, em, storage, launch, plan))
     return out
 
@@ -697,10 +733,19 @@ def lower_program(module, target: Target, *, name: str | None = None,
         plan = pk.plan
         info = {"buffers": len({id(b) for b in plan.buffers.values()}),
                 "modes": _mode_counts(plan), "scans": len(pk.group.scans)}
+        path = pk.launch.get("path") or ("portable-fma" if opts.dot == "fma" else "portable-mma")
         out.append(LoweredKernel(pk.name, program.name, "tile", pk.group.index, builder, params,
                                  pk.launch, pk.storage, pk.launch["scratch_bytes_per_cta"],
-                                 "portable-fma", info))
+                                 path, info))
     return out
+
+
+def _native_module(target: Target | None):
+    """The module of the target's native lowering path, or None when it has none (yet)."""
+    if target is not None and target.chip == "sm_90a":
+        from kdagen.codegen.sm90 import native
+        return native
+    return None
 
 
 def _mode_counts(plan: StoragePlan) -> dict:

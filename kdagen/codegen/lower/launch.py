@@ -14,7 +14,8 @@ here (outputs poisoned with NaN unless ``poison=False``); kernels are launched i
 the bundle on torch's current stream. The parameter order of each kernel is taken from the
 manifest, so this file encodes no calling convention beyond the names:
 program arguments and workspaces by name, ``T``/``N``/``HV`` (i32), f32 scalars by name,
-``scratch`` (per-launch buffer of ``scratch_bytes_per_cta`` bytes per CTA of the grid).
+``scratch`` (per-launch buffer of ``scratch_bytes_per_cta`` bytes per CTA of the grid), and
+TMA tensor maps named in ``launch["tensor_maps"]`` (kdagen.runtime.tensormap).
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from pathlib import Path
 import torch
 
 from kdagen.runtime.loader import KernelLibrary
+from kdagen.runtime.tensormap import device_tensor_map
 
 LOWERED = "lowered.json"
 
@@ -139,6 +141,8 @@ class LoweredProgram:
                 if name not in tensors or tensors[name] is None:
                     raise ValueError(f"{self.variant}: missing input {name!r}")
                 x = tensors[name].to(device=device, dtype=_TORCH_DTYPES[a["dtype"]]).contiguous()
+                if x.data_ptr() % 16:        # TMA and vector loads want 16-byte aligned rows
+                    x = x.clone()
                 values[name] = x
             else:
                 x = self._alloc(a["layout"], a["heads"], a["tail"], a["dtype"], sz, device, poison)
@@ -160,8 +164,12 @@ class LoweredProgram:
             if min(grid) <= 0:
                 continue
             args = []
+            tmaps = launch.get("tensor_maps") or {}
             for p in kern.entry.params:
-                if p["name"] == "scratch":
+                if p["name"] in tmaps:
+                    spec = tmaps[p["name"]]
+                    args.append(device_tensor_map(values[spec["tensor"]], spec, spec["tensor"]))
+                elif p["name"] == "scratch":
                     nbytes = int(launch["scratch_bytes_per_cta"]) * grid[0] * grid[1] * grid[2]
                     args.append(torch.empty(max(1, nbytes // 4), dtype=torch.float32, device=device))
                 else:

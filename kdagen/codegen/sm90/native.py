@@ -1,0 +1,485 @@
+"""The sm_90a native path of the program lowering: what ``kda-warp-specialize`` asks for.
+
+A tile kernel of a program (kernel.py) becomes, on this path, a warp-specialised kernel of
+256 threads:
+
+* **warpgroup 1 (threads 128..255) = producer**: gives registers back (``setmaxnreg.dec``), and
+  one elected thread walks the same chunks as the consumers, issuing every ``kda.load`` /
+  ``kda.load_chunk`` that the pass marked ``kda.role = "producer"`` as a TMA copy
+  (``cp.async.bulk.tensor``) into a ring of ``depth`` shared-memory stages; the copies of a stage
+  complete on its 'full' mbarrier (``expect_tx`` = the stage's bytes), and the producer waits on
+  the stage's 'empty' mbarrier before refilling it;
+* **warpgroup 0 (threads 0..127) = consumer**: takes registers (``setmaxnreg.inc``), runs the
+  kernel body of kernel.py with its barriers narrowed to a named barrier of 128 threads, reads
+  the loaded tiles from the ring after waiting on 'full' (rows past the sequence end masked to 0
+  as on the portable path), arrives on 'empty' when the chunk is done, and computes every
+  ``kda.dot`` whose shape fits as **wgmma from shared memory**: the operands (any tile
+  expression) are rounded to bf16 (``bf16x3``: hi + lo parts, three products, ~fp32 accuracy)
+  into 128B-swizzled K-major staging tiles, then ``wgmma.mma_async`` m64nNk16 reads them through
+  matrix descriptors and the fp32 accumulators are written to the result buffer.
+
+Loads that TMA cannot express (a per-token scalar such as beta: a 2-byte box row) stay lazy
+global loads in the consumers, as on the portable path. Other matrix ops (decay_dot with
+sub-blocks, decay_matmul, solves) use the portable emitters (mma.sync / FMA).
+
+Host contract: every TMA'd tensor gets a kernel parameter ``<tensor>_tmap`` (``ptr``: the device
+address of a 128-byte CUtensorMap); the manifest's ``launch["tensor_maps"][param]`` says which
+tensor, how many leading dimensions are flattened into its row dimension, and the box (torch
+order), which is all ``kdagen.runtime.tensormap`` needs to encode it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from ..lower import backend as B
+from ..lower import tiles as T_
+from ..lower.kernel import Geometry, TileKernelEmitter, _mem_info
+from ..lower.plan import LoweringError
+from ..lower.program import walk
+from ..target import Target, require_chip
+
+NATIVE_CHIPS = ("sm_90a",)
+PATH_NAME = "sm90-native"
+CONSUMER_THREADS = 128
+PRODUCER_THREADS = 128
+PRODUCER_REGISTERS = 40
+CONSUMER_REGISTERS = 232
+CONSUMER_BARRIER = 1            # named barrier id of the consumer warpgroup (0 = whole CTA)
+ELEM_BYTES = {"bf16": 2, "f16": 2, "f32": 4}
+WGMMA_M = 64
+
+
+@dataclass
+class TmaSlot:
+    """One producer load of a chunk, as a TMA box in each ring stage."""
+    node: object                 # the kda.load / kda.load_chunk node
+    tensor: str                  # memref name (argument or workspace)
+    elt: str
+    kind: str                    # "token" | "chunk"
+    box: tuple                   # torch order, after flattening the leading dims
+    flatten: int                 # leading dims of the tensor flattened into its row dim
+    offset: int = 0              # byte offset in a stage
+    heads: str | None = None
+
+    @property
+    def nbytes(self) -> int:
+        n = ELEM_BYTES[self.elt]
+        for b in self.box:
+            n *= b
+        return n
+
+    @property
+    def param(self) -> str:
+        return f"{self.tensor}_tmap"
+
+
+@dataclass
+class NativeLayout:
+    """Where the native path's own shared memory goes (after the plan's buffers)."""
+    slots: list = field(default_factory=list)
+    depth: int = 1
+    stage_bytes: int = 0
+    staging_bytes: int = 0       # wgmma operand staging (bf16 tiles)
+    base: int = 0                # byte offset of this region (1024-aligned), set by place()
+    precision: str = "bf16x3"
+
+    @property
+    def stage_bytes_tx(self) -> int:
+        """Bytes the TMA copies of one stage deliver (the 'full' barrier's transaction count)."""
+        return sum(s.nbytes for s in self.slots)
+
+    @property
+    def ring_bytes(self) -> int:
+        return self.depth * self.stage_bytes
+
+    @property
+    def barrier_bytes(self) -> int:
+        return 16 * self.depth if self.slots else 0
+
+    @property
+    def bytes(self) -> int:
+        return self.staging_bytes + self.ring_bytes + self.barrier_bytes
+
+    @property
+    def staging_offset(self) -> int:
+        return self.base
+
+    @property
+    def ring_offset(self) -> int:
+        return self.base + self.staging_bytes
+
+    @property
+    def barrier_offset(self) -> int:
+        return self.ring_offset + self.ring_bytes
+
+    def tensor_maps(self) -> dict:
+        out = {}
+        for s in self.slots:
+            out[s.param] = {"tensor": s.tensor, "dtype": s.elt, "flatten": s.flatten,
+                            "box": list(s.box)}
+        return out
+
+
+def native_supported(target: Target | None) -> bool:
+    return target is not None and target.chip in NATIVE_CHIPS
+
+
+def _tma_slot(n, program) -> TmaSlot | None:
+    """The TMA box of a producer load, or None when TMA cannot express it."""
+    mem = n.operands[0]
+    name, elt, layout, heads, tail = _mem_info(mem)
+    if elt not in ELEM_BYTES:
+        return None
+    if n.op == "kda.load" and layout == "token":
+        if len(tail) != 1:
+            return None
+        box, flatten = (program.chunk_size, 1, tail[0]), 2
+    elif n.op == "kda.load_chunk" and layout == "chunk":
+        if not 1 <= len(tail) <= 3:
+            return None
+        box, flatten = (1, *tail), 2
+    else:
+        return None
+    if box[-1] * ELEM_BYTES[elt] % 16 or any(not 1 <= b <= 256 for b in box):
+        return None
+    return TmaSlot(n, name, elt, "token" if n.op == "kda.load" else "chunk", tuple(box), flatten,
+                   heads=heads)
+
+
+def wgmma_dot_shape_ok(M: int, N: int, K: int) -> bool:
+    return M % WGMMA_M == 0 and N % 8 == 0 and 8 <= N <= 256 and K % 16 == 0
+
+
+def _k_slice(K: int) -> int:
+    for ks in (64, 32, 16):
+        if K % ks == 0:
+            return ks
+    raise LoweringError(f"wgmma depth {K} is not a multiple of 16")
+
+
+def _staging_bytes(n, precision: str) -> int:
+    """Bytes of the bf16 staging tiles a kda.dot needs (0 when it does not go to wgmma)."""
+    if n.op != "kda.dot":
+        return 0
+    M, N = n.results[0].shape
+    lhs = n.operands[0].shape
+    K = lhs[0] if n.attrs.get("transpose_lhs") else lhs[1]
+    if not wgmma_dot_shape_ok(M, N, K):
+        return 0
+    parts = 2 if precision == "bf16x3" else 1
+    ks = _k_slice(K)
+    return parts * 2 * ks * (WGMMA_M + N)
+
+
+def plan_native(program, group, budget: int, plan_bytes: int, precision: str,
+                max_depth: int = 2) -> NativeLayout:
+    """Ring (TMA slots, depth) and staging for a tile kernel. ``budget``: shared-memory bytes
+    available after the reduction slots; ``plan_bytes``: what the kernel's tile buffers would
+    take in shared memory (they spill to the global scratch when the ring needs the room)."""
+    lay = NativeLayout(precision=precision)
+    for n in group.nodes:
+        for m in [n, *(walk(n.body) if n.body is not None else [])]:
+            lay.staging_bytes = max(lay.staging_bytes, _staging_bytes(m, precision))
+    slots = []
+    for scan in group.scans if len(group.scans) == 1 else []:
+        for m in scan.body.nodes:
+            if m.op in ("kda.load", "kda.load_chunk") and m.attrs.get("kda.role") == "producer":
+                s = _tma_slot(m, program)
+                if s is not None:
+                    slots.append(s)
+    room = budget - lay.staging_bytes - 1024 - 32     # alignment slack and barriers
+    # keep the largest tiles out of the ring until one stage fits in half of the room (the
+    # rest is for the kernel's own buffers)
+    slots.sort(key=lambda s: s.nbytes)
+    while slots and sum(s.nbytes for s in slots) > room // 2:
+        slots.pop()
+    slots.sort(key=lambda s: s.node.index)
+    off = 0
+    for s in slots:
+        s.offset = off
+        off += -(-s.nbytes // 128) * 128
+    lay.slots, lay.stage_bytes = slots, off
+    lay.depth = 1
+    if slots and max_depth >= 2 and plan_bytes + 2 * off <= room:
+        lay.depth = 2
+    return lay
+
+
+class _DynBarrier:
+    """An mbarrier chosen at run time (stage index): what the barrier emitters need (``ptr``)."""
+
+    def __init__(self, base, offset):
+        self.base, self.offset = base, offset
+
+    def ptr(self, byte_offset=0):
+        from ..common.ints import ival
+        from ..common.smem import byte_gep, shared_ptr_type
+        return byte_gep(self.base, ival(byte_offset) + self.offset, shared_ptr_type())
+
+
+class Sm90NativeTileEmitter(TileKernelEmitter):
+    """A tile kernel on the sm_90a native path (see the module doc)."""
+
+    path = PATH_NAME
+
+    def __init__(self, program, group, plan, storage, opts, target: Target, layout: NativeLayout):
+        require_chip(target, NATIVE_CHIPS, "the native warp-specialised lowering (wgmma + TMA)")
+        super().__init__(program, group, plan, storage, replace(opts, dot=layout.precision))
+        self.target = target
+        self.layout = layout
+        self.slot_of = {s.node: s for s in layout.slots}
+
+    # -- calling convention ----------------------------------------------------------------
+    def params(self):
+        from ..common.kernel import Param
+        ps = super().params()
+        seen = []
+        for s in self.layout.slots:
+            if s.param not in seen:
+                seen.append(s.param)
+        return ps + [Param(p, "ptr") for p in seen]
+
+    @property
+    def block_threads(self) -> int:
+        return CONSUMER_THREADS + PRODUCER_THREADS
+
+    @property
+    def smem_bytes(self) -> int:
+        return max(super().smem_bytes, self.layout.base + self.layout.bytes)
+
+    # -- emission --------------------------------------------------------------------------
+    def emit_mlir(self, builder, name: str) -> None:
+        from kdagen._mlir import llvm, nvvm
+        from ..common import barrier as bar
+        from ..common import smem as smem_mod
+        from ..common.ints import IntVal
+        from ..common.launch import set_launch_bounds
+        from ..common.sreg import block_idx, thread_idx
+        from . import regalloc
+        if self.opts.nthreads != CONSUMER_THREADS:
+            raise LoweringError(f"the sm_90a native path runs one consumer warpgroup "
+                                f"({CONSUMER_THREADS} threads), not nthreads={self.opts.nthreads}")
+        lay = self.layout
+        with builder.kernel(name, self.params(), (self.block_threads, 1, 1)) as p:
+            with B.use(B.MlirBackend(barrier=(CONSUMER_BARRIER, CONSUMER_THREADS))):
+                i32 = IntVal(thread_idx("x")).value.type
+                tid = IntVal(thread_idx("x"))
+                coords = dict(tid=tid, hv=IntVal(block_idx("x")), n=IntVal(block_idx("y")),
+                              z=IntVal(block_idx("z")),
+                              grid=(IntVal(nvvm.read_ptx_sreg_nctaid_x(results=[i32])),
+                                    IntVal(nvvm.read_ptx_sreg_nctaid_y(results=[i32]))))
+                p = {k: (IntVal(v) if k in ("T", "N", "HV") else v) for k, v in p.items()}
+                smem_mod.declare_dynamic_smem(builder)
+                base = llvm.mlir_addressof(smem_mod.shared_ptr_type(), smem_mod.DYNAMIC_SMEM_SYMBOL)
+                self.smem_base = base
+                if lay.slots:
+                    def init():
+                        for s in range(lay.depth):
+                            bar.mbarrier_init(self._full(s), 1)
+                            bar.mbarrier_init(self._empty(s), 1)
+                        bar.fence_mbarrier_init()
+                    B.if_then(B.icmp("eq", tid, 0), init)
+                bar.sync_threads()
+
+                def producer():
+                    regalloc.release_registers(self.target, PRODUCER_REGISTERS)
+                    if lay.slots:
+                        B.if_then(B.icmp("eq", tid, CONSUMER_THREADS),
+                                  lambda: self.producer_body(p, coords))
+
+                def consumer():
+                    regalloc.claim_registers(self.target, CONSUMER_REGISTERS)
+                    self.body(p, coords, base)
+
+                B.if_then(B.icmp("ge", tid, CONSUMER_THREADS), producer)
+                B.if_then(B.icmp("lt", tid, CONSUMER_THREADS), consumer)
+        set_launch_bounds(builder, name, min_blocks_per_sm=1)
+
+    def _full(self, stage):
+        return _DynBarrier(self.smem_base, self.layout.barrier_offset + 8 * stage)
+
+    def _empty(self, stage):
+        return _DynBarrier(self.smem_base, self.layout.barrier_offset + 8 * (self.layout.depth + stage))
+
+    def _stage(self, it):
+        """(ring stage, mbarrier phase parity) of chunk iteration ``it``."""
+        d = self.layout.depth
+        if isinstance(it, int):
+            return it % d, (it // d) % 2
+        if d == 1:
+            return 0, it & 1
+        return it % d, (it // d) & 1
+
+    # -- producer ----------------------------------------------------------------------------
+    def producer_body(self, p: dict, coords: dict) -> None:
+        from ..common import barrier as bar
+        from ..common.smem import byte_gep, shared_ptr_type
+        from . import tma
+        geo = Geometry(self.program, p, coords, need_chunk_off=any(
+            s.kind == "chunk" for s in self.layout.slots))
+        lay = self.layout
+        maps = {}
+        for s in lay.slots:
+            if s.param not in maps:
+                maps[s.param] = tma.tensormap_pointer(self.target, p[s.param])
+        scan = self.group.scans[0]
+        reverse = bool(scan.attrs.get("reverse", False))
+        ratio = self.program.gva_ratio
+
+        def issue(it, c):
+            stage, phase = self._stage(it)
+            bar.mbarrier_wait(self._empty(stage), phase ^ 1)
+            bar.mbarrier_arrive_expect_tx(self._full(stage), lay.stage_bytes_tx)
+            for s in lay.slots:
+                dst = byte_gep(self.smem_base, lay.ring_offset + stage * lay.stage_bytes + s.offset,
+                               shared_ptr_type())
+                if s.kind == "token":
+                    grouped = s.node.attrs.get("head_map") == "grouped" and s.heads == "qk" and ratio > 1
+                    head = geo.hv // ratio if grouped else geo.hv
+                    row = B.narrow(geo.start + B.wide(c * geo.C))
+                    crd = [0, head, row]
+                else:
+                    crd = [0] * (len(s.box) - 1) + [B.narrow(geo.chunk_row(c))]
+                tma.tma_load(self.target, dst, maps[s.param], crd, self._full(stage))
+
+        if self.group.parallel:
+            z = coords["z"]
+            B.if_then(B.icmp("lt", z, geo.nchunks),
+                      lambda: issue(0, (geo.nchunks - 1) - z if reverse else z))
+        else:
+            def step(s, *_):
+                c = (geo.nchunks - 1) - s if reverse else s
+                issue(s, c)
+                return []
+            B.for_range(0, geo.nchunks, 1, step)
+
+    # -- consumer hooks --------------------------------------------------------------------
+    def step_begin(self, it) -> None:
+        self._it = it
+        self._waited = False
+
+    def step_end(self, it) -> None:
+        from ..common import barrier as bar
+        if not self.layout.slots:
+            return
+        if not self._waited:          # a chunk whose loads were all dead: keep the ring in step
+            self._wait_full()
+        B.barrier()                   # every consumer read of the stage is done
+        stage, _ = self._stage(it)
+        B.if_then(B.icmp("eq", self.geo.tid, 0), lambda: bar.mbarrier_arrive(self._empty(stage)))
+
+    def _wait_full(self) -> None:
+        from ..common import barrier as bar
+        if self._waited:
+            return
+        stage, phase = self._stage(self._it)
+        bar.mbarrier_wait(self._full(stage), phase)
+        self._waited = True
+
+    def expr(self, n):
+        slot = self.slot_of.get(n)
+        if slot is None:
+            return super().expr(n)
+        self._wait_full()
+        stage, _ = self._stage(self._it)
+        eb = ELEM_BYTES[slot.elt]
+        start = (self.layout.ring_offset + slot.offset) // eb
+        per_stage = self.layout.stage_bytes // eb
+        elem0 = start + stage * per_stage if not (isinstance(stage, int) and stage == 0) else start
+        shape = tuple(n.results[0].shape)
+        base = self.smem_base
+        if slot.kind == "token":
+            geo = self.geo
+            c = self.env[n.operands[1]]
+            D = shape[1]
+
+            def read(idx):
+                pos = c * geo.C + idx[0]
+                x = B.load(base, elem0 + idx[0] * D + idx[1], slot.elt)
+                return B.sel(B.icmp("lt", pos, geo.seqlen), x, B.f(0.0))
+            return T_.FnRef(shape, read)
+        strides = []
+        acc = 1
+        for d in reversed(shape):
+            strides.insert(0, acc)
+            acc *= d
+
+        def read_chunk(idx):
+            e = elem0
+            for i, st in zip(idx, strides):
+                e = e + i * st
+            return B.load(base, e, slot.elt)
+        return T_.FnRef(shape, read_chunk)
+
+    def matrix(self, n, out) -> None:
+        if n.kind == "dot":
+            a = self.env[n.operands[0]]
+            b = self.env[n.operands[1]]
+            if n.attrs.get("transpose_lhs"):
+                a = T_.transpose(a)
+            if n.attrs.get("transpose_rhs"):
+                b = T_.transpose(b)
+            M, N = out.shape
+            if wgmma_dot_shape_ok(M, N, a.shape[1]):
+                self.dot_wgmma(out, a, b)
+                return
+        super().matrix(n, out)
+
+    # -- wgmma -------------------------------------------------------------------------------
+    def dot_wgmma(self, out, a, b) -> None:
+        """out[M, N] = a[M, K] @ b[K, N] with wgmma on bf16 (hi [+ lo]) staging tiles."""
+        from ..common import barrier as bar
+        from ..common.convert import pack_f32x2
+        from ..common.layouts import SmemLayout, wgmma_d_coord
+        from ..common.mma import AccFragment, SmemOperand
+        from ..common.smem import SmemTile
+        from . import wgmma
+        M, N = out.shape
+        K = a.shape[1]
+        ks = _k_slice(K)
+        swz = ks * 2
+        parts = 2 if self.layout.precision == "bf16x3" else 1
+        la = SmemLayout(WGMMA_M, ks, 2, swz)
+        lb = SmemLayout(N, ks, 2, swz)
+        off = self.layout.staging_offset
+        a_tiles = [SmemTile(self.smem_base, off + i * la.size_bytes, la) for i in range(parts)]
+        off += parts * la.size_bytes
+        b_tiles = [SmemTile(self.smem_base, off + i * lb.size_bytes, lb) for i in range(parts)]
+        th = self.th
+
+        def stage(tiles, rows, value):
+            """tiles[p][r, 2c:2c+2] = part p of (value(r, 2c), value(r, 2c + 1))."""
+            def one(idx):
+                r, c2 = idx
+                x0, x1 = value(r, c2 * 2), value(r, c2 * 2 + 1)
+                tiles[0].store(pack_f32x2(x0, x1), r, c2 * 2)
+                if parts == 2:
+                    l0 = B.sub(x0, B.round_to(x0, "bf16"))
+                    l1 = B.sub(x1, B.round_to(x1, "bf16"))
+                    tiles[1].store(pack_f32x2(l0, l1), r, c2 * 2)
+            T_.foreach(th, (rows, ks // 2), one)
+
+        nk = K // ks
+        for m0 in range(0, M, WGMMA_M):
+            acc = AccFragment.filled(wgmma.wgmma_acc_layout(N), 0.0)
+            for kk in range(nk):
+                k0 = kk * ks
+                stage(a_tiles, WGMMA_M, lambda r, c: a.read([T_.addk(r, m0), T_.addk(c, k0)]))
+                if nk > 1 or m0 == 0:
+                    stage(b_tiles, N, lambda r, c: b.read([T_.addk(c, k0), r]))
+                bar.fence_proxy_async_shared()
+                B.barrier()
+                wgmma.wgmma_fence(self.target)
+                pairs = [(0, 0)] if parts == 1 else [(0, 0), (0, 1), (1, 0)]
+                for pa, pb in pairs:
+                    acc = wgmma.wgmma_matmul(self.target, acc, SmemOperand(a_tiles[pa]),
+                                             SmemOperand(b_tiles[pb], True), ks)
+                wgmma.wgmma_commit(self.target)
+                wgmma.wgmma_wait(self.target, 0)
+                B.barrier()               # the staging tiles are free again
+            tid = th.tid
+            warp, lane = tid // 32, tid % 32
+            for i, v in enumerate(acc.values):
+                r, c = wgmma_d_coord(warp, lane, i)
+                out.write([T_.addk(r, m0), c], v)
+

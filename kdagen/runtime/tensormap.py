@@ -1,0 +1,116 @@
+"""TMA tensor maps for kernels of the native paths (host side; imports no MLIR).
+
+A kernel that loads a tensor with ``cp.async.bulk.tensor`` takes the device address of a
+128-byte ``CUtensorMap`` as a parameter; the manifest says, per such parameter, which tensor,
+how many of its leading dimensions form the row dimension (``flatten``), the element type and
+the box (torch order, after flattening). This module encodes the map with
+``cuTensorMapEncodeTiled`` (no swizzle, zero fill out of bounds) and puts it in device memory
+with an asynchronous copy from pinned memory on the current stream: no host synchronisation, and
+a CUDA graph captures the copy. Maps are cached per (device, address, shape, box), so a training
+step that reuses its buffers encodes nothing after the first call.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections import OrderedDict
+
+ELEM_BYTES = {"bf16": 2, "f16": 2, "f32": 4}
+DATA_TYPES = {"bf16": "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16", "f16": "CU_TENSOR_MAP_DATA_TYPE_FLOAT16",
+              "f32": "CU_TENSOR_MAP_DATA_TYPE_FLOAT32"}
+CACHE_ENTRIES = 1024
+
+_cache: OrderedDict = OrderedDict()
+_lock = threading.Lock()
+
+
+class TensorMapError(ValueError):
+    """A tensor the kernel's TMA copies cannot describe (the message names it and the fix)."""
+
+
+def map_shape(shape: tuple, flatten: int) -> tuple:
+    """The tensor's shape as the map sees it: the first ``flatten`` dims merged into rows."""
+    rows = 1
+    for d in shape[:flatten]:
+        rows *= int(d)
+    return (rows, *(int(d) for d in shape[flatten:]))
+
+
+def encode_args(shape: tuple, dtype: str, box: tuple) -> dict:
+    """``cuTensorMapEncodeTiled`` arguments (dimension lists innermost first) for a contiguous
+    tensor of ``shape`` (already flattened) and a ``box`` of the same rank."""
+    if len(shape) != len(box):
+        raise TensorMapError(f"tensor map: rank of shape {shape} and box {box} differ")
+    if not 1 <= len(shape) <= 5:
+        raise TensorMapError(f"tensor map: rank {len(shape)} is outside 1..5")
+    eb = ELEM_BYTES[dtype]
+    if box[-1] * eb % 16:
+        raise TensorMapError(f"tensor map: box row of {box[-1] * eb} bytes is not a multiple of 16")
+    strides, acc = [], eb
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= d
+    byte_strides = strides[1:]                 # dims 1..rank-1, innermost first
+    if any(s % 16 for s in byte_strides):
+        raise TensorMapError(f"tensor map: row strides {byte_strides} bytes are not multiples of 16")
+    return {
+        "tensorDataType": DATA_TYPES[dtype],
+        "tensorRank": len(shape),
+        "globalDim": list(reversed(shape)),
+        "globalStrides": byte_strides,
+        "boxDim": list(reversed(box)),
+        "elementStrides": [1] * len(shape),
+        "interleave": "CU_TENSOR_MAP_INTERLEAVE_NONE",
+        "swizzle": "CU_TENSOR_MAP_SWIZZLE_NONE",
+        "l2Promotion": "CU_TENSOR_MAP_L2_PROMOTION_L2_256B",
+        "oobFill": "CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE",
+    }
+
+
+def _encode(args: dict, data_ptr: int) -> bytes:
+    from cuda.bindings import driver as cu
+
+    from .driver import check
+    tmap = check(cu.cuTensorMapEncodeTiled(
+        getattr(cu.CUtensorMapDataType, args["tensorDataType"]), cu.cuuint32_t(args["tensorRank"]),
+        data_ptr,
+        [cu.cuuint64_t(int(x)) for x in args["globalDim"]],
+        [cu.cuuint64_t(int(x)) for x in args["globalStrides"]],
+        [cu.cuuint32_t(int(x)) for x in args["boxDim"]],
+        [cu.cuuint32_t(int(x)) for x in args["elementStrides"]],
+        getattr(cu.CUtensorMapInterleave, args["interleave"]),
+        getattr(cu.CUtensorMapSwizzle, args["swizzle"]),
+        getattr(cu.CUtensorMapL2promotion, args["l2Promotion"]),
+        getattr(cu.CUtensorMapFloatOOBfill, args["oobFill"])), "cuTensorMapEncodeTiled")
+    return ctypes.string_at(tmap.getPtr(), 128)
+
+
+def device_tensor_map(tensor, spec: dict, name: str = "tensor"):
+    """A device uint8[128] tensor holding the map of ``tensor`` for the manifest entry ``spec``
+    ({"tensor", "dtype", "flatten", "box"}). ``tensor`` must be contiguous, 16-byte aligned and
+    of the entry's element type (the launcher guarantees it)."""
+    import torch
+    if not tensor.is_contiguous():
+        raise TensorMapError(f"{name}: TMA needs a contiguous tensor; call .contiguous() first")
+    if tensor.data_ptr() % 16:
+        raise TensorMapError(f"{name}: TMA needs a 16-byte aligned tensor (data_ptr "
+                             f"{tensor.data_ptr():#x}); pass a fresh tensor or .clone() it")
+    shape = map_shape(tuple(tensor.shape), int(spec["flatten"]))
+    box = tuple(int(b) for b in spec["box"])
+    key = (tensor.device.index, tensor.data_ptr(), shape, box, spec["dtype"])
+    with _lock:
+        hit = _cache.get(key)
+        if hit is not None:
+            _cache.move_to_end(key)
+            return hit[0]
+    raw = _encode(encode_args(shape, spec["dtype"], box), tensor.data_ptr())
+    host = torch.frombuffer(bytearray(raw), dtype=torch.uint8).pin_memory()
+    dev = host.to(tensor.device, non_blocking=True)
+    with _lock:
+        _cache[key] = (dev, host)      # the pinned source lives as long as the copy may run
+        while len(_cache) > CACHE_ENTRIES:
+            _cache.popitem(last=False)
+    return dev
+
+
+__all__ = ["device_tensor_map", "encode_args", "map_shape", "TensorMapError"]
