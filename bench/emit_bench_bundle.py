@@ -41,12 +41,16 @@ def main(argv=None) -> int:
     ap.add_argument("--ops", default="kda,gdn")
     ap.add_argument("--lower", default="bf16x3", choices=["fma", "bf16x3", "bf16"])
     ap.add_argument("--pipeline", default="chip", choices=["stable", "chip"])
+    ap.add_argument("--path", default="portable", choices=["portable", "native"],
+                    help="native: the chip's own path (sm_90a: TMA + wgmma + warp specialisation)")
     args = ap.parse_args(argv)
     from kdagen.codegen.lower.bundle import variant_name, write_bundle
     variants = bench_variants(args.ops.split(","))
     for program, options in variants:
         start = time.time()
         lower = {"pipeline": args.pipeline} | ({"dot": args.lower} if args.lower != "fma" else {})
+        if args.path != "portable":
+            lower["path"] = args.path
         write_bundle(args.out, [(program, options, lower, variant_name(program, options))],
                      [args.chip])
         print(f"{program} {options} ({time.time() - start:.1f} s)", flush=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 
@@ -78,10 +79,17 @@ def make_inputs(family, B, T, H, HV, lengths, device, seed=0):
     return x, kw, T
 
 
-def implementations(family, fla=True):
+def implementations(family, fla=True, bundles: dict | None = None):
+    """{name: callable}: kdagen (or one ``kdagen_<label>`` per bundle folder of ``bundles``, the
+    bundle selected through KDAGEN_BUNDLE at each call) and FLA when importable."""
     impls = {}
     import kdagen
-    impls["kdagen"] = kdagen.chunk_kda if family == "kda" else kdagen.chunk_gated_delta_rule
+    fn = kdagen.chunk_kda if family == "kda" else kdagen.chunk_gated_delta_rule
+    if bundles:
+        for label, path in bundles.items():
+            impls[f"kdagen_{label}"] = _with_bundle(fn, path)
+    else:
+        impls["kdagen"] = fn
     if not fla:
         return impls
     try:
@@ -93,6 +101,14 @@ def implementations(family, fla=True):
     except Exception as err:  # report, don't hide
         print(f"FLA unavailable for {family}: {err!r}", file=sys.stderr)
     return impls
+
+
+def _with_bundle(fn, path):
+    def run(*args, **kwargs):
+        os.environ["KDAGEN_BUNDLE"] = str(path)
+        return fn(*args, **kwargs)
+    run.__module__ = fn.__module__
+    return run
 
 
 def call(fn, family, x, kw, grad):
@@ -126,7 +142,12 @@ def main(argv=None):
     parser.add_argument("--modes", default="fwd,fwdbwd")
     parser.add_argument("--json", default="bench.json")
     parser.add_argument("--rep-ms", type=int, default=300)
+    parser.add_argument("--bundle", action="append", default=[], metavar="LABEL=DIR",
+                        help="time kdagen from this kernel bundle as impl kdagen_LABEL "
+                             "(repeatable: compares lowering paths in one process)")
+    parser.add_argument("--no-fla", action="store_true", help="time kdagen only")
     args = parser.parse_args(argv)
+    bundles = dict(b.split("=", 1) for b in args.bundle)
     import torch
     if not torch.cuda.is_available():
         print("kdagen bench needs a CUDA GPU (it times kernels against FLA on the same inputs)",
@@ -135,7 +156,7 @@ def main(argv=None):
     device = "cuda"
     rows = []
     for family in args.ops.split(","):
-        impls = implementations(family)
+        impls = implementations(family, fla=not args.no_fla, bundles=bundles)
         for name in args.configs.split(","):
             B, T, H, HV, lengths = CONFIGS[name]
             x, kw, T = make_inputs(family, B, T or 0, H, HV, lengths, device)
@@ -163,22 +184,28 @@ def main(argv=None):
                 for impl in impls:
                     if f"{impl}_ms" in row:
                         row[f"{impl}_pct_floor"] = 100 * floor_ms / row[f"{impl}_ms"]
-                if "kdagen_ms" in row and "fla_ms" in row:
-                    row["ratio_fla_over_kdagen"] = row["fla_ms"] / row["kdagen_ms"]
+                for impl in impls:
+                    if impl.startswith("kdagen") and f"{impl}_ms" in row and "fla_ms" in row:
+                        suffix = impl[len("kdagen"):]
+                        row[f"ratio_fla_over_kdagen{suffix}"] = row["fla_ms"] / row[f"{impl}_ms"]
                 rows.append(row)
                 print(json.dumps(row), flush=True)
                 with open(args.json, "w") as f:       # keep what was measured if cut short
                     json.dump({"rows": rows, "device": torch.cuda.get_device_name()}, f, indent=2)
-    header = ["op", "config", "mode", "kdagen ms", "fla ms", "FLA/kdagen", "kdagen %floor",
-              "fla %floor", "kdagen 1st s", "fla 1st s"]
+    names = [k for k in impls] if rows else []
+    kd = [n for n in names if n.startswith("kdagen")]
+    header = ["op", "config", "mode", *(f"{n} ms" for n in names),
+              *(f"FLA/{n}" for n in kd if "fla" in names), "floor ms"]
     print("\n" + " | ".join(header))
     for r in rows:
         cells = [r["op"], r["config"], r["mode"]]
-        for key, fmt in (("kdagen_ms", "{:.3f}"), ("fla_ms", "{:.3f}"),
-                         ("ratio_fla_over_kdagen", "{:.2f}"), ("kdagen_pct_floor", "{:.1f}"),
-                         ("fla_pct_floor", "{:.1f}"), ("kdagen_first_call_s", "{:.2f}"),
-                         ("fla_first_call_s", "{:.2f}")):
-            cells.append(fmt.format(r[key]) if key in r else ("ERR" if key.split("_")[0] + "_error" in r else "-"))
+        for n in names:
+            cells.append(f"{r[n + '_ms']:.3f}" if n + "_ms" in r else ("ERR" if n + "_error" in r else "-"))
+        if "fla" in names:
+            for n in kd:
+                key = "ratio_fla_over_kdagen" + n[len("kdagen"):]
+                cells.append(f"{r[key]:.3f}" if key in r else "-")
+        cells.append(f"{r['floor_ms']:.3f}")
         print(" | ".join(cells))
     with open(args.json, "w") as f:
         json.dump({"rows": rows, "device": torch.cuda.get_device_name()}, f, indent=2)

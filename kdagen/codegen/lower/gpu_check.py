@@ -203,12 +203,10 @@ def run_case(prog: LoweredProgram, spec: dict, case: dict, device, seed: int) ->
 
 
 def bench(bundle, names, variants, device) -> None:
-    """Kernel time of each forward variant at B=1, T=8192, HV=16 (median of 5 runs)."""
-    print("\nTIMING (forward variants, B=1 T=8192 HV=16, all kernels of the variant, median of 5):")
+    """Time of each variant at B=1, T=8192, HV=16 (median of 5 runs), and per kernel."""
+    print("\nTIMING (B=1 T=8192 HV=16, all kernels of the variant, median of 5; then per kernel):")
     for vname in names:
         spec = variants[vname]
-        if not spec["program"].endswith("_fwd"):
-            continue
         try:
             prog = LoweredProgram(bundle, vname)
             ratio = int(spec["gva_ratio"])
@@ -220,16 +218,20 @@ def bench(bundle, names, variants, device) -> None:
             kern = _widen(kern, spec, H, ratio)
             prog(device=device, **kern)
             torch.cuda.synchronize()
-            times = []
+            runs = []
             for _ in range(5):
+                profile: list = []
                 a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 a.record()
-                prog(device=device, poison=False, **kern)
+                prog(device=device, poison=False, profile=profile, **kern)
                 b.record()
                 torch.cuda.synchronize()
-                times.append(a.elapsed_time(b))
-            times.sort()
-            print(f"  {vname:58s} {times[2]:9.3f} ms")
+                runs.append((a.elapsed_time(b), [(n, s.elapsed_time(e)) for n, s, e in profile]))
+            runs.sort(key=lambda r: r[0])
+            total, per_kernel = runs[2]
+            print(f"  {vname:58s} {total:9.3f} ms")
+            for kname, ms in per_kernel:
+                print(f"      {kname.split('__')[-1]:40s} {ms:9.3f} ms")
         except Exception as exc:  # noqa: BLE001
             print(f"  {vname:58s} ERROR {type(exc).__name__}: {exc}")
 
@@ -264,7 +266,8 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="two shapes per variant")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--bench", action="store_true",
-                    help="also time the forward variants at B=1, T=8192, HV=16 (no reference)")
+                    help="also time the variants at B=1, T=8192, HV=16, per kernel (no reference)")
+    ap.add_argument("--bench-only", action="store_true", help="timing only, no correctness checks")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("gpu_check: no CUDA device; nothing to check")
@@ -284,7 +287,7 @@ def main(argv=None) -> int:
     print(hdr)
     print("-" * len(hdr))
     n_ok = n_bad = n_err = 0
-    for vname in names:
+    for vname in ([] if args.bench_only else names):
         spec = variants[vname]
         try:
             prog = LoweredProgram(args.bundle, vname)
@@ -315,7 +318,7 @@ def main(argv=None) -> int:
                       flush=True)
     print("-" * len(hdr))
     print(f"SUMMARY: {n_ok} ok, {n_bad} FAIL, {n_err} ERROR  ({len(names)} variants)")
-    if args.bench:
+    if args.bench or args.bench_only:
         bench(args.bundle, names, variants, device)
     return 0 if (n_bad == 0 and n_err == 0) else 1
 

@@ -125,7 +125,9 @@ class LoweredProgram:
         return x
 
     def __call__(self, device=None, poison: bool = True, stream=None, chip: str | None = None,
-                 **tensors) -> dict:
+                 profile: list | None = None, **tensors) -> dict:
+        """Run the variant; ``profile`` (a list): append (kernel name, start, end) CUDA events
+        around every launch (read them after a synchronize: per-kernel times)."""
         device = torch.device(device) if device is not None else next(
             t.device for t in tensors.values() if isinstance(t, torch.Tensor))
         sz = self.sizes(tensors)
@@ -174,7 +176,14 @@ class LoweredProgram:
                     args.append(torch.empty(max(1, nbytes // 4), dtype=torch.float32, device=device))
                 else:
                     args.append(values[p["name"]])
-            kern.launch(grid, args, stream=stream)
+            if profile is not None:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                kern.launch(grid, args, stream=stream)
+                end.record()
+                profile.append((name, start, end))
+            else:
+                kern.launch(grid, args, stream=stream)
         return outputs
 
 
