@@ -39,7 +39,13 @@ def main():
               help="Head dimension K = V.")
 @click.option("--gate", default=None, help="Gate name (see `kdagen list`); default softplus "
               "(KDA) / gdn_softplus (GDN).")
-def emit(out_dir, op, targets, head_dim, gate):
+@click.option("--path", "path", default="native", show_default=True,
+              type=click.Choice(["native", "portable"]),
+              help="native: each chip's own path where kdagen has one (sm_90a: TMA producer "
+                   "warpgroup + wgmma consumer), the portable one elsewhere; portable: mma.sync "
+                   "+ FMA kernels valid on every chip. The table's path column says which each "
+                   "kernel took.")
+def emit(out_dir, op, targets, head_dim, gate, path):
     """Generate kernels for each chip into a bundle (manifest.json + .ptx/.cubin)."""
     from .emit import emit_bundle, emit_programs
     if op == "gate-cumsum":
@@ -60,7 +66,8 @@ def emit(out_dir, op, targets, head_dim, gate):
     else:
         ops = ["kda", "gdn"] if op == "all" else [op]
         try:
-            rows = emit_programs(out_dir, targets, ops, head_dim=int(head_dim), gate=gate)
+            rows = emit_programs(out_dir, targets, ops, head_dim=int(head_dim), gate=gate,
+                                 path=path)
         except ValueError as err:
             raise click.ClickException(str(err))
         failed = []

@@ -92,11 +92,18 @@ def program_variants(ops: list[str], head_dim: int, gate: str | None) -> list[tu
 
 
 def emit_programs(out_dir: str | Path, targets: list[Target], ops: list[str], head_dim: int = 128,
-                  gate: str | None = None, verbose: bool = False) -> list[dict]:
+                  gate: str | None = None, verbose: bool = False,
+                  path: str = "native") -> list[dict]:
     """Lower the programs of ``ops`` for every target into the bundle ``out_dir``; returns the
-    per-kernel report rows (kernel, chip, path, registers, spills, shared memory)."""
-    from .codegen.lower.bundle import write_bundle
-    result = write_bundle(out_dir, program_variants(ops, head_dim, gate), targets, verbose=verbose)
+    per-kernel report rows (kernel, chip, path, registers, spills, shared memory).
+    ``path``: "native" (the chip's own path where kdagen has one, else portable) or
+    "portable" (mma.sync + FMA, valid on every chip)."""
+    from .codegen.lower.bundle import DEFAULT_LOWERING, write_bundle
+    if path not in ("native", "portable"):
+        raise ValueError(f"path: {path!r} is not a lowering path; choose native or portable")
+    lowering = dict(DEFAULT_LOWERING, path=path)
+    result = write_bundle(out_dir, program_variants(ops, head_dim, gate), targets, verbose=verbose,
+                          lower_options=lowering)
     manifest = {(e["name"], e["chip"]): e for e in
                 __import__("json").loads((Path(out_dir) / MANIFEST).read_text())["kernels"]}
     rows = []

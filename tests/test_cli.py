@@ -117,12 +117,21 @@ def test_emit_programs_every_op_chip_and_head_dim(tmp_path, op, head_dim):
         for chip in ("sm_90a", "sm_100a", "sm_120a"):
             assert any(k["name"].startswith(program) and k["chip"] == chip for k in kernels), (program, chip)
     for kernel in kernels:
-        assert kernel["path"].startswith("portable")
+        ptx = (out / kernel["ptx_file"]).read_text()
+        tile = kernel["launch"].get("kind") == "tile"
+        if kernel["chip"] == "sm_90a" and tile:
+            # the native path: TMA producer warpgroup, wgmma consumer, register split
+            assert kernel["path"] == "sm90-native", kernel["name"]
+            for instruction in ("wgmma.mma_async", "cp.async.bulk.tensor", "setmaxnreg",
+                                "mbarrier.try_wait"):
+                assert instruction in ptx, (kernel["name"], instruction)
+            assert kernel["launch"]["block"][0] == 256 and kernel["launch"]["tensor_maps"]
+        else:
+            assert kernel["path"].startswith("portable"), (kernel["name"], kernel["path"])
         assert kernel["resources"]["registers"] > 0
         if kernel["chip"] == "sm_90a" and head_dim == "128":
             spilled = kernel["resources"]["spill_stores"] + kernel["resources"]["spill_loads"]
             assert spilled == 0, f"{kernel['name']} spills {spilled} bytes on sm_90a"
-        ptx = (out / kernel["ptx_file"]).read_text()
         assert "__nv_" not in ptx
         if kernel["chip"] == "sm_120a":
             assert "wgmma" not in ptx and "tcgen05" not in ptx

@@ -420,7 +420,8 @@ def compile_bundle(program: str, options: Mapping[str, Any], chip: str, out_dir:
             f"kdagen cannot compile {program} for {chip} here: the GPU lowering of whole programs "
             f"(kdagen.codegen.lower.bundle.write_bundle) is not available ({err}); "
             f"{emit_instructions(chip)}") from None
-    write_bundle(out_dir, [(program, dict(options))], [chip])
+    from kdagen.codegen.lower.bundle import DEFAULT_LOWERING
+    write_bundle(out_dir, [(program, dict(options))], [chip], lower_options=DEFAULT_LOWERING)
 
 
 LOWERED = "lowered.json"

@@ -66,6 +66,13 @@ def _normalise(item) -> tuple[str, dict, dict, str | None]:
     return str(item), {}, {}, None
 
 
+# What `kdagen emit`, the runtime's compile-on-demand and the API bundles use: the chip's full
+# pass pipeline (partitioned chunk-parallel + state kernels, warp-specialisation annotations),
+# tensor-core matrix products with ~fp32 accuracy (bf16x3), and the chip's native path where
+# kdagen has one (sm_90a: TMA producer + wgmma consumers), the portable path elsewhere.
+DEFAULT_LOWERING = {"path": "native", "dot": "bf16x3", "pipeline": "chip"}
+
+
 def build_lowered_module(program: str, options: dict, pipeline: str = "stable",
                          chip: str | None = None):
     """build_program + the passes before lowering: ``pipeline="stable"``:

@@ -666,19 +666,31 @@ def prepare(program: Program, target: Target | None, prefix: str,
             launch.update(kind="global", order=g.index, storage="none", scratch_bytes_per_cta=0)
             out.append(PreparedKernel(kname, g, em, "none", launch))
             continue
-        plan = plan_storage(program, g)
-        need = REDUCE_SLOTS_BYTES + plan.total_bytes
-        budget = (target.smem_per_block if target is not None else 227 * 1024) - opts.smem_reserve
-        native = None
         if opts.path not in ("portable", "native"):
             raise LoweringError(f"path: {opts.path!r} is not a lowering path; use 'portable' or "
                                 "'native'")
-        if opts.path == "native" and g.kind == "tile" and _native_module(target) is not None:
-            nat = _native_module(target)
+        budget = (target.smem_per_block if target is not None else 227 * 1024) - opts.smem_reserve
+        native = None
+        nat = _native_module(target) if opts.path == "native" else None
+        if nat is not None:
             precision = opts.dot if opts.dot in T_.MMA_PRECISIONS else "bf16x3"
-            native = nat.plan_native(program, g, budget - REDUCE_SLOTS_BYTES, plan.total_bytes,
-                                     precision)
+            # tiles streamed into the ring are read from it (no fp32 copy); the ring may keep
+            # fewer loads than planned for when it must leave room: plan again until both agree
+            ring = frozenset(s.node for s in nat.tma_candidates(program, g))
+            for _ in range(len(ring) + 1):
+                plan = plan_storage(program, g, ring_loads=ring)
+                native = nat.plan_native(program, g, budget - REDUCE_SLOTS_BYTES,
+                                         plan.total_bytes, precision, ring)
+                kept = frozenset(s.node for s in native.slots)
+                if kept == ring:
+                    break
+                ring = kept
+            else:
+                raise LoweringError(f"{kname}: the native ring and the storage plan do not settle")
             budget -= native.bytes + 1024       # the native region starts 1024-aligned
+        else:
+            plan = plan_storage(program, g)
+        need = REDUCE_SLOTS_BYTES + plan.total_bytes
         storage = opts.storage
         if storage == "auto":
             storage = "smem" if need <= budget else "hybrid"

@@ -331,7 +331,10 @@ def _is_widening_convert(n: Node) -> bool:
     return dst == "f32" and src in ("bf16", "f16", "f32")
 
 
-def plan_storage(program: Program, group: KernelGroup, align: int = 16) -> StoragePlan:
+def plan_storage(program: Program, group: KernelGroup, align: int = 16,
+                 ring_loads: frozenset = frozenset()) -> StoragePlan:
+    """``ring_loads``: load nodes whose tiles a native path streams into a shared-memory ring
+    (mode ``ring``: cheap to read, no buffer, valid for the chunk step that loaded them)."""
     nodes = group.nodes
     # every node of the kernel (function level + scan bodies), program order
     knodes: list[Node] = []
@@ -363,7 +366,9 @@ def plan_storage(program: Program, group: KernelGroup, align: int = 16) -> Stora
         for r in n.results:
             if r.kind != "tile":
                 continue
-            if n.op == "kda.constant":
+            if n in ring_loads:
+                modes[r], cheap[r] = "ring", True
+            elif n.op == "kda.constant":
                 modes[r], cheap[r] = "const", True
             elif n.op == "kda.scalar":
                 modes[r], cheap[r] = "param", True
@@ -517,7 +522,7 @@ def _read_factor(n: Node, i: int) -> float:
 
 def _cheap(v: Value, modes: dict) -> bool:
     m = modes.get(v)
-    if m in ("const", "param", "buffer", "carried"):
+    if m in ("const", "param", "buffer", "carried", "ring"):
         return True
     if m == "view":
         return _cheap(v.owner.operands[0], modes)
@@ -536,7 +541,7 @@ def _yield_hazard(v: Value, i: int, scan: Node, modes: dict) -> bool:
         if x.owner is None or x.kind != "tile":
             return False
         m = modes.get(x)
-        if m in ("buffer", "const", "param"):
+        if m in ("buffer", "const", "param", "ring"):
             return False
         op = x.owner.op
         if op in VIEW_OPS and op not in ("kda.assume_range", "kda.pipeline_wait"):

@@ -146,12 +146,37 @@ def _tma_slot(n, program) -> TmaSlot | None:
                    heads=heads)
 
 
+_THROUGH = {"kda.pipeline_wait", "kda.convert", "kda.broadcast", "kda.transpose",
+            "kda.assume_range", "kda.extract_row"}
+
+
+def _feeds_matrix(node) -> bool:
+    """Whether a load's tile is read more than once per element (through views: a matrix op,
+    or several consumers) — off the ring it would need an fp32 copy."""
+    from ..lower.plan import MULTI_READ, NOOP_OPS
+    stack, seen, readers = [node.results[0]], set(), set()
+    while stack:
+        v = stack.pop()
+        for user, _ in v.uses:
+            if user.op in MULTI_READ:
+                return True
+            if user.op in _THROUGH:
+                if id(user) not in seen:
+                    seen.add(id(user))
+                    stack.extend(user.results)
+            elif user.op not in NOOP_OPS:
+                readers.add(id(user))
+    return len(readers) > 1
+
+
 def wgmma_dot_shape_ok(M: int, N: int, K: int) -> bool:
     return M % WGMMA_M == 0 and N % 8 == 0 and 8 <= N <= 256 and K % 16 == 0
 
 
 def _k_slice(K: int) -> int:
-    for ks in (64, 32, 16):
+    # 32-deep slices (64B swizzle): half the staging memory of 64-deep ones, which the tile
+    # buffers need more than the wgmma batches need depth
+    for ks in (32, 16):
         if K % ks == 0:
             return ks
     raise LoweringError(f"wgmma depth {K} is not a multiple of 16")
@@ -171,15 +196,9 @@ def _staging_bytes(n, precision: str) -> int:
     return parts * 2 * ks * (WGMMA_M + N)
 
 
-def plan_native(program, group, budget: int, plan_bytes: int, precision: str,
-                max_depth: int = 2) -> NativeLayout:
-    """Ring (TMA slots, depth) and staging for a tile kernel. ``budget``: shared-memory bytes
-    available after the reduction slots; ``plan_bytes``: what the kernel's tile buffers would
-    take in shared memory (they spill to the global scratch when the ring needs the room)."""
-    lay = NativeLayout(precision=precision)
-    for n in group.nodes:
-        for m in [n, *(walk(n.body) if n.body is not None else [])]:
-            lay.staging_bytes = max(lay.staging_bytes, _staging_bytes(m, precision))
+def tma_candidates(program, group) -> list:
+    """The producer loads (marked by kda-warp-specialize) of a one-scan kernel that TMA can
+    express, as slots (not yet placed)."""
     slots = []
     for scan in group.scans if len(group.scans) == 1 else []:
         for m in scan.body.nodes:
@@ -187,13 +206,35 @@ def plan_native(program, group, budget: int, plan_bytes: int, precision: str,
                 s = _tma_slot(m, program)
                 if s is not None:
                     slots.append(s)
+    return slots
+
+
+def plan_native(program, group, budget: int, plan_bytes: int, precision: str,
+                candidates=None, max_depth: int = 2) -> NativeLayout:
+    """Ring (TMA slots, depth) and staging for a tile kernel. ``budget``: shared-memory bytes
+    available after the reduction slots; ``plan_bytes``: what the kernel's tile buffers would
+    take in shared memory (they spill to the global scratch when the ring needs the room);
+    ``candidates``: the load nodes that may go to the ring (default: every TMA candidate)."""
+    lay = NativeLayout(precision=precision)
+    for n in group.nodes:
+        for m in [n, *(walk(n.body) if n.body is not None else [])]:
+            lay.staging_bytes = max(lay.staging_bytes, _staging_bytes(m, precision))
+    slots = [s for s in tma_candidates(program, group)
+             if candidates is None or s.node in candidates]
     room = budget - lay.staging_bytes - 1024 - 32     # alignment slack and barriers
-    # keep the largest tiles out of the ring until one stage fits in half of the room (the
-    # rest is for the kernel's own buffers)
-    slots.sort(key=lambda s: s.nbytes)
-    while slots and sum(s.nbytes for s in slots) > room // 2:
-        slots.pop()
-    slots.sort(key=lambda s: s.node.index)
+    # A stage may take at most half of the room (the rest is for the kernel's own buffers).
+    # Tiles that feed matrix ops go first (in the ring they need no fp32 copy); tiles read once
+    # element-wise are as well served by lazy global loads, so they join only where the ring
+    # pushes no buffer out of shared memory.
+    chosen, total = [], 0
+    for s in sorted(slots, key=lambda s: (not _feeds_matrix(s.node), s.nbytes)):
+        if total + s.nbytes > room // 2:
+            continue
+        if not _feeds_matrix(s.node) and plan_bytes + total + s.nbytes > room:
+            continue
+        chosen.append(s)
+        total += s.nbytes
+    slots = sorted(chosen, key=lambda s: s.node.index)
     off = 0
     for s in slots:
         s.offset = off
@@ -397,7 +438,7 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
                 pos = c * geo.C + idx[0]
                 x = B.load(base, elem0 + idx[0] * D + idx[1], slot.elt)
                 return B.sel(B.icmp("lt", pos, geo.seqlen), x, B.f(0.0))
-            return T_.FnRef(shape, read)
+            return T_.FnRef(shape, read, cheap=True)
         strides = []
         acc = 1
         for d in reversed(shape):
@@ -409,7 +450,7 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
             for i, st in zip(idx, strides):
                 e = e + i * st
             return B.load(base, e, slot.elt)
-        return T_.FnRef(shape, read_chunk)
+        return T_.FnRef(shape, read_chunk, cheap=True)
 
     def matrix(self, n, out) -> None:
         if n.kind == "dot":

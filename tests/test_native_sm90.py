@@ -1,0 +1,95 @@
+"""The sm_90a native path of the program lowering (kdagen.codegen.sm90.native) and its host
+side (kdagen.runtime.tensormap): what is TMA'd, the manifest contract, the tensor-map
+arguments. The PTX contents of every op x head dim are checked by test_cli's emit test; the
+numerics run on the GPU (kdagen.codegen.lower.gpu_check with the NATIVE_SET bundle)."""
+from __future__ import annotations
+
+import pytest
+
+from kdagen.runtime.tensormap import TensorMapError, encode_args, map_shape
+
+
+def test_map_shape_flattens_leading_dims():
+    assert map_shape((2, 100, 4, 128), 2) == (200, 4, 128)
+    assert map_shape((7, 16, 64, 128), 2) == (112, 64, 128)
+
+
+def test_encode_args_token_box():
+    args = encode_args((200, 4, 128), "bf16", (64, 1, 128))
+    assert args["tensorRank"] == 3
+    assert args["globalDim"] == [128, 4, 200]            # innermost first
+    assert args["globalStrides"] == [256, 1024]          # bytes of dims 1, 2 (innermost first)
+    assert args["boxDim"] == [128, 1, 64]
+    assert args["swizzle"] == "CU_TENSOR_MAP_SWIZZLE_NONE"
+    assert args["oobFill"] == "CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE"   # rows past the end read 0
+
+
+@pytest.mark.parametrize("shape,dtype,box,needle", [
+    ((10, 4, 3), "bf16", (8, 1, 3), "multiple of 16"),      # 6-byte box rows
+    ((10, 3), "bf16", (8, 8), "strides"),                   # 6-byte rows: bad strides
+    ((10, 4), "bf16", (8, 1, 4), "rank"),
+])
+def test_encode_args_rejects_what_tma_cannot_do(shape, dtype, box, needle):
+    with pytest.raises(TensorMapError, match=needle):
+        encode_args(shape, dtype, box)
+
+
+@pytest.fixture(scope="module")
+def kda_fwd_native():
+    pytest.importorskip("kdagen._mlir")
+    from kdagen.codegen.lower.bundle import build_lowered_module
+    from kdagen.codegen.lower.kernel import LowerOptions, prepare
+    from kdagen.codegen.lower.program import read_program
+    from kdagen.codegen.target import get_target
+    module = build_lowered_module("kda_fwd", dict(head_k_dim=64, head_v_dim=64, gate="lower_bound"),
+                                  "chip", "sm_90a")
+    program = read_program(module)
+    opts = LowerOptions(path="native", dot="bf16x3")
+    return program, prepare(program, get_target("sm_90a"), "t", opts)
+
+
+def test_native_plan_tmas_the_chunk_tiles(kda_fwd_native):
+    program, kernels = kda_fwd_native
+    chunk = kernels[0]
+    launch = chunk.launch
+    assert launch["path"] == "sm90-native" and launch["block"] == [256, 1, 1]
+    # q, k, v, g_raw are [C, 64] bf16 boxes; beta (2 bytes per token) stays a global load
+    assert sorted(launch["ring"]["tma_loads"]) == ["g_raw", "k", "q", "v"]
+    maps = launch["tensor_maps"]
+    assert maps["q_tmap"] == {"tensor": "q", "dtype": "bf16", "flatten": 2, "box": [64, 1, 64]}
+    params = [p.name for p in chunk.emitter.params()]
+    assert all(name in params for name in maps)
+    # the ring, staging and barriers fit in the chip's shared memory
+    assert launch["dynamic_shared_memory"] <= 227 * 1024
+    state = kernels[1]
+    assert state.launch["tensor_maps"], "the state kernel streams its chunk workspaces with TMA"
+    assert all(m["box"][0] == 1 for m in state.launch["tensor_maps"].values())
+
+
+def test_portable_chips_do_not_take_the_native_path(kda_fwd_native):
+    from kdagen.codegen.lower.kernel import LowerOptions, prepare
+    from kdagen.codegen.target import get_target
+    program, _ = kda_fwd_native
+    for chip in ("sm_100a", "sm_120a"):
+        for k in prepare(program, get_target(chip), "t", LowerOptions(path="native", dot="bf16x3")):
+            assert "path" not in k.launch and k.launch["block"][0] == 128
+
+
+def test_unknown_path_is_an_actionable_error(kda_fwd_native):
+    from kdagen.codegen.lower.kernel import LowerOptions, prepare
+    from kdagen.codegen.lower.plan import LoweringError
+    from kdagen.codegen.target import get_target
+    program, _ = kda_fwd_native
+    with pytest.raises(LoweringError, match="'portable' or 'native'"):
+        prepare(program, get_target("sm_90a"), "t", LowerOptions(path="fast"))
+
+
+def test_native_emitter_refuses_other_chips(kda_fwd_native):
+    from kdagen.codegen.sm90.native import NativeLayout, Sm90NativeTileEmitter
+    from kdagen.codegen.lower.kernel import LowerOptions
+    from kdagen.codegen.target import get_target
+    program, kernels = kda_fwd_native
+    pk = kernels[0]
+    with pytest.raises(ValueError, match="sm_90a"):
+        Sm90NativeTileEmitter(program, pk.group, pk.plan, pk.storage, LowerOptions(),
+                              get_target("sm_120a"), NativeLayout())
