@@ -11,7 +11,6 @@ returns a non-zero exit status when any kernel fails.
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import sys
@@ -36,22 +35,9 @@ def pad_rows(t, n: int):
 def encode_tensor_map(encode: dict, data_ptr: int):
     """cuTensorMapEncodeTiled with the manifest's arguments; returns a device uint8[128] tensor."""
     import torch
-    from cuda.bindings import driver as cu
 
-    from ..runtime.driver import check
-    # cuda-bindings wants the typed cuuint64_t / cuuint32_t wrappers, not plain ints
-    tmap = check(cu.cuTensorMapEncodeTiled(
-        getattr(cu.CUtensorMapDataType, encode["tensorDataType"]), cu.cuuint32_t(int(encode["tensorRank"])),
-        data_ptr,
-        [cu.cuuint64_t(int(x)) for x in encode["globalDim"]],
-        [cu.cuuint64_t(int(x)) for x in encode["globalStrides"]],
-        [cu.cuuint32_t(int(x)) for x in encode["boxDim"]],
-        [cu.cuuint32_t(int(x)) for x in encode["elementStrides"]],
-        getattr(cu.CUtensorMapInterleave, encode["interleave"]),
-        getattr(cu.CUtensorMapSwizzle, encode["swizzle"]),
-        getattr(cu.CUtensorMapL2promotion, encode["l2Promotion"]),
-        getattr(cu.CUtensorMapFloatOOBfill, encode["oobFill"])), "cuTensorMapEncodeTiled")
-    raw = ctypes.string_at(tmap.getPtr(), 128)
+    from ..runtime.tensormap import encode_on_host
+    raw = encode_on_host(encode, data_ptr)
     return torch.frombuffer(bytearray(raw), dtype=torch.uint8).cuda()
 
 

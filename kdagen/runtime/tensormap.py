@@ -67,12 +67,13 @@ def encode_args(shape: tuple, dtype: str, box: tuple) -> dict:
     }
 
 
-def _encode(args: dict, data_ptr: int) -> bytes:
+def encode_on_host(args: dict, data_ptr: int) -> bytes:
+    """The 128 bytes of the CUtensorMap that ``cuTensorMapEncodeTiled`` makes from ``args``."""
     from cuda.bindings import driver as cu
 
     from .driver import check
     tmap = check(cu.cuTensorMapEncodeTiled(
-        getattr(cu.CUtensorMapDataType, args["tensorDataType"]), cu.cuuint32_t(args["tensorRank"]),
+        getattr(cu.CUtensorMapDataType, args["tensorDataType"]), cu.cuuint32_t(int(args["tensorRank"])),
         data_ptr,
         [cu.cuuint64_t(int(x)) for x in args["globalDim"]],
         [cu.cuuint64_t(int(x)) for x in args["globalStrides"]],
@@ -103,7 +104,7 @@ def device_tensor_map(tensor, spec: dict, name: str = "tensor"):
         if hit is not None:
             _cache.move_to_end(key)
             return hit[0]
-    raw = _encode(encode_args(shape, spec["dtype"], box), tensor.data_ptr())
+    raw = encode_on_host(encode_args(shape, spec["dtype"], box), tensor.data_ptr())
     host = torch.frombuffer(bytearray(raw), dtype=torch.uint8).pin_memory()
     dev = host.to(tensor.device, non_blocking=True)
     with _lock:
@@ -113,4 +114,4 @@ def device_tensor_map(tensor, spec: dict, name: str = "tensor"):
     return dev
 
 
-__all__ = ["device_tensor_map", "encode_args", "map_shape", "TensorMapError"]
+__all__ = ["device_tensor_map", "encode_args", "encode_on_host", "map_shape", "TensorMapError"]

@@ -3,7 +3,9 @@
 ``lower_program(module, target) -> list[LoweredKernel]`` (launch order). Each LoweredKernel has
 the gpu module (``.module``, ``.builder``), kernel ``.name``, ``.params`` (calling convention),
 ``.launch`` (grid rule, block, dynamic shared memory, storage, scratch bytes per CTA),
-``.storage`` ("smem" | "hybrid" | "global" | "none") and ``.path`` ("portable-fma").
+``.storage`` ("smem" | "hybrid" | "global" | "none") and ``.path`` ("portable-fma",
+"portable-mma", "portable" for global kernels, or a native path such as "sm90-native": see
+``kdagen.codegen.sm90.native``; ``LowerOptions.path = "native"`` asks for it).
 
 Files:
 

@@ -28,6 +28,11 @@ Parameters, in this order:
    ``scratch_bytes_per_cta`` times the number of CTAs of the grid, uninitialised, private to
    the launch (CTA (x, y, z) uses slice ``(z * gridDim.y + y) * gridDim.x + x``).
 
+Kernels of the sm_90a native path (``path = "sm90-native"``) take block ``(256, 1, 1)`` (a
+consumer and a producer warpgroup) and, after the parameters above, one ``ptr`` per TMA'd tensor
+(``<tensor>_tmap``: the device address of its CUtensorMap, described by
+``launch["tensor_maps"]``; see kdagen.codegen.sm90.native and kdagen.runtime.tensormap).
+
 Global kernels (``kind = "global"``: kda.sum_head_groups, kda.sum_seqs): block 256, grid rule
 and parameters (src, dst, T, N, HV) in the manifest.
 """
