@@ -230,6 +230,7 @@ NATIVE_SET = [
     ("kda_bwd", dict(head_k_dim=128, head_v_dim=128, gate="lower_bound"), NATIVE),
     ("kda_bwd", dict(head_k_dim=64, head_v_dim=64, gate="softplus", gva_ratio=2, varlen=True), NATIVE),
     ("gdn_bwd", dict(head_k_dim=128, head_v_dim=128, gate="gdn_softplus"), NATIVE),
+    ("kda_bwd", dict(head_k_dim=64, head_v_dim=64, gate="softplus"), NATIVE),
 ]
 DEFAULT_SET = [
     ("kda_fwd", dict(head_k_dim=128, head_v_dim=128, gate="lower_bound", gva_ratio=2, varlen=True), PART),
