@@ -36,9 +36,15 @@ def map_shape(shape: tuple, flatten: int) -> tuple:
     return (rows, *(int(d) for d in shape[flatten:]))
 
 
-def encode_args(shape: tuple, dtype: str, box: tuple) -> dict:
-    """``cuTensorMapEncodeTiled`` arguments (dimension lists innermost first) for a contiguous
-    tensor of ``shape`` (already flattened) and a ``box`` of the same rank."""
+SWIZZLES = {0: "CU_TENSOR_MAP_SWIZZLE_NONE", 32: "CU_TENSOR_MAP_SWIZZLE_32B",
+            64: "CU_TENSOR_MAP_SWIZZLE_64B", 128: "CU_TENSOR_MAP_SWIZZLE_128B"}
+
+
+def encode_args(shape: tuple, dtype: str, box: tuple, swizzle: int = 0,
+                strides: tuple | None = None) -> dict:
+    """``cuTensorMapEncodeTiled`` arguments (dimension lists innermost first) for a tensor of
+    ``shape`` with element ``strides`` (torch order; default contiguous) and a ``box`` of the
+    same rank, landing in shared memory with ``swizzle`` (0, 32, 64 or 128 bytes)."""
     if len(shape) != len(box):
         raise TensorMapError(f"tensor map: rank of shape {shape} and box {box} differ")
     if not 1 <= len(shape) <= 5:
@@ -46,11 +52,14 @@ def encode_args(shape: tuple, dtype: str, box: tuple) -> dict:
     eb = ELEM_BYTES[dtype]
     if box[-1] * eb % 16:
         raise TensorMapError(f"tensor map: box row of {box[-1] * eb} bytes is not a multiple of 16")
-    strides, acc = [], eb
-    for d in reversed(shape):
-        strides.append(acc)
-        acc *= d
-    byte_strides = strides[1:]                 # dims 1..rank-1, innermost first
+    if strides is None:
+        strides, acc = [], 1
+        for d in reversed(shape):
+            strides.insert(0, acc)
+            acc *= d
+    if strides[-1] != 1:
+        raise TensorMapError("tensor map: the innermost dimension must be contiguous")
+    byte_strides = [strides[i] * eb for i in reversed(range(len(shape) - 1))]  # innermost first
     if any(s % 16 for s in byte_strides):
         raise TensorMapError(f"tensor map: row strides {byte_strides} bytes are not multiples of 16")
     return {
@@ -61,7 +70,7 @@ def encode_args(shape: tuple, dtype: str, box: tuple) -> dict:
         "boxDim": list(reversed(box)),
         "elementStrides": [1] * len(shape),
         "interleave": "CU_TENSOR_MAP_INTERLEAVE_NONE",
-        "swizzle": "CU_TENSOR_MAP_SWIZZLE_NONE",
+        "swizzle": SWIZZLES[swizzle],
         "l2Promotion": "CU_TENSOR_MAP_L2_PROMOTION_L2_256B",
         "oobFill": "CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE",
     }

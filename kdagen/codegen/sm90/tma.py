@@ -26,22 +26,10 @@ from ..._mlir import ir, llvm, nvvm
 from ..common.ints import as_i32, ival
 from ..common.layouts import SmemLayout
 from ..common.smem import ELEM_BYTES, SmemRegion, SmemTile
+from ...runtime.tensormap import SWIZZLES, encode_args
 from ..target import Target, require_chip
 
 TMA_CHIPS = ("sm_90a", "sm_100a", "sm_120a")
-
-DATA_TYPE_ENUM = {
-    "bf16": "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16",
-    "f16": "CU_TENSOR_MAP_DATA_TYPE_FLOAT16",
-    "f32": "CU_TENSOR_MAP_DATA_TYPE_FLOAT32",
-}
-SWIZZLE_ENUM = {
-    0: "CU_TENSOR_MAP_SWIZZLE_NONE",
-    32: "CU_TENSOR_MAP_SWIZZLE_32B",
-    64: "CU_TENSOR_MAP_SWIZZLE_64B",
-    128: "CU_TENSOR_MAP_SWIZZLE_128B",
-}
-
 
 @dataclass(frozen=True)
 class TensorMapContract:
@@ -65,8 +53,8 @@ class TensorMapContract:
             raise ValueError(f"TMA box inner extent must be a multiple of 16 bytes, got {inner}")
         if self.swizzle and inner > self.swizzle:
             raise ValueError(f"TMA box inner extent {inner} B exceeds the {self.swizzle}B swizzle span")
-        if self.swizzle not in SWIZZLE_ENUM:
-            raise ValueError(f"swizzle must be one of {tuple(SWIZZLE_ENUM)}")
+        if self.swizzle not in SWIZZLES:
+            raise ValueError(f"swizzle must be one of {tuple(SWIZZLES)}")
 
     @property
     def rank(self) -> int:
@@ -86,30 +74,7 @@ class TensorMapContract:
         """
         if len(shape) != self.rank:
             raise ValueError(f"tensor rank {len(shape)} != box rank {self.rank}")
-        eb = ELEM_BYTES[self.dtype]
-        if strides is None:
-            strides, acc = [], 1
-            for s in reversed(shape):
-                strides.append(acc)
-                acc *= s
-            strides = tuple(reversed(strides))
-        if strides[-1] != 1:
-            raise ValueError("the innermost dimension must be contiguous")
-        byte_strides = [strides[i] * eb for i in range(self.rank - 1)]
-        if any(s % 16 for s in byte_strides):
-            raise ValueError(f"TMA global strides must be multiples of 16 bytes, got {byte_strides}")
-        return {
-            "tensorDataType": DATA_TYPE_ENUM[self.dtype],
-            "tensorRank": self.rank,
-            "globalDim": list(reversed(shape)),
-            "globalStrides": list(reversed(byte_strides)),   # dims 1..rank-1, innermost first
-            "boxDim": list(reversed(self.box)),
-            "elementStrides": [1] * self.rank,
-            "interleave": "CU_TENSOR_MAP_INTERLEAVE_NONE",
-            "swizzle": SWIZZLE_ENUM[self.swizzle],
-            "l2Promotion": "CU_TENSOR_MAP_L2_PROMOTION_L2_256B",
-            "oobFill": "CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE",
-        }
+        return encode_args(shape, self.dtype, self.box, self.swizzle, strides)
 
 
 def tile_contract(layout: SmemLayout, dtype: str, rank: int, row_dim: int) -> TensorMapContract:
