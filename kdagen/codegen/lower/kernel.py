@@ -383,7 +383,8 @@ class TileKernelEmitter:
 
         def step(s, *_, it=None):
             c = (geo.nchunks - 1) - s if reverse else s
-            self.step_begin(s if it is None else it)
+            it = s if it is None else it
+            self.step_begin(it)
             self.env[body.args[0]] = c
             for a, ref in zip(body.args[1:], carried):
                 self.env[a] = ref
@@ -400,7 +401,7 @@ class TileKernelEmitter:
                 copied = True
             if copied:
                 B.barrier()
-            self.step_end(s if it is None else it)
+            self.step_end(it)
             return []
 
         if self.group.parallel:
@@ -662,6 +663,9 @@ def prepare(program: Program, target: Target | None, prefix: str,
             opts: LowerOptions) -> list[PreparedKernel]:
     """Partition and plan a program (no MLIR emitted): what both the GPU lowering and the
     CPU simulator run."""
+    if opts.path not in ("portable", "native"):
+        raise LoweringError(f"path: {opts.path!r} is not a lowering path; use 'portable' or "
+                            "'native'")
     out = []
     for g in group_kernels(program, opts.split_scans):
         kname = f"{prefix}__k{g.index}_{g.label}"
@@ -671,9 +675,6 @@ def prepare(program: Program, target: Target | None, prefix: str,
             launch.update(kind="global", order=g.index, storage="none", scratch_bytes_per_cta=0)
             out.append(PreparedKernel(kname, g, em, "none", launch))
             continue
-        if opts.path not in ("portable", "native"):
-            raise LoweringError(f"path: {opts.path!r} is not a lowering path; use 'portable' or "
-                                "'native'")
         budget = (target.smem_per_block if target is not None else 227 * 1024) - opts.smem_reserve
         native = None
         nat = _native_module(target) if opts.path == "native" else None
@@ -759,10 +760,8 @@ def lower_program(module, target: Target, *, name: str | None = None,
 
 def _native_module(target: Target | None):
     """The module of the target's native lowering path, or None when it has none (yet)."""
-    if target is not None and target.chip == "sm_90a":
-        from kdagen.codegen.sm90 import native
-        return native
-    return None
+    from kdagen.codegen.sm90 import native
+    return native if native.native_supported(target) else None
 
 
 def _mode_counts(plan: StoragePlan) -> dict:

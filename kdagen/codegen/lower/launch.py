@@ -177,13 +177,12 @@ class LoweredProgram:
                 else:
                     args.append(values[p["name"]])
             if profile is not None:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                kern.launch(grid, args, stream=stream)
-                end.record()
-                profile.append((name, start, end))
-            else:
-                kern.launch(grid, args, stream=stream)
+                events = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                events[0].record()
+            kern.launch(grid, args, stream=stream)
+            if profile is not None:
+                events[1].record()
+                profile.append((name, *events))
         return outputs
 
 

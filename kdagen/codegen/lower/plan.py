@@ -424,22 +424,16 @@ def plan_storage(program: Program, group: KernelGroup, align: int = 16,
     loop_end: dict = {}
     counter = [0]
 
-    def number(block: Block):
-        for n in block.nodes:
+    def number(block_nodes: list):
+        for n in block_nodes:
             positions[n] = counter[0]
             counter[0] += 1
             if n.body is not None:
-                number(n.body)
+                number(n.body.nodes)
                 loop_end[n] = counter[0]
                 counter[0] += 1
 
-    for n in nodes:
-        positions[n] = counter[0]
-        counter[0] += 1
-        if n.body is not None:
-            number(n.body)
-            loop_end[n] = counter[0]
-            counter[0] += 1
+    number(nodes)
 
     buffers: dict = {}
     carried: dict = {}

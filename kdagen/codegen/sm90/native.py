@@ -36,6 +36,7 @@ from ..lower import tiles as T_
 from ..lower.kernel import Geometry, TileKernelEmitter, _mem_info
 from ..lower.plan import LoweringError
 from ..lower.program import walk
+from ...runtime.tensormap import ELEM_BYTES      # the element types a tensor map can describe
 from ..target import Target, require_chip
 
 NATIVE_CHIPS = ("sm_90a",)
@@ -45,7 +46,6 @@ PRODUCER_THREADS = 128
 PRODUCER_REGISTERS = 40
 CONSUMER_REGISTERS = 232
 CONSUMER_BARRIER = 1            # named barrier id of the consumer warpgroup (0 = whole CTA)
-ELEM_BYTES = {"bf16": 2, "f16": 2, "f32": 4}
 WGMMA_M = 64
 
 
@@ -80,7 +80,7 @@ class NativeLayout:
     depth: int = 1
     stage_bytes: int = 0
     staging_bytes: int = 0       # wgmma operand staging (bf16 tiles)
-    base: int = 0                # byte offset of this region (1024-aligned), set by place()
+    base: int = 0                # byte offset of this region (1024-aligned; kernel.prepare)
     precision: str = "bf16x3"
 
     @property
@@ -182,18 +182,32 @@ def _k_slice(K: int) -> int:
     raise LoweringError(f"wgmma depth {K} is not a multiple of 16")
 
 
-def _staging_bytes(n, precision: str) -> int:
-    """Bytes of the bf16 staging tiles a kda.dot needs (0 when it does not go to wgmma)."""
+def _wgmma_dot_dims(n) -> tuple | None:
+    """(M, N, K) of a kda.dot that goes to wgmma, else None."""
     if n.op != "kda.dot":
-        return 0
+        return None
     M, N = n.results[0].shape
     lhs = n.operands[0].shape
     K = lhs[0] if n.attrs.get("transpose_lhs") else lhs[1]
-    if not wgmma_dot_shape_ok(M, N, K):
-        return 0
-    parts = 2 if precision == "bf16x3" else 1
+    return (M, N, K) if wgmma_dot_shape_ok(M, N, K) else None
+
+
+def _staging_layouts(N: int, K: int, precision: str) -> tuple:
+    """(A tile layout [64, ks], B tile layout [N, ks], parts): the bf16 staging of one K slice;
+    ``parts`` tiles of each (hi, and lo for bf16x3)."""
+    from ..common.layouts import SmemLayout
     ks = _k_slice(K)
-    return parts * 2 * ks * (WGMMA_M + N)
+    return (SmemLayout(WGMMA_M, ks, 2, ks * 2), SmemLayout(N, ks, 2, ks * 2),
+            2 if precision == "bf16x3" else 1)
+
+
+def _staging_bytes(n, precision: str) -> int:
+    """Bytes of the bf16 staging tiles a kda.dot needs (0 when it does not go to wgmma)."""
+    dims = _wgmma_dot_dims(n)
+    if dims is None:
+        return 0
+    la, lb, parts = _staging_layouts(dims[1], dims[2], precision)
+    return parts * (la.size_bytes + lb.size_bytes)
 
 
 def tma_candidates(program, group) -> list:
@@ -426,7 +440,7 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
         eb = ELEM_BYTES[slot.elt]
         start = (self.layout.ring_offset + slot.offset) // eb
         per_stage = self.layout.stage_bytes // eb
-        elem0 = start + stage * per_stage if not (isinstance(stage, int) and stage == 0) else start
+        elem0 = start + stage * per_stage
         shape = tuple(n.results[0].shape)
         base = self.smem_base
         if slot.kind == "token":
@@ -453,35 +467,29 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
         return T_.FnRef(shape, read_chunk, cheap=True)
 
     def matrix(self, n, out) -> None:
-        if n.kind == "dot":
-            a = self.env[n.operands[0]]
-            b = self.env[n.operands[1]]
-            if n.attrs.get("transpose_lhs"):
-                a = T_.transpose(a)
-            if n.attrs.get("transpose_rhs"):
-                b = T_.transpose(b)
-            M, N = out.shape
-            if wgmma_dot_shape_ok(M, N, a.shape[1]):
-                self.dot_wgmma(out, a, b)
-                return
-        super().matrix(n, out)
+        if _wgmma_dot_dims(n) is None:
+            return super().matrix(n, out)
+        a = self.env[n.operands[0]]
+        b = self.env[n.operands[1]]
+        if n.attrs.get("transpose_lhs"):
+            a = T_.transpose(a)
+        if n.attrs.get("transpose_rhs"):
+            b = T_.transpose(b)
+        self.dot_wgmma(out, a, b)
 
     # -- wgmma -------------------------------------------------------------------------------
     def dot_wgmma(self, out, a, b) -> None:
         """out[M, N] = a[M, K] @ b[K, N] with wgmma on bf16 (hi [+ lo]) staging tiles."""
         from ..common import barrier as bar
         from ..common.convert import pack_f32x2
-        from ..common.layouts import SmemLayout, wgmma_d_coord
+        from ..common.layouts import wgmma_d_coord
         from ..common.mma import AccFragment, SmemOperand
         from ..common.smem import SmemTile
         from . import wgmma
         M, N = out.shape
         K = a.shape[1]
-        ks = _k_slice(K)
-        swz = ks * 2
-        parts = 2 if self.layout.precision == "bf16x3" else 1
-        la = SmemLayout(WGMMA_M, ks, 2, swz)
-        lb = SmemLayout(N, ks, 2, swz)
+        la, lb, parts = _staging_layouts(N, K, self.layout.precision)
+        ks = la.cols
         off = self.layout.staging_offset
         a_tiles = [SmemTile(self.smem_base, off + i * la.size_bytes, la) for i in range(parts)]
         off += parts * la.size_bytes
