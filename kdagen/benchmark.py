@@ -186,13 +186,12 @@ def main(argv=None):
                         row[f"{impl}_pct_floor"] = 100 * floor_ms / row[f"{impl}_ms"]
                 for impl in impls:
                     if impl.startswith("kdagen") and f"{impl}_ms" in row and "fla_ms" in row:
-                        suffix = impl[len("kdagen"):]
-                        row[f"ratio_fla_over_kdagen{suffix}"] = row["fla_ms"] / row[f"{impl}_ms"]
+                        row[f"ratio_fla_over_{impl}"] = row["fla_ms"] / row[f"{impl}_ms"]
                 rows.append(row)
                 print(json.dumps(row), flush=True)
                 with open(args.json, "w") as f:       # keep what was measured if cut short
                     json.dump({"rows": rows, "device": torch.cuda.get_device_name()}, f, indent=2)
-    names = [k for k in impls] if rows else []
+    names = list(impls) if rows else []
     kd = [n for n in names if n.startswith("kdagen")]
     header = ["op", "config", "mode", *(f"{n} ms" for n in names),
               *(f"FLA/{n}" for n in kd if "fla" in names), "floor ms"]
@@ -203,7 +202,7 @@ def main(argv=None):
             cells.append(f"{r[n + '_ms']:.3f}" if n + "_ms" in r else ("ERR" if n + "_error" in r else "-"))
         if "fla" in names:
             for n in kd:
-                key = "ratio_fla_over_kdagen" + n[len("kdagen"):]
+                key = f"ratio_fla_over_{n}"
                 cells.append(f"{r[key]:.3f}" if key in r else "-")
         cells.append(f"{r['floor_ms']:.3f}")
         print(" | ".join(cells))

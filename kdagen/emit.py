@@ -99,8 +99,6 @@ def emit_programs(out_dir: str | Path, targets: list[Target], ops: list[str], he
     ``path``: "native" (the chip's own path where kdagen has one, else portable) or
     "portable" (mma.sync + FMA, valid on every chip)."""
     from .codegen.lower.bundle import DEFAULT_LOWERING, write_bundle
-    if path not in ("native", "portable"):
-        raise ValueError(f"path: {path!r} is not a lowering path; choose native or portable")
     lowering = dict(DEFAULT_LOWERING, path=path)
     result = write_bundle(out_dir, program_variants(ops, head_dim, gate), targets, verbose=verbose,
                           lower_options=lowering)
