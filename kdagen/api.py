@@ -19,19 +19,9 @@ from typing import Any
 import torch
 
 from kdagen import ops
-from kdagen.validation import KdagenInputError, validate_inputs
+from kdagen.validation import KdagenInputError, check_fla_kwargs, validate_inputs
 
 __all__ = ["chunk_kda", "chunk_gated_delta_rule"]
-
-# FLA keyword arguments that only steer FLA's kernels and do not change the result.
-_IGNORED_FLA_KWARGS = frozenset({"chunk_indices", "cu_seqlens_cpu", "disable_recompute"})
-
-
-def _check_kwargs(fn: str, kwargs: dict) -> None:
-    unknown = sorted(set(kwargs) - _IGNORED_FLA_KWARGS)
-    if unknown:
-        raise TypeError(f"{fn}() got unexpected keyword argument(s) {unknown}")
-
 
 def _read_values(q: torch.Tensor, cu_seqlens) -> bool:
     """Whether validation may read cu_seqlens' values: only for CPU tensors outside tracing
@@ -119,7 +109,7 @@ def chunk_kda(
     ``[N, HV, K, V]`` with ``output_final_state``, else None. Differentiable in q, k, v, g,
     beta, A_log, dt_bias and initial_state.
     """
-    _check_kwargs("chunk_kda", fla_kwargs)
+    check_fla_kwargs("chunk_kda", fla_kwargs)
     return _call("kda", q, k, v, g, beta, scale=scale, initial_state=initial_state,
                  output_final_state=output_final_state,
                  use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
@@ -160,7 +150,7 @@ def chunk_gated_delta_rule(
 
     Returns ``(o [B, T, HV, V] in v's dtype, final_state float32 [N, HV, K, V] or None)``.
     """
-    _check_kwargs("chunk_gated_delta_rule", fla_kwargs)
+    check_fla_kwargs("chunk_gated_delta_rule", fla_kwargs)
     return _call("gdn", q, k, v, g, beta, scale=scale, initial_state=initial_state,
                  output_final_state=output_final_state,
                  use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,

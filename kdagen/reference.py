@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import torch
 
-from kdagen.validation import validate_inputs
+from kdagen.validation import check_fla_kwargs, validate_inputs
 
 __all__ = [
     "l2norm",
@@ -42,10 +42,6 @@ __all__ = [
 ]
 
 F64 = torch.float64
-
-# FLA keyword arguments that only steer FLA's kernels and do not change the result.
-_IGNORED_FLA_KWARGS = frozenset({"chunk_indices", "cu_seqlens_cpu", "disable_recompute"})
-
 
 def _f64(x: torch.Tensor | None) -> torch.Tensor | None:
     return None if x is None else x.to(F64)
@@ -301,12 +297,6 @@ def chunked_gated_delta(
 # --------------------------------------------------------------------------------------
 
 
-def _check_fla_kwargs(fn: str, kwargs: dict) -> None:
-    unknown = sorted(set(kwargs) - _IGNORED_FLA_KWARGS)
-    if unknown:
-        raise TypeError(f"{fn}() got unexpected keyword argument(s) {unknown}")
-
-
 def _run(op, q, k, v, g, beta, *, scale, initial_state, output_final_state,
          use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
          allow_neg_eigval, safe_gate, lower_bound, cu_seqlens, A_log, dt_bias, chunk_size):
@@ -374,7 +364,7 @@ def chunk_kda(
 
     Returns ``(o [B, T, HV, V], final_state [N, HV, K, V] or None)`` in float64.
     """
-    _check_fla_kwargs("chunk_kda", fla_kwargs)
+    check_fla_kwargs("chunk_kda", fla_kwargs)
     return _run(
         "kda", q, k, v, g, beta, scale=scale, initial_state=initial_state,
         output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
@@ -421,7 +411,7 @@ def chunk_gated_delta_rule(
     ``chunk_size=None`` runs the per-token recurrence, an int the chunked reference. Returns
     ``(o [B, T, HV, V], final_state [N, HV, K, V] or None)`` in float64.
     """
-    _check_fla_kwargs("chunk_gated_delta_rule", fla_kwargs)
+    check_fla_kwargs("chunk_gated_delta_rule", fla_kwargs)
     return _run(
         "gdn", q, k, v, g, beta, scale=scale, initial_state=initial_state,
         output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,

@@ -24,9 +24,19 @@ from typing import Any, Iterable
 
 import torch
 
-__all__ = ["KdagenInputError", "InputSizes", "validate_inputs"]
+__all__ = ["KdagenInputError", "InputSizes", "validate_inputs", "check_fla_kwargs"]
 
 LOWER_BOUND_MIN = -5.0
+
+# FLA keyword arguments that only steer FLA's kernels and do not change the result.
+IGNORED_FLA_KWARGS = frozenset({"chunk_indices", "cu_seqlens_cpu", "disable_recompute"})
+
+
+def check_fla_kwargs(fn: str, kwargs: dict) -> None:
+    """Accept FLA's tuning keywords (ignored); any other unknown keyword is a TypeError."""
+    unknown = sorted(set(kwargs) - IGNORED_FLA_KWARGS)
+    if unknown:
+        raise TypeError(f"{fn}() got unexpected keyword argument(s) {unknown}")
 
 
 class KdagenInputError(ValueError):
