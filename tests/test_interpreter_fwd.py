@@ -105,15 +105,13 @@ def test_interpreter_rejects_bad_inputs():
         interpreter.run(module, dict(case.inputs, v=case.inputs["v"][..., :32]))
 
 
-def test_long_sequence_runs_fast():
-    import time
+def test_long_sequence_runs():
+    # Correctness only: how long it takes belongs in a benchmark, not in a test (CI is shared).
     case = make_case("kda", gate="lower_bound", lower_bound=-5.0, B=1, T=1000, H=2, HV=4)
     module = build_program("kda_fwd", **case.options)
-    t0 = time.perf_counter()
     out = interpreter.run(module, case.inputs)
-    dt = time.perf_counter() - t0
+    assert out["o"].shape == (1, 1000, 4, 64)
     assert torch.isfinite(out["o"]).all()
-    assert dt < 10, f"T=1000 forward took {dt:.1f}s"
 
 
 def test_naive_program_fails_in_float32_at_strong_decay():

@@ -321,13 +321,10 @@ def test_entry_points_validate_and_fla_kwargs():
         R.chunk_kda(**inp, chunk_size=0)
 
 
-def test_recurrence_runtime_long_sequence():
-    import time
-
+def test_recurrence_long_sequence():
+    # No wall-clock bound here: timings belong in benchmarks (CI runs on 2 shared cores).
     inp = make_inputs("kda", 1, 3000, 2, 4, 32, 32, seed=1)
-    t0 = time.perf_counter()
     o, h = R.chunk_kda(**inp)
-    assert time.perf_counter() - t0 < 10.0
     assert o.shape == (1, 3000, 4, 32) and torch.isfinite(o).all()
 
 
