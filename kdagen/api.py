@@ -8,18 +8,23 @@ executor of the tensors' device: the kernels on CUDA, the interpreter on CPU
 (:mod:`kdagen.runtime.backends`). Both work under ``torch.compile(fullgraph=True)``.
 
 Supported: q, k, v in bfloat16, float16 or float32 (all three alike; g and beta in the same
-dtype or float32), head dims K, V in {64, 128}, contiguous tensors on one device,
-``initial_state`` float32 (or float64) ``[N, HV, K, V]``, GVA (HV a multiple of H), varlen
-(B = 1 with ``cu_seqlens``).
+dtype or float32, kept as given), head dims K, V in {64, 128}, tensors of any strides on one
+device (non-contiguous ones are copied), ``initial_state`` ``[N, HV, K, V]`` (or FLA's
+``state_v_first`` ``[N, HV, V, K]``) in fp32/fp64 or bf16/fp16, GVA (HV a multiple of H),
+varlen (B = 1 with ``cu_seqlens``, a tensor or a list). A q whose shape reads as T < H draws a
+warning that names the likely head-first layout mix-up.
 """
 from __future__ import annotations
 
+import operator
+import warnings
 from typing import Any
 
 import torch
 
 from kdagen import ops
-from kdagen.validation import KdagenInputError, check_fla_kwargs, validate_inputs
+from kdagen.validation import (KdagenInputError, check_cu_seqlens_values, check_fla_kwargs,
+                               validate_inputs)
 
 __all__ = ["chunk_kda", "chunk_gated_delta_rule"]
 
@@ -42,9 +47,110 @@ def _lower_bound(lower_bound, safe_gate: bool):
     return float(lower_bound)
 
 
+# ------------------------------------------------------------------------------------------
+# FLA's argument conventions -> the ops' (dense tensors, [HV] A_log, fp32 [N, HV, K, V] state)
+# ------------------------------------------------------------------------------------------
+
+#: chunk sizes FLA accepts; kdagen computes with its own chunk (the result does not depend on it)
+FLA_CHUNK_SIZES = {"kda": (32, 64), "gdn": (16, 32, 64)}
+
+
+def _check_chunk_size(family: str, chunk_size) -> None:
+    allowed = FLA_CHUNK_SIZES[family]
+    if isinstance(chunk_size, bool) or chunk_size not in allowed:
+        raise KdagenInputError(
+            f"chunk_size: expected one of {list(allowed)} (FLA's values for this op), got "
+            f"{chunk_size!r}; it only steers FLA's tiling: kdagen chooses its own chunk size "
+            f"and the result does not depend on it")
+
+
+def _as_cu_seqlens(cu_seqlens, q: torch.Tensor):
+    """A list/tuple of offsets becomes an int64 tensor on q's device (its values are checked
+    here, on the host, where they already are)."""
+    if cu_seqlens is None or isinstance(cu_seqlens, torch.Tensor):
+        return cu_seqlens
+    if isinstance(cu_seqlens, (list, tuple)):
+        try:
+            offsets = [operator.index(c) for c in cu_seqlens]
+        except TypeError:
+            raise KdagenInputError(
+                f"cu_seqlens: expected integer offsets, got {list(cu_seqlens)!r}; pass "
+                f"torch.tensor(offsets, dtype=torch.int64)") from None
+        if isinstance(q, torch.Tensor) and q.ndim == 4:
+            check_cu_seqlens_values(offsets, int(q.shape[1]))
+        return torch.tensor(offsets, dtype=torch.int64, device=q.device)
+    raise KdagenInputError(
+        f"cu_seqlens: expected a 1-D int32/int64 tensor [N + 1] or a list of ints, got "
+        f"{type(cu_seqlens).__name__}")
+
+
+def _dense(name: str, x):
+    """Any strided layout is accepted: the kernels read dense rows, so others are copied."""
+    if isinstance(x, torch.Tensor) and not x.is_contiguous():
+        return x.contiguous()
+    return x
+
+
+def _as_head_vector(name: str, x, HV: int):
+    """FLA's A_log may come as [1, 1, HV, 1] (broadcast over [B, T, HV, K]): read as [HV]."""
+    if (isinstance(x, torch.Tensor) and x.ndim > 1 and x.numel() == HV
+            and sum(int(d) != 1 for d in x.shape) <= 1):
+        return x.reshape(HV)
+    return x
+
+
+def _initial_state(h0, state_v_first: bool, sizes_hint):
+    """FLA's state layouts and dtypes -> the ops' fp32 (or fp64) [N, HV, K, V]."""
+    if h0 is None or not isinstance(h0, torch.Tensor):
+        return h0
+    if state_v_first:
+        if h0.ndim != 4:
+            raise KdagenInputError(
+                f"initial_state: expected a 4-D tensor [N, HV, V, K] (state_v_first=True), got "
+                f"shape {list(h0.shape)}")
+        h0 = h0.transpose(-1, -2)
+    if h0.dtype in (torch.bfloat16, torch.float16):
+        h0 = h0.float()            # the state is kept in fp32; autograd casts dh0 back
+    return _dense("initial_state", h0)
+
+
+def _warn_if_head_first(q) -> None:
+    if isinstance(q, torch.Tensor) and q.ndim == 4 and 1 < q.shape[1] < q.shape[2]:
+        warnings.warn(
+            f"q has shape {list(q.shape)}: read as [B, T, H, K] that is T = {q.shape[1]} < "
+            f"H = {q.shape[2]}. kdagen (like FLA) takes [B, T, H, K]; if your tensors are "
+            f"head-first [B, H, T, K], pass them with .transpose(1, 2).", stacklevel=4)
+
+
 def _call(family, q, k, v, g, beta, *, scale, initial_state, output_final_state,
           use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
-          safe_gate, lower_bound, cu_seqlens, A_log, dt_bias):
+          safe_gate, lower_bound, cu_seqlens, A_log, dt_bias, chunk_size, state_v_first,
+          return_intermediate_states):
+    _check_chunk_size(family, chunk_size)
+    if return_intermediate_states:
+        raise KdagenInputError(
+            "return_intermediate_states: not supported by kdagen yet (it returns (o, final_state)); "
+            "for the state at chunk boundaries run with output_final_state=True per segment")
+    _warn_if_head_first(q)
+    cu_seqlens = _as_cu_seqlens(cu_seqlens, q)
+    q, k, v, g, beta = (_dense(n, x) for n, x in (("q", q), ("k", k), ("v", v), ("g", g),
+                                                   ("beta", beta)))
+    HV = int(v.shape[2]) if isinstance(v, torch.Tensor) and v.ndim == 4 else 0
+    K = int(q.shape[3]) if isinstance(q, torch.Tensor) and q.ndim == 4 else 0
+    if use_gate_in_kernel:
+        A_log = _dense("A_log", _as_head_vector("A_log", A_log, HV))
+        dt_bias = _dense("dt_bias", dt_bias)
+        like = dict(dtype=torch.float32, device=q.device)
+        if dt_bias is None and A_log is not None:
+            dt_bias = torch.zeros((HV, K) if family == "kda" else (HV,), **like)   # no bias
+        if A_log is None and family == "kda" and safe_gate and lower_bound is not None:
+            # FLA: without A_log the lower-bound gate is lower_bound * sigmoid(g + dt_bias)
+            A_log = torch.zeros(HV, **like)
+            if dt_bias is None:
+                dt_bias = torch.zeros(HV, K, **like)
+    elif safe_gate and lower_bound is None:
+        safe_gate = False      # FLA: a precomputed gate with safe_gate is the caller's promise
+    initial_state = _initial_state(initial_state, state_v_first, None)
     sizes = validate_inputs(
         family, q, k, v, g, beta, initial_state=initial_state, cu_seqlens=cu_seqlens,
         A_log=A_log, dt_bias=dt_bias, use_gate_in_kernel=use_gate_in_kernel, safe_gate=safe_gate,
@@ -65,7 +171,11 @@ def _call(family, q, k, v, g, beta, *, scale, initial_state, output_final_state,
                bool(output_final_state), bool(use_qk_l2norm_in_kernel), bool(use_gate_in_kernel),
                bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval), bool(safe_gate),
                _lower_bound(lower_bound, safe_gate))
-    return o, (ht if output_final_state else None)
+    if not output_final_state:
+        return o, None
+    if state_v_first:
+        ht = ht.transpose(-1, -2).contiguous()
+    return o, ht
 
 
 def chunk_kda(
@@ -83,31 +193,43 @@ def chunk_kda(
     allow_neg_eigval: bool = False,
     safe_gate: bool = False,
     lower_bound: float | None = None,
-    cu_seqlens: torch.Tensor | None = None,
+    disable_recompute: bool = False,
+    return_intermediate_states: bool = False,
+    state_v_first: bool = False,
+    cu_seqlens: torch.Tensor | list[int] | None = None,
+    *,
     A_log: torch.Tensor | None = None,
     dt_bias: torch.Tensor | None = None,
+    chunk_size: int = 64,
     **fla_kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Kimi Delta Attention, chunked: FLA's ``chunk_kda`` (same arguments and results).
+    """Kimi Delta Attention, chunked: FLA's ``chunk_kda`` (same arguments, in FLA's order, and
+    the same results).
 
-    - q, k ``[B, T, H, K]``; v ``[B, T, HV, V]``; beta ``[B, T, HV]``.
+    - q, k ``[B, T, H, K]``; v ``[B, T, HV, V]``; beta ``[B, T, HV]``. Any strides are
+      accepted (q/k/v split from a fused projection, say); the kernels read dense rows, so
+      a non-contiguous tensor is copied first.
     - ``g`` ``[B, T, HV, K]``: the natural-log gate; with ``use_gate_in_kernel`` the raw gate,
       turned into ``-exp(A_log[h]) * softplus(g + dt_bias[h])`` or, with ``safe_gate``,
       ``lower_bound * sigmoid(exp(A_log[h]) * (g + dt_bias[h]))`` (lower_bound in [-5, 0)).
-      ``A_log`` ``[HV]`` and ``dt_bias`` ``[HV, K]``/``[HV * K]`` are then required; without
-      ``use_gate_in_kernel`` they are ignored. With ``safe_gate`` and a precomputed g,
-      ``lower_bound`` is a promise that g >= lower_bound (the kernels rely on it).
+      ``A_log`` ``[HV]`` (or FLA's ``[1, 1, HV, 1]``) is then required (except with
+      ``safe_gate``, where None means A_log = 0, as in FLA); ``dt_bias`` ``[HV, K]``/``[HV * K]``
+      may be None (no bias). Without ``use_gate_in_kernel`` they are ignored. g and beta keep
+      their own dtype (fp32 next to bf16 q/k/v is not rounded). Each gate's declared range is
+      enforced inside the kernels (a precomputed g below ``lower_bound`` is clamped to it).
     - ``use_beta_sigmoid_in_kernel``: beta is raw, turned into ``sigmoid(beta)``
       (``2 * sigmoid(beta)`` with ``allow_neg_eigval``; ignored otherwise).
     - ``use_qk_l2norm_in_kernel``: L2-normalise q and k (eps 1e-6 inside the sqrt).
-    - ``scale`` defaults to ``K ** -0.5``; ``initial_state`` ``[N, HV, K, V]``;
-      ``cu_seqlens`` ``[N + 1]`` int32/int64 with B = 1 (varlen).
-    - FLA's tuning keywords ``chunk_indices``, ``cu_seqlens_cpu``, ``disable_recompute`` are
-      accepted and ignored.
+    - ``scale`` defaults to ``K ** -0.5``; ``initial_state`` ``[N, HV, K, V]`` (``[N, HV, V, K]``
+      with ``state_v_first``) in fp32, or bf16/fp16 (computed in fp32); ``cu_seqlens``
+      ``[N + 1]`` int32/int64 (a tensor or a list) with B = 1 (varlen).
+    - ``chunk_size``: FLA's values (32 or 64) are accepted; kdagen chooses its own chunk size
+      (the result does not depend on it). FLA's tuning keywords ``chunk_indices``,
+      ``cu_seqlens_cpu``, ``disable_recompute`` are accepted and ignored.
 
     Returns ``(o, final_state)``: o ``[B, T, HV, V]`` in v's dtype, final_state float32
-    ``[N, HV, K, V]`` with ``output_final_state``, else None. Differentiable in q, k, v, g,
-    beta, A_log, dt_bias and initial_state.
+    ``[N, HV, K, V]`` (``[N, HV, V, K]`` with ``state_v_first``) with ``output_final_state``,
+    else None. Differentiable in q, k, v, g, beta, A_log, dt_bias and initial_state.
     """
     check_fla_kwargs("chunk_kda", fla_kwargs)
     return _call("kda", q, k, v, g, beta, scale=scale, initial_state=initial_state,
@@ -116,7 +238,9 @@ def chunk_kda(
                  use_gate_in_kernel=use_gate_in_kernel,
                  use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
                  allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, lower_bound=lower_bound,
-                 cu_seqlens=cu_seqlens, A_log=A_log, dt_bias=dt_bias)
+                 cu_seqlens=cu_seqlens, A_log=A_log, dt_bias=dt_bias, chunk_size=chunk_size,
+                 state_v_first=state_v_first,
+                 return_intermediate_states=return_intermediate_states)
 
 
 def chunk_gated_delta_rule(
@@ -129,24 +253,29 @@ def chunk_gated_delta_rule(
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     use_qk_l2norm_in_kernel: bool = False,
-    cu_seqlens: torch.Tensor | None = None,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+    state_v_first: bool = False,
+    cu_seqlens: torch.Tensor | list[int] | None = None,
     *,
     use_gate_in_kernel: bool = False,
     A_log: torch.Tensor | None = None,
     dt_bias: torch.Tensor | None = None,
     safe_gate: bool = False,
     lower_bound: float | None = None,
-    use_beta_sigmoid_in_kernel: bool = False,
-    allow_neg_eigval: bool = False,
+    chunk_size: int = 64,
+    return_intermediate_states: bool = False,
     **fla_kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Gated DeltaNet, chunked: FLA's ``chunk_gated_delta_rule`` (same positional arguments).
+    """Gated DeltaNet, chunked: FLA's ``chunk_gated_delta_rule`` (same arguments, in FLA's
+    order).
 
     ``g`` ``[B, T, HV]`` is the natural-log gate per head, ``beta`` ``[B, T, HV]`` the
-    (already activated) beta. kdagen's keyword-only extras take raw inputs instead, as
-    :func:`chunk_kda` does: ``use_gate_in_kernel`` (with ``A_log`` ``[HV]``, ``dt_bias``
-    ``[HV]``, optionally ``safe_gate`` + ``lower_bound``) and ``use_beta_sigmoid_in_kernel``
-    (+ ``allow_neg_eigval``).
+    (already activated) beta, or raw with ``use_beta_sigmoid_in_kernel`` (+ ``allow_neg_eigval``).
+    ``use_gate_in_kernel`` takes a raw gate (with ``A_log`` ``[HV]``, ``dt_bias`` ``[HV]`` or
+    None, optionally ``safe_gate`` + ``lower_bound``). ``chunk_size``: FLA's values (16, 32,
+    64) are accepted, the result does not depend on it. Strides, dtypes, ``state_v_first`` and
+    ``cu_seqlens`` as in :func:`chunk_kda`.
 
     Returns ``(o [B, T, HV, V] in v's dtype, final_state float32 [N, HV, K, V] or None)``.
     """
@@ -157,4 +286,6 @@ def chunk_gated_delta_rule(
                  use_gate_in_kernel=use_gate_in_kernel,
                  use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
                  allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, lower_bound=lower_bound,
-                 cu_seqlens=cu_seqlens, A_log=A_log, dt_bias=dt_bias)
+                 cu_seqlens=cu_seqlens, A_log=A_log, dt_bias=dt_bias, chunk_size=chunk_size,
+                 state_v_first=state_v_first,
+                 return_intermediate_states=return_intermediate_states)

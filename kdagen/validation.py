@@ -24,7 +24,8 @@ from typing import Any, Iterable
 
 import torch
 
-__all__ = ["KdagenInputError", "InputSizes", "validate_inputs", "check_fla_kwargs"]
+__all__ = ["KdagenInputError", "InputSizes", "validate_inputs", "check_fla_kwargs",
+           "check_cu_seqlens_values", "head_first_hint"]
 
 LOWER_BOUND_MIN = -5.0
 
@@ -93,6 +94,36 @@ def _require_float(name: str, x: torch.Tensor) -> None:
 def _require_shape(name: str, x: torch.Tensor, expected: tuple[int, ...], what: str) -> None:
     if tuple(x.shape) != tuple(expected):
         raise _err(name, f"expected shape {what} = {_shape(expected)}, got {_shape(x)}")
+
+
+def check_cu_seqlens_values(offsets, T: int) -> None:
+    """``offsets`` (ints) must be ``0 = c_0 < c_1 < ... < c_N = T``."""
+    offs = [int(c) for c in offsets]
+    if len(offs) < 2:
+        raise _err("cu_seqlens", f"expected at least 2 offsets [0, ..., T], got {len(offs)}")
+    if offs[0] != 0:
+        raise _err("cu_seqlens", f"expected cu_seqlens[0] == 0, got {offs[0]}")
+    for i in range(1, len(offs)):
+        if offs[i] <= offs[i - 1]:
+            raise _err(
+                "cu_seqlens",
+                f"expected strictly increasing offsets (every sequence length >= 1; "
+                f"drop empty sequences), got cu_seqlens[{i}] = {offs[i]} <= "
+                f"cu_seqlens[{i - 1}] = {offs[i - 1]}",
+            )
+    if offs[-1] != T:
+        raise _err("cu_seqlens", f"expected cu_seqlens[-1] == T = {T} (from q), got {offs[-1]}")
+
+
+def head_first_hint(q_shape) -> str:
+    """A hint for shape errors when q's shape suggests a head-first ``[B, H, T, K]`` layout
+    (FLA's and kdagen's layout is ``[B, T, H, K]``): read as such, T < H. Empty otherwise."""
+    B, T, H, K = (int(d) for d in q_shape)
+    if T >= H:
+        return ""
+    return (f" (q's shape {_shape(q_shape)} read as [B, T, H, K] gives T = {T} < H = {H}: if "
+            f"your tensors are head-first [B, H, T, K], pass them as [B, T, H, K] with "
+            f".transpose(1, 2))")
 
 
 def validate_inputs(
@@ -282,22 +313,7 @@ def validate_inputs(
         check_contiguous("cu_seqlens", cu_seqlens)
         N = int(cu_seqlens.shape[0]) - 1
         if check_values and cu_seqlens.device.type != "meta":
-            offs = [int(c) for c in cu_seqlens.tolist()]
-            if offs[0] != 0:
-                raise _err("cu_seqlens", f"expected cu_seqlens[0] == 0, got {offs[0]}")
-            for i in range(1, len(offs)):
-                if offs[i] <= offs[i - 1]:
-                    raise _err(
-                        "cu_seqlens",
-                        f"expected strictly increasing offsets (every sequence length >= 1; "
-                        f"drop empty sequences), got cu_seqlens[{i}] = {offs[i]} <= "
-                        f"cu_seqlens[{i - 1}] = {offs[i - 1]}",
-                    )
-            if offs[-1] != T:
-                raise _err(
-                    "cu_seqlens",
-                    f"expected cu_seqlens[-1] == T = {T} (from q), got {offs[-1]}",
-                )
+            check_cu_seqlens_values(cu_seqlens.tolist(), T)
 
     # ---- initial_state -------------------------------------------------------------------
     if initial_state is not None:
@@ -342,7 +358,9 @@ def validate_inputs(
             )
     if A_log is not None:
         _require_tensor("A_log", A_log)
-        _require_shape("A_log", A_log, (HV,), "[HV]")
+        if tuple(A_log.shape) != (HV,):
+            raise _err("A_log", f"expected shape [HV] = {_shape((HV,))} (HV from v), got "
+                                f"{_shape(A_log)}{head_first_hint(q.shape)}")
         _require_float("A_log", A_log)
         check_device("A_log", A_log)
         check_contiguous("A_log", A_log)
@@ -353,10 +371,11 @@ def validate_inputs(
                 raise _err(
                     "dt_bias",
                     f"expected shape [HV, K] = {_shape((HV, K))} or [HV * K] = "
-                    f"{_shape((HV * K,))}, got {_shape(dt_bias)}",
+                    f"{_shape((HV * K,))}, got {_shape(dt_bias)}{head_first_hint(q.shape)}",
                 )
-        else:
-            _require_shape("dt_bias", dt_bias, (HV,), "[HV]")
+        elif tuple(dt_bias.shape) != (HV,):
+            raise _err("dt_bias", f"expected shape [HV] = {_shape((HV,))} (HV from v), got "
+                                  f"{_shape(dt_bias)}{head_first_hint(q.shape)}")
         _require_float("dt_bias", dt_bias)
         check_device("dt_bias", dt_bias)
         check_contiguous("dt_bias", dt_bias)

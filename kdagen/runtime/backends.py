@@ -222,9 +222,15 @@ class InterpreterExecutor(Executor):
 
     def run(self, program, options, inputs, outputs):
         import torch
-        from kdagen import interpreter
-
-        module = stable_program(program, freeze_options(options))
+        try:
+            from kdagen import interpreter
+            module = stable_program(program, freeze_options(options))
+        except ModuleNotFoundError as err:
+            if (err.name or "").startswith("numba_cuda_mlir"):
+                raise type(err)(
+                    f"kdagen runs CPU tensors through its interpreter, which is part of the "
+                    f"compiler: {err}", name=err.name) from None
+            raise
         device = None
         args = {}
         for name, x in inputs.items():
