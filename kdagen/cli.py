@@ -5,7 +5,7 @@ import sys
 
 import click
 
-from .table import format_table
+from .table import format_table, plural
 
 
 class _ArchList(click.ParamType):
@@ -27,6 +27,79 @@ def main():
     """kdagen: chunked gated-delta attention kernels (KDA, GDN) from a DSL, through MLIR, to PTX."""
 
 
+TABLE_WIDTH = 100      # the default tables fit in this many columns
+
+
+class _CliProgress:
+    """Adapts the emit/check progress callbacks to a :class:`kdagen.table.Progress` on stderr."""
+
+    def __init__(self, prefix: str, enabled: bool = True, check: bool = False):
+        self.prefix, self.enabled, self.check, self.bar = prefix, enabled, check, None
+
+    def __call__(self, event: str, **info) -> None:
+        from .table import Progress
+        if event == "steps":
+            self.bar = Progress(info["total"], self.prefix, enabled=self.enabled)
+        elif self.bar is None:
+            return
+        elif event == "lowering":
+            verb = "assembling" if self.check else "lowering"
+            self.bar.status(f"{verb} {info['program']} for {info['chip']}")
+        elif event == "lowered":
+            self.bar.begin_step(info["count"])
+        elif event == "kernel" and self.check:
+            row = info["row"]
+            self.bar.done(f"{row['chip']} {_cut(row['kernel'], 60)}: "
+                          f"{'pass' if row['ok'] else 'FAIL'}")
+        elif event == "kernel":
+            row = info["row"]
+            regs = f", {row['registers']} registers" if "registers" in row else ""
+            self.bar.done(f"{row['chip']} {_short_program(row)} {row['short']}: "
+                          f"{row['path']}{regs}")
+        elif event == "step_done":
+            self.bar.end_step()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _cut(text: str, width: int) -> str:
+    from .table import _cut_middle
+    return _cut_middle(text, width)
+
+
+def _short_program(row: dict) -> str:
+    opts = row.get("options") or {}
+    if "head_k_dim" in opts:
+        return f"{row['program']} K{opts['head_k_dim']}V{opts.get('head_v_dim', opts['head_k_dim'])}"
+    return row["program"]
+
+
+def _emit_table(rows: list[dict], verbose: bool) -> str:
+    from .table import chip_rank
+    rows = sorted(rows, key=lambda r: chip_rank(r["chip"]))   # stable: kernel order per chip
+    if verbose:
+        headers = ["kernel", "chip", "path", "registers", "spill stores", "spill loads",
+                   "stack bytes", "smem bytes", "tile bytes", "tile storage"]
+        table = [[r["kernel"], r["chip"], r["path"], r.get("registers", "-"),
+                  r.get("spill_stores", "-"), r.get("spill_loads", "-"), r.get("stack_bytes", "-"),
+                  r.get("dynamic_shared_memory", 0), r.get("tile_bytes", "-"),
+                  r.get("storage", "-")] for r in rows]
+        return format_table(headers, table)
+    headers = ["program", "K,V", "kernel", "chip", "path", "regs", "spill B", "smem B", "storage"]
+    table = []
+    for r in rows:
+        opts = r.get("options") or {}
+        kv = (f"{opts['head_k_dim']},{opts.get('head_v_dim', opts['head_k_dim'])}"
+              if "head_k_dim" in opts else "-")
+        spill = (r.get("spill_stores", 0) + r.get("spill_loads", 0)) if "registers" in r else "-"
+        table.append([r["program"], kv, r.get("short", r["kernel"]), r["chip"], r["path"],
+                      r.get("registers", "-"), spill, r.get("dynamic_shared_memory", 0),
+                      r.get("storage", "-")])
+    return format_table(headers, table, max_width=TABLE_WIDTH, shrink=2)
+
+
 @main.command()
 @click.option("-o", "--out", "out_dir", default="kdagen-out", show_default=True,
               type=click.Path(file_okay=False), help="Bundle folder to write.")
@@ -45,58 +118,76 @@ def main():
                    "warpgroup + wgmma consumer), the portable one elsewhere; portable: mma.sync "
                    "+ FMA kernels valid on every chip. The table's path column says which each "
                    "kernel took.")
-def emit(out_dir, op, targets, head_dim, gate, path):
-    """Generate kernels for each chip into a bundle (manifest.json + .ptx/.cubin)."""
-    from .emit import emit_bundle, emit_programs
-    if op == "gate-cumsum":
-        emitted = emit_bundle(out_dir, targets, head_dim=int(head_dim))
-        rows = []
-        for item in emitted:
-            res = item.entry.resources or {}
-            rows.append(dict(kernel=item.entry.name, chip=item.entry.chip, path=item.entry.path,
-                             registers=res.get("registers", "-"),
-                             spill_stores=res.get("spill_stores", 0),
-                             spill_loads=res.get("spill_loads", 0),
-                             dynamic_shared_memory=item.entry.launch["dynamic_shared_memory"],
-                             storage="registers"))
-        failed = [e for e in emitted if e.assembled is False]
-        for item in failed:
-            click.echo(f"ptxas failed for {item.entry.name} on {item.entry.chip}:\n{item.log}",
-                       err=True)
-    else:
-        ops = ["kda", "gdn"] if op == "all" else [op]
-        try:
-            rows = emit_programs(out_dir, targets, ops, head_dim=int(head_dim), gate=gate,
-                                 path=path)
-        except ValueError as err:
-            raise click.ClickException(str(err))
-        failed = []
-    table = [[r["kernel"], r["chip"], r["path"], r.get("registers", "-"),
-              r.get("spill_stores", 0) + r.get("spill_loads", 0) if "registers" in r else "-",
-              r.get("dynamic_shared_memory", 0), r.get("storage", "-")] for r in rows]
-    click.echo(format_table(["kernel", "chip", "path", "registers", "spill bytes", "smem bytes",
-                             "tile storage"], table))
-    click.echo(f"wrote {len(rows)} kernels to {out_dir}")
+@click.option("-v", "--verbose", is_flag=True,
+              help="Print the full table: whole kernel names, spill stores and loads, stack and "
+                   "tile bytes (also in the bundle's manifest.json).")
+@click.option("-q", "--quiet", is_flag=True, help="No progress report on stderr.")
+def emit(out_dir, op, targets, head_dim, gate, path, verbose, quiet):
+    """Generate kernels for each chip into a bundle (manifest.json + .ptx/.cubin).
+
+    Progress goes to stderr (a bar on a terminal, one line per kernel otherwise); the table
+    of kernels to stdout."""
+    from .emit import _resource_cells, emit_bundle, emit_programs, gate_cumsum_names
+    from .table import chip_rank
+    targets = sorted(targets, key=lambda t: chip_rank(t.chip))
+    progress = _CliProgress("kdagen emit", enabled=not quiet)
+    try:
+        if op == "gate-cumsum":
+            emitted = emit_bundle(out_dir, targets, head_dim=int(head_dim), progress=progress)
+            rows = [dict(kernel=item.entry.name, chip=item.entry.chip, path=item.entry.path,
+                         dynamic_shared_memory=item.entry.launch["dynamic_shared_memory"],
+                         storage="registers", **gate_cumsum_names(item.entry.name),
+                         **_resource_cells(item.entry)) for item in emitted]
+            failed = [e for e in emitted if e.assembled is False]
+        else:
+            ops = ["kda", "gdn"] if op == "all" else [op]
+            try:
+                rows = emit_programs(out_dir, targets, ops, head_dim=int(head_dim), gate=gate,
+                                     path=path, progress=progress)
+            except ValueError as err:
+                raise click.ClickException(str(err))
+            failed = []
+    finally:
+        progress.close()
+    for item in failed:
+        click.echo(f"ptxas failed for {item.entry.name} on {item.entry.chip}:\n{item.log}",
+                   err=True)
+    click.echo(_emit_table(rows, verbose))
+    variants = len({r.get("variant", r["kernel"]) for r in rows})
+    click.echo(f"wrote {plural(len(rows), 'kernel')} ({plural(variants, 'variant')}) to {out_dir}")
+    if not verbose:
+        click.echo("whole kernel names and ptxas resources: manifest.json (or emit --verbose)")
     if failed:
         sys.exit(1)
 
 
 @main.command()
 @click.argument("bundle_dir", type=click.Path(exists=True, file_okay=False))
-def check(bundle_dir):
-    """Assemble every PTX of a bundle with ptxas for its chip (exit 1 on any failure)."""
+@click.option("-v", "--verbose", is_flag=True, help="Print whole kernel names.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress report on stderr.")
+def check(bundle_dir, verbose, quiet):
+    """Assemble every PTX of a bundle with ptxas for its chip (exit 1 on any failure).
+
+    Progress goes to stderr (a bar on a terminal, one line per kernel otherwise)."""
     from .bundle import BundleError
     from .check import check_bundle
     from .codegen.ptxas import PtxasNotFound
+    from .table import sort_chips
+    progress = _CliProgress("kdagen check", enabled=not quiet, check=True)
     try:
-        results = check_bundle(bundle_dir)
+        results = check_bundle(bundle_dir, progress=progress)
     except (PtxasNotFound, BundleError) as err:
         raise click.ClickException(str(err))
+    finally:
+        progress.close()
     click.echo(format_table(["kernel", "chip", "result", "detail"],
-                            [[r.kernel, r.chip, "pass" if r.ok else "FAIL", r.detail] for r in results]))
+                            [[r.kernel, r.chip, "pass" if r.ok else "FAIL", r.detail]
+                             for r in results],
+                            max_width=None if verbose else TABLE_WIDTH, shrink=(0, 3)))
     passed = sum(r.ok for r in results)
-    chips = sorted({r.chip for r in results if r.ok})
-    click.echo(f"{passed}/{len(results)} kernels assembled ({', '.join(chips) or 'no chips'})")
+    chips = sort_chips(r.chip for r in results if r.ok)
+    click.echo(f"{passed}/{plural(len(results), 'kernel')} assembled "
+               f"({', '.join(chips) or 'no chips'})")
     if passed != len(results) or not results:
         sys.exit(1)
 

@@ -37,8 +37,11 @@ def _kernel_specs(head_dim: int) -> list[GateCumsumSpec]:
     return [GateCumsumSpec(head_dim=head_dim)]
 
 
-def emit_bundle(out_dir: str | Path, targets: list[Target], head_dim: int = 128) -> list[EmittedKernel]:
-    """Emit every kernel for every target into ``out_dir``; returns what was emitted."""
+def emit_bundle(out_dir: str | Path, targets: list[Target], head_dim: int = 128,
+                progress=None) -> list[EmittedKernel]:
+    """Emit every kernel for every target into ``out_dir``; returns what was emitted.
+    ``progress``: the callback of :func:`kdagen.codegen.lower.bundle.write_bundle`."""
+    notify = progress or (lambda event, **info: None)
     out = Path(out_dir)
     try:
         ptxas = ptxas_mod.find_ptxas()
@@ -47,11 +50,15 @@ def emit_bundle(out_dir: str | Path, targets: list[Target], head_dim: int = 128)
         ptxas, version = None, None
     manifest = Manifest(kdagen_version=__version__, source_hash=source_hash(), ptxas_version=version)
     emitted: list[EmittedKernel] = []
-    for spec in _kernel_specs(head_dim):
+    specs = _kernel_specs(head_dim)
+    notify("steps", total=len(specs) * len(targets))
+    for spec in specs:
         builder = GpuModuleBuilder()
         build_gate_cumsum(builder, spec)
         builder.verify()
         for target in targets:
+            notify("lowering", program=spec.name, variant=spec.name, chip=target.chip)
+            notify("lowered", count=1)
             ptx = lower_to_ptx(builder.module, target)
             stem = f"{spec.name}.{target.chip}"
             write_atomic(out / f"{stem}.ptx", ptx)
@@ -69,8 +76,26 @@ def emit_bundle(out_dir: str | Path, targets: list[Target], head_dim: int = 128)
                     entry.resources = asdict(result.resources[spec.name])
             manifest.kernels.append(entry)
             emitted.append(EmittedKernel(entry, assembled, log))
+            notify("kernel", row=dict(kernel=spec.name, chip=target.chip, path=entry.path,
+                                      **gate_cumsum_names(spec.name), **_resource_cells(entry)))
+            notify("step_done")
     write_atomic(out / MANIFEST, manifest.to_json())
     return emitted
+
+
+def gate_cumsum_names(name: str) -> dict:
+    """Table cells of a gate+cumsum kernel: program, short kernel name, options, variant."""
+    program, _, rest = name.partition("_K")
+    head_dim = int(rest.split("_")[0]) if rest.split("_")[0].isdigit() else None
+    options = dict(head_k_dim=head_dim, head_v_dim=head_dim) if head_dim else {}
+    return dict(program=program, short="K" + rest if rest else name, options=options,
+                variant=name)
+
+
+def _resource_cells(entry: KernelEntry) -> dict:
+    res = entry.resources or {}
+    return {k: res[k] for k in ("registers", "spill_stores", "spill_loads", "stack_bytes")
+            if k in res}
 
 
 def program_variants(ops: list[str], head_dim: int, gate: str | None) -> list[tuple[str, dict]]:
@@ -93,19 +118,14 @@ def program_variants(ops: list[str], head_dim: int, gate: str | None) -> list[tu
 
 def emit_programs(out_dir: str | Path, targets: list[Target], ops: list[str], head_dim: int = 128,
                   gate: str | None = None, verbose: bool = False,
-                  path: str = "native") -> list[dict]:
+                  path: str = "native", progress=None) -> list[dict]:
     """Lower the programs of ``ops`` for every target into the bundle ``out_dir``; returns the
-    per-kernel report rows (kernel, chip, path, registers, spills, shared memory).
-    ``path``: "native" (the chip's own path where kdagen has one, else portable) or
-    "portable" (mma.sync + FMA, valid on every chip)."""
+    per-kernel report rows (kernel, chip, path, program, variant, registers, spills, shared
+    memory). ``path``: "native" (the chip's own path where kdagen has one, else portable) or
+    "portable" (mma.sync + FMA, valid on every chip). ``progress``: see
+    :func:`kdagen.codegen.lower.bundle.write_bundle`."""
     from .codegen.lower.bundle import DEFAULT_LOWERING, write_bundle
     lowering = dict(DEFAULT_LOWERING, path=path)
     result = write_bundle(out_dir, program_variants(ops, head_dim, gate), targets, verbose=verbose,
-                          lower_options=lowering)
-    manifest = {(e["name"], e["chip"]): e for e in
-                __import__("json").loads((Path(out_dir) / MANIFEST).read_text())["kernels"]}
-    rows = []
-    for row in result["report"]:
-        entry = manifest.get((row["kernel"], row["chip"]), {})
-        rows.append({**row, "path": entry.get("path", "?")})
-    return rows
+                          lower_options=lowering, progress=progress)
+    return result["report"]

@@ -7,7 +7,7 @@ from click.testing import CliRunner
 from kdagen.cli import main
 from kdagen.codegen import ptxas as ptxas_mod
 
-from conftest import requires_ptxas
+from conftest import HAS_PTXAS, requires_ptxas
 
 COMMANDS = ["emit", "check", "show", "opt", "list"]
 
@@ -49,7 +49,7 @@ def test_emit_then_check_all_three_chips(tmp_path):
         assert (out / kernel["cubin_file"]).stat().st_size > 0
     checked = run("check", str(out))
     assert checked.exit_code == 0, checked.output
-    assert "3/3 kernels assembled (sm_100a, sm_120a, sm_90a)" in checked.output
+    assert "3/3 kernels assembled (sm_90a, sm_100a, sm_120a)" in checked.output
 
 
 @requires_ptxas
@@ -137,10 +137,141 @@ def test_emit_programs_every_op_chip_and_head_dim(tmp_path, op, head_dim):
             assert "wgmma" not in ptx and "tcgen05" not in ptx
     checked = run("check", str(out))
     assert checked.exit_code == 0, checked.output
-    assert f"{len(kernels)}/{len(kernels)} kernels assembled (sm_100a, sm_120a, sm_90a)" in checked.output
+    assert f"{len(kernels)}/{len(kernels)} kernels assembled (sm_90a, sm_100a, sm_120a)" in checked.output
 
 
 def test_emit_rejects_a_gate_of_the_other_op(tmp_path):
     result = run("emit", "-o", str(tmp_path), "--op", "gdn", "--gate", "lower_bound")
     assert result.exit_code == 1
     assert "not a GDN gate" in result.output
+
+
+# --- progress, table width, names that say the path taken, chip order -------------------------
+
+@pytest.fixture(scope="module")
+def kda64_bundle(tmp_path_factory):
+    """One emit of the KDA programs (K = V = 64) for sm_100a and sm_90a, chips given out of
+    order, shared by the tests below (the emit takes a while)."""
+    if not HAS_PTXAS:
+        pytest.skip("needs ptxas (CUDA toolkit)")
+    out = tmp_path_factory.mktemp("kda64") / "bundle"
+    result = run("emit", "-o", str(out), "--arch", "sm_100a,sm_90a", "--op", "kda",
+                 "--head-dim", "64")
+    assert result.exit_code == 0, result.output
+    return out, result
+
+
+def test_emit_table_fits_in_100_columns(kda64_bundle):
+    out, result = kda64_bundle
+    table = result.stdout.split("\nwrote ")[0]
+    for line in table.splitlines():
+        assert len(line) <= 100, line
+    assert "wrote 16 kernels (2 variants) to" in result.stdout
+    header = result.stdout.splitlines()[0].split()
+    assert header[:5] == ["program", "K,V", "kernel", "chip", "path"]
+
+
+def test_emit_reports_progress_per_kernel_on_stderr(kda64_bundle):
+    out, result = kda64_bundle
+    manifest = json.loads((out / "manifest.json").read_text())
+    lines = [l for l in result.stderr.splitlines() if l.startswith("kdagen emit: [")]
+    assert len(lines) == len(manifest["kernels"]) == 16
+    assert "[1/4]" in lines[0] and "[4/4]" in lines[-1]
+    assert not any(l.startswith("kdagen emit:") for l in result.stdout.splitlines())
+
+
+def test_emit_quiet_has_no_progress(tmp_path):
+    if not HAS_PTXAS:
+        pytest.skip("needs ptxas (CUDA toolkit)")
+    result = run("emit", "-q", "-o", str(tmp_path / "b"), "--arch", "sm_90a", "--op", "gate-cumsum")
+    assert result.exit_code == 0, result.output
+    assert result.stderr == ""
+    assert "wrote 1 kernel (1 variant) to" in result.stdout
+
+
+def test_emit_verbose_prints_whole_names(kda64_bundle, tmp_path):
+    out, _ = kda64_bundle
+    result = run("emit", "-v", "-q", "-o", str(tmp_path / "b"), "--arch", "sm_90a",
+                 "--op", "gate-cumsum")
+    assert result.exit_code == 0, result.output
+    assert "kda_gate_cumsum_K128_C64_bf16" in result.stdout
+    assert "spill stores" in result.stdout and "tile bytes" in result.stdout
+
+
+def test_emit_lists_chips_in_fixed_order(kda64_bundle):
+    out, result = kda64_bundle
+    chips = [line.split()[3] for line in result.stdout.splitlines()[2:] if line.startswith("kda_")]
+    assert chips == sorted(chips, key=["sm_90a", "sm_100a"].index)
+    manifest = json.loads((out / "manifest.json").read_text())
+    for a, b in zip(manifest["kernels"], manifest["kernels"][1:]):
+        if a["name"] == b["name"]:
+            assert (a["chip"], b["chip"]) == ("sm_90a", "sm_100a")
+
+
+def test_kernel_names_say_the_path_taken(kda64_bundle):
+    """A native variant names ..._native_... only the kernels that took the native path; its
+    portable kernels (sm_100a, the global reductions) have their portable names."""
+    out, _ = kda64_bundle
+    manifest = json.loads((out / "manifest.json").read_text())
+    names = [(k["name"], k["chip"]) for k in manifest["kernels"]]
+    assert len(set(names)) == len(names)
+    for kernel in manifest["kernels"]:
+        assert ("native" in kernel["name"]) == (kernel["path"] == "sm90-native"), kernel["name"]
+        ptx = (out / kernel["ptx_file"]).read_text()
+        assert f".entry {kernel['name']}(" in ptx
+    assert any(k["path"] == "sm90-native" for k in manifest["kernels"])
+    lowered = json.loads((out / "lowered.json").read_text())
+    listed = {(n, chip) for v in lowered["variants"].values() for chip, ns in v["chips"].items()
+              for n in ns}
+    assert listed == set(names)
+    # the runtime finds the variants (by their options) in the bundle
+    from kdagen.runtime.backends import find_variant
+    for program in ("kda_fwd", "kda_bwd"):
+        name = find_variant(out, program, dict(head_k_dim=64, head_v_dim=64), "sm_100a")
+        assert lowered["variants"][name]["program"] == program
+
+
+def test_check_reports_progress_and_chip_order(kda64_bundle):
+    out, _ = kda64_bundle
+    result = run("check", str(out))
+    assert result.exit_code == 0, result.output
+    assert "16/16 kernels assembled (sm_90a, sm_100a)" in result.stdout
+    lines = [l for l in result.stderr.splitlines() if l.startswith("kdagen check: [")]
+    assert len(lines) == 16 and "[16/16]" in lines[-1]
+    assert all(" sm_90a " in l for l in lines[:8]) and all(" sm_100a " in l for l in lines[8:])
+    for line in result.stdout.splitlines():
+        assert len(line) <= 100, line
+
+
+def test_progress_bar_on_a_terminal():
+    import io
+    from kdagen.table import Progress
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    stream = Tty()
+    bar = Progress(2, "kdagen emit", stream=stream)
+    bar.status("lowering kda_fwd for sm_90a")
+    bar.begin_step(2)
+    bar.done("k0")
+    assert "[" in stream.getvalue() and " 25%" in stream.getvalue()
+    bar.done("k1")
+    bar.end_step()
+    assert " 50%" in stream.getvalue()
+    bar.close()
+    text = stream.getvalue()
+    assert "\n" not in text and text.endswith("\r")     # redrawn in place, erased at the end
+
+
+def test_plural():
+    from kdagen.table import plural
+    assert plural(1, "kernel") == "1 kernel" and plural(2, "kernel") == "2 kernels"
+
+
+def test_table_cut_to_width():
+    from kdagen.table import format_table
+    text = format_table(["a", "b"], [["x" * 80, "y" * 40]], max_width=100, shrink=0)
+    assert max(len(l) for l in text.splitlines()) <= 100
+    assert "..." in text and "y" * 40 in text

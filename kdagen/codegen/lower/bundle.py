@@ -66,6 +66,61 @@ def _normalise(item) -> tuple[str, dict, dict, str | None]:
     return str(item), {}, {}, None
 
 
+_NATIVE_PATHS = ("sm90-native",)
+
+
+def _taken_tag(tag: dict, target) -> dict:
+    """The variant-name tag of the lowering ``target`` takes: ``path=native`` is dropped on a
+    chip without a native path (its kernels are the portable ones)."""
+    if tag.get("path") != "native":
+        return tag
+    from kdagen.codegen.sm90.native import native_supported
+    return tag if native_supported(target) else {k: v for k, v in tag.items() if k != "path"}
+
+
+def _name_after_path(kernel, program: str, options: dict, tag: dict) -> None:
+    """Rename a kernel whose name claims the native path it did not take (the global
+    reduction kernels of a native variant) to its portable name, when the rename is safe."""
+    if tag.get("path") != "native" or kernel.path in _NATIVE_PATHS:
+        return
+    old_prefix = variant_name(program, options, tag)
+    if not kernel.name.startswith(old_prefix + "__"):
+        return
+    portable = {k: v for k, v in tag.items() if k != "path"}
+    new = variant_name(program, options, portable) + kernel.name[len(old_prefix):]
+    rename_kernel(kernel, new)
+
+
+def rename_kernel(kernel, new: str) -> bool:
+    """Rename a lowered kernel (its gpu.func and gpu.module symbols) before it is lowered to
+    PTX; returns False (name unchanged) when the old name is referenced elsewhere."""
+    from kdagen._mlir import ir
+    old = kernel.name
+    module = kernel.module
+    with kernel.builder.context:
+        renamed = []
+        for gmod in module.body.operations:
+            gop = gmod.operation
+            if "sym_name" in gop.attributes and ir.StringAttr(gop.attributes["sym_name"]).value \
+                    == f"{old}_module":
+                renamed.append((gop, f"{new}_module"))
+                for fn in gop.regions[0].blocks[0].operations:
+                    fop = fn.operation
+                    if "sym_name" in fop.attributes and \
+                            ir.StringAttr(fop.attributes["sym_name"]).value == old:
+                        renamed.append((fop, new))
+        if len(renamed) != 2:
+            return False
+        for op, name in renamed:
+            op.attributes["sym_name"] = ir.StringAttr.get(name)
+        if f"@{old}" in str(module):      # referenced by name somewhere else: undo
+            for (op, _), old_name in zip(renamed, (f"{old}_module", old)):
+                op.attributes["sym_name"] = ir.StringAttr.get(old_name)
+            return False
+    kernel.name = new
+    return True
+
+
 # What `kdagen emit`, the runtime's compile-on-demand and the API bundles use: the chip's full
 # pass pipeline (partitioned chunk-parallel + state kernels, warp-specialisation annotations),
 # tensor-core matrix products with ~fp32 accuracy (bf16x3), and the chip's native path where
@@ -97,7 +152,8 @@ def build_lowered_module(program: str, options: dict, pipeline: str = "stable",
 
 
 def write_bundle(out_dir, programs_with_options, targets, *, lower_options=None,
-                 assemble: bool = True, verbose: bool = False, pipeline: str = "stable") -> dict:
+                 assemble: bool = True, verbose: bool = False, pipeline: str = "stable",
+                 progress=None) -> dict:
     """Lower programs for ``targets`` into the bundle folder ``out_dir``.
 
     ``programs_with_options``: items ``"kda_fwd"``, ``("kda_fwd", {options})``,
@@ -107,6 +163,17 @@ def write_bundle(out_dir, programs_with_options, targets, *, lower_options=None,
     (item values win).
     ``targets``: chip names or `Target`s. Returns the ``lowered.json`` content plus a
     ``"report"`` list (kernel, chip, registers, spills, storage, bytes).
+
+    ``progress``: optional ``progress(event, **info)`` callback: ``"steps"`` (``total``: the
+    number of (variant, chip) steps), ``"lowering"`` (``program``, ``variant``, ``chip``, at the
+    start of a step), ``"lowered"`` (``count``: kernels of the step), ``"kernel"`` (``row``:
+    its report row, after each kernel is written) and ``"step_done"``.
+
+    Kernel names are ``<prefix>__k<i>_<label>`` where the prefix is the variant name with the
+    tags of the lowering each kernel actually took: a variant asking for the native path
+    (``path=native``) names only the kernels that took it ``..._native_...``; its portable
+    kernels (chips without a native path, global reduction kernels) get the name the same
+    kernel has in a portable variant.
     """
     from kdagen.codegen import ptxas as ptxas_mod
     from kdagen.codegen.target import Target, get_target
@@ -141,14 +208,17 @@ def write_bundle(out_dir, programs_with_options, targets, *, lower_options=None,
     if lower_options is not None:
         base_lower = dict(vars(lower_options)) if isinstance(lower_options, LowerOptions) \
             else dict(lower_options)
-    for item in programs_with_options:
-        program, options, lower, vname = _normalise(item)
+    items = [_normalise(item) for item in programs_with_options]
+    notify = progress or (lambda event, **info: None)
+    notify("steps", total=len(items) * len(tgts))
+    for program, options, lower, vname in items:
         lower = {**base_lower, **lower}
         item_pipeline = lower.pop("pipeline", pipeline)
         lopts = LowerOptions(**lower)
         tag = {k: v for k, v in lower.items() if getattr(LowerOptions(), k) != v}
         if item_pipeline != "stable":
             tag["pipeline"] = item_pipeline
+        named = vname is not None
         vname = vname or variant_name(program, options, tag)
         module = build_lowered_module(program, options, item_pipeline, tgts[0].chip)
         prog = read_program(module)
@@ -170,10 +240,17 @@ def write_bundle(out_dir, programs_with_options, targets, *, lower_options=None,
             "chip_workspaces": {},
         }
         for target in tgts:
+            notify("lowering", program=program, variant=vname, chip=target.chip)
             if item_pipeline == "chip" and target is not tgts[0]:
                 module = build_lowered_module(program, options, item_pipeline, target.chip)
             spec["chip_workspaces"][target.chip] = workspace_specs(read_program(module))
-            kernels = lower_program(module, target, name=vname, options=lopts)
+            prefix = vname if named else variant_name(program, options,
+                                                      _taken_tag(tag, target))
+            kernels = lower_program(module, target, name=prefix, options=lopts)
+            if not named:
+                for k in kernels:
+                    _name_after_path(k, program, options, tag)
+            notify("lowered", count=len(kernels))
             names = []
             for k in kernels:
                 k.builder.verify()
@@ -185,7 +262,9 @@ def write_bundle(out_dir, programs_with_options, targets, *, lower_options=None,
                 entry = KernelEntry(name=k.name, chip=target.chip, path=k.path,
                                     ptx_file=f"{stem}.ptx", params=k.param_dicts(),
                                     launch=dict(k.launch))
-                row = dict(kernel=k.name, chip=target.chip, storage=k.storage,
+                row = dict(kernel=k.name, chip=target.chip, path=k.path, program=program,
+                           variant=vname, options=dict(options),
+                           short=k.name.split("__", 1)[-1], storage=k.storage,
                            tile_bytes=k.launch.get("tile_bytes", 0),
                            dynamic_shared_memory=k.launch.get("dynamic_shared_memory", 0))
                 if ptxas:
@@ -207,10 +286,13 @@ def write_bundle(out_dir, programs_with_options, targets, *, lower_options=None,
                 report.append(row)
                 if verbose:
                     print(row, flush=True)
+                notify("kernel", row=row)
             spec["chips"][target.chip] = names
+            notify("step_done")
             spec["kernels"] = names
         lowered["variants"][vname] = spec
-    manifest.kernels.sort(key=lambda e: (e.name, e.chip))
+    from kdagen.table import chip_rank
+    manifest.kernels.sort(key=lambda e: (e.name, chip_rank(e.chip)))
     write_atomic(out / MANIFEST, manifest.to_json())
     write_atomic(lowered_path, json.dumps(lowered, indent=2, sort_keys=True, default=str) + "\n")
     return {**lowered, "report": report}
