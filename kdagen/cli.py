@@ -21,6 +21,17 @@ class _ArchList(click.ParamType):
             self.fail(str(err), param, ctx)
 
 
+class _HeadDims(click.ParamType):
+    name = "64|128[,...]"
+
+    def convert(self, value, param, ctx):
+        from .emit import head_dim_list
+        try:
+            return head_dim_list(value)
+        except ValueError as err:
+            self.fail(str(err), param, ctx)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="kdagen")
 def main():
@@ -108,8 +119,9 @@ def _emit_table(rows: list[dict], verbose: bool) -> str:
               help="Programs to emit (forward + backward), or the foundation's gate+cumsum kernel.")
 @click.option("--arch", "targets", default="sm_90a,sm_100a,sm_120a", show_default=True,
               type=_ArchList(), help="Comma-separated chips (or 'all').")
-@click.option("--head-dim", default="128", show_default=True, type=click.Choice(["64", "128"]),
-              help="Head dimension K = V.")
+@click.option("--head-dim", "head_dims", default="128", show_default=True, type=_HeadDims(),
+              help="Head dimension K = V; several, comma-separated (64,128), go into one "
+                   "bundle as one variant each.")
 @click.option("--gate", default=None, help="Gate name (see `kdagen list`); default softplus "
               "(KDA) / gdn_softplus (GDN).")
 @click.option("--path", "path", default="native", show_default=True,
@@ -122,18 +134,20 @@ def _emit_table(rows: list[dict], verbose: bool) -> str:
               help="Print the full table: whole kernel names, spill stores and loads, stack and "
                    "tile bytes (also in the bundle's manifest.json).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress report on stderr.")
-def emit(out_dir, op, targets, head_dim, gate, path, verbose, quiet):
+def emit(out_dir, op, targets, head_dims, gate, path, verbose, quiet):
     """Generate kernels for each chip into a bundle (manifest.json + .ptx/.cubin).
 
-    Progress goes to stderr (a bar on a terminal, one line per kernel otherwise); the table
-    of kernels to stdout."""
+    The bundle replaces the one an earlier emit left in the folder (its kernel files that the
+    new manifest does not list are removed; other files are kept). README.md in the bundle
+    describes its files. Progress goes to stderr (a bar on a terminal, one line per kernel
+    otherwise); the table of kernels to stdout."""
     from .emit import _resource_cells, emit_bundle, emit_programs, gate_cumsum_names
     from .table import chip_rank
     targets = sorted(targets, key=lambda t: chip_rank(t.chip))
     progress = _CliProgress("kdagen emit", enabled=not quiet)
     try:
         if op == "gate-cumsum":
-            emitted = emit_bundle(out_dir, targets, head_dim=int(head_dim), progress=progress)
+            emitted = emit_bundle(out_dir, targets, head_dim=head_dims, progress=progress)
             rows = [dict(kernel=item.entry.name, chip=item.entry.chip, path=item.entry.path,
                          dynamic_shared_memory=item.entry.launch["dynamic_shared_memory"],
                          storage="registers", **gate_cumsum_names(item.entry.name),
@@ -142,7 +156,7 @@ def emit(out_dir, op, targets, head_dim, gate, path, verbose, quiet):
         else:
             ops = ["kda", "gdn"] if op == "all" else [op]
             try:
-                rows = emit_programs(out_dir, targets, ops, head_dim=int(head_dim), gate=gate,
+                rows = emit_programs(out_dir, targets, ops, head_dim=head_dims, gate=gate,
                                      path=path, progress=progress)
             except ValueError as err:
                 raise click.ClickException(str(err))

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .bundle import MANIFEST, KernelEntry, Manifest, write_atomic
+from .bundle import MANIFEST, BundleFiles, KernelEntry, Manifest
 from .codegen import ptxas as ptxas_mod
 from .codegen.common.kernel import GpuModuleBuilder
 from .codegen.kernels.gate_cumsum import GateCumsumSpec, build_gate_cumsum
@@ -31,15 +31,38 @@ class EmittedKernel:
     log: str
 
 
-def _kernel_specs(head_dim: int) -> list[GateCumsumSpec]:
-    if head_dim not in SUPPORTED_HEAD_DIMS:
-        raise ValueError(f"head_dim: {head_dim} is not supported; choose one of {SUPPORTED_HEAD_DIMS}")
-    return [GateCumsumSpec(head_dim=head_dim)]
+def head_dim_list(head_dim) -> list[int]:
+    """``128``, ``"64,128"`` or ``[64, 128]`` -> sorted unique supported head dims."""
+    if isinstance(head_dim, str):
+        items = [h.strip() for h in head_dim.split(",") if h.strip()]
+    elif isinstance(head_dim, int):
+        items = [head_dim]
+    else:
+        items = list(head_dim)
+    dims = []
+    for h in items:
+        try:
+            value = int(h)
+        except (TypeError, ValueError):
+            value = None
+        if value not in SUPPORTED_HEAD_DIMS:
+            raise ValueError(f"head_dim: {h} is not supported; choose from "
+                             f"{', '.join(map(str, SUPPORTED_HEAD_DIMS))} (several: 64,128)")
+        dims.append(value)
+    if not dims:
+        raise ValueError("head_dim: empty list; choose from "
+                         f"{', '.join(map(str, SUPPORTED_HEAD_DIMS))}")
+    return sorted(set(dims))
 
 
-def emit_bundle(out_dir: str | Path, targets: list[Target], head_dim: int = 128,
+def _kernel_specs(head_dim) -> list[GateCumsumSpec]:
+    return [GateCumsumSpec(head_dim=h) for h in head_dim_list(head_dim)]
+
+
+def emit_bundle(out_dir: str | Path, targets: list[Target], head_dim=128,
                 progress=None) -> list[EmittedKernel]:
-    """Emit every kernel for every target into ``out_dir``; returns what was emitted.
+    """Emit every kernel for every target into ``out_dir`` (in place of the bundle an earlier
+    emit left there); returns what was emitted. ``head_dim``: one or several head dims.
     ``progress``: the callback of :func:`kdagen.codegen.lower.bundle.write_bundle`."""
     notify = progress or (lambda event, **info: None)
     out = Path(out_dir)
@@ -51,6 +74,17 @@ def emit_bundle(out_dir: str | Path, targets: list[Target], head_dim: int = 128,
     manifest = Manifest(kdagen_version=__version__, source_hash=source_hash(), ptxas_version=version)
     emitted: list[EmittedKernel] = []
     specs = _kernel_specs(head_dim)
+    with BundleFiles(out, replace=True) as files:
+        _emit_specs(files, manifest, emitted, specs, targets, ptxas, notify)
+        from .table import chip_rank
+        manifest.kernels.sort(key=lambda e: (e.name, chip_rank(e.chip)))
+        files.write_readme()
+        files.write(MANIFEST, manifest.to_json())
+    files.commit()
+    return emitted
+
+
+def _emit_specs(files, manifest, emitted, specs, targets, ptxas, notify) -> None:
     notify("steps", total=len(specs) * len(targets))
     for spec in specs:
         builder = GpuModuleBuilder()
@@ -61,7 +95,7 @@ def emit_bundle(out_dir: str | Path, targets: list[Target], head_dim: int = 128,
             notify("lowered", count=1)
             ptx = lower_to_ptx(builder.module, target)
             stem = f"{spec.name}.{target.chip}"
-            write_atomic(out / f"{stem}.ptx", ptx)
+            files.write(f"{stem}.ptx", ptx)
             entry = KernelEntry(name=spec.name, chip=target.chip, path="portable",
                                 ptx_file=f"{stem}.ptx",
                                 params=[asdict(p) for p in spec.params()], launch=spec.launch())
@@ -70,7 +104,7 @@ def emit_bundle(out_dir: str | Path, targets: list[Target], head_dim: int = 128,
                 result = ptxas_mod.assemble(ptx, target.chip, ptxas)
                 assembled, log = result.ok, result.log
                 if result.cubin:
-                    write_atomic(out / f"{stem}.cubin", result.cubin)
+                    files.write(f"{stem}.cubin", result.cubin)
                     entry.cubin_file = f"{stem}.cubin"
                 if spec.name in result.resources:
                     entry.resources = asdict(result.resources[spec.name])
@@ -79,8 +113,6 @@ def emit_bundle(out_dir: str | Path, targets: list[Target], head_dim: int = 128,
             notify("kernel", row=dict(kernel=spec.name, chip=target.chip, path=entry.path,
                                       **gate_cumsum_names(spec.name), **_resource_cells(entry)))
             notify("step_done")
-    write_atomic(out / MANIFEST, manifest.to_json())
-    return emitted
 
 
 def gate_cumsum_names(name: str) -> dict:
@@ -98,10 +130,10 @@ def _resource_cells(entry: KernelEntry) -> dict:
             if k in res}
 
 
-def program_variants(ops: list[str], head_dim: int, gate: str | None) -> list[tuple[str, dict]]:
-    """(program, options) for each requested op: forward and backward, K = V = head_dim."""
-    if head_dim not in SUPPORTED_HEAD_DIMS:
-        raise ValueError(f"head_dim: {head_dim} is not supported; choose one of {SUPPORTED_HEAD_DIMS}")
+def program_variants(ops: list[str], head_dim, gate: str | None) -> list[tuple[str, dict]]:
+    """(program, options) for each requested op: forward and backward, K = V = head_dim for
+    each head dim of ``head_dim`` (one or several)."""
+    dims = head_dim_list(head_dim)
     out = []
     for op in ops:
         if op not in OPS:
@@ -111,21 +143,24 @@ def program_variants(ops: list[str], head_dim: int, gate: str | None) -> list[tu
         if get_gate(family_gate).family != op:
             raise ValueError(f"gate: {family_gate!r} is not a {op.upper()} gate; "
                              "see `kdagen list` for the gates of each op")
-        options = dict(head_k_dim=head_dim, head_v_dim=head_dim, gate=family_gate)
-        out.extend((program, dict(options)) for program in OPS[op])
+        for dim in dims:
+            options = dict(head_k_dim=dim, head_v_dim=dim, gate=family_gate)
+            out.extend((program, dict(options)) for program in OPS[op])
     return out
 
 
-def emit_programs(out_dir: str | Path, targets: list[Target], ops: list[str], head_dim: int = 128,
+def emit_programs(out_dir: str | Path, targets: list[Target], ops: list[str], head_dim=128,
                   gate: str | None = None, verbose: bool = False,
-                  path: str = "native", progress=None) -> list[dict]:
+                  path: str = "native", progress=None, replace: bool = True) -> list[dict]:
     """Lower the programs of ``ops`` for every target into the bundle ``out_dir``; returns the
     per-kernel report rows (kernel, chip, path, program, variant, registers, spills, shared
     memory). ``path``: "native" (the chip's own path where kdagen has one, else portable) or
-    "portable" (mma.sync + FMA, valid on every chip). ``progress``: see
-    :func:`kdagen.codegen.lower.bundle.write_bundle`."""
+    "portable" (mma.sync + FMA, valid on every chip). ``head_dim``: one or several (one
+    variant per program and head dim). ``replace``: the new bundle takes the place of the
+    folder's earlier one (its stale kernel files removed); else it is extended.
+    ``progress``: see :func:`kdagen.codegen.lower.bundle.write_bundle`."""
     from .codegen.lower.bundle import DEFAULT_LOWERING, write_bundle
     lowering = dict(DEFAULT_LOWERING, path=path)
     result = write_bundle(out_dir, program_variants(ops, head_dim, gate), targets, verbose=verbose,
-                          lower_options=lowering, progress=progress)
+                          lower_options=lowering, progress=progress, replace=replace)
     return result["report"]

@@ -275,3 +275,121 @@ def test_table_cut_to_width():
     text = format_table(["a", "b"], [["x" * 80, "y" * 40]], max_width=100, shrink=0)
     assert max(len(l) for l in text.splitlines()) <= 100
     assert "..." in text and "y" * 40 in text
+
+
+# --- re-emit into a folder, several head dims, file modes, the bundle's README --------------
+
+def _files(folder):
+    return {p.name for p in folder.iterdir()}
+
+
+def _listed(folder):
+    manifest = json.loads((folder / "manifest.json").read_text())
+    return {k[key] for k in manifest["kernels"] for key in ("ptx_file", "cubin_file") if k[key]}
+
+
+def test_reemit_leaves_exactly_what_the_manifest_lists(kda64_bundle, tmp_path):
+    """Emitting again replaces the bundle: the earlier kernel files and lowered.json go, the
+    files kdagen did not write stay."""
+    import shutil
+    src, _ = kda64_bundle
+    out = tmp_path / "bundle"
+    shutil.copytree(src, out)
+    (out / "notes.txt").write_text("mine\n")
+    (out / "mine.ptx").write_text("// not from kdagen\n")
+    result = run("emit", "-q", "-o", str(out), "--arch", "sm_90a", "--op", "gate-cumsum")
+    assert result.exit_code == 0, result.output
+    assert _files(out) == _listed(out) | {"manifest.json", "README.md", "notes.txt", "mine.ptx"}
+    assert len(_listed(out)) == 2
+    # and back: a program bundle again, the gate+cumsum files gone
+    result = run("emit", "-q", "-o", str(out), "--arch", "sm_100a", "--op", "kda", "--head-dim", "64")
+    assert result.exit_code == 0, result.output
+    assert _files(out) == _listed(out) | {"manifest.json", "lowered.json", "README.md",
+                                          "notes.txt", "mine.ptx"}
+
+
+def test_failed_emit_keeps_the_earlier_bundle(tmp_path, monkeypatch):
+    from kdagen import emit as emit_mod
+    out = tmp_path / "bundle"
+    assert run("emit", "-q", "-o", str(out), "--arch", "sm_90a", "--op", "gate-cumsum").exit_code == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    real, calls = emit_mod.lower_to_ptx, []
+
+    def flaky(module, target):
+        calls.append(target.chip)
+        if len(calls) == 3:
+            raise RuntimeError("boom")
+        return real(module, target)
+
+    monkeypatch.setattr(emit_mod, "lower_to_ptx", flaky)
+    with pytest.raises(RuntimeError, match="boom"):
+        run("emit", "-q", "-o", str(out), "--arch", "sm_90a,sm_120a", "--op", "gate-cumsum",
+            "--head-dim", "64,128")
+    assert {p.name for p in out.iterdir()} == set(before)
+    assert (out / "manifest.json").read_bytes() == before["manifest.json"]
+
+
+def test_emit_several_head_dims_into_one_bundle(tmp_path, monkeypatch):
+    """--head-dim 64,128: one variant per program and head dim in one bundle; the runtime's
+    lookup finds each by the options the API passes (PTX only here, to keep it quick)."""
+    from kdagen.runtime.backends import find_variant
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.delenv("KDAGEN_PTXAS", raising=False)
+    monkeypatch.setattr(ptxas_mod, "FALLBACK_LOCATIONS", ())
+    out = tmp_path / "bundle"
+    result = run("emit", "-q", "-o", str(out), "--arch", "sm_120a", "--op", "gdn",
+                 "--head-dim", "64,128")
+    assert result.exit_code == 0, result.output
+    assert "(4 variants)" in result.stdout
+    lowered = json.loads((out / "lowered.json").read_text())["variants"]
+    assert sorted((v["program"], v["attrs"]["head_k_dim"]) for v in lowered.values()) == [
+        ("gdn_bwd", 64), ("gdn_bwd", 128), ("gdn_fwd", 64), ("gdn_fwd", 128)]
+    full = dict(chunk_size=64, gate="gdn_softplus", gva_ratio=1, dtype="bf16",
+                use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True,
+                allow_neg_eigval=False, use_initial_state=True, output_final_state=True,
+                varlen=False)
+    for dim in (64, 128):
+        for program in ("gdn_fwd", "gdn_bwd"):
+            name = find_variant(out, program, dict(full, head_k_dim=dim, head_v_dim=dim),
+                                "sm_120a")
+            spec = lowered[name]
+            assert (spec["program"], spec["attrs"]["head_k_dim"], spec["attrs"]["head_v_dim"]) \
+                == (program, dim, dim)
+            for kernel in spec["chips"]["sm_120a"]:
+                assert (out / f"{kernel}.sm_120a.ptx").is_file()
+    assert _files(out) == _listed(out) | {"manifest.json", "lowered.json", "README.md"}
+
+
+def test_emit_rejects_a_bad_head_dim_in_a_list(tmp_path):
+    result = run("emit", "-o", str(tmp_path), "--head-dim", "64,96")
+    assert result.exit_code == 2
+    assert "96" in result.output and "64,128" in result.output
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002])
+def test_bundle_files_get_the_mode_of_new_files(tmp_path, umask):
+    import os
+    from kdagen.bundle import write_atomic
+    old = os.umask(umask)
+    try:
+        write_atomic(tmp_path / "a.ptx", "x")
+        write_atomic(tmp_path / "b.cubin", b"x")
+    finally:
+        os.umask(old)
+    for name in ("a.ptx", "b.cubin"):
+        assert (tmp_path / name).stat().st_mode & 0o777 == 0o666 & ~umask
+    assert _files(tmp_path) == {"a.ptx", "b.cubin"}          # no temp file left
+
+
+def test_bundle_readme_describes_the_files(tmp_path):
+    out = tmp_path / "bundle"
+    assert run("emit", "-q", "-o", str(out), "--arch", "sm_90a", "--op", "gate-cumsum").exit_code == 0
+    text = (out / "README.md").read_text()
+    for word in ("manifest.json", "lowered.json", "ptx_file", "cubin_file", "params", "launch",
+                 "grid", "ceil_div", "max_chunks", "tensor_maps", "variants", "args",
+                 "workspaces", "chip_workspaces", "chips", "resources"):
+        assert word in text, word
+    # a README.md the user put there is not overwritten (nor removed)
+    (out / "README.md").write_text("my notes\n")
+    assert run("emit", "-q", "-o", str(out), "--arch", "sm_90a", "--op", "gate-cumsum").exit_code == 0
+    assert (out / "README.md").read_text() == "my notes\n"

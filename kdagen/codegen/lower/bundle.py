@@ -12,7 +12,10 @@ assembles it with ptxas (cubin + register/spill report) and writes:
   workspaces and the options — what ``launch.py`` needs to run the variant with no MLIR.
 
 An existing manifest in ``out_dir`` is kept and extended (entries of the same kernel and chip
-are replaced).
+are replaced), unless ``replace=True`` (what ``kdagen emit`` does): then the folder ends up
+holding exactly the new bundle, the kernel files of the earlier one removed
+(:class:`kdagen.bundle.BundleFiles`). The schema of both files: :mod:`kdagen.bundle` (also
+written into each bundle as README.md).
 """
 from __future__ import annotations
 
@@ -21,9 +24,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from kdagen.bundle import MANIFEST, KernelEntry, Manifest, read_manifest, write_atomic
-
-LOWERED = "lowered.json"
+from kdagen.bundle import LOWERED, MANIFEST, BundleFiles, KernelEntry, Manifest, read_manifest
 
 __all__ = ["write_bundle", "variant_name", "LOWERED"]
 
@@ -153,7 +154,7 @@ def build_lowered_module(program: str, options: dict, pipeline: str = "stable",
 
 def write_bundle(out_dir, programs_with_options, targets, *, lower_options=None,
                  assemble: bool = True, verbose: bool = False, pipeline: str = "stable",
-                 progress=None) -> dict:
+                 progress=None, replace: bool = False) -> dict:
     """Lower programs for ``targets`` into the bundle folder ``out_dir``.
 
     ``programs_with_options``: items ``"kda_fwd"``, ``("kda_fwd", {options})``,
@@ -163,6 +164,9 @@ def write_bundle(out_dir, programs_with_options, targets, *, lower_options=None,
     (item values win).
     ``targets``: chip names or `Target`s. Returns the ``lowered.json`` content plus a
     ``"report"`` list (kernel, chip, registers, spills, storage, bytes).
+
+    ``replace``: write a new bundle in place of the folder's earlier one (its kernel files
+    not in the new manifest are removed) instead of extending it.
 
     ``progress``: optional ``progress(event, **info)`` callback: ``"steps"`` (``total``: the
     number of (variant, chip) steps), ``"lowering"`` (``program``, ``variant``, ``chip``, at the
@@ -177,11 +181,8 @@ def write_bundle(out_dir, programs_with_options, targets, *, lower_options=None,
     """
     from kdagen.codegen import ptxas as ptxas_mod
     from kdagen.codegen.target import Target, get_target
-    from kdagen.codegen.to_ptx import lower_to_ptx
+    from kdagen.table import chip_rank
     from kdagen.version import __version__, source_hash
-
-    from .kernel import lower_program, workspace_specs
-    from .program import read_program
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -194,14 +195,35 @@ def write_bundle(out_dir, programs_with_options, targets, *, lower_options=None,
             version = ptxas_mod.ptxas_version(ptxas)
         except ptxas_mod.PtxasNotFound:
             ptxas = None
-    if (out / MANIFEST).is_file():
+    files = BundleFiles(out, replace=replace)
+    if not replace and (out / MANIFEST).is_file():
         manifest = read_manifest(out)
         manifest.ptxas_version = version or manifest.ptxas_version
     else:
         manifest = Manifest(kdagen_version=__version__, source_hash=source_hash(),
                             ptxas_version=version)
     lowered_path = out / LOWERED
-    lowered = json.loads(lowered_path.read_text()) if lowered_path.is_file() else {"variants": {}}
+    lowered = json.loads(lowered_path.read_text()) if lowered_path.is_file() and not replace \
+        else {"variants": {}}
+    with files:
+        report = _write_variants(out, files, manifest, lowered, programs_with_options, tgts,
+                                 lower_options, ptxas, verbose, pipeline, progress)
+        manifest.kernels.sort(key=lambda e: (e.name, chip_rank(e.chip)))
+        files.write(LOWERED, json.dumps(lowered, indent=2, sort_keys=True, default=str) + "\n")
+        files.write_readme()
+        files.write(MANIFEST, manifest.to_json())
+    files.commit()
+    return {**lowered, "report": report}
+
+
+def _write_variants(out, files, manifest, lowered, programs_with_options, tgts, lower_options,
+                    ptxas, verbose, pipeline, progress) -> list[dict]:
+    from kdagen.codegen import ptxas as ptxas_mod
+    from kdagen.codegen.to_ptx import lower_to_ptx
+
+    from .kernel import lower_program, workspace_specs
+    from .program import read_program
+
     report = []
     from .kernel import LowerOptions
     base_lower = {}
@@ -258,7 +280,7 @@ def write_bundle(out_dir, programs_with_options, targets, *, lower_options=None,
                 if "__nv_" in ptx:
                     raise RuntimeError(f"{k.name}: PTX calls libdevice ({target.chip})")
                 stem = f"{k.name}.{target.chip}"
-                write_atomic(out / f"{stem}.ptx", ptx)
+                files.write(f"{stem}.ptx", ptx)
                 entry = KernelEntry(name=k.name, chip=target.chip, path=k.path,
                                     ptx_file=f"{stem}.ptx", params=k.param_dicts(),
                                     launch=dict(k.launch))
@@ -272,7 +294,7 @@ def write_bundle(out_dir, programs_with_options, targets, *, lower_options=None,
                     if not res.ok:
                         raise RuntimeError(f"ptxas failed for {k.name} on {target.chip}:\n{res.log}")
                     if res.cubin:
-                        write_atomic(out / f"{stem}.cubin", res.cubin)
+                        files.write(f"{stem}.cubin", res.cubin)
                         entry.cubin_file = f"{stem}.cubin"
                     r = res.resources.get(k.name)
                     if r is not None:
@@ -291,11 +313,7 @@ def write_bundle(out_dir, programs_with_options, targets, *, lower_options=None,
             notify("step_done")
             spec["kernels"] = names
         lowered["variants"][vname] = spec
-    from kdagen.table import chip_rank
-    manifest.kernels.sort(key=lambda e: (e.name, chip_rank(e.chip)))
-    write_atomic(out / MANIFEST, manifest.to_json())
-    write_atomic(lowered_path, json.dumps(lowered, indent=2, sort_keys=True, default=str) + "\n")
-    return {**lowered, "report": report}
+    return report
 
 
 # The variants the GPU check covers by default (kda/gdn, fwd/bwd, K = V = 64/128, both gate
