@@ -13,8 +13,10 @@ or after any pass) with torch and returns its outputs by name (``o``, ``final_st
   poisoned with NaN, so anything left unwritten shows.
 
 ``dtype`` is the compute type of every float tile: ``torch.float32`` really computes in
-float32 (inputs are cast on entry). With ``round_storage=True``, ``kda.convert`` to bf16/fp16
-rounds to that type (otherwise conversions are exact in the compute type).
+float32 (inputs are cast on entry). With ``round_storage=True``, inputs are first rounded to
+the storage type their argument declares (bf16/fp16/fp32, as the launcher converts them) and
+``kda.convert`` to bf16/fp16 rounds to that type (otherwise conversions are exact in the
+compute type).
 
 Adding an op is one decorated function::
 
@@ -143,6 +145,7 @@ def arg_specs(fn) -> list[ArgSpec]:
 
 
 _LEAD = {"token": 3, "head": 1, "state": 2, "chunk": 2}
+_STORAGE = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 
 
 # --------------------------------------------------------------------------------------
@@ -195,7 +198,12 @@ class Executor:
             if x.dim() != len(s.shape) or any(d >= 0 and d != x.shape[i] for i, d in enumerate(s.shape)):
                 raise InterpreterError(f"input {s.name!r}: shape {list(x.shape)} does not match "
                                        f"the program's {_fmt_shape(s.shape)}")
-            self.args[s.name] = x.to(self.dtype).clone() if x.is_floating_point() else x.clone()
+            if x.is_floating_point():
+                if self.round_storage and s.elt in _STORAGE:   # as the launcher converts inputs
+                    x = x.to(_STORAGE[s.elt])
+                self.args[s.name] = x.to(self.dtype).clone()
+            else:
+                self.args[s.name] = x.clone()
             if s.layout == "token" and s.heads == "v" and tok is None:
                 tok = self.args[s.name]
         if tok is None:
@@ -528,6 +536,23 @@ def _assume_range(ex, node, x):
             raise InterpreterError(f"kda.assume_range: values in [{fin.min().item():.6g}, "
                                    f"{fin.max().item():.6g}] leave the declared range [{lo}, {hi}]")
     return x
+
+
+@op_impl("kda.clamp")
+def _clamp(ex, node, x):
+    lo, hi = float(node.attrs["lo"]), float(node.attrs["hi"])
+    if ex.check_ranges:
+        fin = x[torch.isfinite(x)]
+        if fin.numel() and (fin.min() < lo or fin.max() > hi):
+            raise InterpreterError(f"kda.clamp: values in [{fin.min().item():.6g}, "
+                                   f"{fin.max().item():.6g}] leave the declared range [{lo}, {hi}]")
+    return torch.clamp(x, lo, hi)             # NaN stays NaN
+
+
+@op_impl("kda.in_range")
+def _in_range(ex, node, x):
+    lo, hi = float(node.attrs["lo"]), float(node.attrs["hi"])
+    return (x >= lo) & (x <= hi)              # false for NaN
 
 
 @op_impl("kda.select")

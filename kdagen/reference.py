@@ -15,6 +15,14 @@ Layers:
 
 The gate ``g`` is a natural-log decay: per channel ``[B, T, HV, K]`` (KDA) or per head
 ``[B, T, HV]`` (GDN); the cores detect which by ``g.ndim``.
+
+Gate ranges are enforced as the kernels enforce them (:mod:`kdagen.ir.gate_ranges`): the gate
+functions clamp the raw gate to ±2^100 and their result to the gate's declared range
+(softplus: ``[-16·softplus(20), 0]``; lower bound: ``[lb, 0]``), and the entry points clamp a
+precomputed ``g`` to ``[lower_bound, 0]`` with ``safe_gate`` (else ``[-128·ln 2, 0]``). For any
+input in the declared ranges this changes nothing; outside them (a raw gate of ±inf, a
+precomputed g below its promised bound) kernels and reference agree and stay finite. The
+gradient of a clamp is zero outside its range (``torch.clamp``).
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from typing import Any, Callable
 
 import torch
 
+from kdagen.ir.gate_ranges import GATE_FLOOR, RAW_GATE_BOUND, softplus_range
 from kdagen.validation import check_fla_kwargs, validate_inputs
 
 __all__ = [
@@ -33,6 +42,8 @@ __all__ = [
     "kda_gate_lower_bound",
     "gdn_gate_softplus",
     "gdn_gate_lower_bound",
+    "clamp_gate",
+    "clamp_raw_gate",
     "recurrent_gated_delta",
     "chunked_gated_delta",
     "chunk_kda",
@@ -79,14 +90,30 @@ def _kda_bias(dt_bias: torch.Tensor, HV: int, K: int) -> torch.Tensor:
     return dt_bias.to(F64).reshape(HV, K)
 
 
+def clamp_raw_gate(g_raw: torch.Tensor) -> torch.Tensor:
+    """A raw gate input clamped to ±2^100 (float64), as the kernels clamp it."""
+    return g_raw.to(F64).clamp(-RAW_GATE_BOUND, RAW_GATE_BOUND)
+
+
+def clamp_gate(g: torch.Tensor, lo: float | None = None, hi: float = 0.0) -> torch.Tensor:
+    """A log gate clamped to its enforced range ``[lo, hi]`` (``lo=None``: the floor
+    ``-128·ln 2`` of a gate with no lower bound), as the kernels clamp it."""
+    return g.to(F64).clamp(GATE_FLOOR if lo is None else float(lo), float(hi))
+
+
+_SOFTPLUS_LO = softplus_range()[0]        # -16 · softplus(20): the declared range of the
+                                          # softplus gate with its default options
+
+
 def kda_gate_softplus(g_raw: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor) -> torch.Tensor:
-    """KDA softplus gate: ``g = -exp(A_log[h]) * softplus(g_raw + dt_bias[h, :])``.
+    """KDA softplus gate: ``g = -exp(A_log[h]) * softplus(g_raw + dt_bias[h, :])``, clamped to
+    its declared range ``[-16·softplus(20), 0]`` (raw input clamped to ±2^100 first).
 
     ``g_raw`` ``[..., HV, K]``, ``A_log`` ``[HV]``, ``dt_bias`` ``[HV, K]`` or ``[HV * K]``.
     """
     HV, K = g_raw.shape[-2:]
-    x = g_raw.to(F64) + _kda_bias(dt_bias, HV, K)
-    return -torch.exp(A_log.to(F64)).unsqueeze(-1) * _softplus(x)
+    x = clamp_raw_gate(g_raw) + _kda_bias(dt_bias, HV, K)
+    return clamp_gate(-torch.exp(A_log.to(F64)).unsqueeze(-1) * _softplus(x), _SOFTPLUS_LO)
 
 
 def kda_gate_lower_bound(
@@ -94,25 +121,28 @@ def kda_gate_lower_bound(
 ) -> torch.Tensor:
     """KDA lower-bound gate: ``g = lb * sigmoid(exp(A_log[h]) * (g_raw + dt_bias[h, :]))`` in [lb, 0)."""
     HV, K = g_raw.shape[-2:]
-    x = g_raw.to(F64) + _kda_bias(dt_bias, HV, K)
-    return float(lower_bound) * _sigmoid(torch.exp(A_log.to(F64)).unsqueeze(-1) * x)
+    x = clamp_raw_gate(g_raw) + _kda_bias(dt_bias, HV, K)
+    lb = float(lower_bound)
+    return clamp_gate(lb * _sigmoid(torch.exp(A_log.to(F64)).unsqueeze(-1) * x), lb)
 
 
 def gdn_gate_softplus(g_raw: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor) -> torch.Tensor:
-    """GDN softplus gate (scalar per head): ``g = -exp(A_log[h]) * softplus(g_raw + dt_bias[h])``.
+    """GDN softplus gate (scalar per head): ``g = -exp(A_log[h]) * softplus(g_raw + dt_bias[h])``,
+    clamped as :func:`kda_gate_softplus`.
 
     ``g_raw`` ``[..., HV]``, ``A_log`` ``[HV]``, ``dt_bias`` ``[HV]``.
     """
-    x = g_raw.to(F64) + dt_bias.to(F64)
-    return -torch.exp(A_log.to(F64)) * _softplus(x)
+    x = clamp_raw_gate(g_raw) + dt_bias.to(F64)
+    return clamp_gate(-torch.exp(A_log.to(F64)) * _softplus(x), _SOFTPLUS_LO)
 
 
 def gdn_gate_lower_bound(
     g_raw: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, lower_bound: float
 ) -> torch.Tensor:
     """GDN lower-bound gate: ``g = lb * sigmoid(exp(A_log[h]) * (g_raw + dt_bias[h]))``."""
-    x = g_raw.to(F64) + dt_bias.to(F64)
-    return float(lower_bound) * _sigmoid(torch.exp(A_log.to(F64)) * x)
+    x = clamp_raw_gate(g_raw) + dt_bias.to(F64)
+    lb = float(lower_bound)
+    return clamp_gate(lb * _sigmoid(torch.exp(A_log.to(F64)) * x), lb)
 
 
 # --------------------------------------------------------------------------------------
@@ -319,6 +349,10 @@ def _run(op, q, k, v, g, beta, *, scale, initial_state, output_final_state,
         else:
             g = (gdn_gate_lower_bound(g, A_log, dt_bias, lower_bound) if safe_gate
                  else gdn_gate_softplus(g, A_log, dt_bias))
+    else:
+        # a precomputed log gate: the promise g >= lower_bound (safe_gate) is enforced, as the
+        # kernels enforce it; without one, the floor -128 ln 2 (see kdagen.ir.gate_ranges)
+        g = clamp_gate(g, lower_bound if safe_gate else None)
     if chunk_size is None:
         return recurrent_gated_delta(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
     return chunked_gated_delta(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
@@ -352,8 +386,9 @@ def chunk_kda(
       into ``-exp(A_log[h]) * softplus(g + dt_bias[h])`` or, with ``safe_gate``,
       ``lower_bound * sigmoid(exp(A_log[h]) * (g + dt_bias[h]))``. ``A_log`` ``[HV]`` and
       ``dt_bias`` ``[HV, K]``/``[HV * K]`` are then required. As in FLA, ``lower_bound`` is
-      ignored without ``safe_gate``; with ``safe_gate`` and a precomputed ``g`` it is only a
-      promise (checked to lie in [-5, 0), g itself is passed through).
+      ignored without ``safe_gate``; with ``safe_gate`` and a precomputed ``g`` it is a
+      promise (checked to lie in [-5, 0)) that is enforced: g is clamped to ``[lower_bound, 0]``
+      (without it to ``[-128·ln 2, 0]``), as the kernels do (module docstring).
     - ``beta``: ``[B, T, HV]``; with ``use_beta_sigmoid_in_kernel`` the raw beta, turned into
       ``sigmoid(beta)`` (``2 * sigmoid(beta)`` with ``allow_neg_eigval``).
     - ``use_qk_l2norm_in_kernel``: L2-normalise q and k (eps 1e-6 inside the sqrt).

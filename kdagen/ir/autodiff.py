@@ -573,6 +573,12 @@ def _vjp_assume_range(ins, outs, d, need, _attrs):
     return [d[0]]
 
 
+@vjp_rule("kda.clamp")
+def _vjp_clamp(ins, outs, d, need, _attrs):
+    # torch.clamp's rule: the identity inside [lo, hi] (boundaries included), zero outside
+    return [dsl.where(dsl.in_range(ins[0], _attrs["lo"], _attrs["hi"]), d[0], 0.0)]
+
+
 @vjp_rule("kda.select")
 def _vjp_select(ins, outs, d, need, _attrs):
     c = ins[0]

@@ -166,6 +166,12 @@ OPS: dict[str, OpSpec] = {
         operands=(("x", "tile@T"),), results=(("res", "tile@T"),), attrs=(("lo", "float"), ("hi", "float")),
         doc="Identity that declares lo <= x <= hi (a gate's declared output range, for the "
             "exponent-range analysis)."),
+    "clamp": OpSpec(
+        operands=(("x", "tile@T"),), results=(("res", "tile@T"),), attrs=(("lo", "float"), ("hi", "float")),
+        doc="min(max(x, lo), hi) elementwise (NaN stays NaN): a gate's enforced range."),
+    "in_range": OpSpec(
+        operands=(("x", "tile"),), results=(("mask", "tile"),), attrs=(("lo", "float"), ("hi", "float")),
+        doc="i1 tile of x's shape: lo <= x <= hi (false for NaN); the clamp's gradient mask."),
     # ---- shape ---------------------------------------------------------------------------
     "broadcast": OpSpec(
         operands=(("x", "tile"),), results=(("res", "tile"),), attrs=(("dims", "dims"),),
@@ -385,7 +391,7 @@ def _fail(op, msg):
 
 
 _ELEMENTWISE = {"add", "sub", "mul", "div", "neg", "exp2", "log2", "sigmoid", "softplus",
-                "rsqrt", "assume_range"}
+                "rsqrt", "assume_range", "clamp"}
 
 
 def _check_op(op):
@@ -400,6 +406,11 @@ def _check_op(op):
     elif name == "convert":
         if _shape(ins[0]) != _shape(outs[0]):
             _fail(op, "convert keeps the shape")
+    elif name == "in_range":
+        if _etype(outs[0]) != "i1" or _shape(ins[0]) != _shape(outs[0]):
+            _fail(op, "in_range(x) is an i1 tile of x's shape")
+        if not isinstance(ir.ShapedType(ins[0]).element_type, ir.FloatType):
+            _fail(op, "in_range needs a float operand")
     elif name == "select":
         if _etype(ins[0]) != "i1" or _shape(ins[0]) != _shape(outs[0]) or ins[1] != outs[0] or ins[2] != outs[0]:
             _fail(op, "select(cond: i1 tile, a, b) with a, b, result of one type and cond of that shape")

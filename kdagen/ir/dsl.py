@@ -39,7 +39,8 @@ __all__ = [
     "exp2", "log2", "exp", "log", "sigmoid", "softplus", "rsqrt", "sqrt", "where", "select",
     "cumsum", "rev_cumsum", "tril", "strict_tril", "tril_inv", "tril_solve", "dot",
     "reduce_sum", "row_sum", "broadcast", "broadcast_to", "extract_row", "last_row", "embed_row",
-    "constant", "zeros", "zeros_like", "convert", "assume_range", "l2norm", "transpose",
+    "constant", "zeros", "zeros_like", "convert", "assume_range", "clamp", "in_range", "l2norm",
+    "transpose",
     "name_locals", "element_type", "tile_type", "LOG2E", "LN2",
 ]
 
@@ -429,6 +430,20 @@ def assume_range(x, lo: float, hi: float, name=None) -> Tile:
     """Identity declaring ``lo <= x <= hi`` (for the exponent-range analysis)."""
     x = _as_tile(x)._plain()
     return _op1("assume_range", x.type, [x], {"lo": _float(lo), "hi": _float(hi)}, name)
+
+
+def clamp(x, lo: float, hi: float, name=None) -> Tile:
+    """``min(max(x, lo), hi)`` (``kda.clamp``; NaN stays NaN). Its gradient is the identity
+    inside [lo, hi] (boundaries included) and zero outside, as torch.clamp's."""
+    x = _as_tile(x)._plain()
+    return _op1("clamp", x.type, [x], {"lo": _float(lo), "hi": _float(hi)}, name)
+
+
+def in_range(x, lo: float, hi: float, name=None) -> Tile:
+    """The i1 tile ``lo <= x <= hi`` (``kda.in_range``; false for NaN)."""
+    x = _as_tile(x)._plain()
+    return _op1("in_range", tile_type(x.shape, "i1"), [x], {"lo": _float(lo), "hi": _float(hi)},
+                name)
 
 
 def broadcast(x, shape, dims, name=None) -> Tile:

@@ -3,8 +3,11 @@
 A gate takes the raw gate tile (``[C, K]`` for KDA's per-channel gates, ``[C]`` for GDN's
 per-head scalar gates), the per-head parameters it declares (as tiles: ``A_log`` rank 0,
 ``dt_bias`` ``[K]`` or rank 0) and its options, and returns g. It also declares the range of g
-(as a function of its options), which the programs attach to g with ``kda.assume_range`` for the
-exponent-range analysis.
+(as a function of its options). The range is *enforced*, not only assumed: :meth:`Gate.__call__`
+clamps g to it (``kda.clamp``; an infinite end becomes a finite floor, and a raw input is first
+clamped to ±2^100, see :mod:`kdagen.ir.gate_ranges`) and attaches it with ``kda.assume_range``
+for the exponent-range analysis, so the analysis' proof holds for every input (a raw gate of
+±inf, a precomputed g below its promised bound) and the outputs stay finite.
 
 No gate has a hand-written derivative: the backward programs are derived from the forward by
 reverse-mode differentiation of the kda IR (:mod:`kdagen.ir.autodiff`), gate included, so a new
@@ -26,7 +29,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
-from kdagen.ir.dsl import Tile, assume_range, exp, sigmoid, softplus
+from kdagen.ir.dsl import Tile, assume_range, clamp, exp, sigmoid, softplus
+from kdagen.ir.gate_ranges import (A_LOG_MAX, GATE_INPUT_MAX, RAW_GATE_BOUND, enforced_range,
+                                   softplus_range)
 
 __all__ = ["Gate", "GATES", "define_gate", "get_gate", "list_gates"]
 
@@ -69,15 +74,26 @@ class Gate:
                              f"it takes {sorted(self.options) or 'none'}")
         return {**self.options, **options}
 
+    def enforced_range(self, **options) -> tuple[float, float]:
+        """The range g is clamped to: the declared one, infinite ends replaced by the floor
+        of :mod:`kdagen.ir.gate_ranges`."""
+        return enforced_range(*self.output_range(**options))
+
     def __call__(self, g_raw: Tile, params: dict, **options) -> Tile:
-        """Emit the gate and its declared range: ``assume_range(fn(g_raw, ...), lo, hi)``."""
+        """Emit the gate with its range enforced and declared::
+
+            g = assume_range(clamp(fn(clamp(g_raw, ±2^100), ...), lo, hi), lo, hi)
+
+        (the raw clamp only for a raw input ``g_raw``; see :mod:`kdagen.ir.gate_ranges`)."""
         opts = self.resolve_options(options)
         missing = set(self.params) - set(params)
         if missing:
             raise ValueError(f"gate {self.name!r} needs parameters {sorted(missing)}")
+        if self.input_name != "g":
+            g_raw = clamp(g_raw, -RAW_GATE_BOUND, RAW_GATE_BOUND, name="g_raw_clamped")
         g = self.fn(g_raw, **{k: params[k] for k in self.params}, **opts)
-        lo, hi = self.output_range(**opts)
-        return assume_range(g, lo, hi, name="g")
+        lo, hi = self.enforced_range(**opts)
+        return assume_range(clamp(g, lo, hi, name="g_clamped"), lo, hi, name="g")
 
 
 GATES: dict[str, Gate] = {}
@@ -153,7 +169,7 @@ def _declared_A_log(A_log, A_log_max):
 
 
 def _softplus_range(A_log_max, gate_input_max, **_):
-    return (-math.exp(A_log_max) * math.log1p(math.exp(gate_input_max)), 0.0)
+    return softplus_range(A_log_max, gate_input_max)
 
 
 def _lb_range(lower_bound, **_):
@@ -165,13 +181,13 @@ def _pre_range(lower_bound, **_):
 
 
 @define_gate("softplus", range=_softplus_range)
-def softplus_gate(g_raw, A_log, dt_bias, *, A_log_max=math.log(16.0), gate_input_max=20.0):
+def softplus_gate(g_raw, A_log, dt_bias, *, A_log_max=A_LOG_MAX, gate_input_max=GATE_INPUT_MAX):
     """KDA softplus gate: g = -exp(A_log[h]) * softplus(g_raw + dt_bias[h, :]), in [-exp(A_log_max) * softplus(gate_input_max), 0]."""
     return -exp(_declared_A_log(A_log, A_log_max)) * softplus(g_raw + dt_bias)
 
 
 @define_gate("lower_bound", range=_lb_range)
-def lower_bound_gate(g_raw, A_log, dt_bias, *, lower_bound=-5.0, A_log_max=math.log(16.0)):
+def lower_bound_gate(g_raw, A_log, dt_bias, *, lower_bound=-5.0, A_log_max=A_LOG_MAX):
     """KDA lower-bound (safe) gate: g = lb * sigmoid(exp(A_log[h]) * (g_raw + dt_bias[h, :])), in [lb, 0)."""
     return lower_bound * sigmoid(exp(_declared_A_log(A_log, A_log_max)) * (g_raw + dt_bias))
 
@@ -183,13 +199,13 @@ def precomputed_gate(g, *, lower_bound=None):
 
 
 @define_gate("gdn_softplus", family="gdn", range=_softplus_range)
-def gdn_softplus_gate(g_raw, A_log, dt_bias, *, A_log_max=math.log(16.0), gate_input_max=20.0):
+def gdn_softplus_gate(g_raw, A_log, dt_bias, *, A_log_max=A_LOG_MAX, gate_input_max=GATE_INPUT_MAX):
     """GDN softplus gate: g = -exp(A_log[h]) * softplus(g_raw + dt_bias[h]) (scalar per head)."""
     return -exp(_declared_A_log(A_log, A_log_max)) * softplus(g_raw + dt_bias)
 
 
 @define_gate("gdn_lower_bound", family="gdn", range=_lb_range)
-def gdn_lower_bound_gate(g_raw, A_log, dt_bias, *, lower_bound=-5.0, A_log_max=math.log(16.0)):
+def gdn_lower_bound_gate(g_raw, A_log, dt_bias, *, lower_bound=-5.0, A_log_max=A_LOG_MAX):
     """GDN lower-bound gate: g = lb * sigmoid(exp(A_log[h]) * (g_raw + dt_bias[h])), in [lb, 0)."""
     return lower_bound * sigmoid(exp(_declared_A_log(A_log, A_log_max)) * (g_raw + dt_bias))
 

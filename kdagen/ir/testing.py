@@ -61,12 +61,17 @@ class Case:
                       lower_bound=opt.get("lower_bound", -5.0) if "lower_bound" in gate.name else None,
                       A_log=params["A_log"], dt_bias=params["dt_bias"])
             g = g_in
-        elif gate.params or self.gate_fn is not None:
-            if self.gate_fn is None:
-                raise ValueError(f"gate {gate.name!r}: pass gate_fn (a torch version) for the reference")
-            g = self.gate_fn(g_in.to(F64), **{k: v.to(F64) for k, v in params.items()})
         else:
-            g = g_in
+            # the gate's enforced range, as the programs clamp it (kdagen.ir.gate_ranges)
+            lo, hi = gate.enforced_range(**{k: v for k, v in opt.items() if k in gate.options})
+            if gate.params or self.gate_fn is not None:
+                if self.gate_fn is None:
+                    raise ValueError(f"gate {gate.name!r}: pass gate_fn (a torch version) for the reference")
+                raw = R.clamp_raw_gate(g_in) if gate.input_name != "g" else g_in.to(F64)
+                g = self.gate_fn(raw, **{k: v.to(F64) for k, v in params.items()})
+            else:
+                g = g_in
+            g = R.clamp_gate(g, lo, hi)
         beta = x.get("beta_raw", x.get("beta"))
         fn = R.chunk_kda if self.family == "kda" else R.chunk_gated_delta_rule
         return fn(x["q"], x["k"], x["v"], g, beta, **kw)

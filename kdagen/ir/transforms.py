@@ -6,7 +6,8 @@ __all__ = ["cse", "dce", "walk", "PURE_TILE_OPS", "SIDE_EFFECT_OPS"]
 # ops that compute a tile from their operands and attributes only (no memory access)
 PURE_TILE_OPS = frozenset(
     "kda." + n for n in (
-        "add sub mul div neg exp2 log2 sigmoid softplus rsqrt convert select assume_range "
+        "add sub mul div neg exp2 log2 sigmoid softplus rsqrt convert select assume_range clamp "
+        "in_range "
         "broadcast reduce_sum cumsum transpose extract_row embed_row dot tril tril_inv "
         "tril_solve constant scalar valid_rows").split())
 

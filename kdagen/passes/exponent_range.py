@@ -1,8 +1,9 @@
 """Exponent-range analysis: interval bounds for every tile value of a kda program.
 
-Bounds start from what the program declares — ``kda.assume_range`` (a gate's declared output
-range), constants, the [0, 1] of masks — and propagate forward through elementwise math,
-broadcasts, reductions, cumsums and matmuls. Values with no declared bound (loads, scan-carried
+Bounds start from what the program declares or enforces — ``kda.assume_range`` and
+``kda.clamp`` (a gate's range, enforced by the clamp before the declaration), constants, the
+[0, 1] of masks — and propagate forward through elementwise math, broadcasts, reductions,
+cumsums and matmuls. Values with no declared bound (loads, scan-carried
 states, matrix inverses) are unbounded.
 
 Intervals alone cannot see that ``Γ_C − Γ`` is one-signed when Γ is a cumsum of non-positive
@@ -155,6 +156,14 @@ class RangeAnalysis:
         x = self._in(op)
         lo, hi = float(_attr(op, "lo")), float(_attr(op, "hi"))
         return replace(x, lo=max(x.lo, lo), hi=min(x.hi, hi))
+
+    def _op_clamp(self, op):
+        x = self._in(op)
+        lo, hi = float(_attr(op, "lo")), float(_attr(op, "hi"))
+        return Range(min(max(x.lo, lo), hi), max(min(x.hi, hi), lo))
+
+    def _op_in_range(self, op):
+        return Range(0.0, 1.0)
 
     def _op_convert(self, op):
         return self._in(op)

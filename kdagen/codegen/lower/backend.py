@@ -80,6 +80,10 @@ def maxf(a, b):
     return current().maxf(a, b)
 
 
+def minf(a, b):
+    return current().minf(a, b)
+
+
 def fma(a, b, c):
     return current().fma(a, b, c)
 
@@ -102,6 +106,11 @@ def sqrt(a):
 
 def sel(cond, a, b):
     return current().sel(cond, a, b)
+
+
+def fle(a, b):
+    """bool: a <= b (ordered: false when either is NaN)."""
+    return current().fle(a, b)
 
 
 def nonzero(x):
@@ -197,6 +206,20 @@ def exp2_clamped(x, clamp_min):
     if clamp_min is not None:
         x = maxf(x, f(clamp_min))
     return ex2(x)
+
+
+def clamp(x, lo: float, hi: float):
+    """min(max(x, lo), hi); NaN stays NaN (maximumf/minimumf propagate it)."""
+    if lo > -math.inf:
+        x = maxf(x, f(lo))
+    if hi < math.inf:
+        x = minf(x, f(hi))
+    return x
+
+
+def in_range(x, lo: float, hi: float):
+    """1.0 where lo <= x <= hi, else 0.0 (also for NaN: ordered comparisons)."""
+    return sel(band(fle(f(lo), x), fle(x, f(hi))), f(1.0), f(0.0))
 
 
 def sigmoid(x):
@@ -322,6 +345,9 @@ class MlirBackend:
     def maxf(self, a, b):
         return self.arith.maximumf(a, b)
 
+    def minf(self, a, b):
+        return self.arith.minimumf(a, b)
+
     def fma(self, a, b, c):
         return self.llvm.intr_fma(a, b, c)
 
@@ -342,6 +368,9 @@ class MlirBackend:
 
     def nonzero(self, x):
         return self.arith.cmpf(self.arith.CmpFPredicate.UNE, x, self.const_f(0.0))
+
+    def fle(self, a, b):
+        return self.arith.cmpf(self.arith.CmpFPredicate.OLE, a, b)
 
     def round_to(self, x, elt):
         t = {"bf16": self.ir.BF16Type.get(), "f16": self.ir.F16Type.get()}[elt]
@@ -553,6 +582,9 @@ class SimBackend:
     def maxf(self, a, b):
         return np.maximum(self._f(a), self._f(b))
 
+    def minf(self, a, b):
+        return np.minimum(self._f(a), self._f(b))
+
     def fma(self, a, b, c):
         return (np.asarray(a, np.float64) * np.asarray(b, np.float64)
                 + np.asarray(c, np.float64)).astype(np.float32)
@@ -578,6 +610,9 @@ class SimBackend:
 
     def nonzero(self, x):
         return self._f(x) != 0
+
+    def fle(self, a, b):
+        return self._f(a) <= self._f(b)
 
     def round_to(self, x, elt):
         if elt == "bf16":

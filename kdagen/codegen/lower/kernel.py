@@ -438,6 +438,10 @@ class TileKernelEmitter:
             return T_.unary(k, ops[0], a)
         if k in ("assume_range", "pipeline_wait"):
             return ops[0]
+        if k == "clamp":
+            return T_.clamp(ops[0], float(a["lo"]), float(a["hi"]))
+        if k == "in_range":
+            return T_.in_range(ops[0], float(a["lo"]), float(a["hi"]))
         if k == "convert":
             return T_.convert(ops[0], n.operands[0].elt, r.elt)
         if k == "select":

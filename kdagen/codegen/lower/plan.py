@@ -52,7 +52,8 @@ MATRIX_OPS = {"kda.dot", "kda.decay_dot", "kda.decay_matmul", "kda.tril_inv", "k
 # pure element-wise / index-wise expressions (result element = f(operands at the same index,
 # the index, kernel scalars, global memory))
 EXPR_OPS = {"kda.add", "kda.sub", "kda.mul", "kda.div", "kda.neg", "kda.exp2", "kda.log2",
-            "kda.sigmoid", "kda.softplus", "kda.rsqrt", "kda.select", "kda.tril",
+            "kda.sigmoid", "kda.softplus", "kda.rsqrt", "kda.clamp", "kda.in_range",
+            "kda.select", "kda.tril",
             "kda.embed_row", "kda.valid_rows", "kda.load", "kda.load_head", "kda.load_state",
             "kda.load_chunk", "kda.convert"}
 VIEW_OPS = {"kda.broadcast", "kda.transpose", "kda.extract_row", "kda.assume_range",

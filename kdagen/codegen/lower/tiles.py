@@ -629,6 +629,14 @@ def unary(op: str, x: Ref, attrs: dict) -> FnRef:
     return FnRef(x.shape, lambda idx: fn(x.read(idx)))
 
 
+def clamp(x: Ref, lo: float, hi: float) -> FnRef:
+    return FnRef(x.shape, lambda idx: B.clamp(x.read(idx), lo, hi))
+
+
+def in_range(x: Ref, lo: float, hi: float) -> FnRef:
+    return FnRef(x.shape, lambda idx: B.in_range(x.read(idx), lo, hi))
+
+
 def binary(op: str, a: Ref, b: Ref) -> FnRef:
     fn = {"add": B.add, "sub": B.sub, "mul": B.mul, "div": B.div}[op]
     return FnRef(a.shape, lambda idx: fn(a.read(idx), b.read(idx)))
