@@ -40,7 +40,11 @@ DEFAULT_OPTIONS = {
     "head_v_dim": (128, "value head dim V, 64 or 128"),
     "gate": (None, "gate name (kdagen list); default 'softplus' (KDA) / 'gdn_softplus' (GDN)"),
     "gva_ratio": (1, "value heads per q/k head (HV // H)"),
-    "dtype": ("bf16", "storage type of q, k, v, g, beta, o: bf16, fp16 or fp32"),
+    "dtype": ("bf16", "storage type of q, k, v, o (and of g, beta unless set below): bf16, fp16 or fp32"),
+    "gate_dtype": (None, "storage type of the gate input (g / g_raw) and its gradient: bf16, "
+                         "fp16 or fp32; default: dtype"),
+    "beta_dtype": (None, "storage type of beta (beta / beta_raw) and its gradient: bf16, fp16 "
+                         "or fp32; default: dtype"),
     "use_qk_l2norm_in_kernel": (True, "L2-normalise q and k in the kernel"),
     "use_beta_sigmoid_in_kernel": (True, "beta = sigmoid(beta_raw) in the kernel"),
     "allow_neg_eigval": (False, "beta = 2 * sigmoid(beta_raw) (needs use_beta_sigmoid_in_kernel)"),
@@ -81,6 +85,10 @@ def _resolve(family: str, options: dict) -> tuple[dict, Gate, dict]:
     check("head_k_dim", _HEAD_DIMS)
     check("head_v_dim", _HEAD_DIMS)
     check("dtype", _DTYPES)
+    for name in ("gate_dtype", "beta_dtype"):
+        if opts[name] is None:
+            opts[name] = opts["dtype"]
+        check(name, _DTYPES)
     if not isinstance(opts["gva_ratio"], int) or isinstance(opts["gva_ratio"], bool) or opts["gva_ratio"] < 1:
         raise ProgramOptionError(f"gva_ratio: expected a positive int, got {opts['gva_ratio']!r}")
     for flag in ("use_qk_l2norm_in_kernel", "use_beta_sigmoid_in_kernel", "allow_neg_eigval",
@@ -110,6 +118,7 @@ def _delta_rule_fwd(family: str, name: str, options: dict) -> ir.Module:
     attrs = dict(program=name, family=family, chunk_size=C, head_k_dim=K, head_v_dim=V,
                  gate=gate.name, gate_options={k: v for k, v in gate_opts.items() if v is not None},
                  gate_range=[lo, hi], gva_ratio=opt["gva_ratio"], dtype=dt,
+                 gate_dtype=opt["gate_dtype"], beta_dtype=opt["beta_dtype"],
                  use_qk_l2norm_in_kernel=opt["use_qk_l2norm_in_kernel"],
                  use_beta_sigmoid_in_kernel=opt["use_beta_sigmoid_in_kernel"],
                  allow_neg_eigval=opt["allow_neg_eigval"], use_initial_state=opt["use_initial_state"],
@@ -122,8 +131,8 @@ def _delta_rule_fwd(family: str, name: str, options: dict) -> ir.Module:
     p.input("q", "token", [K], dt, heads="qk")
     p.input("k", "token", [K], dt, heads="qk")
     p.input("v", "token", [V], dt, heads="v")
-    p.input(gate.input_name, "token", gate_tail, dt, heads="v")
-    p.input(beta_name, "token", [], dt, heads="v")
+    p.input(gate.input_name, "token", gate_tail, opt["gate_dtype"], heads="v")
+    p.input(beta_name, "token", [], opt["beta_dtype"], heads="v")
     for pname, kind in gate.params.items():
         p.input(pname, "head", [K] if kind == "channel" else [], "fp32")
     if opt["use_initial_state"]:
