@@ -135,17 +135,51 @@ def measure(fn, warmup_ms=50, rep_ms=300):
     return triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(prog="kdagen bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--configs", default=",".join(CONFIGS))
-    parser.add_argument("--ops", default="kda,gdn")
-    parser.add_argument("--modes", default="fwd,fwdbwd")
-    parser.add_argument("--json", default="bench.json")
-    parser.add_argument("--rep-ms", type=int, default=300)
+def _config_help() -> str:
+    rows = []
+    for name, (B, T, H, HV, lengths) in CONFIGS.items():
+        shape = (f"varlen {len(lengths)} sequences, {sum(lengths)} tokens" if lengths
+                 else f"B={B} T={T}")
+        rows.append(f"{name} ({shape}, H={H}, HV={HV})")
+    return "; ".join(rows)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The benchmark's arguments (``kdagen bench --help`` prints their help)."""
+    parser = argparse.ArgumentParser(
+        prog="kdagen bench", description=__doc__.splitlines()[0],
+        epilog="Every config uses K = V = 128 and bf16 inputs. Each row times the forward "
+               "(fwd, no grad) or forward + backward (fwdbwd) of every implementation: median "
+               "ms (triton.testing.do_bench), the first call separately, FLA/kdagen ratios and "
+               "% of the roofline floor. The kernel bundle comes from KDAGEN_BUNDLE (or "
+               "--bundle), else kdagen compiles the kernels (needs the MLIR package).")
+    parser.add_argument("--configs", default=",".join(CONFIGS), metavar="NAME[,NAME...]",
+                        help="comma-separated problem sizes to time (default: all): "
+                             + _config_help().replace("%", "%%"))
+    parser.add_argument("--ops", default="kda,gdn", metavar="OP[,OP...]",
+                        help="comma-separated ops: kda (chunk_kda), gdn "
+                             "(chunk_gated_delta_rule) (default: %(default)s)")
+    parser.add_argument("--modes", default="fwd,fwdbwd", metavar="MODE[,MODE...]",
+                        help="comma-separated: fwd (forward, no grad), fwdbwd (forward + "
+                             "backward) (default: %(default)s)")
+    parser.add_argument("--json", default="bench.json", metavar="FILE",
+                        help="write every measured row and the device name here, rewritten "
+                             "after each row so a cut-short run keeps its results "
+                             "(default: %(default)s)")
+    parser.add_argument("--rep-ms", type=int, default=300, metavar="MS",
+                        help="milliseconds of repeated runs per measurement, after 50 ms of "
+                             "warm-up (default: %(default)s)")
     parser.add_argument("--bundle", action="append", default=[], metavar="LABEL=DIR",
                         help="time kdagen from this kernel bundle as impl kdagen_LABEL "
-                             "(repeatable: compares lowering paths in one process)")
-    parser.add_argument("--no-fla", action="store_true", help="time kdagen only")
+                             "(repeatable: compares lowering paths in one process); without "
+                             "it, one impl 'kdagen' from KDAGEN_BUNDLE")
+    parser.add_argument("--no-fla", action="store_true",
+                        help="time kdagen only (no FLA columns or ratios)")
+    return parser
+
+
+def main(argv=None):
+    parser = build_parser()
     args = parser.parse_args(argv)
     bundles = dict(b.split("=", 1) for b in args.bundle)
     import torch

@@ -1,6 +1,7 @@
 """The `kdagen` command line: emit, inspect and verify kernels."""
 from __future__ import annotations
 
+import re
 import sys
 
 import click
@@ -207,12 +208,70 @@ def check(bundle_dir, verbose, quiet):
 
 
 @main.command(name="list")
-def list_cmd():
+@click.option("--options", "options", is_flag=True,
+              help="List the program options (`kdagen show --option KEY=VALUE`) and the gates' "
+                   "options instead.")
+def list_cmd(options):
     """List the programs and gates kdagen knows."""
     from .ir import programs, gates
+    if options:
+        click.echo(_program_options_text())
+        return
     click.echo(format_table(["program", "description"], [list(r) for r in programs.list_programs()]))
     click.echo()
     click.echo(format_table(["gate", "description"], [list(r) for r in gates.list_gates()]))
+
+
+def _program_option_rows() -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """(KEY=DEFAULT, meaning) of every program option, and of every gate option."""
+    from .ir import gates, programs
+    rows = [(f"{key}={_show_value(default)}", text)
+            for key, (default, text) in programs.program_options().items()]
+    by_option: dict[str, list] = {}
+    for name, gate in gates.GATES.items():
+        for key, default in gate.options.items():
+            by_option.setdefault(key, []).append((name, default))
+    gate_rows = []
+    for key, uses in by_option.items():
+        defaults = " or ".join(dict.fromkeys(_show_value(d) for _, d in uses))
+        gate_rows.append((f"{key}={defaults}",
+                          "taken by the gates " + ", ".join(n for n, _ in uses)))
+    return rows, gate_rows
+
+
+def _write_program_options(formatter) -> None:
+    rows, gate_rows = _program_option_rows()
+    with formatter.section("Program options (--option KEY=VALUE, default shown)"):
+        formatter.write_dl(rows)
+    with formatter.section("Gate options (--option KEY=VALUE with a gate that takes them)"):
+        formatter.write_dl(gate_rows)
+
+
+def _program_options_text() -> str:
+    formatter = click.HelpFormatter(width=min(TABLE_WIDTH, 100))
+    _write_program_options(formatter)
+    return formatter.getvalue().rstrip("\n")
+
+
+def _show_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return "none" if value is None else str(value)
+
+
+class _ShowCommand(click.Command):
+    """`kdagen show`: its help lists the --option keys (read from the programs)."""
+
+    def format_epilog(self, ctx, formatter):
+        super().format_epilog(ctx, formatter)
+        try:
+            _write_program_options(formatter)
+        except Exception as err:  # noqa: BLE001 - help must print without MLIR too
+            formatter.write_paragraph()
+            formatter.write_text(f"(the program options cannot be listed here: {err}; "
+                                 "see `kdagen list --options`)")
 
 
 def _pipeline_options(fn):
@@ -225,36 +284,44 @@ def _pipeline_options(fn):
 
 
 def _run_passes(module, passes, dump_before, dump_after, time_passes, keep_stages=False):
+    from .passes.base import PipelineSyntaxError
     from .passes.pipeline import PassFailure, run_pipeline
     try:
         run = run_pipeline(module, passes, dump_before=tuple(dump_before),
                            dump_after=tuple(dump_after), time_passes=time_passes,
                            keep_stages=keep_stages)
-    except PassFailure as err:
+    except (PassFailure, PipelineSyntaxError) as err:
         raise click.ClickException(str(err))
     if time_passes:
         click.echo(run.format_timings(), err=True)
     return run
 
 
-@main.command()
+@main.command(cls=_ShowCommand)
 @click.argument("program")
 @click.option("--stage", default="dsl", show_default=True,
               help="'dsl' (as the DSL built it), 'final' (after the whole pipeline) or the name of "
                    "a pass of the pipeline (the IR right after it).")
 @click.option("--arch", default="sm_90a", show_default=True, help="Chip whose pipeline to run.")
 @click.option("--option", "options", multiple=True, metavar="KEY=VALUE",
-              help="Program option, e.g. --option chunk_size=64 --option gate=lower_bound.")
+              help="Program option, e.g. --option chunk_size=64 --option gate=lower_bound "
+                   "(the keys: below).")
 @_pipeline_options
 def show(program, stage, arch, options, dump_before, dump_after, time_passes):
     """Print a program's MLIR at a stage of its pipeline."""
     from .ir import programs
     from .passes.base import PipelineSyntaxError
     from .passes.pipelines import pipeline_for
+    known = [name for name, _ in programs.list_programs()]
+    if program not in known:
+        raise click.ClickException(f"unknown program {program!r}; choose one of "
+                                   f"{', '.join(known)} (`kdagen list` describes them)")
     try:
         module = programs.build_program(program, **_parse_options(options))
         passes = [] if stage == "dsl" else pipeline_for(arch)
-    except (KeyError, ValueError, TypeError, PipelineSyntaxError) as err:
+    except KeyError as err:
+        raise click.ClickException(str(err.args[0]) if err.args else repr(err))
+    except (ValueError, TypeError, PipelineSyntaxError) as err:
         raise click.ClickException(str(err))
     if stage not in ("dsl", "final"):
         names = [p.name for p in passes]
@@ -279,12 +346,83 @@ def opt(mlir_file, pipeline, dump_before, dump_after, time_passes):
         passes = parse_pipeline(pipeline)
     except PipelineSyntaxError as err:
         raise click.ClickException(f"-p: {err}")
+    text = mlir_file.read()
     try:
-        module = parse_module(mlir_file.read())
+        module = parse_module(text)
     except Exception as err:  # the MLIR diagnostic is the useful part of any parse/verify error
         raise click.ClickException(f"{mlir_file.name}: {err}")
+    restore_value_names(module, text)
     _run_passes(module, passes, dump_before, dump_after, time_passes)
     click.echo(_print(module))
+
+
+_FILE_LOC = re.compile(r'^loc\("(?:[^"\\]|\\.)*":(\d+):(\d+)')
+_RESULT_NAME = re.compile(r'(?:^|[\s(])%([A-Za-z_$.][\w$.-]*)(?::\d+)?\s*=\s*$')
+_ARG_NAME = re.compile(r'%([A-Za-z_$.][\w$.-]*)')
+_AUTO_NAME = re.compile(r'^arg\d+$')
+_DEFINED_NAME = re.compile(r'%([A-Za-z_$.][\w$.-]*)(?::\d+)?\s*(?==|:)')
+_DEDUP_SUFFIX = re.compile(r'^(.+)_\d+$')
+
+
+def restore_value_names(module, text: str) -> None:
+    """Give the values of a module parsed from ``text`` their SSA names as name locations.
+
+    ``kdagen show`` prints the DSL's value names (name locations) as SSA names (%kd, %w...);
+    the MLIR parser drops SSA names and gives every op a file:line:col location instead,
+    which passes that name what they create after a value (kda-partition's workspaces
+    ``<value>_ws``) would misread. Here each op result and block argument named in the text
+    gets its name back as a name location (read at the position its location points to;
+    ``<name>_<n>``, the printer's way to tell repeated names apart, becomes ``<name>`` again),
+    every other op ``loc(unknown)``, as in a program the DSL built."""
+    from .ir.dialect import ir
+    lines = text.splitlines()
+    defined = set(_DEFINED_NAME.findall(text))
+
+    def position(loc):
+        match = _FILE_LOC.match(str(loc))
+        if not match:
+            return None
+        line, col = int(match.group(1)) - 1, int(match.group(2)) - 1
+        return (lines[line], col) if 0 <= line < len(lines) else None
+
+    def usable(name):
+        return name is not None and not name.isdigit() and not _AUTO_NAME.match(name)
+
+    def original(name):
+        # the printer makes repeated names unique as <name>_<n>: the DSL's name is <name>
+        match = _DEDUP_SUFFIX.match(name)
+        return match.group(1) if match and match.group(1) in defined else name
+
+    def arg_name(arg):
+        pos = position(arg.location)
+        if pos is None:
+            return None
+        match = _ARG_NAME.match(pos[0], pos[1])
+        return match.group(1) if match else None
+
+    def result_name(op):
+        pos = position(op.location)
+        if pos is None or len(op.results) == 0:
+            return None
+        match = _RESULT_NAME.search(pos[0][:pos[1]])
+        return match.group(1) if match else None
+
+    def visit(op):
+        name = result_name(op)
+        op.location = ir.Location.name(original(name)) if usable(name) else ir.Location.unknown()
+        for region in op.regions:
+            for block in region.blocks:
+                for arg in block.arguments:
+                    name = arg_name(arg)
+                    if usable(name):
+                        arg.set_location(ir.Location.name(original(name)))
+                    elif position(arg.location) is not None:
+                        arg.set_location(ir.Location.unknown())
+                for child in block.operations:
+                    visit(child.operation)
+
+    with module.context:
+        visit(module.operation)
 
 
 def _print(module) -> str:
@@ -293,16 +431,25 @@ def _print(module) -> str:
     return print_module(module)
 
 
-@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
+                                "help_option_names": []})
 @click.pass_context
 def bench(ctx):
     """kdagen vs FLA on the GPU: median ms, ratio, % of roofline floor (table + JSON).
 
-    Arguments pass through to the benchmark, e.g. `kdagen bench --ops kda --json out.json`
-    (`kdagen bench --help-bench` lists them). Needs a CUDA GPU, fla-core and a kernel bundle."""
+    Arguments pass through to the benchmark, e.g. `kdagen bench --ops kda --json out.json`;
+    `kdagen bench --help` describes them all. Needs a CUDA GPU, fla-core and a kernel bundle."""
     from .benchmark import main as bench_main
-    args = ["--help" if a == "--help-bench" else a for a in ctx.args]
-    sys.exit(bench_main(args))
+    if any(a in ("-h", "--help", "--help-bench") for a in ctx.args):
+        click.echo(bench_help())
+        return
+    sys.exit(bench_main(list(ctx.args)))
+
+
+def bench_help() -> str:
+    """`kdagen bench --help`: the benchmark's own argument help."""
+    from .benchmark import build_parser
+    return build_parser().format_help().rstrip("\n")
 
 
 def _parse_options(pairs: tuple[str, ...]) -> dict:

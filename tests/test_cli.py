@@ -393,3 +393,91 @@ def test_bundle_readme_describes_the_files(tmp_path):
     (out / "README.md").write_text("my notes\n")
     assert run("emit", "-q", "-o", str(out), "--arch", "sm_90a", "--op", "gate-cumsum").exit_code == 0
     assert (out / "README.md").read_text() == "my notes\n"
+
+
+# --- show / opt / list / bench -------------------------------------------------------------
+
+def _workspace_names(text):
+    import re
+    return re.findall(r'"kda.workspace"\(\) \{layout = "chunk", name = "([^"]+)"\}', text)
+
+
+def test_opt_keeps_the_names_of_show_output(tmp_path):
+    """The README's round trip: `kdagen show` then `kdagen opt` names workspaces as the
+    pipeline does on the built program (not '-_ws' from the parser's file locations)."""
+    from kdagen.ir import programs
+    from kdagen.ir.dialect import print_module
+    from kdagen.passes.base import parse_pipeline
+    from kdagen.passes.pipeline import run_pipeline
+    pipeline = "kda-stable-reassociate,kda-partition{workspace_dtype=bf16}"
+    shown = run("show", "kda_fwd")
+    assert shown.exit_code == 0, shown.output
+    path = tmp_path / "f.mlir"
+    path.write_text(shown.stdout)
+    result = run("opt", str(path), "-p", pipeline)
+    assert result.exit_code == 0, result.output
+    module = programs.build_program("kda_fwd")
+    run_pipeline(module, parse_pipeline(pipeline))
+    expected = print_module(module)
+    names = _workspace_names(result.stdout)
+    assert names and "-_ws" not in names
+    assert names == _workspace_names(expected)
+    assert result.stdout.strip() == expected.strip()
+
+
+@pytest.mark.parametrize("flag", ["--dump-after", "--dump-before"])
+def test_dump_of_an_unknown_pass_is_an_error(tmp_path, flag):
+    path = tmp_path / "f.mlir"
+    path.write_text(run("show", "gdn_fwd").stdout)
+    result = run("opt", str(path), "-p", "verify", flag, "nosuch")
+    assert result.exit_code == 1
+    assert f"{flag} nosuch: unknown pass; valid names: all, verify" in result.output
+    result = run("opt", str(path), "-p", "verify", flag, "kda-partition")
+    assert result.exit_code == 1 and "does not run kda-partition" in result.output
+    result = run("opt", str(path), "-p", "verify", flag, "all")
+    assert result.exit_code == 0, result.output
+    assert "IR Dump" in result.stderr
+
+
+def test_show_unknown_program_names_the_programs():
+    result = run("show", "nosuch")
+    assert result.exit_code == 1
+    line = result.output.strip()
+    assert line == ("Error: unknown program 'nosuch'; choose one of kda_fwd, kda_bwd, gdn_fwd, "
+                    "gdn_bwd (`kdagen list` describes them)")
+
+
+def test_opt_checks_pass_options_when_parsing_the_pipeline(tmp_path):
+    path = tmp_path / "not-even-mlir.mlir"
+    path.write_text("this is not MLIR\n")
+    result = run("opt", str(path), "-p", "kda-partition{workspace_dtype=fp8}")
+    assert result.exit_code == 1
+    assert "workspace_dtype=fp8 is not allowed; allowed values: auto, fp32, bf16, fp16" \
+        in result.output
+    result = run("opt", str(path), "-p", "kda-warp-specialize{depth=0}")
+    assert result.exit_code == 1 and "depth=0 is too small; it must be >= 1" in result.output
+
+
+def test_show_help_and_list_options_list_the_option_keys():
+    from kdagen.ir.programs import program_options
+    from kdagen.ir.gates import GATES
+    keys = list(program_options()) + [k for g in GATES.values() for k in g.options]
+    for args in (("show", "--help"), ("list", "--options")):
+        result = run(*args)
+        assert result.exit_code == 0, result.output
+        for key in keys:
+            assert f"{key}=" in result.output, (args, key)
+    assert "chunk_size=64" in run("show", "--help").output
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h", "--help-bench"])
+def test_bench_help_describes_every_option(flag):
+    from kdagen.benchmark import build_parser
+    result = run("bench", flag)
+    assert result.exit_code == 0, result.output
+    for action in build_parser()._actions:
+        assert action.help, action.option_strings
+        for option in action.option_strings:
+            assert option in result.output
+    for config in ("B1_T8k_H16", "varlen_mix_H16"):
+        assert config in result.output

@@ -1,6 +1,6 @@
 """Pass tooling: registry, option parsing, pipelines as data, dumps, timing, failure reproducers."""
 import io
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 
@@ -117,3 +117,46 @@ def test_failure_writes_reproducer(tmp_path, monkeypatch):
     assert err.reproducer.parent == tmp_path
     # the reproducer holds the IR just before the failing pass (after test-tag)
     assert 'test.tag = "z"' in err.reproducer.read_text()
+
+
+@pytest.mark.parametrize("text,message", [
+    ("kda-partition{workspace_dtype=fp8}",
+     "option workspace_dtype=fp8 is not allowed; allowed values: auto, fp32, bf16, fp16"),
+    ("kda-warp-specialize{depth=0}", "option depth=0 is too small; it must be >= 1"),
+    ("kda-warp-specialize{consumer_warpgroups=-1}", "consumer_warpgroups=-1 is too small"),
+    ("canonicalize{cse=maybe}", "cse='maybe' is not a valid bool (true or false)"),
+])
+def test_pass_option_values_are_checked_when_parsed(text, message):
+    with pytest.raises(PipelineSyntaxError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        parse_pipeline(text)
+
+
+@register_pass
+@dataclass
+class _ChoicePass(ModulePass):
+    name = "test-choice"
+    mode: str = field(default="a", metadata={"choices": ("a", "b")})
+    count: int = field(default=1, metadata={"min": 1})
+
+    def run(self, module):
+        pass
+
+
+def test_pass_option_rules_from_field_metadata():
+    assert parse_pipeline("test-choice{mode=b,count=2}")[0].mode == "b"
+    with pytest.raises(PipelineSyntaxError, match="allowed values: a, b"):
+        parse_pipeline("test-choice{mode=c}")
+    with pytest.raises(PipelineSyntaxError, match="must be >= 1"):
+        parse_pipeline("test-choice{count=0}")
+
+
+@pytest.mark.parametrize("key", ["dump_before", "dump_after"])
+def test_dump_names_must_name_a_pass_of_the_pipeline(key):
+    passes = parse_pipeline("test-tag,canonicalize")
+    with pytest.raises(PipelineSyntaxError, match="unknown pass; valid names: all, test-tag, canonicalize"):
+        run_pipeline(module(), passes, **{key: ("nosuch",)})
+    with pytest.raises(PipelineSyntaxError, match="does not run verify"):
+        run_pipeline(module(), passes, **{key: ("verify",)})
+    stream = io.StringIO()
+    run_pipeline(module(), passes, dump_stream=stream, **{key: ("all",)})
+    assert stream.getvalue().count("IR Dump") == 2

@@ -3,6 +3,11 @@
 A pass is a dataclass whose fields are its options; ``name`` is a class attribute. Pipelines
 refer to passes as ``name`` or ``name{opt=value,opt2=value}`` (mlir-opt style), so options are
 data, and a pipeline is an ordered list of such specs.
+
+Option values are checked when the pipeline text is parsed (:func:`make_pass`), not when the
+pass runs: the field's type (bool/int/float/str), then the allowed values a pass declares in
+``option_choices`` (option -> allowed values) and ``option_min`` (option -> least value), or
+in a field's ``metadata`` (``choices``, ``min``).
 """
 from __future__ import annotations
 
@@ -28,6 +33,8 @@ class ModulePass:
 
     name: ClassVar[str]
     summary: ClassVar[str] = ""
+    option_choices: ClassVar[dict[str, tuple]] = {}    # option -> allowed values
+    option_min: ClassVar[dict[str, float]] = {}        # option -> least allowed value
 
     def run(self, module: ir.Module) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -66,7 +73,27 @@ def make_pass(name: str, options: dict[str, str] | None = None) -> ModulePass:
             valid = ", ".join(fields) or "none"
             raise PipelineSyntaxError(f"pass {name!r} has no option {key!r}; its options: {valid}")
         kwargs[key] = _coerce(raw, fields[key], name)
+        _check_value(cls, fields[key], kwargs[key])
     return cls(**kwargs)
+
+
+def option_rules(cls: type[ModulePass], field: dataclasses.Field) -> tuple[tuple | None, float | None]:
+    """(allowed values or None, least value or None) of a pass option."""
+    choices = field.metadata.get("choices", cls.option_choices.get(field.name))
+    least = field.metadata.get("min", cls.option_min.get(field.name))
+    return (tuple(choices) if choices is not None else None), least
+
+
+def _check_value(cls: type[ModulePass], field: dataclasses.Field, value) -> None:
+    choices, least = option_rules(cls, field)
+    if choices is not None and value not in choices:
+        raise PipelineSyntaxError(
+            f"pass {cls.name!r}: option {field.name}={_format_value(value)} is not allowed; "
+            f"allowed values: {', '.join(_format_value(c) for c in choices)}")
+    if least is not None and value < least:
+        raise PipelineSyntaxError(
+            f"pass {cls.name!r}: option {field.name}={_format_value(value)} is too small; "
+            f"it must be >= {_format_value(least)}")
 
 
 def parse_pipeline(text: str) -> list[ModulePass]:
@@ -121,8 +148,9 @@ def _coerce(raw: str, field: dataclasses.Field, pass_name: str):
             return float(raw)
         return raw
     except ValueError:
+        hint = " (true or false)" if kind == "bool" else ""
         raise PipelineSyntaxError(
-            f"pass {pass_name!r}: option {field.name}={raw!r} is not a valid {kind}") from None
+            f"pass {pass_name!r}: option {field.name}={raw!r} is not a valid {kind}{hint}") from None
 
 
 def _load_builtin_passes() -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable, TextIO
 
 from .._mlir import ir
-from .base import ModulePass
+from .base import PASSES, ModulePass, PipelineSyntaxError, _load_builtin_passes
 
 
 class PassFailure(RuntimeError):
@@ -53,7 +53,10 @@ def run_pipeline(module: ir.Module, passes: list[ModulePass], *,
                  dump_stream: TextIO | None = None, time_passes: bool = False,
                  keep_stages: bool = False,
                  on_stage: Callable[[str, ir.Module], None] | None = None) -> PipelineRun:
-    """Run ``passes`` in order on ``module`` (in place)."""
+    """Run ``passes`` in order on ``module`` (in place). ``dump_before``/``dump_after``: pass
+    names or ``all``; a name that is not a pass of ``passes`` raises PipelineSyntaxError
+    (before anything runs)."""
+    check_dump_names(passes, dump_before, dump_after)
     out = dump_stream or sys.stderr
     result = PipelineRun()
     for index, pass_ in enumerate(passes):
@@ -81,3 +84,21 @@ def run_pipeline(module: ir.Module, passes: list[ModulePass], *,
         if on_stage is not None:
             on_stage(pass_.name, module)
     return result
+
+
+def check_dump_names(passes: list[ModulePass], dump_before=(), dump_after=()) -> None:
+    """Raise PipelineSyntaxError for a dump request naming no pass of ``passes`` (the message
+    lists the valid names); ``all`` is always valid."""
+    _load_builtin_passes()
+    running = list(dict.fromkeys(p.name for p in passes))
+    for flag, names in (("--dump-before", dump_before), ("--dump-after", dump_after)):
+        for name in names:
+            if name == "all" or name in running:
+                continue
+            valid = ", ".join(["all", *running])
+            if name in PASSES:
+                raise PipelineSyntaxError(
+                    f"{flag} {name}: the pipeline does not run {name}; valid names: {valid}")
+            raise PipelineSyntaxError(
+                f"{flag} {name}: unknown pass; valid names: {valid} "
+                f"(registered passes: {', '.join(sorted(PASSES))})")
