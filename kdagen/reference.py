@@ -443,6 +443,7 @@ def chunk_gated_delta_rule(
     - ``use_beta_sigmoid_in_kernel``: ``beta`` is raw, turned into ``sigmoid(beta)``
       (``2 * sigmoid(beta)`` with ``allow_neg_eigval``).
 
+    Gates are clamped to their enforced ranges as in :func:`chunk_kda` (module docstring).
     ``chunk_size=None`` runs the per-token recurrence, an int the chunked reference. Returns
     ``(o [B, T, HV, V], final_state [N, HV, K, V] or None)`` in float64.
     """

@@ -216,3 +216,34 @@ def test_bundle_declares_f32_gate_and_assembles(tmp_path):
     assert gate_maps, "the sm_90a native path streams the fp32 gate with TMA"
     for m in gate_maps:
         assert m["dtype"] == "f32" and m["box"] == [64, 1, 64]   # 256-byte rows: 16B multiple
+
+
+def test_launcher_end_to_end_fp32_gate_out_of_range(tmp_path):
+    """write_bundle -> the MLIR-free launcher (converts each input to its lowered.json dtype:
+    the fp32 gate stays fp32) -> kernels run by the CPU simulator -> gpu_check's comparison with
+    the float64 reference, on gpu_check's out-of-range case (raw gates of +-inf and 1e6)."""
+    from kdagen.codegen.lower import gpu_check
+    from kdagen.codegen.lower.bundle import build_lowered_module, variant_name, write_bundle
+    from kdagen.codegen.lower.launch import LoweredProgram
+    from kdagen.codegen.lower.sim import SimLibrary
+    np.seterr(all="ignore")
+    item = ("kda_fwd", dict(SMALL, chunk_size=16, gate="softplus", gate_dtype="fp32"))
+    res = write_bundle(tmp_path, [item], ["sm_120a"], assemble=False)
+    vname = variant_name(*item)
+    spec = res["variants"][vname]
+    assert {a["name"]: a["dtype"] for a in spec["args"]}["g_raw"] == "f32"
+    lib = SimLibrary(tmp_path, {vname: build_lowered_module(*item)}, "sm_120a")
+    prog = LoweredProgram(tmp_path, vname, library=lib)
+
+    class OnCpu:
+        def __call__(self, **kw):
+            return prog(chip="sm_120a", **kw)
+
+    case = dict(label="out-of-range", B=1, T=40, decay="extreme")
+    kern, _ = gpu_check._inputs(spec, case, torch.device("cpu"), 0)
+    assert kern["g_raw"].dtype == torch.float32 and torch.isinf(kern["g_raw"]).any()
+    rows = gpu_check.run_case(OnCpu(), spec, case, torch.device("cpu"), 0)
+    by = {r["tensor"]: r for r in rows}
+    assert all(r["finite"] and r["det"] for r in rows)
+    assert by["final_state"]["err"] < 1e-5
+    assert by["o"]["err"] < by["o"]["floor"] + 5e-4

@@ -44,10 +44,13 @@ def _cases(spec: dict, quick: bool) -> list[dict]:
         lens = [[1, 17, 129]] if bwd else [[1, 17, 64, 129, 1000], [63, 65]]
         cases = [dict(label=f"varlen{l}", B=1, lengths=l, decay="moderate") for l in lens]
         cases.append(dict(label="varlen[70,200] strong", B=1, lengths=[70, 200], decay="strong"))
+        cases.append(dict(label="varlen[70,200] out-of-range", B=1, lengths=[70, 200],
+                          decay="extreme"))
     else:
         shapes = [(1, 65), (2, 1)] if bwd else [(2, 1), (1, 63), (2, 65), (1, 1000)]
         cases = [dict(label=f"B{b}_T{t}", B=b, T=t, decay="moderate") for b, t in shapes]
         cases.append(dict(label="B1_T200 strong", B=1, T=200, decay="strong"))
+        cases.append(dict(label="B1_T200 out-of-range", B=1, T=200, decay="extreme"))
     if quick:
         cases = cases[:2]
     return cases
@@ -92,6 +95,21 @@ def _inputs(spec: dict, case: dict, device, seed: int) -> tuple[dict, dict]:
             x["A_log"] = torch.full((HV,), math.log(16.0), dtype=torch.float64) if strong else rnd(HV, scale=0.5)
         if "dt_bias" in names:
             x["dt_bias"] = rnd(HV, K, scale=0.5) if fam == "kda" else rnd(HV, scale=0.5)
+    if case["decay"] == "extreme":
+        # gates outside their declared ranges, which the kernels enforce (kdagen.ir.gate_ranges):
+        # raw gates of +-inf and 1e6 on whole tokens, a precomputed g below its promised lower
+        # bound over more than a chunk (or far below the floor) and one token of -inf
+        if "g_raw" in x:
+            t = x["g_raw"]
+            t[:, T // 7] = math.inf
+            t[:, T // 3] = -math.inf
+            t[:, T // 2] = 1e6
+            t[:, T // 2 + 1] = -1e6
+        else:
+            lb = (attrs.get("gate_options") or {}).get("lower_bound")
+            t = x["g"]
+            t[:, T // 5: T // 5 + 80] = 1.6 * lb if lb is not None else -1e4
+            t[:, T // 3] = -math.inf
     bname = "beta_raw" if "beta_raw" in names else "beta"
     x[bname] = rnd(B, T, HV) if bname == "beta_raw" else torch.sigmoid(rnd(B, T, HV))
     if "initial_state" in names:
@@ -134,8 +152,8 @@ def _reference_fn(spec: dict):
             kw.update(use_gate_in_kernel=True, safe_gate=lb is not None, lower_bound=lb,
                       A_log=x.get("A_log"), dt_bias=x.get("dt_bias"))
             gin = x["g_raw"]
-        else:
-            gin = x["g"]
+        else:   # a precomputed gate, clamped to its enforced range as the kernels clamp it
+            gin = R.clamp_gate(x["g"], opts.get("lower_bound"))
         f = R.chunk_kda if fam == "kda" else R.chunk_gated_delta_rule
         return f(x["q"], x["k"], x["v"], gin, beta, **kw)
 
