@@ -72,7 +72,8 @@ def _normalise_flags(use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_e
     return allow_neg_eigval, lower_bound
 
 
-def program_options(family: str, q: Tensor, v: Tensor, *, use_initial_state: bool, varlen: bool,
+def program_options(family: str, q: Tensor, v: Tensor, *, g: Optional[Tensor] = None,
+                    beta: Optional[Tensor] = None, use_initial_state: bool, varlen: bool,
                     output_final_state: bool, use_qk_l2norm_in_kernel: bool,
                     use_gate_in_kernel: bool, use_beta_sigmoid_in_kernel: bool,
                     allow_neg_eigval: bool, safe_gate: bool, lower_bound: Optional[float]) -> dict:
@@ -93,6 +94,11 @@ def program_options(family: str, q: Tensor, v: Tensor, *, use_initial_state: boo
         output_final_state=bool(output_final_state),
         varlen=bool(varlen),
     )
+    # g and beta keep their own storage type (FLA keeps gates fp32 next to bf16 q/k/v). Named
+    # only where it differs from q's, so the common variants keep their names.
+    for opt, x in (("gate_dtype", g), ("beta_dtype", beta)):
+        if x is not None and x.dtype != q.dtype:
+            opts[opt] = _DTYPE_NAMES[x.dtype]
     if lower_bound is not None:
         opts["lower_bound"] = lower_bound   # the bound of the lower-bound gate, or a promise
     return opts
@@ -140,7 +146,7 @@ def _fwd_impl(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlen
     sizes = _check(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens,
                    use_gate_in_kernel, safe_gate, lower_bound)
     opts = program_options(
-        family, q, v, use_initial_state=initial_state is not None, varlen=cu_seqlens is not None,
+        family, q, v, g=g, beta=beta, use_initial_state=initial_state is not None, varlen=cu_seqlens is not None,
         output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
         use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
         allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, lower_bound=lower_bound)
@@ -174,7 +180,7 @@ def _bwd_impl(family, do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, 
     if dht is not None:
         _check_cotangent("dht", dht, (sizes.N, sizes.HV, sizes.K, sizes.V), q.device)
     opts = program_options(
-        family, q, v, use_initial_state=initial_state is not None, varlen=cu_seqlens is not None,
+        family, q, v, g=g, beta=beta, use_initial_state=initial_state is not None, varlen=cu_seqlens is not None,
         output_final_state=dht is not None, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
         use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
         allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, lower_bound=lower_bound)

@@ -187,3 +187,21 @@ def test_without_the_compiler_cpu_tensors_name_the_install():
     assert "CompilerNotInstalledError" in out.stdout, out.stdout + out.stderr
     assert "pip install 'kdagen[compiler]'" in out.stdout
     assert "interpreter" in out.stdout
+
+
+def test_fp32_gate_and_beta_keep_their_storage_type():
+    """bf16 q/k/v with fp32 g/beta (FLA's habit): the programs asked for store g and beta in
+    fp32 (gate_dtype/beta_dtype), so nothing rounds them to bf16; a bf16 gate names no option."""
+    from kdagen.runtime.backends import recording
+    x = inputs()
+    with recording("cpu") as rec:
+        kdagen.chunk_kda(**x)
+        kdagen.chunk_kda(**dict(x, g=x["g"].bfloat16(), beta=x["beta"].bfloat16()))
+    (_, fp32_opts), (_, bf16_opts) = rec.variants()
+    assert fp32_opts["dtype"] == "bf16"
+    assert fp32_opts["gate_dtype"] == "fp32" and fp32_opts["beta_dtype"] == "fp32"
+    assert "gate_dtype" not in bf16_opts and "beta_dtype" not in bf16_opts
+    # the interpreter with the fp32 gate differs from the same gate rounded to bf16
+    o32, _ = run(**x)
+    o16, _ = run(**dict(x, g=x["g"].bfloat16().float()))
+    assert not torch.equal(o32, o16)
