@@ -127,10 +127,6 @@ def _call(family, q, k, v, g, beta, *, scale, initial_state, output_final_state,
           safe_gate, lower_bound, cu_seqlens, A_log, dt_bias, chunk_size, state_v_first,
           return_intermediate_states):
     _check_chunk_size(family, chunk_size)
-    if return_intermediate_states:
-        raise KdagenInputError(
-            "return_intermediate_states: not supported by kdagen yet (it returns (o, final_state)); "
-            "for the state at chunk boundaries run with output_final_state=True per segment")
     _warn_if_head_first(q)
     cu_seqlens = _as_cu_seqlens(cu_seqlens, q)
     q, k, v, g, beta = (_dense(n, x) for n, x in (("q", q), ("k", k), ("v", v), ("g", g),
@@ -166,16 +162,32 @@ def _call(family, q, k, v, g, beta, *, scale, initial_state, output_final_state,
             dt_bias = dt_bias.reshape(sizes.HV, sizes.K)   # [HV * K] -> [HV, K] (a view)
     else:
         A_log = dt_bias = None                               # unused, as in FLA
-    op = ops.kda_fwd if family == "kda" else ops.gdn_fwd
-    o, ht = op(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, float(scale),
-               bool(output_final_state), bool(use_qk_l2norm_in_kernel), bool(use_gate_in_kernel),
-               bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval), bool(safe_gate),
-               _lower_bound(lower_bound, safe_gate))
-    if not output_final_state:
-        return o, None
+    args = (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, float(scale),
+            bool(output_final_state), bool(use_qk_l2norm_in_kernel), bool(use_gate_in_kernel),
+            bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval), bool(safe_gate),
+            _lower_bound(lower_bound, safe_gate))
+    if return_intermediate_states:
+        _require_inference("return_intermediate_states", q, k, v, g, beta, A_log, dt_bias,
+                           initial_state)
+        o, ht, h = ops.forward_with_chunk_states(family, *args)
+    else:
+        op = ops.kda_fwd if family == "kda" else ops.gdn_fwd
+        o, ht = op(*args)
+        h = None
     if state_v_first:
-        ht = ht.transpose(-1, -2).contiguous()
-    return o, ht
+        ht = ht.transpose(-1, -2).contiguous() if output_final_state else None
+        h = h.transpose(-1, -2).contiguous() if h is not None else None
+    ht = ht if output_final_state else None
+    return (o, ht, h) if return_intermediate_states else (o, ht)
+
+
+def _require_inference(flag: str, *tensors) -> None:
+    """FLA's inference-only outputs bypass autograd: refuse them where a gradient is wanted."""
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                       for t in tensors):
+        raise KdagenInputError(
+            f"{flag}: the intermediate states are for inference and bypass autograd, but an "
+            f"input requires grad; call under torch.inference_mode() (or torch.no_grad())")
 
 
 def chunk_kda(
@@ -223,13 +235,17 @@ def chunk_kda(
     - ``scale`` defaults to ``K ** -0.5``; ``initial_state`` ``[N, HV, K, V]`` (``[N, HV, V, K]``
       with ``state_v_first``) in fp32, or bf16/fp16 (computed in fp32); ``cu_seqlens``
       ``[N + 1]`` int32/int64 (a tensor or a list) with B = 1 (varlen).
+    - ``return_intermediate_states`` (inference: under ``torch.inference_mode()``): also return
+      h ``[B, NT, HV, K, V]`` in q's dtype, the state entering each chunk of 64 tokens (varlen:
+      B = 1, NT the chunks of all sequences; this reads ``cu_seqlens`` on the host, as FLA does).
     - ``chunk_size``: FLA's values (32 or 64) are accepted; kdagen chooses its own chunk size
       (the result does not depend on it). FLA's tuning keywords ``chunk_indices``,
       ``cu_seqlens_cpu``, ``disable_recompute`` are accepted and ignored.
 
     Returns ``(o, final_state)``: o ``[B, T, HV, V]`` in v's dtype, final_state float32
     ``[N, HV, K, V]`` (``[N, HV, V, K]`` with ``state_v_first``) with ``output_final_state``,
-    else None. Differentiable in q, k, v, g, beta, A_log, dt_bias and initial_state.
+    else None; ``(o, final_state, h)`` with ``return_intermediate_states``. Differentiable in
+    q, k, v, g, beta, A_log, dt_bias and initial_state.
     """
     check_fla_kwargs("chunk_kda", fla_kwargs)
     return _call("kda", q, k, v, g, beta, scale=scale, initial_state=initial_state,

@@ -206,6 +206,42 @@ def _bwd_impl(family, do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, 
             res["dh0"] if initial_state is not None else _empty(q))
 
 
+def forward_with_chunk_states(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens,
+                              scale, output_final_state, use_qk_l2norm_in_kernel,
+                              use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
+                              safe_gate, lower_bound):
+    """The forward plus the state entering every chunk (FLA's ``return_intermediate_states``,
+    for inference: no autograd). Returns ``(o, final_state or None, h)`` with h
+    ``[B, NT, HV, K, V]`` in q's dtype (``NT = ceil(T / 64)``; varlen: B = 1 and NT the chunks
+    of all sequences, which reads ``cu_seqlens`` on the host)."""
+    sizes = _check(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens,
+                   use_gate_in_kernel, safe_gate, lower_bound)
+    opts = program_options(
+        family, q, v, g=g, beta=beta, use_initial_state=initial_state is not None,
+        varlen=cu_seqlens is not None, output_final_state=output_final_state,
+        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_gate_in_kernel=use_gate_in_kernel,
+        use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
+        safe_gate=safe_gate, lower_bound=lower_bound)
+    opts["output_chunk_states"] = True
+    inputs = _program_inputs(family, sizes, q, k, v, g, beta, A_log, dt_bias, initial_state,
+                             cu_seqlens, scale, use_gate_in_kernel, use_beta_sigmoid_in_kernel)
+    C = CHUNK_SIZE
+    if cu_seqlens is None:
+        per_seq = -(-sizes.T // C)
+        rows, lead = sizes.B * per_seq, (sizes.B, per_seq)
+    else:
+        lens = torch.diff(cu_seqlens.detach().to("cpu", torch.int64)).tolist()
+        rows = sum(-(-n // C) for n in lens)
+        lead = (1, rows)
+    outputs = {"o": OutSpec(tuple(v.shape), v.dtype),
+               "chunk_states": OutSpec((rows, sizes.HV, sizes.K, sizes.V), q.dtype)}
+    if output_final_state:
+        outputs["final_state"] = OutSpec((sizes.N, sizes.HV, sizes.K, sizes.V), torch.float32)
+    res = backends.get_executor(q.device).run(f"{family}_fwd", opts, inputs, outputs)
+    h = res["chunk_states"][:rows].reshape(*lead, sizes.HV, sizes.K, sizes.V)
+    return res["o"], (res["final_state"] if output_final_state else None), h
+
+
 def _check_cotangent(name, x, shape, device):
     if not isinstance(x, Tensor):
         raise KdagenInputError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")

@@ -2,6 +2,7 @@
 strided inputs, FLA's argument forms (A_log [1, 1, HV, 1], dt_bias None, A_log None with the
 lower-bound gate, bf16 states, state_v_first, cu_seqlens as a list, chunk_size), layout
 mix-up hints, and the error without the compiler package."""
+import functools
 import subprocess
 import sys
 import textwrap
@@ -17,7 +18,7 @@ from kdagen.validation import KdagenInputError
 B, T, H, HV, K, V = 1, 20, 1, 2, 64, 64
 
 
-def inputs(family="kda", seed=0, **over):
+def inputs(family="kda", seed=0, T=T, N=B, **over):
     gen = torch.Generator().manual_seed(seed)
     rnd = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
     gshape = (B, T, HV, K) if family == "kda" else (B, T, HV)
@@ -25,7 +26,7 @@ def inputs(family="kda", seed=0, **over):
              v=rnd(B, T, HV, V).bfloat16(),
              g=-torch.rand(*gshape, generator=gen) * 0.5,
              beta=torch.rand(B, T, HV, generator=gen),
-             initial_state=rnd(B, HV, K, V) * 0.3)
+             initial_state=rnd(N, HV, K, V) * 0.3)
     x.update(over)
     return x
 
@@ -205,3 +206,42 @@ def test_fp32_gate_and_beta_keep_their_storage_type():
     o32, _ = run(**x)
     o16, _ = run(**dict(x, g=x["g"].bfloat16().float()))
     assert not torch.equal(o32, o16)
+
+
+@pytest.mark.parametrize("family,varlen", [("kda", False), ("kda", True), ("gdn", True)])
+def test_return_intermediate_states(family, varlen):
+    """h[:, i] is the state entering chunk i (64 tokens): the final state of the same call on
+    the tokens before it; FLA's shapes [B, NT, HV, K, V] (varlen: B = 1, NT over all
+    sequences), q's dtype, state_v_first transposes it."""
+    api = kdagen.chunk_kda if family == "kda" else kdagen.chunk_gated_delta_rule
+    fn = functools.partial(api, use_qk_l2norm_in_kernel=True)   # unnormalised keys diverge
+    Tl = 150
+    lens = [70, 80] if varlen else [Tl]
+    x = inputs(family, T=Tl, N=len(lens))
+    cu = [0, 70, Tl] if varlen else None
+    with torch.inference_mode():
+        o, ht, h = fn(**x, cu_seqlens=cu, output_final_state=True, return_intermediate_states=True)
+        o2, ht2 = fn(**x, cu_seqlens=cu, output_final_state=True)
+        _, _, hv = fn(**dict(x, initial_state=x["initial_state"].transpose(-1, -2).contiguous()),
+                      cu_seqlens=cu, return_intermediate_states=True, state_v_first=True)
+    NT = sum(-(-n // 64) for n in lens)
+    assert h.shape == (1, NT, HV, K, V) and h.dtype == x["q"].dtype
+    assert torch.equal(o, o2) and torch.equal(ht, ht2)
+    assert torch.equal(hv, h.transpose(-1, -2))
+    row, start = 0, 0
+    for n, L in enumerate(lens):
+        for c in range(-(-L // 64)):
+            if c == 0:
+                want = x["initial_state"][n]
+            else:
+                sub = {k2: (t[:, start:start + 64 * c] if k2 != "initial_state" else t[n:n + 1])
+                       for k2, t in x.items()}
+                with torch.inference_mode():
+                    _, want = fn(**sub, output_final_state=True)
+                want = want[0]
+            got = h[0, row].float()
+            assert torch.allclose(got, want.to(h.dtype).float(), rtol=2e-2, atol=2e-2), (n, c)
+            row += 1
+        start += L
+    with pytest.raises(KdagenInputError, match="^return_intermediate_states: .*inference_mode"):
+        fn(**{n: leaf(t) for n, t in x.items()}, cu_seqlens=cu, return_intermediate_states=True)

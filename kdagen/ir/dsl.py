@@ -765,6 +765,13 @@ class ProgramBuilder:
         return _op1("load_state", tile_type(mem.tail, mem.dtype), [mem], {"name": _str(mem.name)},
                     name or f"{mem.name}_h")
 
+    def store_chunk(self, mem, chunk, tile, name=None):
+        """Store one tile per chunk into a ``chunk``-layout buffer (row = the chunk's slot:
+        sequences' chunks numbered consecutively)."""
+        mem = self.mems[mem] if isinstance(mem, str) else mem
+        create("store_chunk", [], [mem, chunk, _as_tile(tile)._plain()],
+               {"name": _str(name or mem.name)})
+
     def store_state(self, mem, tile, name=None):
         mem = self.mems[mem] if isinstance(mem, str) else mem
         create("store_state", [], [mem, _as_tile(tile)._plain()], {"name": _str(name or mem.name)})

@@ -50,6 +50,8 @@ DEFAULT_OPTIONS = {
     "allow_neg_eigval": (False, "beta = 2 * sigmoid(beta_raw) (needs use_beta_sigmoid_in_kernel)"),
     "use_initial_state": (True, "read initial_state [N, HV, K, V]"),
     "output_final_state": (True, "write final_state [N, HV, K, V]"),
+    "output_chunk_states": (False, "forward: write chunk_states [chunks, HV, K, V], the state "
+                                   "at the start of every chunk (FLA's return_intermediate_states)"),
     "varlen": (False, "sequences given by cu_seqlens (B = 1)"),
 }
 
@@ -92,7 +94,7 @@ def _resolve(family: str, options: dict) -> tuple[dict, Gate, dict]:
     if not isinstance(opts["gva_ratio"], int) or isinstance(opts["gva_ratio"], bool) or opts["gva_ratio"] < 1:
         raise ProgramOptionError(f"gva_ratio: expected a positive int, got {opts['gva_ratio']!r}")
     for flag in ("use_qk_l2norm_in_kernel", "use_beta_sigmoid_in_kernel", "allow_neg_eigval",
-                 "use_initial_state", "output_final_state", "varlen"):
+                 "use_initial_state", "output_final_state", "output_chunk_states", "varlen"):
         if not isinstance(opts[flag], bool):
             raise ProgramOptionError(f"{flag}: expected true or false, got {opts[flag]!r}")
     if opts["allow_neg_eigval"] and not opts["use_beta_sigmoid_in_kernel"]:
@@ -123,6 +125,8 @@ def _delta_rule_fwd(family: str, name: str, options: dict) -> ir.Module:
                  use_beta_sigmoid_in_kernel=opt["use_beta_sigmoid_in_kernel"],
                  allow_neg_eigval=opt["allow_neg_eigval"], use_initial_state=opt["use_initial_state"],
                  output_final_state=opt["output_final_state"], varlen=opt["varlen"])
+    if opt["output_chunk_states"]:
+        attrs["output_chunk_states"] = True
     p = ProgramBuilder(name, attrs)
 
     # ---- arguments (FLA names) --------------------------------------------------------
@@ -143,6 +147,9 @@ def _delta_rule_fwd(family: str, name: str, options: dict) -> ir.Module:
     p.output("o", "token", [V], dt, heads="v")
     if opt["output_final_state"]:
         p.output("final_state", "state", [K, V], "fp32", grad_name="dht")
+    if opt["output_chunk_states"]:
+        # inference only (FLA's return_intermediate_states): in the storage type, as FLA's h
+        p.output("chunk_states", "chunk", [K, V], dt, heads="v")
 
     with p.body():
         scale = p.scalar("scale")
@@ -151,6 +158,8 @@ def _delta_rule_fwd(family: str, name: str, options: dict) -> ir.Module:
 
         scan = p.scan([S0], names=["S"], name="S_final")
         with scan as (c, S):
+            if opt["output_chunk_states"]:
+                p.store_chunk("chunk_states", c, S.to(dt))   # the state entering chunk c
             # -- chunk c of the inputs (rows past the sequence end read as 0), fp32 math
             qf = p.load("q", c).f32()
             kf = p.load("k", c).f32()
