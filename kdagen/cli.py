@@ -33,7 +33,19 @@ class _HeadDims(click.ParamType):
             self.fail(str(err), param, ctx)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _KdagenGroup(click.Group):
+    """Commands that need the compiler say how to install it, without a traceback."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except ModuleNotFoundError as err:
+            if not (err.name or "").startswith("numba_cuda_mlir"):
+                raise
+            raise click.ClickException(str(err)) from None
+
+
+@click.group(cls=_KdagenGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="kdagen")
 def main():
     """kdagen: chunked gated-delta attention kernels (KDA, GDN) from a DSL, through MLIR, to PTX."""

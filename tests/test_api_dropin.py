@@ -245,3 +245,18 @@ def test_return_intermediate_states(family, varlen):
         start += L
     with pytest.raises(KdagenInputError, match="^return_intermediate_states: .*inference_mode"):
         fn(**{n: leaf(t) for n, t in x.items()}, cu_seqlens=cu, return_intermediate_states=True)
+
+
+def test_cli_without_the_compiler_names_the_install():
+    code = textwrap.dedent("""
+        import sys
+        sys.modules["numba_cuda_mlir"] = None      # as if it were not installed
+        from kdagen.cli import main
+        main(["emit", "-o", sys.argv[1], "--arch", "sm_90a", "--op", "kda"])
+    """)
+    import tempfile
+    out = subprocess.run([sys.executable, "-c", code, tempfile.mkdtemp()], capture_output=True,
+                         text=True)
+    assert out.returncode == 1, out
+    assert out.stderr.startswith("Error: this needs kdagen's compiler"), out.stderr
+    assert "pip install 'kdagen[compiler]'" in out.stderr and "Traceback" not in out.stderr
