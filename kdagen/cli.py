@@ -349,8 +349,12 @@ def show(program, stage, arch, options, dump_before, dump_after, time_passes):
 @click.argument("mlir_file", type=click.File("r"))
 @click.option("-p", "--pipeline", default="", help="Passes to run, e.g. "
               "'kda-stable-reassociate,kda-partition{fuse=true}' (empty: parse, verify, print).")
+@click.option("--no-verify-on-parse", is_flag=True,
+              help="Do not check the kda shape rules when parsing (MLIR's own verifier still "
+                   "runs), so that malformed input reaches the pipeline, e.g. to test that the "
+                   "verify pass rejects it.")
 @_pipeline_options
-def opt(mlir_file, pipeline, dump_before, dump_after, time_passes):
+def opt(mlir_file, pipeline, no_verify_on_parse, dump_before, dump_after, time_passes):
     """Parse a kda-dialect MLIR file, run a pass pipeline on it, verify and print it."""
     from .ir.dialect import parse_module
     from .passes.base import PipelineSyntaxError, parse_pipeline
@@ -360,7 +364,7 @@ def opt(mlir_file, pipeline, dump_before, dump_after, time_passes):
         raise click.ClickException(f"-p: {err}")
     text = mlir_file.read()
     try:
-        module = parse_module(text)
+        module = parse_module(text, check_shapes=not no_verify_on_parse)
     except Exception as err:  # the MLIR diagnostic is the useful part of any parse/verify error
         raise click.ClickException(f"{mlir_file.name}: {err}")
     restore_value_names(module, text)
