@@ -104,8 +104,13 @@ class WarpSpecializePass(ModulePass):
         users = [u.owner for u in value.uses]
         if not users:
             return
-        order = {op: i for i, op in enumerate(ops)}
-        first = min(users, key=lambda u: order.get(u.operation if hasattr(u, "operation") else u, 0))
+        def position(u):
+            # By identity, not a dict: an operation's hash changes when its operands are
+            # rewritten below, so a dict lookup would miss and the release land too early.
+            u = u.operation if hasattr(u, "operation") else u
+            return next((i for i, op in enumerate(ops) if op == u), 0)
+
+        first = min(users, key=position)
         first = first.operation if hasattr(first, "operation") else first
         wait = ir.Operation.create("kda.pipeline_wait", results=[value.type], operands=[value],
                                    attributes={"slot": _i64(slot),
@@ -117,8 +122,7 @@ class WarpSpecializePass(ModulePass):
                 for i, operand in enumerate(user.operands):
                     if operand == value:
                         user.operands[i] = wait.results[0]
-        last = max((u.owner for u in wait.results[0].uses),
-                   key=lambda u: order.get(u.operation if hasattr(u, "operation") else u, 0))
+        last = max((u.owner for u in wait.results[0].uses), key=position)
         last = last.operation if hasattr(last, "operation") else last
         if last.name == "gpu.yield":
             raise PassError("kda-warp-specialize: a loaded tile is carried across chunks")

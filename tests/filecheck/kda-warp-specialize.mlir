@@ -81,14 +81,10 @@ module {
 
 // -----
 
-// A tile used by two ops must be released after the later one (the module docstring: "after
-// its last use kda.pipeline_release"). The pass releases k right after the mul instead, before
-// the add still reads it: _guard_uses orders the users with a dict keyed by operations, and an
-// operation's hash changes when its operands are rewritten, so every lookup misses and `last`
-// is the first user in the use list. (Seen in kda_fwd_state: G_C; kda_bwd: 7 of 32 tiles. The
-// lowerings do not read the release's position today: portable ignores it, sm90-native
-// releases a whole stage per chunk.)
-// XFAIL: kda-warp-specialize places pipeline_release before the last use of a tile
+// A tile used by two ops is released after the later one (the module docstring: "after its
+// last use kda.pipeline_release"). Regression: _guard_uses once ordered the users with a dict
+// keyed by operations, whose hashes change when operands are rewritten, so the release landed
+// after the first user (kda_fwd_state: G_C; kda_bwd: 7 of 32 tiles).
 // CHECK-LABEL: func.func @two_uses
 // CHECK:         %[[KW:.*]] = "kda.pipeline_wait"
 // CHECK:         "kda.add"({{.*}}%[[KW]]
