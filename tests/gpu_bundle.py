@@ -1,6 +1,8 @@
-"""Finding the first kernel's bundle for its GPU test."""
+"""Bundles for the GPU tests: finding the first kernel's bundle, writing the variants a test
+file uses into one bundle, and the skip/xfail around kernel calls."""
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 
@@ -22,3 +24,30 @@ def bundle_for_tests(chip: str) -> str:
     out = tempfile.mkdtemp(prefix="kdagen-test-bundle-")
     emit_bundle(out, [get_target(chip)])
     return out
+
+
+@contextlib.contextmanager
+def kernels_or_skip():
+    """Around a GPU call: no bundle -> skip (saying how to emit one); no launcher -> xfail."""
+    from kdagen.runtime.backends import BundleNotFoundError, KernelLaunchNotImplemented
+    try:
+        yield
+    except KernelLaunchNotImplemented as err:
+        pytest.xfail(f"GPU launcher not available yet: {err}")
+    except BundleNotFoundError as err:
+        pytest.skip(f"no kernel bundle: {err}")
+
+
+def write_variants_bundle(variants, out_dir: str, chip: str = "sm_90a") -> None:
+    """Lower every (program, options) of a GPU test file into one bundle (on a machine with
+    the compiler, no GPU needed); the tests then run with KDAGEN_BUNDLE=out_dir."""
+    import time
+
+    from kdagen.codegen.lower.bundle import DEFAULT_LOWERING, write_bundle
+
+    for program, options in variants:
+        start = time.time()
+        write_bundle(out_dir, [(program, options)], [chip], lower_options=DEFAULT_LOWERING)
+        print(f"{program} {options} ({time.time() - start:.1f} s)", flush=True)
+    print(f"wrote {len(variants)} variants for {chip} to {out_dir}; run the tests with "
+          f"KDAGEN_BUNDLE={out_dir}")

@@ -12,7 +12,6 @@ import pytest
 import torch
 
 import kdagen
-from kdagen import reference as R
 from kdagen.validation import KdagenInputError
 
 B, T, H, HV, K, V = 1, 20, 1, 2, 64, 64

@@ -184,15 +184,6 @@ def variants_used() -> list:
 
 if __name__ == "__main__":
     import sys
-    import time
 
-    from kdagen.codegen.lower.bundle import DEFAULT_LOWERING, write_bundle
-
-    out_dir, chip = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else "sm_90a")
-    variants = variants_used()
-    for program, options in variants:
-        start = time.time()
-        write_bundle(out_dir, [(program, options)], [chip], lower_options=DEFAULT_LOWERING)
-        print(f"{program} {options} ({time.time() - start:.1f} s)", flush=True)
-    print(f"wrote {len(variants)} variants for {chip} to {out_dir}; run the tests with "
-          f"KDAGEN_BUNDLE={out_dir}")
+    from gpu_bundle import write_variants_bundle
+    write_variants_bundle(variants_used(), sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "sm_90a")

@@ -5,29 +5,17 @@ first use) against the float64 reference with DESIGN.md §5's bars; no host sync
 forward or backward; torch.compile. While the GPU launcher (kdagen.codegen.lower.launch) does
 not exist, the bundle executor raises KernelLaunchNotImplemented and these tests xfail saying so.
 """
-import contextlib
-
 import pytest
 import torch
 
 import kdagen
 from kdagen import reference as R
-from kdagen.runtime.backends import BundleNotFoundError, KernelLaunchNotImplemented
 
 from conftest import requires_gpu
+from gpu_bundle import kernels_or_skip
 from test_api import BARS, make_inputs
 
 pytestmark = [requires_gpu, pytest.mark.gpu]
-
-
-@contextlib.contextmanager
-def launcher_or_xfail():
-    try:
-        yield
-    except KernelLaunchNotImplemented as err:
-        pytest.xfail(f"GPU launcher not available yet: {err}")
-    except BundleNotFoundError as err:
-        pytest.skip(f"no kernel bundle: {err}")
 
 
 def to_cuda(x, flags):
@@ -58,7 +46,7 @@ def test_gpu_matches_reference(name, dtype):
     xc, fc = to_cuda(x, flags)
     fn = kdagen.chunk_kda if family == "kda" else kdagen.chunk_gated_delta_rule
     ref_fn = R.chunk_kda if family == "kda" else R.chunk_gated_delta_rule
-    with launcher_or_xfail():
+    with kernels_or_skip():
         o, ht = fn(**xc, **fc)
         gen = torch.Generator().manual_seed(1)
         do = torch.randn(o.shape, generator=gen).to(o.dtype).cuda()
@@ -78,7 +66,7 @@ def test_gpu_no_host_sync_in_forward_and_backward():
     x, flags = make_inputs("kda", dtype=torch.bfloat16, lengths=[10, 100, 30], H=1, HV=2,
                            gate="softplus", beta_sigmoid=True)
     xc, fc = to_cuda(x, flags)
-    with launcher_or_xfail():
+    with kernels_or_skip():
         o, ht = kdagen.chunk_kda(**xc, **fc)           # warm-up: bundle lookup, module load
         (o.float().sum() + ht.sum()).backward()
         torch.cuda.synchronize()
@@ -100,7 +88,7 @@ def test_gpu_compile_matches_eager():
         o, ht = kdagen.chunk_gated_delta_rule(**dict(zip(names, ts)), **fc)
         return (o.float() ** 2).mean() + ht.square().mean()
 
-    with launcher_or_xfail():
+    with kernels_or_skip():
         ge = torch.autograd.grad(step(*xc.values()), list(xc.values()))
         compiled = torch.compile(step, fullgraph=True)
         gc = torch.autograd.grad(compiled(*xc.values()), list(xc.values()))
@@ -137,18 +125,9 @@ def variants_used() -> list:
 
 if __name__ == "__main__":
     import sys
-    import time
 
-    from kdagen.codegen.lower.bundle import DEFAULT_LOWERING, write_bundle
-
-    out_dir, chip = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else "sm_90a")
-    variants = variants_used()
-    for program, options in variants:
-        start = time.time()
-        write_bundle(out_dir, [(program, options)], [chip], lower_options=DEFAULT_LOWERING)
-        print(f"{program} {options} ({time.time() - start:.1f} s)", flush=True)
-    print(f"wrote {len(variants)} variants for {chip} to {out_dir}; run the GPU tests with "
-          f"KDAGEN_BUNDLE={out_dir}")
+    from gpu_bundle import write_variants_bundle
+    write_variants_bundle(variants_used(), sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "sm_90a")
 
 
 def _training_step(static, names, flags):
@@ -169,7 +148,7 @@ def test_gpu_cuda_graph_capture_and_replay_match_eager():
     xc, fc = to_cuda(x, flags)
     names = list(xc)
     static = {n: t.detach().clone().requires_grad_(True) for n, t in xc.items()}
-    with launcher_or_xfail():
+    with kernels_or_skip():
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):                      # warm-up: lookup, module loads
@@ -195,7 +174,7 @@ def test_gpu_two_runs_are_bitwise_identical():
     x, flags = _varlen_case(seed=5)
     xc, fc = to_cuda(x, flags)
     names = list(xc)
-    with launcher_or_xfail():
+    with kernels_or_skip():
         first = _training_step(xc, names, fc)
         second = _training_step(xc, names, fc)
     for i, (a, b) in enumerate(zip(first, second)):

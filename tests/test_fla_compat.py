@@ -36,7 +36,6 @@ bundle with every program variant these tests ask for; run them with ``KDAGEN_BU
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import warnings
 from types import SimpleNamespace
@@ -48,6 +47,7 @@ import torch.nn.functional as F
 import kdagen
 
 from conftest import requires_gpu
+from gpu_bundle import kernels_or_skip
 
 pytestmark = [requires_gpu, pytest.mark.gpu]
 
@@ -144,18 +144,6 @@ def fla():
         fused_recurrent_kda=fused_recurrent_kda,
         naive_recurrent_gated_delta_rule=naive_recurrent_gated_delta_rule,
         naive_gdn_gate=naive_gdn_gate)
-
-
-@contextlib.contextmanager
-def kernels_or_skip():
-    """As in test_api_gpu: no bundle -> skip; no GPU launcher yet -> xfail."""
-    from kdagen.runtime.backends import BundleNotFoundError, KernelLaunchNotImplemented
-    try:
-        yield
-    except KernelLaunchNotImplemented as err:
-        pytest.xfail(f"GPU launcher not available yet: {err}")
-    except BundleNotFoundError as err:
-        pytest.skip(f"no kernel bundle: {err}")
 
 
 # ------------------------------------------------------------------------------------------
@@ -1324,7 +1312,6 @@ def variants_used(verbose: bool = False) -> tuple[list, list[str]]:
 
 if __name__ == "__main__":
     import sys
-    import time
 
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     list_only = "--list" in sys.argv[1:]
@@ -1336,15 +1323,8 @@ if __name__ == "__main__":
             print(program, options)
         print(f"{len(variants)} variants")
     else:
-        from kdagen.codegen.lower.bundle import DEFAULT_LOWERING, write_bundle
-
-        out_dir, chip = args[0], (args[1] if len(args) > 1 else "sm_90a")
-        for program, options in variants:
-            start = time.time()
-            write_bundle(out_dir, [(program, options)], [chip], lower_options=DEFAULT_LOWERING)
-            print(f"{program} {options} ({time.time() - start:.1f} s)", flush=True)
-        print(f"wrote {len(variants)} variants for {chip} to {out_dir}; run the tests with "
-              f"KDAGEN_BUNDLE={out_dir} pytest tests/test_fla_compat.py")
+        from gpu_bundle import write_variants_bundle
+        write_variants_bundle(variants, args[0], args[1] if len(args) > 1 else "sm_90a")
     if failures:
         print(f"\n{len(failures)} case(s) could not be enumerated (their kdagen calls failed on "
               f"CPU, so they will fail on the GPU too):", file=sys.stderr)
