@@ -14,7 +14,7 @@ def bundle_for_tests(chip: str) -> str:
     if path:
         return path
     try:
-        from kdagen.codegen.target import get_target
+        from kdagen.target import get_target
         from kdagen.emit import emit_bundle
     except ImportError:
         pytest.skip("no KDAGEN_FIRST_KERNEL_BUNDLE and the MLIR package is not importable to "

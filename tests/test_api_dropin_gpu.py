@@ -186,7 +186,7 @@ if __name__ == "__main__":
     import sys
     import time
 
-    from kdagen.codegen.lower.bundle import DEFAULT_LOWERING, write_bundle
+    from kdagen.bundle_writer import DEFAULT_LOWERING, write_bundle
 
     out_dir, chip = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else "sm_90a")
     variants = variants_used()

@@ -2,7 +2,7 @@
 
 The API on CUDA tensors (the bundle executor: $KDAGEN_BUNDLE, the kernel cache, or compile on
 first use) against the float64 reference with DESIGN.md §5's bars; no host synchronisation in
-forward or backward; torch.compile. While the GPU launcher (kdagen.codegen.lower.launch) does
+forward or backward; torch.compile. While the GPU launcher (kdagen.runtime.launch) does
 not exist, the bundle executor raises KernelLaunchNotImplemented and these tests xfail saying so.
 """
 import contextlib
@@ -139,7 +139,7 @@ if __name__ == "__main__":
     import sys
     import time
 
-    from kdagen.codegen.lower.bundle import DEFAULT_LOWERING, write_bundle
+    from kdagen.bundle_writer import DEFAULT_LOWERING, write_bundle
 
     out_dir, chip = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else "sm_90a")
     variants = variants_used()

@@ -1336,7 +1336,7 @@ if __name__ == "__main__":
             print(program, options)
         print(f"{len(variants)} variants")
     else:
-        from kdagen.codegen.lower.bundle import DEFAULT_LOWERING, write_bundle
+        from kdagen.bundle_writer import DEFAULT_LOWERING, write_bundle
 
         out_dir, chip = args[0], (args[1] if len(args) > 1 else "sm_90a")
         for program, options in variants:
