@@ -39,6 +39,9 @@ SOURCE_OPS = FREE_OPS | RELOAD_OPS
 # chunk in sequence there, while the chunk kernel runs all chunks in parallel.
 STATE_BANNED_OPS = ops_with(kind=("matrix", "solve"))
 MATMUL_OPS = ops_with(kind="matrix")
+# the per-chunk tiles a kernel moves through HBM (load/store, load_chunk/store_chunk)
+CHUNK_LOADS = ops_with(effect="read", kind="memory", operand="chunk")
+CHUNK_STORES = ops_with(effect="write", operand="chunk")
 
 
 def _banned_from_state(op) -> bool:
@@ -105,9 +108,9 @@ def hbm_bytes_per_token(scan) -> float:
     total = 0
     for op in scan.regions[0].blocks[0].operations:
         name = op.operation.name
-        if name in ("kda.load", "kda.load_chunk"):
+        if name in CHUNK_LOADS:
             total += tile_bytes(op.results[0].type)
-        elif name in ("kda.store", "kda.store_chunk"):
+        elif name in CHUNK_STORES:
             total += tile_bytes(op.operands[2].type)
     return total / rows
 

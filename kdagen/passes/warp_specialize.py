@@ -24,13 +24,12 @@ from dataclasses import dataclass, replace
 
 from .._mlir import ir
 from ..ir.accessors import module_target
-from ..ir.dialect import ops_with
 from ..ir.transforms import walk
 from .base import ModulePass, PassError, register_pass
-from .partition import tile_bytes
+from .partition import CHUNK_LOADS, tile_bytes
 
 # the loads of a chunk's tiles (load, load_chunk): what the producer streams per chunk
-PRODUCER_OPS = ops_with(effect="read", kind="memory", operand="chunk")
+PRODUCER_OPS = CHUNK_LOADS
 
 
 def _i64(v: int) -> ir.Attribute:

@@ -46,7 +46,7 @@ from . import backend as B
 from . import tiles as T_
 from .mlir_backend import MlirBackend, W64
 from .options import LowerOptions
-from .plan import MATRIX_OPS, KernelGroup, LoweringError
+from .plan import MATRIX_OPS, STORE_OPS, KernelGroup, LoweringError
 from .program import Program, Value, walk
 from .storage import StoragePlan, buffer_strides
 
@@ -311,7 +311,7 @@ class TileKernelEmitter:
             return  # synchronisation marker: every op is followed by a barrier already
         if op in ("gpu.yield", "func.return"):
             raise LoweringError(f"unexpected {op}")
-        if op in ("kda.store", "kda.store_state", "kda.store_chunk"):
+        if op in STORE_OPS:
             self.store(n)
             B.barrier()
             return

@@ -49,6 +49,7 @@ EXPR_OPS = (ops_with(kind=("elementwise", "shape")) | ops_with(effect="read", ki
 NOOP_OPS = ops_with(kind="pipeline") - VIEW_OPS
 STORE_OPS = ops_with(effect="write")
 LOAD_OPS = ops_with(effect="read")
+CHUNK_LOADS = ops_with(effect="read", kind="memory", operand="chunk")   # load, load_chunk
 PURE_OPS = EXPR_OPS | VIEW_OPS | MATRIX_OPS | NOOP_OPS | ops_with(kind="source") \
     | ops_with(effect="alloc")
 # consumers that read each element of an operand more than once (or at other indices while

@@ -50,7 +50,7 @@ from . import backend as B
 from . import tiles as T_
 from .emitter import Geometry, TileKernelEmitter, mem_info
 from .mlir_backend import MlirBackend
-from .plan import MULTI_READ, NOOP_OPS, VIEW_OPS, LoweringError
+from .plan import CHUNK_LOADS, MULTI_READ, NOOP_OPS, VIEW_OPS, LoweringError
 from .program import walk
 
 PATH_NAME = "sm90-native"
@@ -231,7 +231,7 @@ def tma_candidates(program, group) -> list:
     slots = []
     for scan in group.scans if len(group.scans) == 1 else []:
         for m in scan.body.nodes:
-            if m.op in ("kda.load", "kda.load_chunk") and m.attrs.get("kda.role") == "producer":
+            if m.op in CHUNK_LOADS and m.attrs.get("kda.role") == "producer":
                 s = _tma_slot(m, program)
                 if s is not None:
                     slots.append(s)
