@@ -44,7 +44,8 @@ def main(argv=None) -> int:
     ap.add_argument("--path", default="portable", choices=["portable", "native"],
                     help="native: the chip's own path (sm_90a: TMA + wgmma + warp specialisation)")
     args = ap.parse_args(argv)
-    from kdagen.codegen.lower.bundle import variant_name, write_bundle
+    from kdagen.bundle_writer import write_bundle
+    from kdagen.runtime.bundle import variant_name
     variants = bench_variants(args.ops.split(","))
     for program, options in variants:
         start = time.time()

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .bundle import read_manifest
+from .runtime.bundle import read_manifest
 from .codegen import ptxas as ptxas_mod
 
 

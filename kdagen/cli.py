@@ -13,7 +13,7 @@ class _ArchList(click.ParamType):
     name = "ARCH[,ARCH...]"
 
     def convert(self, value, param, ctx):
-        from .codegen.target import UnknownTargetError, parse_arch_list
+        from .target import UnknownTargetError, parse_arch_list
         if not isinstance(value, str):
             return value
         try:
@@ -147,7 +147,10 @@ def _emit_table(rows: list[dict], verbose: bool) -> str:
               help="Print the full table: whole kernel names, spill stores and loads, stack and "
                    "tile bytes (also in the bundle's manifest.json).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress report on stderr.")
-def emit(out_dir, op, targets, head_dims, gate, path, verbose, quiet):
+@click.option("--dump-stages", "dump_dir", default=None, type=click.Path(file_okay=False),
+              help="Also write every stage of every compilation (kda, each pass, gpu, ptx, "
+                   "ptxas's report) to DIR/<variant>.<chip>/ (`kdagen show --stage` prints one).")
+def emit(out_dir, op, targets, head_dims, gate, path, verbose, quiet, dump_dir):
     """Generate kernels for each chip into a bundle (manifest.json + .ptx/.cubin).
 
     The bundle replaces the one an earlier emit left in the folder (its kernel files that the
@@ -170,7 +173,7 @@ def emit(out_dir, op, targets, head_dims, gate, path, verbose, quiet):
             ops = ["kda", "gdn"] if op == "all" else [op]
             try:
                 rows = emit_programs(out_dir, targets, ops, head_dim=head_dims, gate=gate,
-                                     path=path, progress=progress)
+                                     path=path, progress=progress, dump_dir=dump_dir)
             except ValueError as err:
                 raise click.ClickException(str(err))
             failed = []
@@ -196,7 +199,7 @@ def check(bundle_dir, verbose, quiet):
     """Assemble every PTX of a bundle with ptxas for its chip (exit 1 on any failure).
 
     Progress goes to stderr (a bar on a terminal, one line per kernel otherwise)."""
-    from .bundle import BundleError
+    from .runtime.bundle import BundleError
     from .check import check_bundle
     from .codegen.ptxas import PtxasNotFound
     from .table import sort_chips
@@ -312,37 +315,52 @@ def _run_passes(module, passes, dump_before, dump_after, time_passes, keep_stage
 @main.command(cls=_ShowCommand)
 @click.argument("program")
 @click.option("--stage", default="dsl", show_default=True,
-              help="'dsl' (as the DSL built it), 'final' (after the whole pipeline) or the name of "
-                   "a pass of the pipeline (the IR right after it).")
-@click.option("--arch", default="sm_90a", show_default=True, help="Chip whose pipeline to run.")
+              help="'dsl' (or 'kda': as the DSL built it), the name of a pass of the pipeline "
+                   "(the IR right after it), 'final' (after the whole pipeline), 'gpu' (the "
+                   "kernels in gpu/nvvm/llvm dialects), 'ptx' or 'cubin' (ptxas's report).")
+@click.option("--arch", default="sm_90a", show_default=True,
+              help="Chip to compile for (its pipeline, lowering path, PTX).")
 @click.option("--option", "options", multiple=True, metavar="KEY=VALUE",
               help="Program option, e.g. --option chunk_size=64 --option gate=lower_bound "
                    "(the keys: below).")
 @_pipeline_options
 def show(program, stage, arch, options, dump_before, dump_after, time_passes):
-    """Print a program's MLIR at a stage of its pipeline."""
+    """Print a program at a stage of its compilation (MLIR, PTX, ptxas's report).
+
+    The stages are those of `kdagen emit` (the chip's pipeline, then the default lowering: the
+    chip's native path where kdagen has one); the lowered stages print one section per kernel."""
+    from .driver import BACKEND_STAGES, DEFAULT_LOWERING, Compilation
     from .ir import programs
     from .passes.base import PipelineSyntaxError
-    from .passes.pipelines import pipeline_for
+    from .passes.pipeline import PassFailure
+    from .target import UnknownTargetError
     known = [name for name, _ in programs.list_programs()]
     if program not in known:
         raise click.ClickException(f"unknown program {program!r}; choose one of "
                                    f"{', '.join(known)} (`kdagen list` describes them)")
     try:
-        module = programs.build_program(program, **_parse_options(options))
-        passes = [] if stage == "dsl" else pipeline_for(arch)
+        comp = Compilation(program, _parse_options(options), arch, lower=DEFAULT_LOWERING,
+                           dump_before=dump_before, dump_after=dump_after,
+                           time_passes=time_passes)
+    except UnknownTargetError as err:
+        raise click.ClickException(f"--arch: {err}")
+    names = comp.pass_names()
+    aliases = {"dsl": "kda", "final": names[-1] if names else "kda"}
+    wanted = aliases.get(stage, stage)
+    if wanted not in ("kda", *names, *BACKEND_STAGES):
+        raise click.ClickException(
+            f"--stage {stage}: not a stage of the {arch} compilation; choose dsl (or kda), "
+            f"final, {', '.join(BACKEND_STAGES)} or a pass of the pipeline: "
+            f"{', '.join(dict.fromkeys(names))}")
+    try:
+        comp.run(wanted)
     except KeyError as err:
         raise click.ClickException(str(err.args[0]) if err.args else repr(err))
-    except (ValueError, TypeError, PipelineSyntaxError) as err:
+    except (PassFailure, PipelineSyntaxError, ValueError, TypeError) as err:
         raise click.ClickException(str(err))
-    if stage not in ("dsl", "final"):
-        names = [p.name for p in passes]
-        if stage not in names:
-            raise click.ClickException(f"--stage {stage}: not a pass of the {arch} pipeline; "
-                                       f"choose dsl, final or one of: {', '.join(names)}")
-        passes = passes[:len(names) - names[::-1].index(stage)]
-    _run_passes(module, passes, dump_before, dump_after, time_passes)
-    click.echo(_print(module))
+    if time_passes and comp.pass_run is not None:
+        click.echo(comp.pass_run.format_timings(), err=True)
+    click.echo(comp.output(wanted))
 
 
 @main.command()
@@ -357,7 +375,8 @@ def show(program, stage, arch, options, dump_before, dump_after, time_passes):
 def opt(mlir_file, pipeline, no_verify_on_parse, dump_before, dump_after, time_passes):
     """Parse a kda-dialect MLIR file, run a pass pipeline on it, verify and print it."""
     from .ir.dialect import parse_module
-    from .passes.base import PipelineSyntaxError, parse_pipeline
+    from .passes.base import PipelineSyntaxError
+    from .passes.registry import parse_pipeline
     try:
         passes = parse_pipeline(pipeline)
     except PipelineSyntaxError as err:

@@ -1,22 +1,27 @@
 """`kdagen emit`: build kernels for each chip, lower to PTX, assemble, and write a bundle.
 
-Two kinds of kernels:
-- the programs (kda_fwd, kda_bwd, gdn_fwd, gdn_bwd): built from the DSL, run through
-  ``kda-stable-reassociate`` and lowered by :mod:`kdagen.codegen.lower` (``emit_programs``);
+Two kinds of kernels, both compiled by the driver (:mod:`kdagen.driver`):
+- the programs (kda_fwd, kda_bwd, gdn_fwd, gdn_bwd): built from the DSL, run through the
+  chip's pipeline and lowered, written by :func:`kdagen.bundle_writer.write_bundle`
+  (``emit_programs``);
 - the first hand-assembled kernel of the foundation issue, the KDA gate + chunk cumsum, kept as
-  the smallest end-to-end check of the emitter → PTX → driver path (``emit_bundle``).
+  the smallest end-to-end check of the emitter → PTX → driver path (``emit_bundle``: the
+  driver's ``ptx`` and ``cubin`` stages of its gpu module).
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .bundle import MANIFEST, BundleFiles, KernelEntry, Manifest
+from .bundle_writer import DEFAULT_LOWERING, write_bundle
 from .codegen import ptxas as ptxas_mod
 from .codegen.common.kernel import GpuModuleBuilder
 from .codegen.kernels.gate_cumsum import GateCumsumSpec, build_gate_cumsum
-from .codegen.target import Target
-from .codegen.to_ptx import lower_to_ptx
+from .driver import assemble_ptx, ptx_of
+from .ir.gates import get_gate
+from .runtime.bundle import MANIFEST, BundleFiles, KernelEntry, Manifest
+from .table import chip_rank
+from .target import Target
 from .version import __version__, source_hash
 
 SUPPORTED_HEAD_DIMS = (64, 128)
@@ -63,7 +68,7 @@ def emit_bundle(out_dir: str | Path, targets: list[Target], head_dim=128,
                 progress=None) -> list[EmittedKernel]:
     """Emit every kernel for every target into ``out_dir`` (in place of the bundle an earlier
     emit left there); returns what was emitted. ``head_dim``: one or several head dims.
-    ``progress``: the callback of :func:`kdagen.codegen.lower.bundle.write_bundle`."""
+    ``progress``: the callback of :func:`kdagen.bundle_writer.write_bundle`."""
     notify = progress or (lambda event, **info: None)
     out = Path(out_dir)
     try:
@@ -76,7 +81,6 @@ def emit_bundle(out_dir: str | Path, targets: list[Target], head_dim=128,
     specs = _kernel_specs(head_dim)
     with BundleFiles(out, replace=True) as files:
         _emit_specs(files, manifest, emitted, specs, targets, ptxas, notify)
-        from .table import chip_rank
         manifest.kernels.sort(key=lambda e: (e.name, chip_rank(e.chip)))
         files.write_readme()
         files.write(MANIFEST, manifest.to_json())
@@ -93,15 +97,15 @@ def _emit_specs(files, manifest, emitted, specs, targets, ptxas, notify) -> None
         for target in targets:
             notify("lowering", program=spec.name, variant=spec.name, chip=target.chip)
             notify("lowered", count=1)
-            ptx = lower_to_ptx(builder.module, target)
+            ptx = ptx_of(builder.module, target, spec.name)
             stem = f"{spec.name}.{target.chip}"
             files.write(f"{stem}.ptx", ptx)
             entry = KernelEntry(name=spec.name, chip=target.chip, path="portable",
                                 ptx_file=f"{stem}.ptx",
                                 params=[asdict(p) for p in spec.params()], launch=spec.launch())
             assembled, log = None, "ptxas not found: PTX only"
-            if ptxas:
-                result = ptxas_mod.assemble(ptx, target.chip, ptxas)
+            result = assemble_ptx(ptx, target.chip, ptxas)
+            if result is not None:
                 assembled, log = result.ok, result.log
                 if result.cubin:
                     files.write(f"{stem}.cubin", result.cubin)
@@ -139,7 +143,6 @@ def program_variants(ops: list[str], head_dim, gate: str | None) -> list[tuple[s
         if op not in OPS:
             raise ValueError(f"op: unknown op {op!r}; choose from {', '.join(OPS)} or all")
         family_gate = gate or DEFAULT_GATES[op]
-        from .ir.gates import get_gate
         if get_gate(family_gate).family != op:
             raise ValueError(f"gate: {family_gate!r} is not a {op.upper()} gate; "
                              "see `kdagen list` for the gates of each op")
@@ -151,16 +154,18 @@ def program_variants(ops: list[str], head_dim, gate: str | None) -> list[tuple[s
 
 def emit_programs(out_dir: str | Path, targets: list[Target], ops: list[str], head_dim=128,
                   gate: str | None = None, verbose: bool = False,
-                  path: str = "native", progress=None, replace: bool = True) -> list[dict]:
+                  path: str = "native", progress=None, replace: bool = True,
+                  dump_dir=None) -> list[dict]:
     """Lower the programs of ``ops`` for every target into the bundle ``out_dir``; returns the
     per-kernel report rows (kernel, chip, path, program, variant, registers, spills, shared
     memory). ``path``: "native" (the chip's own path where kdagen has one, else portable) or
     "portable" (mma.sync + FMA, valid on every chip). ``head_dim``: one or several (one
     variant per program and head dim). ``replace``: the new bundle takes the place of the
     folder's earlier one (its stale kernel files removed); else it is extended.
-    ``progress``: see :func:`kdagen.codegen.lower.bundle.write_bundle`."""
-    from .codegen.lower.bundle import DEFAULT_LOWERING, write_bundle
+    ``progress``, ``dump_dir`` (every stage of every compilation): see
+    :func:`kdagen.bundle_writer.write_bundle`."""
     lowering = dict(DEFAULT_LOWERING, path=path)
     result = write_bundle(out_dir, program_variants(ops, head_dim, gate), targets, verbose=verbose,
-                          lower_options=lowering, progress=progress, replace=replace)
+                          lower_options=lowering, progress=progress, replace=replace,
+                          dump_dir=dump_dir)
     return result["report"]

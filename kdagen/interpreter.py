@@ -31,10 +31,10 @@ from typing import Callable
 
 import torch
 
-from kdagen._mlir import ir
+from kdagen.ir.accessors import arg_specs, program_func, type_info
 from kdagen.ir.dialect import op_attrs, py_attr
 
-__all__ = ["run", "op_impl", "OP_IMPLS", "InterpreterError", "program_func", "arg_specs"]
+__all__ = ["run", "op_impl", "OP_IMPLS", "InterpreterError"]
 
 OP_IMPLS: dict[str, Callable] = {}
 
@@ -75,13 +75,6 @@ class CBlock:
     arg_types: list = field(default_factory=list)
 
 
-def _type_info(t):
-    """(shape tuple, element type string) of a tensor/memref type, or (None, str) otherwise."""
-    if isinstance(t, (ir.RankedTensorType, ir.MemRefType)):
-        return tuple(t.shape), str(t.element_type)
-    return None, str(t)
-
-
 class _Ids:
     def __init__(self):
         self.ids = {}
@@ -99,49 +92,9 @@ def _compile_block(block, ids) -> CBlock:
         op = op.operation
         blocks = [_compile_block(r.blocks[0], ids) for r in op.regions if len(r.blocks)]
         nodes.append(Node(op.name, [ids(v) for v in op.operands], [ids(v) for v in op.results],
-                          op_attrs(op), [_type_info(r.type) for r in op.results], blocks,
+                          op_attrs(op), [type_info(r.type) for r in op.results], blocks,
                           text=op.name))
-    return CBlock([ids(a) for a in block.arguments], nodes, [_type_info(a.type) for a in block.arguments])
-
-
-# --------------------------------------------------------------------------------------
-# program arguments
-# --------------------------------------------------------------------------------------
-
-
-def program_func(module):
-    """The program ``func.func`` of a module (the one with ``kda.program``, else the first)."""
-    funcs = [op for op in module.body.operations if op.operation.name == "func.func"]
-    if not funcs:
-        raise InterpreterError("module has no func.func")
-    for f in funcs:
-        if "kda.program" in f.attributes:
-            return f
-    return funcs[0]
-
-
-@dataclass
-class ArgSpec:
-    index: int
-    name: str
-    role: str
-    layout: str
-    heads: str | None
-    shape: tuple | None
-    elt: str
-    attrs: dict
-
-
-def arg_specs(fn) -> list[ArgSpec]:
-    """Per-argument metadata of a program function (from its ``kda.*`` argument attributes)."""
-    out = []
-    arg_attrs = fn.arg_attrs if "arg_attrs" in fn.attributes else None
-    for i, a in enumerate(fn.arguments):
-        d = py_attr(arg_attrs[i]) if arg_attrs is not None else {}
-        shape, elt = _type_info(a.type)
-        out.append(ArgSpec(i, d.get("kda.name", f"arg{i}"), d.get("kda.role", "input"),
-                           d.get("kda.layout", "token"), d.get("kda.heads"), shape, elt, d))
-    return out
+    return CBlock([ids(a) for a in block.arguments], nodes, [type_info(a.type) for a in block.arguments])
 
 
 _LEAD = {"token": 3, "head": 1, "state": 2, "chunk": 2}

@@ -26,9 +26,10 @@ Conventions (an op cannot return None):
   ``safe_gate`` and a precomputed gate, ``lower_bound`` is a promise that g >= lower_bound.
 
 The ops run the programs ``kda_fwd``/``kda_bwd``/``gdn_fwd``/``gdn_bwd`` through the executor
-of the tensors' device (:mod:`kdagen.runtime.backends`). Nothing here synchronises with a CUDA
-device: ``cu_seqlens`` values are read only for CPU tensors (validation), sizes come from
-shapes. The backward recomputes the forward from the saved inputs (the derived backward
+of the tensors' device (:mod:`kdagen.runtime.backends`; the compiler's CPU executor and
+compile-on-demand are registered by :mod:`kdagen.compiler_hooks`). Nothing here
+synchronises with a CUDA device: ``cu_seqlens`` values are read only for CPU tensors
+(validation), sizes come from shapes. The backward recomputes the forward from the saved inputs (the derived backward
 programs carry their own recompute scan), so the forward saves only its inputs.
 """
 # No `from __future__ import annotations`: torch.library infers the schemas from the annotations.
@@ -37,6 +38,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from kdagen import compiler_hooks  # noqa: F401  (registers the CPU executor and compile-on-demand)
 from kdagen.runtime import backends
 from kdagen.runtime.backends import OutSpec
 from kdagen.validation import KdagenInputError, validate_inputs

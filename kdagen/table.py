@@ -6,7 +6,7 @@ import sys
 import time
 from typing import TextIO
 
-from .codegen.target import TARGETS
+from .target import TARGETS
 
 # Chips are always listed in this order (sm_90a, sm_100a, sm_120a), whatever order they were
 # given in.

@@ -16,7 +16,7 @@ def bundle_for_tests(chip: str) -> str:
     if path:
         return path
     try:
-        from kdagen.codegen.target import get_target
+        from kdagen.target import get_target
         from kdagen.emit import emit_bundle
     except ImportError:
         pytest.skip("no KDAGEN_FIRST_KERNEL_BUNDLE and the MLIR package is not importable to "
@@ -43,7 +43,7 @@ def write_variants_bundle(variants, out_dir: str, chip: str = "sm_90a") -> None:
     the compiler, no GPU needed); the tests then run with KDAGEN_BUNDLE=out_dir."""
     import time
 
-    from kdagen.codegen.lower.bundle import DEFAULT_LOWERING, write_bundle
+    from kdagen.bundle_writer import DEFAULT_LOWERING, write_bundle
 
     for program, options in variants:
         start = time.time()

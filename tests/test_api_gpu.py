@@ -2,7 +2,7 @@
 
 The API on CUDA tensors (the bundle executor: $KDAGEN_BUNDLE, the kernel cache, or compile on
 first use) against the float64 reference with DESIGN.md §5's bars; no host synchronisation in
-forward or backward; torch.compile. While the GPU launcher (kdagen.codegen.lower.launch) does
+forward or backward; torch.compile. While the GPU launcher (kdagen.runtime.launch) does
 not exist, the bundle executor raises KernelLaunchNotImplemented and these tests xfail saying so.
 """
 import pytest

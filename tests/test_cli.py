@@ -309,7 +309,7 @@ def test_reemit_leaves_exactly_what_the_manifest_lists(kda64_bundle, tmp_path):
 
 
 def test_failed_emit_keeps_the_earlier_bundle(tmp_path, monkeypatch):
-    from kdagen import emit as emit_mod
+    from kdagen import driver as emit_mod      # the compile driver's ptx stage
     out = tmp_path / "bundle"
     assert run("emit", "-q", "-o", str(out), "--arch", "sm_90a", "--op", "gate-cumsum").exit_code == 0
     before = {p.name: p.read_bytes() for p in out.iterdir()}
@@ -369,7 +369,7 @@ def test_emit_rejects_a_bad_head_dim_in_a_list(tmp_path):
 @pytest.mark.parametrize("umask", [0o022, 0o002])
 def test_bundle_files_get_the_mode_of_new_files(tmp_path, umask):
     import os
-    from kdagen.bundle import write_atomic
+    from kdagen.runtime.bundle import write_atomic
     old = os.umask(umask)
     try:
         write_atomic(tmp_path / "a.ptx", "x")
@@ -407,7 +407,7 @@ def test_opt_keeps_the_names_of_show_output(tmp_path):
     pipeline does on the built program (not '-_ws' from the parser's file locations)."""
     from kdagen.ir import programs
     from kdagen.ir.dialect import print_module
-    from kdagen.passes.base import parse_pipeline
+    from kdagen.passes.registry import parse_pipeline
     from kdagen.passes.pipeline import run_pipeline
     pipeline = "kda-stable-reassociate,kda-partition{workspace_dtype=bf16}"
     shown = run("show", "kda_fwd")

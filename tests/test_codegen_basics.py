@@ -2,7 +2,7 @@
 import pytest
 
 from kdagen.codegen.ptxas import parse_resource_report
-from kdagen.codegen.target import TARGETS, get_target, parse_arch_list, require_chip
+from kdagen.target import TARGETS, chips_with, get_target, parse_arch_list
 
 SAMPLE_LOG = """ptxas info    : 0 bytes gmem
 ptxas info    : Compiling entry function 'kern_a' for 'sm_90a'
@@ -33,10 +33,11 @@ def test_targets_and_arch_lists():
         get_target("sm_80")
 
 
-def test_require_chip_message():
-    require_chip(get_target("sm_90a"), ("sm_90a",), "wgmma")
+def test_require_capability_message():
+    get_target("sm_90a").require("has_wgmma", "wgmma")
     with pytest.raises(ValueError, match="wgmma is only available on sm_90a, not sm_120a.*portable"):
-        require_chip(get_target("sm_120a"), ("sm_90a",), "wgmma")
+        get_target("sm_120a").require("has_wgmma", "wgmma")
+    assert chips_with("has_tma") == tuple(TARGETS) and chips_with("has_tcgen05") == ("sm_100a",)
 
 
 def test_gate_cumsum_lowers_for_every_chip():

@@ -2,16 +2,16 @@
 
 Checks, per chip: ptxas accepts the module, the intended instructions are in the PTX, no
 libdevice (``__nv_``) calls, zero spills (and no ignored setmaxnreg); arch emitters refuse the
-wrong chip with the actionable message of `require_chip`.
+wrong chip with the actionable message of `Target.require`.
 """
 import re
 
 import pytest
 
 from conftest import requires_ptxas
-from kdagen.codegen import testkernels as tk
+from tools import testkernels as tk
 from kdagen.codegen.common.kernel import GpuModuleBuilder
-from kdagen.codegen.target import TARGETS, get_target
+from kdagen.target import TARGETS, get_target
 from kdagen.codegen.to_ptx import lower_to_ptx
 
 CHIPS = list(TARGETS)
@@ -126,13 +126,13 @@ def test_unknown_chip_for_setmaxnreg_and_bad_counts():
     with builder.kernel("k", [], (128, 1, 1)):
         with pytest.raises(ValueError, match="multiple of 8"):
             regalloc.claim_registers(get_target("sm_90a"), 100)
-        fake = replace(get_target("sm_90a"), chip="sm_89")
+        fake = replace(get_target("sm_90a"), chip="sm_89", has_setmaxnreg=False)
         with pytest.raises(ValueError, match="setmaxnreg is only available"):
             regalloc.release_registers(fake, 40)
 
 
 def test_sm120_plans_the_portable_path():
-    from kdagen.codegen.sm120.plan import plan_pipeline, tensor_core_path
+    from tools.pipeline_plan import plan_pipeline, tensor_core_path
     assert tensor_core_path(get_target("sm_120a")) == "mma.sync"
     assert tensor_core_path(get_target("sm_90a")) == "wgmma"
     assert tensor_core_path(get_target("sm_100a")) == "tcgen05"
@@ -162,7 +162,7 @@ def test_gpu_manifest_references_run_on_cpu(tmp_path):
     """The manifest the GPU check consumes: every reference statement runs (on CPU tensors) and
     yields each output with its declared shape; tensor-map args carry encode arguments."""
     import json
-    from kdagen.codegen.emitter_check import compare, make_tensors, reference
+    from tools.emitter_check import compare, make_tensors, reference
     manifest = tk.emit_suite(str(tmp_path), ("sm_90a",))
     on_disk = json.loads((tmp_path / "manifest.json").read_text())
     assert (tmp_path / "sm_90a.ptx").exists() and on_disk == json.loads(json.dumps(manifest))

@@ -188,8 +188,7 @@ def test_cases_fail_without_their_pass(path, tmp_path):
 
 
 def test_every_registered_pass_has_a_filecheck_file():
-    from kdagen.passes.base import PASSES, _load_builtin_passes, parse_pipeline
-    _load_builtin_passes()
+    from kdagen.passes.registry import PASSES, parse_pipeline   # loads the built-in passes
     assert PASSES
     missing = [name for name in sorted(PASSES) if not (FILECHECK_DIR / f"{name}.mlir").exists()]
     assert not missing, (f"passes without a FileCheck test: {', '.join(missing)} (add "
@@ -201,8 +200,7 @@ def test_every_registered_pass_has_a_filecheck_file():
 
 
 def test_every_filecheck_file_is_named_after_a_pass():
-    from kdagen.passes.base import PASSES, _load_builtin_passes
-    _load_builtin_passes()
+    from kdagen.passes.registry import PASSES                   # loads the built-in passes
     strays = [p.name for p in FILES if p.stem not in PASSES]
     assert not strays, f"tests/filecheck files named after no registered pass: {strays}"
 

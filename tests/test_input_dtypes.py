@@ -13,10 +13,10 @@ import torch
 
 from kdagen import interpreter
 from kdagen._mlir import ir
-from kdagen.interpreter import arg_specs, program_func
+from kdagen.ir.accessors import arg_specs, program_func
 from kdagen.ir.programs import ProgramOptionError, build_program, program_options
 from kdagen.ir.testing import make_case
-from kdagen.passes.base import parse_pipeline
+from kdagen.passes.registry import parse_pipeline
 from kdagen.passes.pipeline import run_pipeline
 from kdagen.reference import rel_err
 
@@ -190,7 +190,7 @@ def test_bundle_declares_f32_gate_and_assembles(tmp_path):
     pipeline, bf16x3, the sm_90a native path with an f32 TMA box for g_raw), and a GDN variant
     with a precomputed fp32 gate on sm_90a: every kernel assembles with ptxas, and the
     arguments in lowered.json (what the launcher converts inputs to) are f32."""
-    from kdagen.codegen.lower.bundle import DEFAULT_LOWERING, write_bundle
+    from kdagen.bundle_writer import DEFAULT_LOWERING, write_bundle
     _ptxas_or_skip()
     fp32 = dict(gate_dtype="fp32", beta_dtype="fp32")
     kda = dict(SMALL, gate="softplus", **fp32)
@@ -222,9 +222,11 @@ def test_launcher_end_to_end_fp32_gate_out_of_range(tmp_path):
     """write_bundle -> the MLIR-free launcher (converts each input to its lowered.json dtype:
     the fp32 gate stays fp32) -> kernels run by the CPU simulator -> gpu_check's comparison with
     the float64 reference, on gpu_check's out-of-range case (raw gates of +-inf and 1e6)."""
-    from kdagen.codegen.lower import gpu_check
-    from kdagen.codegen.lower.bundle import build_lowered_module, variant_name, write_bundle
-    from kdagen.codegen.lower.launch import LoweredProgram
+    from tools import gpu_check
+    from kdagen.bundle_writer import write_bundle
+    from kdagen.driver import build_module
+    from kdagen.runtime.bundle import variant_name
+    from kdagen.runtime.launch import LoweredProgram
     from kdagen.codegen.lower.sim import SimLibrary
     np.seterr(all="ignore")
     item = ("kda_fwd", dict(SMALL, chunk_size=16, gate="softplus", gate_dtype="fp32"))
@@ -232,7 +234,7 @@ def test_launcher_end_to_end_fp32_gate_out_of_range(tmp_path):
     vname = variant_name(*item)
     spec = res["variants"][vname]
     assert {a["name"]: a["dtype"] for a in spec["args"]}["g_raw"] == "f32"
-    lib = SimLibrary(tmp_path, {vname: build_lowered_module(*item)}, "sm_120a")
+    lib = SimLibrary(tmp_path, {vname: build_module(*item)}, "sm_120a")
     prog = LoweredProgram(tmp_path, vname, library=lib)
 
     class OnCpu:

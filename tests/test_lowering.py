@@ -12,12 +12,13 @@ import pytest
 
 from kdagen._mlir import ir
 from kdagen.codegen.lower.kernel import LowerOptions, lower_program
-from kdagen.codegen.lower.plan import group_kernels, plan_storage
+from kdagen.codegen.lower.plan import group_kernels
+from kdagen.codegen.lower.storage import plan_storage
 from kdagen.codegen.lower.program import read_program
-from kdagen.codegen.target import get_target
+from kdagen.target import get_target
 from kdagen.codegen.to_ptx import lower_to_ptx
 from kdagen.ir.programs import build_program
-from kdagen.passes.base import parse_pipeline
+from kdagen.passes.registry import parse_pipeline
 from kdagen.passes.pipeline import run_pipeline
 
 CHIPS = ("sm_90a", "sm_100a", "sm_120a")
@@ -232,8 +233,8 @@ def test_unsupported_op_is_reported():
 
 def test_launcher_and_gpu_check_import_without_mlir():
     code = ("import sys; sys.modules['numba_cuda_mlir'] = None\n"
-            "import kdagen.codegen.lower.launch, kdagen.codegen.lower.gpu_check\n"
-            "from kdagen.codegen.lower.launch import eval_rule\n"
+            "import kdagen.runtime.launch, tools.gpu_check\n"
+            "from kdagen.runtime.launch import eval_rule\n"
             "assert eval_rule('ceil_div(tokens * H * 64, 256)', dict(tokens=100, H=2)) == 50\n"
             "assert eval_rule('HV', dict(HV=7)) == 7\n"
             "print('ok')")

@@ -13,11 +13,11 @@ import torch
 
 from kdagen import interpreter
 from kdagen._mlir import ir
-from kdagen.codegen.lower import backend
+from kdagen.codegen.lower import sim_backend
 from kdagen.codegen.lower.sim import simulate
 from kdagen.ir.programs import build_program
 from kdagen.ir.testing import make_case
-from kdagen.passes.base import parse_pipeline
+from kdagen.passes.registry import parse_pipeline
 from kdagen.passes.pipeline import run_pipeline
 from kdagen.reference import rel_err
 
@@ -149,7 +149,7 @@ def test_simulator_catches_a_missing_barrier(monkeypatch):
     """The race checker is live: dropping the barriers between ops must be reported."""
     case = make_case("kda", B=1, T=16, H=1, K=64, V=64, chunk_size=16, seed=7)
     m = stable_module("kda_fwd", **case.options)
-    real = backend.SimBackend.barrier
+    real = sim_backend.SimBackend.barrier
     calls = {"n": 0}
 
     def flaky(self):
@@ -158,17 +158,18 @@ def test_simulator_catches_a_missing_barrier(monkeypatch):
             return
         real(self)
 
-    monkeypatch.setattr(backend.SimBackend, "barrier", flaky)
-    with pytest.raises(backend.SimError, match="race"):
+    monkeypatch.setattr(sim_backend.SimBackend, "barrier", flaky)
+    with pytest.raises(sim_backend.SimError, match="race"):
         simulate(m, case.inputs, storage="smem")
 
 
 def test_launcher_with_chip_pipeline_bf16_workspaces(tmp_path):
     """pipeline="chip" on sm_120a: partitioned kernels exchanging bf16 workspaces; the launcher
     allocates the workspaces with the chip's dtypes."""
-    from kdagen.codegen.lower import gpu_check
-    from kdagen.codegen.lower.bundle import build_lowered_module, write_bundle
-    from kdagen.codegen.lower.launch import LoweredProgram
+    from tools import gpu_check
+    from kdagen.bundle_writer import write_bundle
+    from kdagen.driver import build_module
+    from kdagen.runtime.launch import LoweredProgram
     from kdagen.codegen.lower.sim import SimLibrary
     opts = dict(head_k_dim=64, head_v_dim=64, chunk_size=32, gate="lower_bound")
     res = write_bundle(tmp_path, [("kda_fwd", opts, {"dot": "bf16x3"})], ["sm_120a"],
@@ -180,8 +181,8 @@ def test_launcher_with_chip_pipeline_bf16_workspaces(tmp_path):
     lib = SimLibrary(tmp_path, {}, "sm_120a")
     from kdagen.codegen.lower.kernel import LowerOptions, prepare
     from kdagen.codegen.lower.program import read_program
-    from kdagen.codegen.target import get_target
-    m = build_lowered_module("kda_fwd", opts, "chip", "sm_120a")
+    from kdagen.target import get_target
+    m = build_module("kda_fwd", opts, "chip", "sm_120a")
     for pk in prepare(read_program(m), get_target("sm_120a"), vname, LowerOptions(dot="bf16x3")):
         lib.kernels[pk.name] = pk
     prog = LoweredProgram(tmp_path, vname, library=lib)
@@ -201,9 +202,10 @@ def test_launcher_calling_convention_end_to_end(tmp_path):
     """write_bundle -> LoweredProgram (the MLIR-free launcher: argument conversion, output /
     workspace / scratch allocation, grid rules, manifest parameter order) -> kernels run by the
     simulator in place of the CUDA driver -> gpu_check's comparison with the reference."""
-    from kdagen.codegen.lower import gpu_check
-    from kdagen.codegen.lower.bundle import variant_name, write_bundle
-    from kdagen.codegen.lower.launch import LoweredProgram
+    from tools import gpu_check
+    from kdagen.bundle_writer import write_bundle
+    from kdagen.runtime.bundle import variant_name
+    from kdagen.runtime.launch import LoweredProgram
     from kdagen.codegen.lower.sim import SimLibrary
     items = [("gdn_fwd", dict(head_k_dim=64, head_v_dim=64, chunk_size=16, gva_ratio=2,
                               varlen=True))]
@@ -263,7 +265,7 @@ func.func @toy(%v: memref<?x?x?x64xbf16> {kda.heads = "v", kda.layout = "token",
 @pytest.mark.parametrize("storage", ["smem", "global"])
 def test_partitioned_program_chunk_parallel_kernel(storage):
     from kdagen.codegen.lower.kernel import lower_program
-    from kdagen.codegen.target import get_target
+    from kdagen.target import get_target
     from kdagen.ir.dialect import parse_module
     m = parse_module(TOY)
     k0, k1 = lower_program(m, get_target("sm_90a"))

@@ -1,7 +1,7 @@
-"""The sm_90a native path of the program lowering (kdagen.codegen.sm90.native) and its host
+"""The sm_90a native path of the program lowering (kdagen.codegen.lower.sm90_native) and its host
 side (kdagen.runtime.tensormap): what is TMA'd, the manifest contract, the tensor-map
 arguments. The PTX contents of every op x head dim are checked by test_cli's emit test; the
-numerics run on the GPU (kdagen.codegen.lower.gpu_check with the NATIVE_SET bundle)."""
+numerics run on the GPU (tools.gpu_check with the NATIVE_SET bundle)."""
 from __future__ import annotations
 
 import pytest
@@ -37,11 +37,11 @@ def test_encode_args_rejects_what_tma_cannot_do(shape, dtype, box, needle):
 @pytest.fixture(scope="module")
 def kda_fwd_native():
     pytest.importorskip("kdagen._mlir")
-    from kdagen.codegen.lower.bundle import build_lowered_module
+    from kdagen.driver import build_module
     from kdagen.codegen.lower.kernel import LowerOptions, prepare
     from kdagen.codegen.lower.program import read_program
-    from kdagen.codegen.target import get_target
-    module = build_lowered_module("kda_fwd", dict(head_k_dim=64, head_v_dim=64, gate="lower_bound"),
+    from kdagen.target import get_target
+    module = build_module("kda_fwd", dict(head_k_dim=64, head_v_dim=64, gate="lower_bound"),
                                   "chip", "sm_90a")
     program = read_program(module)
     opts = LowerOptions(path="native", dot="bf16x3")
@@ -71,7 +71,7 @@ def test_native_plan_tmas_the_chunk_tiles(kda_fwd_native):
 
 def test_portable_chips_do_not_take_the_native_path(kda_fwd_native):
     from kdagen.codegen.lower.kernel import LowerOptions, prepare
-    from kdagen.codegen.target import get_target
+    from kdagen.target import get_target
     program, _ = kda_fwd_native
     for chip in ("sm_100a", "sm_120a"):
         for k in prepare(program, get_target(chip), "t", LowerOptions(path="native", dot="bf16x3")):
@@ -81,16 +81,16 @@ def test_portable_chips_do_not_take_the_native_path(kda_fwd_native):
 def test_unknown_path_is_an_actionable_error(kda_fwd_native):
     from kdagen.codegen.lower.kernel import LowerOptions, prepare
     from kdagen.codegen.lower.plan import LoweringError
-    from kdagen.codegen.target import get_target
+    from kdagen.target import get_target
     program, _ = kda_fwd_native
     with pytest.raises(LoweringError, match="'portable' or 'native'"):
         prepare(program, get_target("sm_90a"), "t", LowerOptions(path="fast"))
 
 
 def test_native_emitter_refuses_other_chips(kda_fwd_native):
-    from kdagen.codegen.sm90.native import NativeLayout, Sm90NativeTileEmitter
+    from kdagen.codegen.lower.sm90_native import NativeLayout, Sm90NativeTileEmitter
     from kdagen.codegen.lower.kernel import LowerOptions
-    from kdagen.codegen.target import get_target
+    from kdagen.target import get_target
     program, kernels = kda_fwd_native
     pk = kernels[0]
     with pytest.raises(ValueError, match="sm_90a"):

@@ -1,5 +1,5 @@
 """Executors (kdagen.runtime.backends): the registry, the CPU interpreter executor's program
-cache, and the CUDA bundle executor's lookup logic — cache keys, atomic cache writes, corrupt
+cache (registered by kdagen.compiler_hooks), and the CUDA bundle executor's lookup logic — cache keys, atomic cache writes, corrupt
 entries, KDAGEN_BUNDLE, compile-on-miss, and the errors — all without a GPU."""
 import json
 import os
@@ -9,11 +9,13 @@ import warnings
 import pytest
 import torch
 
-from kdagen.bundle import MANIFEST, KernelEntry, Manifest, write_atomic
+from kdagen.runtime.bundle import MANIFEST, KernelEntry, Manifest, write_atomic
+from kdagen import compiler_hooks
+from kdagen.compiler_hooks import InterpreterExecutor
 from kdagen.runtime import backends
 from kdagen.runtime.backends import (BundleCache, BundleExecutor, BundleNotFoundError,
-                                     InterpreterExecutor, KernelLaunchNotImplemented, OutSpec,
-                                     cache_key, cache_key_fields)
+                                     KernelLaunchNotImplemented, OutSpec, cache_key,
+                                     cache_key_fields)
 from kdagen.version import source_hash
 
 OPTS = dict(chunk_size=64, head_k_dim=128, head_v_dim=128, gate="softplus", gva_ratio=1,
@@ -51,7 +53,7 @@ def test_register_executor_replaces_and_restores():
 
 def test_interpreter_executor_caches_programs_and_casts_outputs():
     from test_api import make_inputs
-    backends.stable_program.cache_clear()
+    compiler_hooks.stable_program.cache_clear()
     x, flags = make_inputs("gdn", dtype=torch.float16, T=10)
     inputs = {"q": x["q"].detach(), "k": x["k"].detach(), "v": x["v"].detach(), "g": x["g"].detach(),
               "beta": x["beta"].detach(), "initial_state": x["initial_state"].detach(), "scale": 0.125}
@@ -61,12 +63,12 @@ def test_interpreter_executor_caches_programs_and_casts_outputs():
     outs = {"o": OutSpec((1, 10, 1, 64), torch.float16), "final_state": OutSpec((1, 1, 64, 64), torch.float32)}
     r1 = ex.run("gdn_fwd", opts, inputs, outs)
     r2 = ex.run("gdn_fwd", dict(reversed(list(opts.items()))), inputs, outs)   # same options, other order
-    info = backends.stable_program.cache_info()
+    info = compiler_hooks.stable_program.cache_info()
     assert (info.misses, info.hits) == (1, 1)
     assert r1["o"].dtype == torch.float16 and r1["final_state"].dtype == torch.float32
     assert torch.equal(r1["o"], r2["o"])
     # the module went through kda-stable-reassociate: every exp2 carries its proven bound
-    text = str(backends.stable_program("gdn_fwd", backends.freeze_options(opts)))
+    text = str(compiler_hooks.stable_program("gdn_fwd", backends.freeze_options(opts)))
     assert '"kda.exp2"' in text and "exp_bound" in text
     with pytest.raises(RuntimeError, match="expected \\[1, 10, 1, 32\\]"):
         ex.run("gdn_fwd", opts, inputs, {"o": OutSpec((1, 10, 1, 32), torch.float16)})
@@ -268,16 +270,28 @@ def test_compile_on_miss_then_cache_hit(tmp_path, monkeypatch):
     assert len(calls) == 3
 
 
-def test_hooks_raise_clearly_without_the_gpu_lowering(tmp_path, monkeypatch):
+def test_hooks_raise_clearly_without_a_launcher_or_a_registered_compiler(tmp_path, monkeypatch):
     import sys
-    # as if kdagen.codegen.lower were not there (None in sys.modules makes the import fail)
-    monkeypatch.setitem(sys.modules, "kdagen.codegen.lower.launch", None)
-    monkeypatch.setitem(sys.modules, "kdagen.codegen.lower.bundle", None)
-    with pytest.raises(KernelLaunchNotImplemented, match="kdagen.codegen.lower.launch"):
+
+    from kdagen.runtime import compile_hook
+    # as if the launcher could not be imported (None in sys.modules makes the import fail)
+    monkeypatch.setitem(sys.modules, "kdagen.runtime.launch", None)
+    with pytest.raises(KernelLaunchNotImplemented, match="kdagen.runtime.launch"):
         backends.launch_bundle(None, tmp_path, "kda_fwd", OPTS, {}, "cuda:0", "sm_90a")
     assert issubclass(KernelLaunchNotImplemented, NotImplementedError)
+    # the runtime alone: no compiler registered
+    monkeypatch.setattr(compile_hook, "_COMPILER", None)
+    assert not compile_hook.compiler_available() and compile_hook.toolchain_version() is None
     with pytest.raises(KernelLaunchNotImplemented, match="kdagen emit --arch sm_90a -o DIR"):
         backends.compile_bundle("kda_fwd", OPTS, "sm_90a", tmp_path)
+    compile_hook.toolchain_version.cache_clear()
+
+
+def test_the_compiler_registers_its_hooks():
+    from kdagen.runtime import compile_hook
+    assert compile_hook.registered_compiler() is compiler_hooks.COMPILER
+    assert compile_hook.compiler_available()          # the MLIR bindings are installed here
+    assert backends.executors()["cpu"] is InterpreterExecutor
 
 
 def write_lowered(folder, variants):
@@ -285,9 +299,7 @@ def write_lowered(folder, variants):
     (folder / "lowered.json").write_text(json.dumps({"variants": variants}))
 
 
-def test_find_variant_by_resolved_options(tmp_path, monkeypatch):
-    import sys
-    monkeypatch.setitem(sys.modules, "kdagen.codegen.lower.bundle", None)   # no variant_name
+def test_find_variant_by_resolved_options(tmp_path):
     attrs = dict(OPTS, gate_options={"A_log_max": 2.77})
     lb_attrs = dict(OPTS, gate="lower_bound", gate_options={"lower_bound": -5.0})
     write_lowered(tmp_path, {
@@ -311,9 +323,9 @@ def test_find_variant_by_resolved_options(tmp_path, monkeypatch):
         backends.find_variant(tmp_path / "nothing", "kda_fwd", OPTS)
 
 
-def test_find_variant_uses_the_lowering_variant_name(tmp_path):
-    lowering = pytest.importorskip("kdagen.codegen.lower.bundle")
-    name = lowering.variant_name("kda_fwd", OPTS)
+def test_find_variant_uses_the_variant_name(tmp_path):
+    from kdagen.runtime.bundle import variant_name
+    name = variant_name("kda_fwd", OPTS)
     write_lowered(tmp_path, {name: {"program": "kda_fwd", "attrs": {}}})   # matched by name alone
     assert backends.find_variant(tmp_path, "kda_fwd", OPTS) == name
 
@@ -369,9 +381,9 @@ def test_bundle_executor_run_with_a_stub_launcher(tmp_path, monkeypatch):
             return {"o": torch.ones(tensors["v"].shape, dtype=torch.bfloat16),
                     "final_state": torch.ones(1, 1, 64, 64)}
 
-    stub = types.ModuleType("kdagen.codegen.lower.launch")
+    stub = types.ModuleType("kdagen.runtime.launch")
     stub.LoweredProgram = StubProgram
-    monkeypatch.setitem(sys.modules, "kdagen.codegen.lower.launch", stub)
+    monkeypatch.setitem(sys.modules, "kdagen.runtime.launch", stub)
 
     def compiler(program, options, chip, out_dir):
         write_bundle(out_dir, chip=chip)

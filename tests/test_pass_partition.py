@@ -7,7 +7,7 @@ from kdagen import interpreter
 from kdagen.ir.dialect import print_module
 from kdagen.ir.programs import build_program
 from kdagen.ir.testing import make_case
-from kdagen.passes.base import parse_pipeline
+from kdagen.passes.registry import parse_pipeline
 from kdagen.passes.partition import kernel_report
 from kdagen.passes.pipeline import run_pipeline
 from kdagen.reference import rel_err

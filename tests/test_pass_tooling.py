@@ -5,8 +5,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from kdagen._mlir import ir
-from kdagen.passes.base import (PASSES, ModulePass, PassError, PipelineSyntaxError, make_pass,
-                                parse_pipeline, register_pass)
+from kdagen.passes.base import PASSES, ModulePass, PassError, PipelineSyntaxError, register_pass
+from kdagen.passes.registry import make_pass, parse_pipeline
 from kdagen.passes.pipeline import PassFailure, run_pipeline
 from kdagen.passes.pipelines import PIPELINES, pipeline_for
 

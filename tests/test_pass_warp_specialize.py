@@ -6,7 +6,7 @@ from filecheck_util import filecheck
 from kdagen import interpreter
 from kdagen.ir.programs import build_program
 from kdagen.ir.testing import make_case
-from kdagen.passes.base import parse_pipeline
+from kdagen.passes.registry import parse_pipeline
 from kdagen.passes.pipeline import PassFailure, run_pipeline
 from kdagen.reference import rel_err
 

@@ -21,7 +21,7 @@ from kdagen.ir.gate_ranges import GATE_FLOOR, RAW_GATE_BOUND, enforced_range, so
 from kdagen.ir.gates import get_gate
 from kdagen.ir.programs import build_program
 from kdagen.ir.testing import make_case
-from kdagen.passes.base import parse_pipeline
+from kdagen.passes.registry import parse_pipeline
 from kdagen.passes.exponent_range import RangeAnalysis
 from kdagen.passes.pipeline import run_pipeline
 from kdagen.reference import rel_err

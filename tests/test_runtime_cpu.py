@@ -3,8 +3,8 @@ import ctypes
 
 import pytest
 
-from kdagen.bundle import BundleError, KernelEntry, Manifest, write_atomic
-from kdagen.runtime.chips import UnsupportedDeviceError, chip_for_capability
+from kdagen.runtime.bundle import BundleError, KernelEntry, Manifest, write_atomic
+from kdagen.target import UnsupportedDeviceError, chip_for_capability
 from kdagen.runtime.driver import pack_params
 from kdagen.runtime.loader import KernelLibrary
 

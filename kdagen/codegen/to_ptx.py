@@ -6,7 +6,7 @@ The stages are data: an ordered list of pass-pipeline pieces, the chip filled in
 from __future__ import annotations
 
 from .._mlir import gpu, ir, passmanager
-from .target import Target
+from kdagen.target import Target
 
 LOWERING_STAGES: tuple[str, ...] = (
     "gpu-kernel-outlining",

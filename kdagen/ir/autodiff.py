@@ -36,9 +36,9 @@ forward programs may not themselves read workspaces.
 from __future__ import annotations
 
 from kdagen._mlir import ir
-from kdagen.interpreter import arg_specs, program_func
+from kdagen.ir.accessors import arg_specs, program_func
 from kdagen.ir import dsl
-from kdagen.ir.dialect import op_attrs, py_attr, verify
+from kdagen.ir.dialect import op_attrs, ops_with, py_attr, verify
 from kdagen.ir.dsl import LN2, ProgramBuilder, Tile, create, value_name
 from kdagen.ir.transforms import cse, dce
 
@@ -65,10 +65,10 @@ def vjp_rule(*names):
     return deco
 
 
-_STORES = {"kda.store", "kda.store_state", "kda.store_chunk"}
-_LOADS = {"kda.load", "kda.load_head", "kda.load_state"}
-_EFFECTS = _STORES | {"kda.sum_head_groups", "kda.sum_seqs", "func.return", "gpu.yield"}
-_PURE_SOURCES = {"kda.constant", "kda.scalar", "kda.valid_rows", "kda.workspace"}
+_STORES = ops_with(effect="write")
+# loads of program inputs (kda.load_chunk reads workspaces, which forward programs do not)
+_LOADS = ops_with(effect="read", kind="memory") - {"kda.load_chunk"}
+_PURE_SOURCES = ops_with(kind="source") | ops_with(effect="alloc")
 
 
 def _ops(block):

@@ -8,7 +8,7 @@ the rewrite, also from a printed-and-parsed backward module.
 from __future__ import annotations
 
 from kdagen._mlir import ir
-from kdagen.interpreter import program_func
+from kdagen.ir.accessors import program_func
 from kdagen.ir import decay  # noqa: F401  (VJP rules of the decay ops)
 from kdagen.ir.autodiff import autodiff
 

@@ -30,13 +30,16 @@ Execution model (what the interpreter implements; DESIGN.md §4 is the math):
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from kdagen._mlir import ir, irdl
 
 __all__ = [
     "OPS",
     "OpSpec",
+    "EFFECTS",
+    "KINDS",
+    "ops_with",
     "KdaVerifyError",
     "make_context",
     "parse_module",
@@ -64,88 +67,117 @@ _ATTR_KINDS = {
 }
 
 
+#: what an op does besides computing its results (the traits every pass and the lowering
+#: read through :func:`ops_with`, instead of keeping their own lists of op names)
+EFFECTS = {
+    "pure": "results from operands and attributes only: may be merged (CSE), removed when "
+            "unused (DCE), recomputed",
+    "read": "reads global memory (a program argument or a workspace)",
+    "write": "writes global memory",
+    "global": "reads and writes whole tensors, after all the tile work before it",
+    "alloc": "declares a buffer",
+    "sync": "orders the producer/consumer pipeline (kda-warp-specialize)",
+    "control": "has a region that runs per chunk",
+}
+#: what kind of computation an op is
+KINDS = {
+    "control": "structure: kda.scan",
+    "memory": "moves tiles between global memory and registers",
+    "source": "makes a tile from no tile (a constant, a scalar argument, a row mask)",
+    "elementwise": "each result element from the operands' elements at the same index",
+    "shape": "moves elements (broadcast, transpose, rows)",
+    "reduction": "sums over a dimension, the chunks, or the heads / sequences",
+    "matrix": "matrix products",
+    "solve": "unit lower-triangular inverse and solve",
+    "pipeline": "ring-buffer synchronisation of the producer/consumer roles",
+}
+
+
 @dataclass(frozen=True)
 class OpSpec:
     """One kda op: operands/results as ``(name, kind)`` (kind ``"...*"`` = variadic),
-    required attributes as ``(name, kind)``, region names, a one-line doc."""
+    required attributes as ``(name, kind)``, region names, a one-line doc, its ``effect``
+    (:data:`EFFECTS`) and its ``kind`` (:data:`KINDS`)."""
 
     operands: tuple = ()
     results: tuple = ()
     attrs: tuple = ()
     regions: tuple = ()
     doc: str = ""
-    group: str = "math"
+    kind: str = "elementwise"
+    effect: str = "pure"
 
 
-def _u(doc, same=True):  # unary tile op (same=True: operand and result of one type)
+def _u(doc, same=True, kind="elementwise"):  # unary tile op (same: operand and result of one type)
     k = "tile@T" if same else "tile"
-    return OpSpec(operands=(("x", k),), results=(("res", k),), doc=doc)
+    return OpSpec(operands=(("x", k),), results=(("res", k),), doc=doc, kind=kind)
 
 
-def _b(doc, same=True):  # binary tile op
+def _b(doc, same=True, kind="elementwise"):  # binary tile op
     k = "tile@T" if same else "tile"
-    return OpSpec(operands=(("lhs", k), ("rhs", k)), results=(("res", k),), doc=doc)
+    return OpSpec(operands=(("lhs", k), ("rhs", k)), results=(("res", k),), doc=doc, kind=kind)
 
 
 OPS: dict[str, OpSpec] = {
     # ---- structure and memory -----------------------------------------------------------
     "scan": OpSpec(
         operands=(("init", "any*"),), results=(("final", "any*"),), attrs=(("reverse", "bool"),),
-        regions=("body",), group="structure",
+        regions=("body",), kind="control", effect="control",
         doc="Iterate over the chunks of each (sequence, value head); block args (chunk: index, "
             "carried...); gpu.yield gives the next carried values; results are the last ones. "
             "reverse = true runs from the last chunk to the first. IRDL unifies the constraint "
             "variable of a variadic operand list, so all carried values have one type."),
     "load": OpSpec(
         operands=(("src", "memref"), ("chunk", "index")), results=(("tile", "tile"),),
-        attrs=(("name", "str"), ("head_map", "str")), group="memory",
+        attrs=(("name", "str"), ("head_map", "str")), kind="memory", effect="read",
         doc="Load the [C, D...] tile of chunk `chunk` from a [B, T, H, D...] token tensor; rows "
             "past the sequence end are 0; head_map 'grouped' reads head hv // (HV // H)."),
     "store": OpSpec(
         operands=(("dst", "memref"), ("chunk", "index"), ("tile", "tile")),
-        attrs=(("name", "str"),), group="memory",
+        attrs=(("name", "str"),), kind="memory", effect="write",
         doc="Store a [C, D...] tile to chunk `chunk` of a [B, T, HV, D...] token tensor (head hv); "
             "rows past the sequence end are not stored."),
     "load_head": OpSpec(
         operands=(("src", "memref"),), results=(("tile", "tile"),), attrs=(("name", "str"),),
-        group="memory", doc="Load the per-head parameter row src[hv] of an [HV, D...] tensor."),
+        kind="memory", effect="read", doc="Load the per-head parameter row src[hv] of an [HV, D...] tensor."),
     "load_state": OpSpec(
         operands=(("src", "memref"),), results=(("tile", "tile"),), attrs=(("name", "str"),),
-        group="memory", doc="Load src[n, hv] of an [N, HV, D...] per-(sequence, head) tensor."),
+        kind="memory", effect="read", doc="Load src[n, hv] of an [N, HV, D...] per-(sequence, head) tensor."),
     "store_state": OpSpec(
-        operands=(("dst", "memref"), ("tile", "tile")), attrs=(("name", "str"),), group="memory",
+        operands=(("dst", "memref"), ("tile", "tile")), attrs=(("name", "str"),), kind="memory", effect="write",
         doc="Store dst[n, hv] of an [N, HV, D...] per-(sequence, head) tensor."),
     "load_chunk": OpSpec(
         operands=(("src", "memref"), ("chunk", "index")), results=(("tile", "tile"),),
-        attrs=(("name", "str"),), group="memory",
+        attrs=(("name", "str"),), kind="memory", effect="read",
         doc="Load the tile of (sequence, chunk, head) from a per-chunk workspace "
             "[total chunks, HV, D...]."),
     "store_chunk": OpSpec(
         operands=(("dst", "memref"), ("chunk", "index"), ("tile", "tile")), attrs=(("name", "str"),),
-        group="memory", doc="Store the tile of (sequence, chunk, head) to a per-chunk workspace."),
+        kind="memory", effect="write", doc="Store the tile of (sequence, chunk, head) to a per-chunk workspace."),
     "workspace": OpSpec(
-        results=(("buffer", "memref"),), attrs=(("name", "str"), ("layout", "str")), group="memory",
+        results=(("buffer", "memref"),), attrs=(("name", "str"), ("layout", "str")), kind="memory", effect="alloc",
         doc="Declare a named workspace buffer between scans/kernels; layout 'chunk' "
             "[total chunks, HV, D...], 'token' [B, T, HV, D...] or 'state' [N, HV, D...]."),
     "sum_chunks": OpSpec(
         operands=(("src", "memref"),), results=(("tile", "tile"),), attrs=(("name", "str"),),
-        group="memory",
+        kind="reduction", effect="read",
         doc="Per (sequence, head): the sum of a per-chunk workspace over the chunks of the "
             "sequence (e.g. per-chunk partial gradients of a per-head value)."),
     "sum_head_groups": OpSpec(
-        operands=(("src", "memref"), ("dst", "memref")), attrs=(("name", "str"),), group="memory",
+        operands=(("src", "memref"), ("dst", "memref")), attrs=(("name", "str"),), kind="reduction", effect="global",
         doc="Global: dst[b, t, h] = sum of src[b, t, hv] over the value heads hv of q/k head h (GVA)."),
     "sum_seqs": OpSpec(
-        operands=(("src", "memref"), ("dst", "memref")), attrs=(("name", "str"),), group="memory",
+        operands=(("src", "memref"), ("dst", "memref")), attrs=(("name", "str"),), kind="reduction", effect="global",
         doc="Global: dst[hv, ...] = sum over sequences n of src[n, hv, ...]."),
     "valid_rows": OpSpec(
-        operands=(("chunk", "index"),), results=(("mask", "tile"),), group="memory",
+        operands=(("chunk", "index"),), results=(("mask", "tile"),), kind="source", effect="pure",
         doc="tensor<Cxi1>: which rows of chunk `chunk` lie inside the sequence."),
     "scalar": OpSpec(
-        operands=(("x", "f32"),), results=(("res", "tile"),), group="memory",
+        operands=(("x", "f32"),), results=(("res", "tile"),), kind="source", effect="pure",
         doc="A scalar program argument as a rank-0 tile."),
     "constant": OpSpec(
         results=(("res", "tile"),), attrs=(("value", "float"),),
+        kind="source", effect="pure",
         doc="A tile filled with one value."),
     # ---- elementwise ---------------------------------------------------------------------
     "add": _b("lhs + rhs"),
@@ -175,43 +207,51 @@ OPS: dict[str, OpSpec] = {
     # ---- shape ---------------------------------------------------------------------------
     "broadcast": OpSpec(
         operands=(("x", "tile"),), results=(("res", "tile"),), attrs=(("dims", "dims"),),
+        kind="shape", effect="pure",
         doc="Expand x to the result shape; `dims` are the result dims x does not have."),
     "reduce_sum": OpSpec(
         operands=(("x", "tile"),), results=(("res", "tile"),), attrs=(("dims", "dims"),),
+        kind="reduction", effect="pure",
         doc="Sum over the dims `dims` (e.g. [1]: row sums of a [C, D] tile; [0]: over tokens)."),
     "cumsum": OpSpec(
         operands=(("x", "tile@T"),), results=(("res", "tile@T"),), attrs=(("reverse", "bool"),),
+        kind="reduction", effect="pure",
         doc="Inclusive cumulative sum over rows (dim 0) within the chunk; reverse = suffix sums."),
-    "transpose": _u("2-D transpose", same=False),
+    "transpose": _u("2-D transpose", same=False, kind="shape"),
     "extract_row": OpSpec(
         operands=(("x", "tile"),), results=(("res", "tile"),), attrs=(("index", "int"),),
+        kind="shape", effect="pure",
         doc="Row `index` of a tile (negative counts from the end)."),
     "embed_row": OpSpec(
         operands=(("x", "tile"),), results=(("res", "tile"),), attrs=(("index", "int"),),
+        kind="shape", effect="pure",
         doc="A tile of the result shape that is 0 except row `index`, which is x."),
     # ---- matrix --------------------------------------------------------------------------
     "dot": OpSpec(
         operands=(("lhs", "tile"), ("rhs", "tile")), results=(("res", "tile"),),
         attrs=(("transpose_lhs", "bool"), ("transpose_rhs", "bool")),
+        kind="matrix", effect="pure",
         doc="Tile matmul op(lhs) @ op(rhs), op = transpose where flagged."),
     "tril": OpSpec(
         operands=(("x", "tile@T"),), results=(("res", "tile@T"),), attrs=(("diagonal", "int"),),
         doc="Keep x[i, j] with j <= i + diagonal, zero elsewhere (diagonal -1: strictly lower)."),
-    "tril_inv": _u("(I + strict_tril(x))^-1: inverse of the unit lower-triangular WY/UT matrix"),
-    "tril_solve": _b("(I + strict_tril(lhs))^-1 @ rhs: unit lower-triangular solve", same=False),
+    "tril_inv": _u("(I + strict_tril(x))^-1: inverse of the unit lower-triangular WY/UT matrix",
+                   kind="solve"),
+    "tril_solve": _b("(I + strict_tril(lhs))^-1 @ rhs: unit lower-triangular solve", same=False,
+                     kind="solve"),
     # ---- pipeline structure (introduced by kda-warp-specialize) ---------------------------
     "pipeline_wait": OpSpec(
         operands=(("x", "tile@T"),), results=(("res", "tile@T"),), attrs=(("slot", "int"),),
-        group="structure",
+        kind="pipeline", effect="sync",
         doc="Consumer side of a producer/consumer ring: wait until the producer's bulk copy of x "
             "into ring slot `slot` has landed (mbarrier 'full'); returns x (identity)."),
     "pipeline_release": OpSpec(
-        operands=(("x", "tile"),), attrs=(("slot", "int"),), group="structure",
+        operands=(("x", "tile"),), attrs=(("slot", "int"),), kind="pipeline", effect="sync",
         doc="Consumer side: x's ring slot may be refilled (mbarrier 'empty' arrive); no value."),
     # ---- bounded decay products (introduced by kda-stable-reassociate) --------------------
     "decay_dot": OpSpec(
         operands=(("lhs", "tile"), ("rhs", "tile"), ("gamma_lhs", "tile"), ("gamma_rhs", "tile")),
-        results=(("res", "tile"),), attrs=(("diagonal", "int"), ("subblock", "int")), group="matrix",
+        results=(("res", "tile"),), attrs=(("diagonal", "int"), ("subblock", "int")), kind="matrix", effect="pure",
         doc="res[i, j] = sum_d lhs[i, d] rhs[j, d] 2^(gamma_lhs[i, d] - gamma_rhs[j, d]) for "
             "j <= i + diagonal, else 0: the relative-exponent form of "
             "tril(dot(lhs*2^gamma_lhs, (rhs*2^-gamma_rhs)^T)). subblock S > 1: evaluated as "
@@ -219,11 +259,30 @@ OPS: dict[str, OpSpec] = {
     "decay_matmul": OpSpec(
         operands=(("w", "tile"), ("x", "tile"), ("gamma_row", "tile"), ("gamma_col", "tile")),
         results=(("res", "tile"),), attrs=(("diagonal", "int"), ("transpose", "bool"),
-                                           ("subblock", "int")), group="matrix",
+                                           ("subblock", "int")), kind="matrix", effect="pure",
         doc="E[i, j, d] = 2^(gamma_row[i, d] - gamma_col[j, d]) masked to j <= i + diagonal; "
             "res[i, d] = sum_j w[i, j] x[j, d] E[i, j, d], or with transpose = true "
             "res[j, d] = sum_i w[i, j] x[i, d] E[i, j, d] (the adjoints of decay_dot)."),
 }
+
+
+def ops_with(effect=None, kind=None, operand: str | None = None) -> frozenset[str]:
+    """The full names (``kda.load``) of the ops with ``effect`` and ``kind`` (each a name or a
+    collection of names; None: any) and, with ``operand``, an operand of that name."""
+    def match(value, want):
+        return want is None or (value == want if isinstance(want, str) else value in want)
+    return frozenset(f"kda.{name}" for name, spec in OPS.items()
+                     if match(spec.effect, effect) and match(spec.kind, kind)
+                     and (operand is None or any(o[0] == operand for o in spec.operands)))
+
+
+def _check_traits() -> None:
+    for name, spec in OPS.items():
+        if spec.effect not in EFFECTS or spec.kind not in KINDS:
+            raise ValueError(f"kda.{name}: unknown effect {spec.effect!r} or kind {spec.kind!r}")
+
+
+_check_traits()
 
 
 def irdl_text() -> str:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager
-from typing import Iterable, Sequence
+from typing import Sequence
 
 from kdagen._mlir import func, ir
 from kdagen.ir.dialect import make_context, verify

@@ -14,7 +14,6 @@ Entry points: :func:`build_program`, :data:`PROGRAMS`, :func:`list_programs`,
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable
 

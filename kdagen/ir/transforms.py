@@ -1,19 +1,15 @@
 """Small cleanups on kda IR used by the program builder and the autodiff: CSE and DCE."""
 from __future__ import annotations
 
+from .dialect import ops_with
+
 __all__ = ["cse", "dce", "walk", "PURE_TILE_OPS", "SIDE_EFFECT_OPS"]
 
 # ops that compute a tile from their operands and attributes only (no memory access)
-PURE_TILE_OPS = frozenset(
-    "kda." + n for n in (
-        "add sub mul div neg exp2 log2 sigmoid softplus rsqrt convert select assume_range clamp "
-        "in_range "
-        "broadcast reduce_sum cumsum transpose extract_row embed_row dot tril tril_inv "
-        "tril_solve constant scalar valid_rows").split())
+PURE_TILE_OPS = ops_with(effect="pure")
 
-SIDE_EFFECT_OPS = frozenset({
-    "kda.store", "kda.store_state", "kda.store_chunk", "kda.sum_head_groups", "kda.sum_seqs",
-    "kda.pipeline_release", "func.return", "gpu.yield"})
+# ops kept whether or not their results are used
+SIDE_EFFECT_OPS = ops_with(effect=("write", "global", "sync")) | {"func.return", "gpu.yield"}
 
 
 def _ops(block):

@@ -24,20 +24,24 @@ and stores are excluded as they do not scale with T).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .._mlir import ir
+from ..ir.accessors import module_target, program_func
+from ..ir.dialect import ops_with
 from ..ir.transforms import dce, walk
 from .base import ModulePass, PassError, register_pass
 
-FREE_OPS = frozenset({"kda.constant", "kda.scalar", "kda.valid_rows"})
-RELOAD_OPS = frozenset({"kda.load", "kda.load_head", "kda.load_chunk", "kda.load_state"})
+FREE_OPS = ops_with(kind="source")
+RELOAD_OPS = ops_with(effect="read", kind="memory")
 SOURCE_OPS = FREE_OPS | RELOAD_OPS
 # Matrix work does not move into the state kernel (see _banned_from_state): it runs once per
 # chunk in sequence there, while the chunk kernel runs all chunks in parallel.
-STATE_BANNED_OPS = frozenset({"kda.dot", "kda.decay_dot", "kda.decay_matmul", "kda.tril_inv",
-                              "kda.tril_solve"})
-MATMUL_OPS = frozenset({"kda.dot", "kda.decay_dot", "kda.decay_matmul"})
+STATE_BANNED_OPS = ops_with(kind=("matrix", "solve"))
+MATMUL_OPS = ops_with(kind="matrix")
+# the per-chunk tiles a kernel moves through HBM (load/store, load_chunk/store_chunk)
+CHUNK_LOADS = ops_with(effect="read", kind="memory", operand="chunk")
+CHUNK_STORES = ops_with(effect="write", operand="chunk")
 
 
 def _banned_from_state(op) -> bool:
@@ -104,9 +108,9 @@ def hbm_bytes_per_token(scan) -> float:
     total = 0
     for op in scan.regions[0].blocks[0].operations:
         name = op.operation.name
-        if name in ("kda.load", "kda.load_chunk"):
+        if name in CHUNK_LOADS:
             total += tile_bytes(op.results[0].type)
-        elif name in ("kda.store", "kda.store_chunk"):
+        elif name in CHUNK_STORES:
             total += tile_bytes(op.operands[2].type)
     return total / rows
 
@@ -116,14 +120,18 @@ def hbm_bytes_per_token(scan) -> float:
 class PartitionPass(ModulePass):
     name = "kda-partition"
     summary = "split chunk scans into chunk-parallel and state-scan kernels; fuse; plan workspaces"
-    workspace_dtype: str = "auto"     # auto | fp32 | bf16 | fp16
+    # auto | fp32 | bf16 | fp16; None: the module's target's (kda.target), else auto
+    workspace_dtype: str | None = None
     fuse: bool = True
 
     def run(self, module: ir.Module) -> None:
+        if self.workspace_dtype is None:
+            target = module_target(module)
+            replace(self, workspace_dtype=target.workspace_dtype if target else "auto").run(module)
+            return
         if self.workspace_dtype not in _WORKSPACE_TYPES and self.workspace_dtype != "auto":
             raise PassError(f"kda-partition: workspace_dtype={self.workspace_dtype!r}; choose "
                             f"auto, {', '.join(_WORKSPACE_TYPES)}")
-        from ..interpreter import program_func
         with module.context, ir.Location.unknown():
             func = program_func(module)
             program = ir.StringAttr(func.attributes["sym_name"]).value

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Callable, TextIO
 
 from .._mlir import ir
-from .base import PASSES, ModulePass, PipelineSyntaxError, _load_builtin_passes
+from .base import ModulePass, PipelineSyntaxError
+from .registry import PASSES
 
 
 class PassFailure(RuntimeError):
@@ -89,7 +90,6 @@ def run_pipeline(module: ir.Module, passes: list[ModulePass], *,
 def check_dump_names(passes: list[ModulePass], dump_before=(), dump_after=()) -> None:
     """Raise PipelineSyntaxError for a dump request naming no pass of ``passes`` (the message
     lists the valid names); ``all`` is always valid."""
-    _load_builtin_passes()
     running = list(dict.fromkeys(p.name for p in passes))
     for flag, names in (("--dump-before", dump_before), ("--dump-after", dump_after)):
         for name in names:

@@ -29,7 +29,6 @@ sum of the naive backward, ``dkd·kd − dki·ki − ...``, is produced as
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from .._mlir import ir

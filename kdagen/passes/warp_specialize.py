@@ -12,7 +12,7 @@ For every kernel scan (``kda.kernel``), this pass decides, as annotated IR that 
   ``kda.pipeline_release`` (the slot's 'empty' barrier), so the producer can run ``depth``
   chunks ahead;
 * **resources** — ring depth is the option's, reduced until the ring of whole-chunk stages fits
-  the shared-memory budget (an option set per chip by the pipelines); when not even one chunk's
+  the shared-memory budget (the module's target's, ``kda.target``, unless given as an option); when not even one chunk's
   tiles fit (the backward's state kernels), the ring becomes one of equal tile-sized slots
   filled in consumer order (``mode = "tile"``); register split per role (``setmaxnreg``).
 
@@ -20,14 +20,16 @@ The ops added are identities for the interpreter, so semantics are unchanged.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .._mlir import ir
+from ..ir.accessors import module_target
 from ..ir.transforms import walk
 from .base import ModulePass, PassError, register_pass
-from .partition import tile_bytes
+from .partition import CHUNK_LOADS, tile_bytes
 
-PRODUCER_OPS = frozenset({"kda.load", "kda.load_chunk"})
+# the loads of a chunk's tiles (load, load_chunk): what the producer streams per chunk
+PRODUCER_OPS = CHUNK_LOADS
 
 
 def _i64(v: int) -> ir.Attribute:
@@ -40,18 +42,31 @@ class WarpSpecializePass(ModulePass):
     name = "kda-warp-specialize"
     summary = "assign producer/consumer warp roles and insert the ring-buffer pipeline"
     depth: int = 2                       # chunks the producer may run ahead
-    consumer_warpgroups: int = 2
-    smem_budget: int = 227 * 1024        # bytes of shared memory per CTA (per chip)
-    reserved_smem: int = 64 * 1024       # for the consumers' own tiles (state, matrices)
+    # None: the module's target's (kda.target), else the generic values of GENERIC
+    consumer_warpgroups: int | None = None
+    smem_budget: int | None = None       # bytes of shared memory per CTA
+    reserved_smem: int | None = None     # for the consumers' own tiles (state, matrices)
     producer_registers: int = 40
     consumer_registers: int = 232
 
+    #: the budgets of a module without a target (a pass test's module)
+    GENERIC = {"consumer_warpgroups": 2, "smem_budget": 227 * 1024, "reserved_smem": 64 * 1024}
+
     def run(self, module: ir.Module) -> None:
-        if self.depth < 1 or self.consumer_warpgroups < 1:
+        resolved = self.for_target(module)
+        if resolved.depth < 1 or resolved.consumer_warpgroups < 1:
             raise PassError("kda-warp-specialize: depth and consumer_warpgroups must be >= 1")
         with module.context, ir.Location.unknown():
             for scan in _kernel_scans(module):
-                self._specialize(scan)
+                resolved._specialize(scan)
+
+    def for_target(self, module) -> "WarpSpecializePass":
+        """This pass with every unset budget taken from the module's target."""
+        target = module_target(module)
+        budgets = dict(self.GENERIC) if target is None else {
+            "consumer_warpgroups": target.consumer_warpgroups,
+            "smem_budget": target.smem_per_block, "reserved_smem": target.reserved_smem}
+        return replace(self, **{k: v for k, v in budgets.items() if getattr(self, k) is None})
 
     def _specialize(self, scan) -> None:
         block = scan.regions[0].blocks[0]

@@ -1,20 +1,9 @@
-"""Which kdagen target a CUDA device is."""
+"""Which kdagen target a CUDA device is (the chip facts: :mod:`kdagen.target`)."""
 from __future__ import annotations
 
-CAPABILITY_TO_CHIP = {(9, 0): "sm_90a", (10, 0): "sm_100a", (12, 0): "sm_120a"}
+from kdagen.target import chip_for_capability
 
-
-class UnsupportedDeviceError(RuntimeError):
-    pass
-
-
-def chip_for_capability(major: int, minor: int, device_name: str = "this GPU") -> str:
-    try:
-        return CAPABILITY_TO_CHIP[(major, minor)]
-    except KeyError:
-        known = ", ".join(f"sm_{a}{b} ({c})" for (a, b), c in CAPABILITY_TO_CHIP.items())
-        raise UnsupportedDeviceError(
-            f"{device_name} is sm_{major}{minor}; kdagen generates kernels for {known}") from None
+__all__ = ["chip_for_device"]
 
 
 def chip_for_device(device) -> str:

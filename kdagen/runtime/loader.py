@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..bundle import BundleError, KernelEntry, read_manifest
+from .bundle import BundleError, KernelEntry, read_manifest
 from . import driver
 from .chips import chip_for_device
 

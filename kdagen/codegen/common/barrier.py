@@ -11,7 +11,7 @@ mbarrier protocol used by the TMA emitters (sm90/tma.py):
 """
 from __future__ import annotations
 
-from ..._mlir import arith, ir, nvvm
+from ..._mlir import ir, nvvm
 from .ints import as_i32
 from .smem import SmemRegion
 
@@ -31,12 +31,6 @@ def named_barrier_sync(barrier_id: int, num_threads: int) -> None:
     nvvm.barrier(barrier_id=as_i32(barrier_id), number_of_threads=as_i32(num_threads))
 
 
-def named_barrier_arrive(barrier_id: int, num_threads: int) -> None:
-    """``bar.arrive id, n``: signal without waiting (the producer side of a named barrier)."""
-    _check_named(barrier_id, num_threads)
-    nvvm.barrier_arrive(as_i32(num_threads), barrier_id=as_i32(barrier_id))
-
-
 def _check_named(barrier_id: int, num_threads: int) -> None:
     if not 0 <= barrier_id < 16:
         raise ValueError(f"named barrier id must be 0..15, got {barrier_id}")
@@ -44,17 +38,8 @@ def _check_named(barrier_id: int, num_threads: int) -> None:
         raise ValueError(f"named barrier thread count must be a positive multiple of 32, got {num_threads}")
 
 
-def sync_warp(mask: int = 0xFFFFFFFF) -> None:
-    nvvm.bar_warp_sync(arith.constant(_i32(), _signed32(mask)))
-
-
 def _signed32(x: int) -> int:
     return x - (1 << 32) if x >= (1 << 31) else x
-
-
-def elect_one() -> ir.Value:
-    """i1: true in exactly one lane of the (fully active) warp (``elect.sync``)."""
-    return nvvm.elect_sync(results=[ir.IntegerType.get_signless(1)])
 
 
 # ---- mbarriers ------------------------------------------------------------------------------

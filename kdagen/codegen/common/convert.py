@@ -5,8 +5,8 @@ Packing: two f32 values become one 32-bit register holding two 16-bit values, lo
 of every 16-bit mma/wgmma fragment.
 
 Register reuse (FlashAttention style): an f32 accumulator tile in mma C layout, rounded to 16 bits,
-*is* an A-operand fragment for the next mma (`acc_to_a`), and its transpose is a B-operand fragment
-(`acc_to_bt`) — no trip through shared memory. The register mapping is `layouts.acc_to_a_source` /
+*is* an A-operand fragment for the next mma (`mma.acc_to_a`), and its transpose is a B-operand fragment
+(`mma.acc_to_bt`) — no trip through shared memory. The register mapping is `layouts.acc_to_a_source` /
 `layouts.acc_to_bt_source`, which the CPU tests prove to be bijections onto the A/B layouts.
 """
 from __future__ import annotations
@@ -39,29 +39,10 @@ def pack_f32x2(lo: ir.Value, hi: ir.Value, dtype: str = "bf16") -> ir.Value:
     return llvm.bitcast(_i32(), packed)
 
 
-def unpack_x2(packed: ir.Value, dtype: str = "bf16") -> tuple[ir.Value, ir.Value]:
-    """Split an i32 holding two 16-bit values into two f32 (low, high)."""
-    vec_t = ir.VectorType.get([2], _half_type(dtype))
-    vec = llvm.bitcast(vec_t, packed)
-    f32 = ir.F32Type.get()
-    out = []
-    for i in range(2):
-        elem = llvm.extractelement(vec, arith.constant(_i32(), i))
-        out.append(arith.extf(f32, elem))
-    return out[0], out[1]
-
-
 def to_f32(value: ir.Value) -> ir.Value:
     if isinstance(value.type, ir.F32Type):
         return value
     return arith.extf(ir.F32Type.get(), value)
-
-
-def from_f32(value: ir.Value, dtype: str) -> ir.Value:
-    """Round an f32 to ``dtype`` ('f32' leaves it alone)."""
-    if dtype == "f32":
-        return value
-    return arith.truncf(_half_type(dtype), value)
 
 
 def acc_to_a_frags(layout, values: list, pack) -> dict:
@@ -95,25 +76,3 @@ def acc_to_bt_frags(layout, values: list, pack) -> dict:
                     regs.append(pack(values[layout.reg(am, an, lo)], values[layout.reg(am, an, hi)]))
                 out[(kk, 2 * am + nb)] = regs
     return out
-
-
-def acc_to_a(acc, dtype: str = "bf16"):
-    """A-operand fragments of an accumulator tile, as a `mma.RegOperand`.
-
-    Each warp's block [warp_rows, warp_cols] becomes the A operand [M = warp_rows, K = warp_cols]
-    of the next warp_matmul: key (am, kk) → 4 packed registers, kk the 16-wide k block.
-    """
-    from .mma import RegOperand
-    frags = acc_to_a_frags(acc.layout, acc.values, lambda lo, hi: pack_f32x2(lo, hi, dtype))
-    return RegOperand(frags, acc.layout)
-
-
-def acc_to_bt(acc, dtype: str = "bf16"):
-    """B-operand fragments of the *transpose* of an accumulator tile X, as a `mma.RegOperand`.
-
-    Each warp's X block [rows → n, cols → k] gives key (kk, an) → 2 packed registers for n8 atom
-    ``an`` of Xᵀ (an = 2·am + {0, 1}).
-    """
-    from .mma import RegOperand
-    frags = acc_to_bt_frags(acc.layout, acc.values, lambda lo, hi: pack_f32x2(lo, hi, dtype))
-    return RegOperand(frags, acc.layout)

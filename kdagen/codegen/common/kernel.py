@@ -78,16 +78,8 @@ def const_i32(value: int) -> ir.Value:
     return arith.constant(ir.IntegerType.get_signless(32), value)
 
 
-def const_i64(value: int) -> ir.Value:
-    return arith.constant(ir.IntegerType.get_signless(64), value)
-
-
 def const_f32(value: float) -> ir.Value:
     return arith.constant(ir.F32Type.get(), float(value))
-
-
-def const_index(value: int) -> ir.Value:
-    return arith.constant(ir.IndexType.get(), value)
 
 
 def to_i64(value: ir.Value) -> ir.Value:

@@ -76,16 +76,6 @@ def ldmatrix_element(lane, half: int, trans: bool):
     return g, 2 * t + half
 
 
-def operand_block(reg: int):
-    """8x8 block (first-dim block, second-dim block) of fragment register ``reg``.
-
-    A (16x16, [m, k]) registers 0..3 are blocks (0,0), (1,0), (0,1), (1,1); a B pair of n8 atoms
-    (k16 x n16, [k, n]) loaded by one x4 is the same order: regs 0, 1 are atom 0's k-halves, regs
-    2, 3 atom 1's; one B atom (x2) is regs 0, 1 = k-halves.
-    """
-    return reg % 2, reg // 2
-
-
 def ldmatrix_trans_flag(operand: str, transposed: bool) -> bool:
     """Whether the ldmatrix feeding ``operand`` ('a' or 'b') needs ``.trans``.
 

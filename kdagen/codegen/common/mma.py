@@ -10,14 +10,14 @@ Layers, each reusable on its own:
   ops, `warpsim.NumpyBackend` simulates the same plan on the CPU, so the CPU test exercises the
   very schedule and addresses a kernel emits.
 * `warp_matmul` — ``acc += op(A) · op(B)`` with A, B from shared tiles (natural or transposed) or
-  from registers (`convert.acc_to_a` / `acc_to_bt`).
+  from registers (`acc_to_a` / `acc_to_bt` below).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from ..._mlir import arith, ir, llvm, nvvm, scf
-from .convert import from_f32, pack_f32x2
+from .convert import acc_to_a_frags, acc_to_bt_frags, pack_f32x2, to_f32
 from .ints import IntVal, as_i32
 from .layouts import (C_REGS, MMA_K, MMA_M, MMA_N, AccLayout, ldmatrix_operand_lane_coord,
                       ldmatrix_trans_flag)
@@ -131,7 +131,6 @@ def load_acc(layout: AccLayout, source, coords, dtype: str = "f32") -> AccFragme
     """Load a tile stored as ``dtype`` from a `GlobalView` or `SmemTile` into accumulator layout
     (f32 in registers). Global rows past ``rows_valid`` read as zero."""
     from .smem import GlobalView
-    from .convert import to_f32
     is_global = isinstance(source, GlobalView)
     elem_t = {"f32": _f32(), "bf16": ir.BF16Type.get(), "f16": ir.F16Type.get()}[dtype]
     values = [None] * layout.regs_per_lane
@@ -167,6 +166,26 @@ class RegOperand:
     (kk, an) → 2 regs; ``source`` is the AccLayout it was converted from (for checks)."""
     frags: dict
     source: AccLayout | None = None
+
+
+def acc_to_a(acc, dtype: str = "bf16"):
+    """A-operand fragments of an accumulator tile, as a `mma.RegOperand`.
+
+    Each warp's block [warp_rows, warp_cols] becomes the A operand [M = warp_rows, K = warp_cols]
+    of the next warp_matmul: key (am, kk) → 4 packed registers, kk the 16-wide k block.
+    """
+    frags = acc_to_a_frags(acc.layout, acc.values, lambda lo, hi: pack_f32x2(lo, hi, dtype))
+    return RegOperand(frags, acc.layout)
+
+
+def acc_to_bt(acc, dtype: str = "bf16"):
+    """B-operand fragments of the *transpose* of an accumulator tile X, as a `mma.RegOperand`.
+
+    Each warp's X block [rows → n, cols → k] gives key (kk, an) → 2 packed registers for n8 atom
+    ``an`` of Xᵀ (an = 2·am + {0, 1}).
+    """
+    frags = acc_to_bt_frags(acc.layout, acc.values, lambda lo, hi: pack_f32x2(lo, hi, dtype))
+    return RegOperand(frags, acc.layout)
 
 
 @dataclass(frozen=True)
@@ -304,9 +323,3 @@ def warp_matmul(acc: AccFragment, a, b, k: int, coords, dtype: str = "bf16") -> 
     plan = warp_matmul_plan(acc.layout, k, isinstance(a, RegOperand), isinstance(b, RegOperand))
     values = run_warp_matmul(plan, MlirBackend(dtype), acc.values, a, b, coords.warp, coords.lane)
     return AccFragment(acc.layout, values)
-
-
-def round_acc(acc: AccFragment, dtype: str) -> AccFragment:
-    """Round every register to ``dtype`` and back to f32 (models storing an intermediate)."""
-    from .convert import to_f32
-    return acc.map(lambda x: to_f32(from_f32(x, dtype)))

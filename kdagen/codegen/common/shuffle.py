@@ -11,7 +11,7 @@ from __future__ import annotations
 from ..._mlir import arith, ir, nvvm, scf
 from .ints import as_i32
 from .layouts import lane_group, lane_in_group
-from .rowcol import ColValues, RowValues, acc_apply_cols, acc_apply_rows  # noqa: F401 (re-export)
+from .rowcol import RowValues
 
 FULL_MASK = -1  # 0xFFFFFFFF as a signed i32
 
@@ -106,24 +106,6 @@ def acc_row_reduce(acc, op: str, coords=None, scratch=None, sync=None) -> RowVal
             v = f(v, scratch.load("f32", (row * lay.warps_n + j) * 4))
         out.append(v)
     return RowValues(lay, out)
-
-
-def acc_col_reduce_warp(acc, op: str) -> list:
-    """Per register column (an, i % 2): reduce over the warp's rows (registers of every am and
-    both 8-row halves, then lanes with equal lane % 4). Returns ``atoms_n · 2`` values, index
-    ``2·an + j`` for column ``warp_col0 + 8·an + 2·(lane % 4) + j``; combining over ``warps_m``
-    is left to the caller (it needs shared memory)."""
-    lay = acc.layout
-    f = _combine(op)
-    out = []
-    for an in range(lay.atoms_n):
-        for j in (0, 1):
-            regs = [lay.reg(am, an, 2 * hi + j) for am in range(lay.atoms_m) for hi in (0, 1)]
-            v = acc.values[regs[0]]
-            for r in regs[1:]:
-                v = f(v, acc.values[r])
-            out.append(butterfly_reduce(v, op, COL_LANE_MASKS))
-    return out
 
 
 # ------------------------------------------------------------------------------------------

@@ -14,7 +14,3 @@ def thread_idx(dim: str = "x") -> ir.Value:
 
 def block_idx(dim: str = "x") -> ir.Value:
     return getattr(nvvm, f"read_ptx_sreg_ctaid_{dim}")(results=[_i32()])
-
-
-def block_dim(dim: str = "x") -> ir.Value:
-    return getattr(nvvm, f"read_ptx_sreg_ntid_{dim}")(results=[_i32()])

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kdagen._mlir import ir
+from kdagen.ir.accessors import program_func
 from kdagen.ir.dialect import op_attrs, py_attr
 
 __all__ = ["Value", "Node", "Block", "ArgInfo", "Program", "read_program", "walk"]
@@ -127,14 +128,9 @@ def _type_info(t) -> tuple[str, tuple, str]:
     return "other", (), str(t)
 
 
-def _program_func(module):
-    from kdagen.interpreter import program_func     # one definition of "the program function"
-    return program_func(module)
-
-
 def read_program(module) -> Program:
     """Copy the program function of a kda module into Python objects."""
-    fn = _program_func(module)
+    fn = program_func(module)
     values: dict = {}
     counter = [0]
     all_nodes: list = []

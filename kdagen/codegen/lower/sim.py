@@ -13,8 +13,10 @@ import numpy as np
 import torch
 
 from . import backend as B
-from .kernel import LowerOptions, prepare, workspace_specs
+from .emitter import workspace_specs
+from .kernel import LowerOptions, prepare
 from .program import read_program
+from .sim_backend import SimBackend, SimMemory, SimPtr
 
 __all__ = ["simulate", "program_sizes"]
 
@@ -90,12 +92,11 @@ def simulate(module, inputs: dict, *, options: LowerOptions | None = None, stora
         if a.role == "input":
             if a.name not in inputs:
                 raise ValueError(f"missing input {a.name!r}")
-            mems[a.name] = B.SimMemory(a.name, _to_storage(inputs[a.name], a.elt), a.elt)
+            mems[a.name] = SimMemory(a.name, _to_storage(inputs[a.name], a.elt), a.elt)
         else:
-            mems[a.name] = B.SimMemory(a.name, _alloc(a.layout, a.tail, sz, a.heads), a.elt)
-    shapes = {a.name: None for a in program.args}
+            mems[a.name] = SimMemory(a.name, _alloc(a.layout, a.tail, sz, a.heads), a.elt)
     for w in workspace_specs(program):
-        mems[w["name"]] = B.SimMemory(w["name"], _alloc(w["layout"], w["tail"], sz, w["heads"]), w["elt"])
+        mems[w["name"]] = SimMemory(w["name"], _alloc(w["layout"], w["tail"], sz, w["heads"]), w["elt"])
     scalars = {}
     for a in program.args:
         if a.layout == "scalar":
@@ -107,12 +108,12 @@ def simulate(module, inputs: dict, *, options: LowerOptions | None = None, stora
         p = dict(base_p)
         for prm in em.params():
             if prm.kind == "ptr" and prm.name != "scratch":
-                p[prm.name] = B.SimPtr(mems[prm.name])
+                p[prm.name] = SimPtr(mems[prm.name])
         if pk.group.kind == "global":
             block = pk.launch["block"][0]
             size = _global_size(pk.launch["grid"][0], sz)
             for bx in range(-(-size // block)):
-                be = B.SimBackend(block, check_races)
+                be = SimBackend(block, check_races)
                 with B.use(be):
                     em.body(p, dict(tid=be.lanes, bx=bx))
             continue
@@ -121,15 +122,15 @@ def simulate(module, inputs: dict, *, options: LowerOptions | None = None, stora
         for z in range(gz):
             for n in range(sz["N"]):
                 for hv in range(sz["HV"]):
-                    be = B.SimBackend(opts.nthreads, check_races)
+                    be = SimBackend(opts.nthreads, check_races)
                     cta = (z * sz["N"] + n) * sz["HV"] + hv
                     base = None
                     if em.uses_global:
-                        scratch = B.SimMemory("scratch", np.full(elems, np.nan, np.float32), "f32",
+                        scratch = SimMemory("scratch", np.full(elems, np.nan, np.float32), "f32",
                                               track=True)
-                        p["scratch"] = B.SimPtr(scratch, -cta * elems)
+                        p["scratch"] = SimPtr(scratch, -cta * elems)
                     if em.uses_smem:
-                        base = B.SimPtr(B.SimMemory("smem", np.full(max(1, em.smem_elems), np.nan,
+                        base = SimPtr(SimMemory("smem", np.full(max(1, em.smem_elems), np.nan,
                                                                     np.float32), "f32", track=True))
                     with B.use(be):
                         em.body(p, dict(tid=be.lanes, hv=hv, n=n, z=z, grid=(sz["HV"], sz["N"])),
@@ -184,8 +185,8 @@ class SimKernel:
                 if not a.is_contiguous():
                     raise TypeError(f"{self.entry.name}: {prm['name']} is not contiguous")
                 arr = (a.to(torch.int64) if prm["elem"] == "i64" else a.to(torch.float32)).numpy().copy()
-                mem = B.SimMemory(prm["name"], arr, prm["elem"], track=prm["name"] == "scratch")
-                p[prm["name"]] = B.SimPtr(mem)
+                mem = SimMemory(prm["name"], arr, prm["elem"], track=prm["name"] == "scratch")
+                p[prm["name"]] = SimPtr(mem)
                 backs.append((a, mem))
             elif prm["kind"] == "i32":
                 p[prm["name"]] = int(a)
@@ -196,17 +197,17 @@ class SimKernel:
         if pk.group.kind == "global":
             block = pk.launch["block"][0]
             for bx in range(int(grid[0])):
-                be = B.SimBackend(block, self.check_races)
+                be = SimBackend(block, self.check_races)
                 with B.use(be):
                     em.body(p, dict(tid=be.lanes, bx=bx))
         else:
             for z in range(int(grid[2])):
                 for n in range(int(grid[1])):
                     for hv in range(int(grid[0])):
-                        be = B.SimBackend(self.nthreads, self.check_races)
+                        be = SimBackend(self.nthreads, self.check_races)
                         base = None
                         if em.uses_smem:
-                            base = B.SimPtr(B.SimMemory("smem", np.full(max(1, em.smem_elems), np.nan,
+                            base = SimPtr(SimMemory("smem", np.full(max(1, em.smem_elems), np.nan,
                                                                         np.float32), "f32", track=True))
                         with B.use(be):
                             em.body(p, dict(tid=be.lanes, hv=hv, n=n, z=z,
@@ -220,8 +221,8 @@ class SimLibrary:
     bundle's manifest (params, launch) and the modules the bundle was written from."""
 
     def __init__(self, bundle_dir, modules: dict, chip: str, check_races: bool = True):
-        from kdagen.bundle import read_manifest
-        from kdagen.codegen.target import get_target
+        from kdagen.runtime.bundle import read_manifest
+        from kdagen.target import get_target
         self.manifest = read_manifest(bundle_dir)
         self.chip = chip
         self.kernels = {}

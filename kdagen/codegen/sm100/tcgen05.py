@@ -20,9 +20,8 @@ from ..._mlir import arith, ir, llvm, nvvm
 from ..common.ints import IntVal, as_i32
 from ..common.layouts import SmemLayout
 from ..common.smem import SmemRegion
-from ..target import Target, require_chip
+from ...target import Target
 
-TCGEN05_CHIPS = ("sm_100a",)
 SWIZZLE_CODE = {0: 0, 128: 2, 64: 4, 32: 6}
 TMEM_ADDRESS_SPACE = 6
 
@@ -61,7 +60,7 @@ def _i64_const(value: int) -> ir.Value:
 
 
 def make_smem_descriptor(target: Target, start_addr32, lbo: int, sbo: int, swizzle: int) -> ir.Value:
-    require_chip(target, TCGEN05_CHIPS, "tcgen05")
+    target.require("has_tcgen05", "tcgen05")
     const = smem_descriptor_bits(0, lbo, sbo, swizzle)
     field = (IntVal(start_addr32) >> 4) & 0x3FFF
     return arith.ori(arith.extui(ir.IntegerType.get_signless(64), field.value), _i64_const(const))
@@ -95,17 +94,17 @@ def tmem_columns(n: int) -> int:
 
 def tmem_alloc(target: Target, slot: SmemRegion, ncols: int) -> None:
     """``tcgen05.alloc.cta_group::1`` by one whole warp; the address lands in ``slot``."""
-    require_chip(target, TCGEN05_CHIPS, "tcgen05")
+    target.require("has_tcgen05", "tcgen05")
     nvvm.tcgen05_alloc(slot.ptr(), as_i32(ncols))
 
 
 def tmem_relinquish(target: Target) -> None:
-    require_chip(target, TCGEN05_CHIPS, "tcgen05")
+    target.require("has_tcgen05", "tcgen05")
     nvvm.tcgen05_relinquish_alloc_permit()
 
 
 def tmem_dealloc(target: Target, taddr: ir.Value, ncols: int) -> None:
-    require_chip(target, TCGEN05_CHIPS, "tcgen05")
+    target.require("has_tcgen05", "tcgen05")
     nvvm.tcgen05_dealloc(taddr, as_i32(ncols))
 
 
@@ -123,12 +122,12 @@ def tmem_offset(taddr: ir.Value, lane: int | IntVal = 0, column: int | IntVal = 
 
 
 def tcgen05_fence_before(target: Target) -> None:
-    require_chip(target, TCGEN05_CHIPS, "tcgen05")
+    target.require("has_tcgen05", "tcgen05")
     nvvm.tcgen05_fence(nvvm.Tcgen05FenceKind.BEFORE_THREAD_SYNC)
 
 
 def tcgen05_fence_after(target: Target) -> None:
-    require_chip(target, TCGEN05_CHIPS, "tcgen05")
+    target.require("has_tcgen05", "tcgen05")
     nvvm.tcgen05_fence(nvvm.Tcgen05FenceKind.AFTER_THREAD_SYNC)
 
 
@@ -136,7 +135,7 @@ def tcgen05_mma(target: Target, d_tmem: ir.Value, desc_a: ir.Value, desc_b: ir.V
                 accumulate) -> None:
     """``tcgen05.mma.cta_group::1.kind::f16 [d], a_desc, b_desc, idesc, enable_input_d``
     (issued by one thread). ``accumulate``: bool or i1 value (False: D = A·B)."""
-    require_chip(target, TCGEN05_CHIPS, "tcgen05")
+    target.require("has_tcgen05", "tcgen05")
     if isinstance(accumulate, bool):
         accumulate = arith.constant(ir.IntegerType.get_signless(1), int(accumulate))
     nvvm.tcgen05_mma(nvvm.Tcgen05MMAKind.F16, nvvm.CTAGroupKind.CTA_1, d_tmem, desc_a, desc_b,
@@ -146,7 +145,7 @@ def tcgen05_mma(target: Target, d_tmem: ir.Value, desc_a: ir.Value, desc_b: ir.V
 def tcgen05_commit(target: Target, bar: SmemRegion) -> None:
     """``tcgen05.commit.cta_group::1.mbarrier::arrive::one``: ``bar`` gets one arrival when all
     prior tcgen05 async operations of this thread have completed."""
-    require_chip(target, TCGEN05_CHIPS, "tcgen05")
+    target.require("has_tcgen05", "tcgen05")
     nvvm.tcgen05_commit(bar.ptr())
 
 
@@ -154,7 +153,7 @@ def tmem_load_32x32b(target: Target, taddr: ir.Value, num: int) -> list[ir.Value
     """``tcgen05.ld.sync.aligned.32x32b.x{num}.b32``: this thread's TMEM lane, ``num`` columns
     from ``taddr`` (which must point at lane 32·(warp % 4)); returns ``num`` f32 values. Follow
     with `tmem_wait_load` before using them."""
-    require_chip(target, TCGEN05_CHIPS, "tcgen05")
+    target.require("has_tcgen05", "tcgen05")
     if num not in (1, 2, 4, 8, 16, 32, 64, 128):
         raise ValueError(f"tcgen05.ld .x{num} is not a valid repeat count")
     i32 = ir.IntegerType.get_signless(32)
@@ -167,5 +166,5 @@ def tmem_load_32x32b(target: Target, taddr: ir.Value, num: int) -> list[ir.Value
 
 
 def tmem_wait_load(target: Target) -> None:
-    require_chip(target, TCGEN05_CHIPS, "tcgen05")
+    target.require("has_tcgen05", "tcgen05")
     nvvm.tcgen05_wait(nvvm.Tcgen05WaitKind.LOAD)

@@ -12,9 +12,7 @@ otherwise ptxas reports "(C7508) 'setmaxnreg' ignored". Chips: sm_90a, sm_100a, 
 from __future__ import annotations
 
 from ..._mlir import nvvm
-from ..target import Target, require_chip
-
-SETMAXNREG_CHIPS = ("sm_90a", "sm_100a", "sm_120a")   # ptxas 13.0 accepts all three
+from ...target import Target
 
 
 def _check(count: int) -> None:
@@ -24,18 +22,13 @@ def _check(count: int) -> None:
 
 def claim_registers(target: Target, count: int) -> None:
     """``setmaxnreg.inc.sync.aligned.u32 count`` (consumer warpgroups)."""
-    require_chip(target, SETMAXNREG_CHIPS, "setmaxnreg")
+    target.require("has_setmaxnreg", "setmaxnreg")
     _check(count)
     nvvm.setmaxregister(count, nvvm.SetMaxRegisterAction.increase)
 
 
 def release_registers(target: Target, count: int) -> None:
     """``setmaxnreg.dec.sync.aligned.u32 count`` (producer warpgroups)."""
-    require_chip(target, SETMAXNREG_CHIPS, "setmaxnreg")
+    target.require("has_setmaxnreg", "setmaxnreg")
     _check(count)
     nvvm.setmaxregister(count, nvvm.SetMaxRegisterAction.decrease)
-
-
-def register_budget_ok(threads: int, per_thread_max: list[tuple[int, int]], file_size: int = 65536) -> bool:
-    """Whether warpgroups with (threads, registers) pairs fit the 64K-register file."""
-    return sum(t * r for t, r in per_thread_max) <= file_size and sum(t for t, _ in per_thread_max) == threads

@@ -27,9 +27,8 @@ from ..common.ints import as_i32, ival
 from ..common.layouts import SmemLayout
 from ..common.smem import ELEM_BYTES, SmemRegion, SmemTile
 from ...runtime.tensormap import SWIZZLES, encode_args
-from ..target import Target, require_chip
+from ...target import Target
 
-TMA_CHIPS = ("sm_90a", "sm_100a", "sm_120a")
 
 @dataclass(frozen=True)
 class TensorMapContract:
@@ -95,13 +94,13 @@ def tile_contract(layout: SmemLayout, dtype: str, rank: int, row_dim: int) -> Te
 
 def tensormap_pointer(target: Target, param: ir.Value) -> ir.Value:
     """Generic pointer to the tensor map from its global-address kernel parameter."""
-    require_chip(target, TMA_CHIPS, "TMA (cp.async.bulk.tensor)")
+    target.require("has_tma", "TMA (cp.async.bulk.tensor)")
     return llvm.addrspacecast(llvm.PointerType.get(0), param)
 
 
 def prefetch_tensormap(target: Target, tmap: ir.Value) -> None:
     """``prefetch.tensormap``: warm the descriptor cache (one thread, early in the kernel)."""
-    require_chip(target, TMA_CHIPS, "TMA (cp.async.bulk.tensor)")
+    target.require("has_tma", "TMA (cp.async.bulk.tensor)")
     nvvm.prefetch(tmap, tensormap=True)
 
 
@@ -114,7 +113,7 @@ def tma_load(target: Target, dst: ir.Value, tmap: ir.Value, coords_inner_first: 
     The ``.shared::cta`` destination form (PTX 8.6+) is used: the ``.shared::cluster`` form made
     ptxas for sm_120a keep an 8-byte stack frame and extra address conversions.
     """
-    require_chip(target, TMA_CHIPS, "TMA (cp.async.bulk.tensor)")
+    target.require("has_tma", "TMA (cp.async.bulk.tensor)")
     if not 1 <= len(coords_inner_first) <= 5:
         raise ValueError("TMA copies have 1..5 coordinates")
     nvvm.cp_async_bulk_tensor_shared_cluster_global(
@@ -134,27 +133,13 @@ def tma_load_tile(target: Target, tile: SmemTile, tmap: ir.Value, coords: list,
     return lay.size_bytes
 
 
-def tma_store_tile(target: Target, tile: SmemTile, tmap: ir.Value, coords: list) -> None:
-    """Store ``tile`` to global (``cp.async.bulk.tensor...global.shared::cta.bulk_group``), one
-    copy per panel. Before: every writer thread did `barrier.fence_proxy_async_shared()` and the
-    threads synchronised; after: `tma_store_commit` + `tma_store_wait` before reusing the tile.
-    Out-of-range rows are not written."""
-    require_chip(target, TMA_CHIPS, "TMA (cp.async.bulk.tensor)")
-    lay = tile.layout
-    for p in range(lay.num_panels):
-        inner = ival(coords[-1]) + p * lay.panel_cols
-        src = tile.ptr(0, p * lay.panel_cols) if lay.swizzle else tile.ptr(0, 0)
-        nvvm.cp_async_bulk_tensor_global_shared_cta(
-            tmap, src, [as_i32(c) for c in [inner] + list(reversed(coords[:-1]))])
-
-
 def tma_store_commit(target: Target) -> None:
-    require_chip(target, TMA_CHIPS, "TMA (cp.async.bulk.tensor)")
+    target.require("has_tma", "TMA (cp.async.bulk.tensor)")
     nvvm.cp_async_bulk_commit_group()
 
 
 def tma_store_wait(target: Target, pending: int = 0, read_only: bool = True) -> None:
     """Wait until at most ``pending`` bulk store groups are in flight (``.read``: only until their
     shared-memory source has been read, enough to reuse the tile)."""
-    require_chip(target, TMA_CHIPS, "TMA (cp.async.bulk.tensor)")
+    target.require("has_tma", "TMA (cp.async.bulk.tensor)")
     nvvm.cp_async_bulk_wait_group(pending, read=read_only or None)

@@ -28,9 +28,8 @@ from ..._mlir import arith, ir, llvm, nvvm
 from ..common.ints import IntVal
 from ..common.layouts import AccLayout, SmemLayout
 from ..common.mma import AccFragment, SmemOperand
-from ..target import Target, require_chip
+from ...target import Target
 
-WGMMA_CHIPS = ("sm_90a",)
 SWIZZLE_CODE = {0: 0, 128: 1, 64: 2, 32: 3}
 WGMMA_M, WGMMA_K = 64, 16
 
@@ -45,16 +44,6 @@ def descriptor_bits(start_addr: int, lbo: int, sbo: int, swizzle: int, base_offs
     mode 62-63 (0 none, 1 128B, 2 64B, 3 32B); addresses and offsets encoded as (x & 0x3FFFF) >> 4."""
     return (_enc(start_addr) | (_enc(lbo) << 16) | (_enc(sbo) << 32)
             | ((base_offset & 7) << 49) | (SWIZZLE_CODE[swizzle] << 62))
-
-
-def decode_descriptor(desc: int) -> dict:
-    return {
-        "start_addr": (desc & 0x3FFF) << 4,
-        "lbo": ((desc >> 16) & 0x3FFF) << 4,
-        "sbo": ((desc >> 32) & 0x3FFF) << 4,
-        "base_offset": (desc >> 49) & 7,
-        "swizzle": {v: k for k, v in SWIZZLE_CODE.items()}[(desc >> 62) & 3],
-    }
 
 
 def _i64_const(value: int) -> ir.Value:
@@ -100,17 +89,17 @@ def operand_start_and_strides(layout: SmemLayout, operand: str, transposed: bool
 
 
 def wgmma_fence(target: Target) -> None:
-    require_chip(target, WGMMA_CHIPS, "wgmma")
+    target.require("has_wgmma", "wgmma")
     nvvm.wgmma_fence_aligned()
 
 
 def wgmma_commit(target: Target) -> None:
-    require_chip(target, WGMMA_CHIPS, "wgmma")
+    target.require("has_wgmma", "wgmma")
     nvvm.wgmma_commit_group_sync_aligned()
 
 
 def wgmma_wait(target: Target, pending: int = 0) -> None:
-    require_chip(target, WGMMA_CHIPS, "wgmma")
+    target.require("has_wgmma", "wgmma")
     nvvm.wgmma_wait_group_sync_aligned(pending)
 
 
@@ -119,7 +108,7 @@ def wgmma_async(target: Target, acc_values: list, desc_a: ir.Value, desc_b: ir.V
                 accumulate: bool = True) -> list:
     """One ``wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{dtype}.{dtype}``; returns the n/2
     result registers (valid after `wgmma_wait`). ``accumulate=False`` ignores the input (scale-d 0)."""
-    require_chip(target, WGMMA_CHIPS, "wgmma")
+    target.require("has_wgmma", "wgmma")
     if n % 8 or not 8 <= n <= 256:
         raise ValueError(f"wgmma N must be a multiple of 8 in 8..256, got {n}")
     if len(acc_values) != n // 2:
@@ -154,7 +143,7 @@ def wgmma_matmul(target: Target, acc: AccFragment, a: SmemOperand, b: SmemOperan
     A stored [K, M] / B stored [N, K]; their row0/col0 must be 0 (use separate tiles or the
     m0 argument). Call between `wgmma_fence` and `wgmma_commit`; read ``acc`` after `wgmma_wait`.
     """
-    require_chip(target, WGMMA_CHIPS, "wgmma")
+    target.require("has_wgmma", "wgmma")
     lay = acc.layout
     if lay != wgmma_acc_layout(lay.cols):
         raise ValueError("wgmma accumulators use AccLayout(64, N, warps_m=4, warps_n=1)")

@@ -13,19 +13,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .._mlir import arith, ir, llvm, scf
-from .common import barrier
-from .common.convert import acc_to_a, acc_to_bt
-from .common.ints import IntVal, as_i32
-from .common.kernel import GpuModuleBuilder, Param
-from .common.launch import set_launch_bounds
-from .common.layouts import AccLayout, SmemLayout
-from .common.mma import AccFragment, SmemOperand, store_acc, warp_matmul
-from .common.shuffle import acc_row_reduce
-from .common.smem import (ELEM_BYTES, GlobalView, SmemAllocator, copy_global_to_shared,
+from kdagen._mlir import arith, ir, llvm, scf
+from kdagen.codegen.common import barrier
+from kdagen.codegen.common.mma import acc_to_a, acc_to_bt
+from kdagen.codegen.common.ints import IntVal, as_i32
+from kdagen.codegen.common.kernel import GpuModuleBuilder, Param
+from kdagen.codegen.common.launch import set_launch_bounds
+from kdagen.codegen.common.layouts import AccLayout, SmemLayout
+from kdagen.codegen.common.mma import AccFragment, SmemOperand, store_acc, warp_matmul
+from kdagen.codegen.common.shuffle import acc_row_reduce
+from kdagen.codegen.common.smem import (ELEM_BYTES, GlobalView, SmemAllocator, copy_global_to_shared,
                           cp_async_commit, cp_async_wait)
-from .common.threads import warp_coords
-from .target import Target
+from kdagen.codegen.common.threads import warp_coords
+from kdagen.target import DEFAULT_CHIPS, Target, chips_with
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ class LaunchContract:
     dynamic_smem_bytes: int
     args: list
     reference: str
-    chips: tuple = ("sm_90a", "sm_100a", "sm_120a")
+    chips: tuple = DEFAULT_CHIPS
     host: list = field(default_factory=list)
     rtol: float = 1e-5
     extra: dict = field(default_factory=dict)
@@ -217,8 +217,8 @@ def build_row_reduce(builder: GpuModuleBuilder, m: int = 64, n: int = 64, k: int
     Expected: S = A.float() @ B.float(); rowsum = S.sum(1); rowmax = S.amax(1);
               E = torch.exp2(S - rowmax[:, None])  (ex2.approx: rtol ~1e-6)
     """
-    from .common import fastmath
-    from .common.rowcol import acc_apply_rows
+    from kdagen.codegen.common import fastmath
+    from kdagen.codegen.common.rowcol import acc_apply_rows
     name = name or f"emt_row_reduce_m{m}n{n}k{k}_w{warps_m}x{warps_n}_{dtype}"
     nthreads = 32 * warps_m * warps_n
     params = [Param("A", "ptr", dtype), Param("B", "ptr", dtype), Param("rowsum", "ptr", "f32"),
@@ -267,11 +267,11 @@ def build_tile_ops(builder: GpuModuleBuilder, m: int = 64, n: int = 64, warps_m:
     Expected: Y = X.cumsum(0); Z = torch.tril(X * torch.exp2(r[:, None] - c[None, :]))
     (ex2.approx: rtol ~1e-6; cumsum order differs from torch's: rtol ~1e-5).
     """
-    from .common import fastmath
-    from .common.mma import load_acc
-    from .common.rowcol import acc_apply_cols, acc_apply_rows, acc_mask_triangular, \
+    from kdagen.codegen.common import fastmath
+    from kdagen.codegen.common.mma import load_acc
+    from kdagen.codegen.common.rowcol import acc_apply_cols, acc_apply_rows, acc_mask_triangular, \
         load_col_values, load_row_values
-    from .common.shuffle import acc_cumsum_rows
+    from kdagen.codegen.common.shuffle import acc_cumsum_rows
     name = name or f"emt_tile_ops_m{m}n{n}_w{warps_m}x{warps_n}"
     nthreads = 32 * warps_m * warps_n
     params = [Param("X", "ptr", "f32"), Param("r", "ptr", "f32"), Param("c", "ptr", "f32"),
@@ -308,8 +308,8 @@ def build_bthd_chunk_matmul(builder: GpuModuleBuilder, B: int = 2, T: int = 100,
     Params: X dtype [B, T, H, D], W dtype [D, D], O f32 [B, T, H, D] (output), T i32.
     Expected: O = torch.einsum('bthd,de->bthe', X.float(), W.float())
     """
-    from .common.sreg import block_idx
-    from .common.smem import bthd_tile
+    from kdagen.codegen.common.sreg import block_idx
+    from kdagen.codegen.common.smem import bthd_tile
     name = name or f"emt_bthd_chunk_matmul_C{chunk}_D{D}_w{warps_m}x{warps_n}_{dtype}"
     nthreads = 32 * warps_m * warps_n
     params = [Param("X", "ptr", dtype), Param("W", "ptr", dtype), Param("O", "ptr", "f32"),
@@ -371,8 +371,8 @@ def build_tma_tile_load(builder: GpuModuleBuilder, target: Target, rows: int = 6
     ``contract.extra['tensor_map'].encode_args(X.shape)``), out dtype [rows, cols], c0.. (i32).
     Expected: out = X[tile] with out-of-range rows = 0.
     """
-    from .common.smem import copy_shared_to_global
-    from .sm90 import tma
+    from kdagen.codegen.common.smem import copy_shared_to_global
+    from kdagen.codegen.sm90 import tma
     name = name or f"emt_tma_load_r{rank}_{rows}x{cols}_{dtype}_sw{swizzle}"
     coord_names = [f"c{i}" for i in range(rank - 1)]
     params = [Param("tmap", "ptr"), Param("out", "ptr", dtype)] + [Param(c, "i32") for c in coord_names]
@@ -407,7 +407,7 @@ def build_tma_tile_load(builder: GpuModuleBuilder, target: Target, rows: int = 6
         name, (1, 1, 1), (128, 1, 1), smem.size_bytes,
         [tensormap("tmap", x, contract), tensor("out", dtype, (rows, cols), True)]
         + [scalar(c, v) for c, v in zip(coord_names, coords)],
-        f"out = pad_rows({sel}.float(), {rows})", chips=tma.TMA_CHIPS, host=[x], rtol=0.0,
+        f"out = pad_rows({sel}.float(), {rows})", chips=chips_with("has_tma"), host=[x], rtol=0.0,
         extra={"tensor_map": contract})
 
 
@@ -422,7 +422,7 @@ def build_wgmma_tile(builder: GpuModuleBuilder, target: Target, n: int = 64, k: 
     Expected: C = op(A).float() @ op(B).float()  (op = .T when transposed).
     trans_b=True / trans_a=False are the K-major forms; the others are MN-major (transposed) wgmma.
     """
-    from .sm90 import wgmma
+    from kdagen.codegen.sm90 import wgmma
     name = name or (f"emt_wgmma_m64n{n}k{k}_{'T' if trans_a else 'N'}{'T' if trans_b else 'N'}"
                     f"_{dtype}_sw{swizzle}")
     params = [Param("A", "ptr", dtype), Param("B", "ptr", dtype), Param("C", "ptr", "f32")]
@@ -446,7 +446,7 @@ def build_wgmma_tile(builder: GpuModuleBuilder, target: Target, n: int = 64, k: 
         name, (1, 1, 1), (128, 1, 1), smem.size_bytes,
         [tensor("A", dtype, a_shape), tensor("B", dtype, b_shape), tensor("C", "f32", (64, n), True)],
         f"C = {'A.T' if trans_a else 'A'}.float() @ {'B.T' if trans_b else 'B'}.float()",
-        chips=wgmma.WGMMA_CHIPS)
+        chips=chips_with("has_wgmma"))
 
 
 def build_ws_tma_wgmma_pipeline(builder: GpuModuleBuilder, target: Target, n: int = 64,
@@ -464,10 +464,8 @@ def build_ws_tma_wgmma_pipeline(builder: GpuModuleBuilder, target: Target, n: in
     ``extra['tensor_map_b'].encode_args((n, k_total))``), C f32 [64, n].
     Expected: C = A.float() @ B.float().T
     """
-    from .sm90 import regalloc, tma, wgmma
-    require = ("sm_90a",)
-    from .target import require_chip
-    require_chip(target, require, "the wgmma pipeline test kernel")
+    from kdagen.codegen.sm90 import regalloc, tma, wgmma
+    target.require("has_wgmma", "the wgmma pipeline test kernel")
     name = name or f"emt_ws_tma_wgmma_m64n{n}k{k_total}_kt{k_tile}_s{stages}_{dtype}"
     eb = ELEM_BYTES[dtype]
     la = SmemLayout(64, k_tile, eb, 128)
@@ -545,7 +543,7 @@ def build_ws_tma_wgmma_pipeline(builder: GpuModuleBuilder, target: Target, n: in
     return LaunchContract(
         name, (1, 1, 1), (256, 1, 1), smem.size_bytes,
         [tensormap("tmap_a", a, ca), tensormap("tmap_b", b, cb), tensor("C", "f32", (64, n), True)],
-        "C = A.float() @ B.float().T", chips=("sm_90a",), host=[a, b],
+        "C = A.float() @ B.float().T", chips=chips_with("has_wgmma"), host=[a, b],
         extra={"tensor_map_a": ca, "tensor_map_b": cb})
 
 
@@ -560,7 +558,7 @@ def build_tcgen05_tile(builder: GpuModuleBuilder, target: Target, n: int = 64, k
     Params: A dtype [128, k], B dtype [n, k], C f32 [128, n].
     Expected: C = A.float() @ B.float().T
     """
-    from .sm100 import tcgen05 as tc
+    from kdagen.codegen.sm100 import tcgen05 as tc
     name = name or f"emt_tcgen05_m128n{n}k{k}_{dtype}_sw{swizzle}"
     params = [Param("A", "ptr", dtype), Param("B", "ptr", dtype), Param("C", "ptr", "f32")]
     with builder.kernel(name, params, (128, 1, 1)) as p:
@@ -613,7 +611,7 @@ def build_tcgen05_tile(builder: GpuModuleBuilder, target: Target, n: int = 64, k
     return LaunchContract(
         name, (1, 1, 1), (128, 1, 1), smem.size_bytes,
         [tensor("A", dtype, (128, k)), tensor("B", dtype, (n, k)), tensor("C", "f32", (128, n), True)],
-        "C = A.float() @ B.float().T", chips=tc.TCGEN05_CHIPS)
+        "C = A.float() @ B.float().T", chips=chips_with("has_tcgen05"))
 
 
 def build_tma_mma_tile(builder: GpuModuleBuilder, target: Target, m: int = 64, n: int = 64,
@@ -628,7 +626,7 @@ def build_tma_mma_tile(builder: GpuModuleBuilder, target: Target, m: int = 64, n
     tmap_b (``extra['tensor_map_b'].encode_args((n, k))``), C f32 [m, n].
     Expected: C = A.float() @ B.float().T
     """
-    from .sm90 import tma
+    from kdagen.codegen.sm90 import tma
     name = name or f"emt_tma_mma_m{m}n{n}k{k}_w{warps_m}x{warps_n}_{dtype}"
     nthreads = 32 * warps_m * warps_n
     eb = ELEM_BYTES[dtype]
@@ -658,7 +656,7 @@ def build_tma_mma_tile(builder: GpuModuleBuilder, target: Target, m: int = 64, n
     return LaunchContract(
         name, (1, 1, 1), (nthreads, 1, 1), smem.size_bytes,
         [tensormap("tmap_a", a, ca), tensormap("tmap_b", b, cb), tensor("C", "f32", (m, n), True)],
-        "C = A.float() @ B.float().T", chips=tma.TMA_CHIPS, host=[a, b],
+        "C = A.float() @ B.float().T", chips=chips_with("has_tma"), host=[a, b],
         extra={"tensor_map_a": ca, "tensor_map_b": cb})
 
 
@@ -695,7 +693,7 @@ def build_suite(builder: GpuModuleBuilder, target: Target) -> list[LaunchContrac
 
 
 # ------------------------------------------------------------------------------------------
-# Emission for the GPU check (python -m kdagen.codegen.testkernels OUT_DIR [--arch ...])
+# Emission for the GPU check (python -m tools.testkernels OUT_DIR [--arch ...])
 # ------------------------------------------------------------------------------------------
 
 def emit_suite(out_dir: str, chips=("sm_90a",)) -> dict:
@@ -704,10 +702,10 @@ def emit_suite(out_dir: str, chips=("sm_90a",)) -> dict:
     import json
     import os
 
-    from .ptxas import assemble
-    from .sm90.tma import TensorMapContract
-    from .target import get_target
-    from .to_ptx import lower_to_ptx
+    from kdagen.codegen.ptxas import assemble
+    from kdagen.codegen.sm90.tma import TensorMapContract
+    from kdagen.target import get_target
+    from kdagen.codegen.to_ptx import lower_to_ptx
     os.makedirs(out_dir, exist_ok=True)
     manifest = {}
     for chip in chips:

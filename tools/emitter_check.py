@@ -1,7 +1,7 @@
 """Run the emitter test kernels on a GPU and compare with torch (imports no MLIR).
 
-On a machine with MLIR + ptxas:   python -m kdagen.codegen.testkernels OUT --arch sm_90a
-On the GPU machine (torch + cuda-bindings only):   python -m kdagen.codegen.emitter_check OUT
+On a machine with MLIR + ptxas:   python -m tools.testkernels OUT --arch sm_90a
+On the GPU machine (torch + cuda-bindings only):   python -m tools.emitter_check OUT
 
 For every kernel of the manifest: fresh random inputs (seeded), outputs poisoned with NaN, tensor
 maps encoded with the manifest's cuTensorMapEncodeTiled arguments and copied to device memory,
@@ -36,7 +36,7 @@ def encode_tensor_map(encode: dict, data_ptr: int):
     """cuTensorMapEncodeTiled with the manifest's arguments; returns a device uint8[128] tensor."""
     import torch
 
-    from ..runtime.tensormap import encode_on_host
+    from kdagen.runtime.tensormap import encode_on_host
     raw = encode_on_host(encode, data_ptr)
     return torch.frombuffer(bytearray(raw), dtype=torch.uint8).cuda()
 
@@ -96,7 +96,7 @@ def compare(entry: dict, got: dict, ref: dict) -> dict:
 def run_kernel(module, entry: dict, seed: int = 0) -> dict:
     import torch
 
-    from ..runtime import driver
+    from kdagen.runtime import driver
     name = entry["kernel"]
     tensors, outputs = make_tensors(entry, seed)
     kinds, values, keep = [], [], []
@@ -125,7 +125,7 @@ def run_kernel(module, entry: dict, seed: int = 0) -> dict:
 
 
 def run(out_dir: str, chip: str = "sm_90a", device: int = 0) -> list[dict]:
-    from ..runtime import driver
+    from kdagen.runtime import driver
     with open(os.path.join(out_dir, "manifest.json")) as f:
         manifest = json.load(f)[chip]
     with open(os.path.join(out_dir, manifest["ptx"]), "rb") as f:

@@ -1,16 +1,16 @@
-"""Path selection for consumer Blackwell (sm_120a) and the shared-memory budget rules.
+"""A sketch of pipeline planning per chip: the tensor-core path and the deepest multi-buffered
+pipeline that fits a target's shared memory (sm_120a: the portable mma.sync path fed by TMA
+within ~99 KB per block).
 
-sm_120a has no wgmma and no tcgen05: its tensor-core path is the portable one (`common.mma`:
-ldmatrix + mma.sync), fed by TMA (`sm90.tma`, valid on sm_120a) within ~99 KB of shared memory
-per block. The selection reads the `Target`'s capability flags, so the same code answers for every
-chip; arch emitters enforce their chips themselves with `require_chip` (wgmma on sm_120a raises
-an error that points to this portable path).
+Moved out of the product package (it was ``kdagen/codegen/sm120/plan.py``): no lowering path
+uses it; the program lowering sizes its storage and the native ring itself
+(``kdagen.codegen.lower.kernel``), and the chip facts it reads are ``kdagen.target``'s.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..target import Target
+from kdagen.target import Target
 
 PORTABLE = "mma.sync"
 WGMMA = "wgmma"

@@ -2,9 +2,9 @@
 
 Needs only torch + cuda-bindings + this repository (no MLIR)::
 
-    python -m kdagen.codegen.lower.gpu_check BUNDLE [--variant SUBSTRING] [--quick]
+    python -m tools.gpu_check BUNDLE [--variant SUBSTRING] [--quick]
 
-For every program variant in BUNDLE/lowered.json (written by ``kdagen.codegen.lower.bundle``)
+For every program variant in BUNDLE/lowered.json (written by ``python -m tools.check_bundle``)
 and a few shapes, it draws random bf16/fp16 inputs, runs the variant's kernels (outputs
 poisoned with NaN first), runs the float64 per-token reference of ``kdagen.reference`` on the
 *same* (storage-rounded) inputs, and prints one line per output tensor:
@@ -27,7 +27,7 @@ import traceback
 import torch
 
 from kdagen import reference as R
-from kdagen.codegen.lower.launch import LoweredProgram, list_variants
+from kdagen.runtime.launch import LoweredProgram, list_variants
 
 BARS = {"o": 0.005, "final_state": 0.005, "dq": 0.008, "dk": 0.008, "dv": 0.008, "dh0": 0.008,
         "dg_raw": 0.02, "dg": 0.02, "dbeta_raw": 0.02, "dbeta": 0.02, "dA_log": 0.008,

@@ -31,15 +31,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from ..lower import backend as B
-from ..lower import tiles as T_
-from ..lower.kernel import Geometry, TileKernelEmitter, _mem_info
-from ..lower.plan import LoweringError
-from ..lower.program import walk
-from ...runtime.tensormap import ELEM_BYTES      # the element types a tensor map can describe
-from ..target import Target, require_chip
+from kdagen._mlir import llvm, nvvm
+from kdagen.runtime.tensormap import ELEM_BYTES   # the element types a tensor map can describe
+from kdagen.target import Target
 
-NATIVE_CHIPS = ("sm_90a",)
+from ..common import barrier as bar
+from ..common import smem as smem_mod
+from ..common.convert import pack_f32x2
+from ..common.ints import IntVal, ival
+from ..common.kernel import Param
+from ..common.launch import set_launch_bounds
+from ..common.layouts import SmemLayout, wgmma_d_coord
+from ..common.mma import AccFragment, SmemOperand
+from ..common.smem import SmemTile, byte_gep, shared_ptr_type
+from ..common.sreg import block_idx, thread_idx
+from ..sm90 import regalloc, tma, wgmma
+from . import backend as B
+from . import tiles as T_
+from .emitter import Geometry, TileKernelEmitter, mem_info
+from .mlir_backend import MlirBackend
+from .plan import CHUNK_LOADS, MULTI_READ, NOOP_OPS, VIEW_OPS, LoweringError
+from .program import walk
+
 PATH_NAME = "sm90-native"
 CONSUMER_THREADS = 128
 PRODUCER_THREADS = 128
@@ -120,14 +133,19 @@ class NativeLayout:
         return out
 
 
-def native_supported(target: Target | None) -> bool:
-    return target is not None and target.chip in NATIVE_CHIPS
+#: what the path needs of a chip
+CAPABILITIES = ("has_wgmma", "has_tma", "has_setmaxnreg")
+
+
+def supports_target(target: Target | None) -> bool:
+    """Whether ``target`` has what this path needs (wgmma, TMA, setmaxnreg)."""
+    return target is not None and all(getattr(target, c) for c in CAPABILITIES)
 
 
 def _tma_slot(n, program) -> TmaSlot | None:
     """The TMA box of a producer load, or None when TMA cannot express it."""
     mem = n.operands[0]
-    name, elt, layout, heads, tail = _mem_info(mem)
+    name, elt, layout, heads, tail = mem_info(mem)
     if elt not in ELEM_BYTES:
         return None
     if n.op == "kda.load" and layout == "token":
@@ -146,14 +164,12 @@ def _tma_slot(n, program) -> TmaSlot | None:
                    heads=heads)
 
 
-_THROUGH = {"kda.pipeline_wait", "kda.convert", "kda.broadcast", "kda.transpose",
-            "kda.assume_range", "kda.extract_row"}
+_THROUGH = VIEW_OPS | {"kda.convert"}
 
 
 def _feeds_matrix(node) -> bool:
     """Whether a load's tile is read more than once per element (through views: a matrix op,
     or several consumers) — off the ring it would need an fp32 copy."""
-    from ..lower.plan import MULTI_READ, NOOP_OPS
     stack, seen, readers = [node.results[0]], set(), set()
     while stack:
         v = stack.pop()
@@ -195,7 +211,6 @@ def _wgmma_dot_dims(n) -> tuple | None:
 def _staging_layouts(N: int, K: int, precision: str) -> tuple:
     """(A tile layout [64, ks], B tile layout [N, ks], parts): the bf16 staging of one K slice;
     ``parts`` tiles of each (hi, and lo for bf16x3)."""
-    from ..common.layouts import SmemLayout
     ks = _k_slice(K)
     return (SmemLayout(WGMMA_M, ks, 2, ks * 2), SmemLayout(N, ks, 2, ks * 2),
             2 if precision == "bf16x3" else 1)
@@ -216,7 +231,7 @@ def tma_candidates(program, group) -> list:
     slots = []
     for scan in group.scans if len(group.scans) == 1 else []:
         for m in scan.body.nodes:
-            if m.op in ("kda.load", "kda.load_chunk") and m.attrs.get("kda.role") == "producer":
+            if m.op in CHUNK_LOADS and m.attrs.get("kda.role") == "producer":
                 s = _tma_slot(m, program)
                 if s is not None:
                     slots.append(s)
@@ -267,8 +282,6 @@ class _DynBarrier:
         self.base, self.offset = base, offset
 
     def ptr(self, byte_offset=0):
-        from ..common.ints import ival
-        from ..common.smem import byte_gep, shared_ptr_type
         return byte_gep(self.base, ival(byte_offset) + self.offset, shared_ptr_type())
 
 
@@ -278,7 +291,8 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
     path = PATH_NAME
 
     def __init__(self, program, group, plan, storage, opts, target: Target, layout: NativeLayout):
-        require_chip(target, NATIVE_CHIPS, "the native warp-specialised lowering (wgmma + TMA)")
+        for capability in CAPABILITIES:
+            target.require(capability, "the native warp-specialised lowering (wgmma + TMA)")
         super().__init__(program, group, plan, storage, replace(opts, dot=layout.precision))
         self.target = target
         self.layout = layout
@@ -286,7 +300,6 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
 
     # -- calling convention ----------------------------------------------------------------
     def params(self):
-        from ..common.kernel import Param
         ps = super().params()
         seen = []
         for s in self.layout.slots:
@@ -304,19 +317,12 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
 
     # -- emission --------------------------------------------------------------------------
     def emit_mlir(self, builder, name: str) -> None:
-        from kdagen._mlir import llvm, nvvm
-        from ..common import barrier as bar
-        from ..common import smem as smem_mod
-        from ..common.ints import IntVal
-        from ..common.launch import set_launch_bounds
-        from ..common.sreg import block_idx, thread_idx
-        from . import regalloc
         if self.opts.nthreads != CONSUMER_THREADS:
             raise LoweringError(f"the sm_90a native path runs one consumer warpgroup "
                                 f"({CONSUMER_THREADS} threads), not nthreads={self.opts.nthreads}")
         lay = self.layout
         with builder.kernel(name, self.params(), (self.block_threads, 1, 1)) as p:
-            with B.use(B.MlirBackend(barrier=(CONSUMER_BARRIER, CONSUMER_THREADS))):
+            with B.use(MlirBackend(barrier=(CONSUMER_BARRIER, CONSUMER_THREADS))):
                 i32 = IntVal(thread_idx("x")).value.type
                 tid = IntVal(thread_idx("x"))
                 coords = dict(tid=tid, hv=IntVal(block_idx("x")), n=IntVal(block_idx("y")),
@@ -367,9 +373,6 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
 
     # -- producer ----------------------------------------------------------------------------
     def producer_body(self, p: dict, coords: dict) -> None:
-        from ..common import barrier as bar
-        from ..common.smem import byte_gep, shared_ptr_type
-        from . import tma
         geo = Geometry(self.program, p, coords, need_chunk_off=any(
             s.kind == "chunk" for s in self.layout.slots))
         lay = self.layout
@@ -414,7 +417,6 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
         self._waited = False
 
     def step_end(self, it) -> None:
-        from ..common import barrier as bar
         if not self.layout.slots:
             return
         if not self._waited:          # a chunk whose loads were all dead: keep the ring in step
@@ -424,7 +426,6 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
         B.if_then(B.icmp("eq", self.geo.tid, 0), lambda: bar.mbarrier_arrive(self._empty(stage)))
 
     def _wait_full(self) -> None:
-        from ..common import barrier as bar
         if self._waited:
             return
         stage, phase = self._stage(self._it)
@@ -480,12 +481,6 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
     # -- wgmma -------------------------------------------------------------------------------
     def dot_wgmma(self, out, a, b) -> None:
         """out[M, N] = a[M, K] @ b[K, N] with wgmma on bf16 (hi [+ lo]) staging tiles."""
-        from ..common import barrier as bar
-        from ..common.convert import pack_f32x2
-        from ..common.layouts import wgmma_d_coord
-        from ..common.mma import AccFragment, SmemOperand
-        from ..common.smem import SmemTile
-        from . import wgmma
         M, N = out.shape
         K = a.shape[1]
         la, lb, parts = _staging_layouts(N, K, self.layout.precision)

@@ -89,6 +89,7 @@ included, so one bundle may hold several head dims).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import secrets
@@ -268,3 +269,27 @@ def read_manifest(bundle_dir: str | os.PathLike) -> Manifest:
         raise BundleError(f"{bundle_dir}: no {MANIFEST} found; emit a bundle with "
                           f"`kdagen emit -o {bundle_dir}`")
     return Manifest.from_json(path.read_text())
+
+
+def variant_name(program: str, options: dict, lower: dict | None = None) -> str:
+    """A readable, unique name for a program with options (K, V, C, gate, GVA, varlen, the
+    matrix-product path when not the default + a hash of everything)."""
+    o = dict(options)
+    lower = dict(lower or {})
+    K = o.get("head_k_dim", 128)
+    V = o.get("head_v_dim", 128)
+    C = o.get("chunk_size", 64)
+    gate = o.get("gate") or ("softplus" if program.startswith("kda") else "gdn_softplus")
+    parts = [program, f"K{K}V{V}C{C}", str(gate), f"r{o.get('gva_ratio', 1)}"]
+    if o.get("varlen"):
+        parts.append("varlen")
+    if lower.get("dot", "fma") != "fma":
+        parts.append(lower["dot"])
+    if lower.get("pipeline") == "chip":
+        parts.append("part")
+    if lower.get("path", "portable") != "portable":
+        parts.append(lower["path"])
+    key = json.dumps([o, lower] if lower else o, sort_keys=True, default=str)
+    digest = hashlib.sha1(key.encode()).hexdigest()[:8]
+    parts.append(digest)
+    return "_".join(parts)

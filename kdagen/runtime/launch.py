@@ -2,7 +2,7 @@
 
 ::
 
-    from kdagen.codegen.lower.launch import LoweredProgram
+    from kdagen.runtime.launch import LoweredProgram
     prog = LoweredProgram(bundle_dir, variant)          # a name from lowered.json
     out = prog(q=q, k=k, v=v, g_raw=g, beta_raw=b, A_log=a, dt_bias=dtb,
                initial_state=h0, cu_seqlens=cu, scale=0.125)
@@ -25,10 +25,10 @@ from pathlib import Path
 
 import torch
 
-from kdagen.runtime.loader import KernelLibrary
-from kdagen.runtime.tensormap import device_tensor_map
-
-LOWERED = "lowered.json"
+from . import chips
+from .bundle import LOWERED
+from .loader import KernelLibrary
+from .tensormap import device_tensor_map
 
 _TORCH_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32,
                  "i64": torch.int64, "i32": torch.int32}
@@ -151,8 +151,7 @@ class LoweredProgram:
                 values[name] = x
                 outputs[name] = x
         if chip is None:
-            from kdagen.runtime.chips import chip_for_device
-            chip = chip_for_device(device.index if device.index is not None
+            chip = chips.chip_for_device(device.index if device.index is not None
                                    else torch.cuda.current_device())
         workspaces = (self.spec.get("chip_workspaces") or {}).get(chip, self.spec["workspaces"])
         for w in workspaces:

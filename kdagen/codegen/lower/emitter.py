@@ -1,0 +1,610 @@
+"""The emitters of one kernel: a tile kernel per scan group (:class:`TileKernelEmitter`,
+written with the primitives of backend.py over the tile references of tiles.py, following
+the storage plan of plan.py) and a kernel per global op (:class:`GlobalKernelEmitter`).
+
+Calling convention (what the runtime relies on; also written into every bundle manifest):
+
+Tile kernels (``kind = "tile"``): grid = ``(HV, N, 1)`` (blockIdx.x = value head hv,
+blockIdx.y = sequence n), block = ``(nthreads, 1, 1)`` (128 by default), dynamic shared memory
+as in the manifest. A kernel whose only scan carries nothing (a chunk-parallel scan, as the
+partition pass makes) gets grid ``(HV, N, max_chunks)`` instead: blockIdx.z = chunk c (CTAs
+with c >= the sequence's chunk count exit), ``max_chunks = max_n ceil(len_n / C)``.
+Parameters, in this order:
+
+1. one ``ptr`` per program memref argument the kernel reads or writes, in the program's
+   argument order (q, k, v, g_raw/g, beta_raw/beta, A_log, dt_bias, initial_state, cu_seqlens,
+   do, dht, o, final_state, dq, ... as the program declares them); element type as in the
+   program (bf16/f16/f32 storage; cu_seqlens int64, always passed with varlen);
+2. one ``ptr`` per workspace the kernel uses (``kda.workspace``, by name), in program order;
+   layouts ``chunk`` ``[total_chunks, HV, *tail]`` (the chunks of sequence n at rows
+   ``sum_{m<n} ceil(len_m / C) + c``), ``token`` ``[B, T, HV, *tail]``, ``state``
+   ``[N, HV, *tail]``;
+3. ``T`` (i32: tokens per sequence, or total tokens with varlen), ``N`` (i32: sequences = the
+   batch size without varlen), ``HV`` (i32: value heads);
+4. every f32 scalar argument of the program (``scale``), in argument order;
+5. ``scratch`` (``ptr`` f32) when the kernel's storage is ``global`` or ``hybrid`` (tile
+   buffers that do not fit the shared-memory budget live there, the most-read ones in shared
+   memory):
+   ``scratch_bytes_per_cta`` times the number of CTAs of the grid, uninitialised, private to
+   the launch (CTA (x, y, z) uses slice ``(z * gridDim.y + y) * gridDim.x + x``).
+
+Kernels of the sm_90a native path (``path = "sm90-native"``) take block ``(256, 1, 1)`` (a
+consumer and a producer warpgroup) and, after the parameters above, one ``ptr`` per TMA'd tensor
+(``<tensor>_tmap``: the device address of its CUtensorMap, described by
+``launch["tensor_maps"]``; see kdagen.codegen.lower.sm90_native and kdagen.runtime.tensormap).
+
+Global kernels (``kind = "global"``: kda.sum_head_groups, kda.sum_seqs): block 256, grid rule
+and parameters (src, dst, T, N, HV) in the manifest.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kdagen.codegen.common.kernel import GpuModuleBuilder, Param
+
+from . import backend as B
+from . import tiles as T_
+from .mlir_backend import MlirBackend, W64
+from .options import LowerOptions
+from .plan import MATRIX_OPS, STORE_OPS, KernelGroup, LoweringError
+from .program import Program, Value, walk
+from .storage import StoragePlan, buffer_strides
+
+__all__ = ["TileKernelEmitter", "GlobalKernelEmitter", "Geometry", "MemRef", "mem_info",
+           "workspace_specs", "REDUCE_SLOTS_BYTES"]
+
+REDUCE_SLOTS_BYTES = 64       # cross-warp partial sums (one f32 per warp, up to 16 warps)
+
+
+# ------------------------------------------------------------------------------------------
+# memory operands
+# ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class MemRef:
+    name: str
+    ptr: object
+    elt: str
+    layout: str            # token | head | state | chunk | seqlens
+    heads: str | None
+    tail: tuple
+
+    @property
+    def inner(self) -> int:
+        return T_.numel(self.tail)
+
+    def flat(self, idx):
+        """Row-major offset of a tail index (int-like)."""
+        off = 0
+        stride = 1
+        for i, d in zip(reversed(list(idx)), reversed(self.tail)):
+            if not (isinstance(i, int) and i == 0):
+                off = off + i * stride
+            stride *= d
+        return off
+
+    def at(self, row, idx):
+        """Element offset (64-bit int-like) of ``[row, *idx]`` for a row of ``inner`` elements."""
+        fl = self.flat(idx)
+        base = B.wide(row) * self.inner if self.inner != 1 else B.wide(row)
+        if isinstance(fl, int) and fl == 0:
+            return base
+        return base + B.wide(fl)
+
+    def load(self, row, idx):
+        return B.load(self.ptr, self.at(row, idx), self.elt)
+
+    def store(self, value, row, idx):
+        B.store(self.ptr, self.at(row, idx), value, self.elt)
+
+
+def mem_info(v: Value) -> tuple:
+    if v.arg is not None:
+        a = v.arg
+        return a.name, a.elt, a.layout, a.heads, a.tail
+    if v.workspace is not None:
+        lead = {"token": 3, "state": 2, "chunk": 2}[v.workspace["layout"]]
+        return (v.workspace["name"], v.elt, v.workspace["layout"], v.workspace.get("heads") or "v",
+                tuple(v.shape[lead:]))
+    raise LoweringError(f"memref {v} is neither an argument nor a workspace")
+
+
+def workspace_specs(program: Program) -> list[dict]:
+    """name, layout, element type, trailing shape (and heads) of every workspace."""
+    out = []
+    for n in program.nodes:
+        if n.op == "kda.workspace":
+            nm, elt, layout, heads, tail = mem_info(n.results[0])
+            out.append(dict(name=nm, layout=layout, elt=elt, tail=list(tail), heads=heads))
+    return out
+
+
+# ------------------------------------------------------------------------------------------
+# per-CTA geometry
+# ------------------------------------------------------------------------------------------
+
+
+class Geometry:
+    """CTA coordinates and the chunk geometry of its sequence (uniform over the CTA)."""
+
+    def __init__(self, program: Program, p: dict, coords: dict, need_chunk_off: bool):
+        self.C = C = program.chunk_size
+        self.ratio = program.gva_ratio
+        self.tid = coords["tid"]
+        self.hv = coords["hv"]
+        self.n = coords["n"]
+        self.T, self.N, self.HV = p["T"], p["N"], p["HV"]
+        self.H = self.HV // self.ratio if self.ratio > 1 else self.HV
+        if program.varlen:
+            cu = p["cu_seqlens"]
+            self.start = B.uniform(B.wide(B.load(cu, B.wide(self.n), "i64")))
+            end = B.uniform(B.wide(B.load(cu, B.wide(self.n) + 1, "i64")))
+            self.seqlen = B.uniform(B.narrow(end - self.start))
+        else:
+            self.start = B.wide(self.n) * B.wide(self.T)
+            self.seqlen = self.T
+        self.nchunks = (self.seqlen + (C - 1)) // C
+        self.chunk_off = None
+        if need_chunk_off:
+            if program.varlen:
+                cu = p["cu_seqlens"]
+
+                def step(m, acc):
+                    a = B.wide(B.load(cu, B.wide(m), "i64"))
+                    b = B.wide(B.load(cu, B.wide(m) + 1, "i64"))
+                    return [acc + (B.narrow(b - a) + (C - 1)) // C]
+                (off,) = B.for_range(0, self.n, 1, step, [0])
+                self.chunk_off = B.uniform(off)
+            else:
+                self.chunk_off = self.n * ((self.T + (C - 1)) // C)
+
+    def state_row(self):
+        return B.wide(self.n) * B.wide(self.HV) + B.wide(self.hv)
+
+    def chunk_row(self, c):
+        return B.wide(self.chunk_off + c) * B.wide(self.HV) + B.wide(self.hv)
+
+    def token_row(self, mem: MemRef, pos, head):
+        heads = self.H if mem.heads == "qk" else self.HV
+        return (self.start + B.wide(pos)) * B.wide(heads) + B.wide(head)
+
+
+# ------------------------------------------------------------------------------------------
+# tile kernels
+# ------------------------------------------------------------------------------------------
+
+
+class TileKernelEmitter:
+    def __init__(self, program: Program, group: KernelGroup, plan: StoragePlan, storage: str,
+                 opts: LowerOptions):
+        self.program = program
+        self.group = group
+        self.plan = plan
+        self.storage = storage
+        self.opts = opts
+        self.env: dict = {}
+
+    # -- parameters ----------------------------------------------------------------------
+    def memrefs(self) -> tuple[list, list]:
+        used = []
+        for n in self.group.nodes:
+            for m in [n, *(walk(n.body) if n.body is not None else [])]:
+                for o in m.operands:
+                    if o.kind == "memref" and o not in used:
+                        used.append(o)
+        args = [v for v in self.program.arg_values if v.kind == "memref"
+                and (v in used or v.arg.layout == "seqlens")]
+        workspaces = [v for v in used if v.workspace is not None]
+        return args, workspaces
+
+    def params(self) -> list[Param]:
+        args, wss = self.memrefs()
+        ps = [Param(v.arg.name, "ptr", v.arg.elt) for v in args]
+        ps += [Param(v.workspace["name"], "ptr", v.elt) for v in wss]
+        ps += [Param("T", "i32"), Param("N", "i32"), Param("HV", "i32")]
+        ps += [Param(a.name, "f32") for a in self.program.args if a.layout == "scalar"]
+        if self.uses_global:
+            ps.append(Param("scratch", "ptr", "f32"))
+        return ps
+
+    # pools: the cross-warp reduction slots go first in shared memory when the kernel has
+    # any, else first in the global scratch
+    @property
+    def uses_smem(self) -> bool:
+        return self.storage in ("smem", "hybrid")
+
+    @property
+    def uses_global(self) -> bool:
+        return self.storage in ("global", "hybrid")
+
+    def pool_base(self, space: str) -> int:
+        reduce_here = (space == "smem") == self.uses_smem
+        return REDUCE_SLOTS_BYTES if reduce_here else 0
+
+    @property
+    def smem_bytes(self) -> int:
+        return self.pool_base("smem") + self.plan.smem_bytes if self.uses_smem else 0
+
+    @property
+    def scratch_bytes(self) -> int:
+        return self.pool_base("global") + self.plan.global_bytes if self.uses_global else 0
+
+    @property
+    def scratch_elems(self) -> int:
+        return self.scratch_bytes // 4
+
+    @property
+    def smem_elems(self) -> int:
+        return self.smem_bytes // 4
+
+    # -- emission ------------------------------------------------------------------------
+    def emit_mlir(self, builder: GpuModuleBuilder, name: str) -> None:
+        from kdagen._mlir import llvm
+        from kdagen.codegen.common import smem as smem_mod
+        from kdagen.codegen.common.ints import IntVal
+        from kdagen.codegen.common.sreg import block_idx, thread_idx
+        nt = self.opts.nthreads
+        with builder.kernel(name, self.params(), (nt, 1, 1)) as p:
+            with B.use(MlirBackend()):
+                from kdagen._mlir import nvvm
+                i32 = IntVal(thread_idx("x")).value.type
+                coords = dict(tid=IntVal(thread_idx("x")), hv=IntVal(block_idx("x")),
+                              n=IntVal(block_idx("y")), z=IntVal(block_idx("z")),
+                              grid=(IntVal(nvvm.read_ptx_sreg_nctaid_x(results=[i32])),
+                                    IntVal(nvvm.read_ptx_sreg_nctaid_y(results=[i32]))))
+                p = {k: (IntVal(v) if k in ("T", "N", "HV") else v) for k, v in p.items()}
+                if self.uses_smem:
+                    smem_mod.declare_dynamic_smem(builder)
+                    base = llvm.mlir_addressof(smem_mod.shared_ptr_type(),
+                                               smem_mod.DYNAMIC_SMEM_SYMBOL)
+                else:
+                    base = None
+                self.body(p, coords, base)
+
+    def body(self, p: dict, coords: dict, smem_base) -> None:
+        """The kernel body on the active backend. ``p``: parameter values by name;
+        ``coords``: tid (int-like), hv, n, z (block indices), grid (gridDim.x, gridDim.y);
+        ``smem_base``: the shared scratch pointer (smem storage)."""
+        self.coords = coords
+        self.env = {}
+        nt = self.opts.nthreads
+        need_off = any(m.op in ("kda.load_chunk", "kda.store_chunk", "kda.sum_chunks")
+                       for n in self.group.nodes
+                       for m in [n, *(walk(n.body) if n.body is not None else [])])
+        geo = Geometry(self.program, p, coords, need_off)
+        self.geo = geo
+        self.th = T_.Threads(geo.tid, nt)
+        self.pools = {}
+        if self.uses_smem:
+            self.pools["smem"] = T_.Scratch(smem_base, "smem")
+        if self.uses_global:
+            gx, gy = coords["grid"]
+            cta = (B.wide(coords["z"]) * B.wide(gy) + B.wide(geo.n)) * B.wide(gx) + B.wide(geo.hv)
+            self.pools["global"] = T_.Scratch(B.gep(p["scratch"], cta * self.scratch_elems), "global")
+        red_pool = self.pools["smem" if self.uses_smem else "global"]
+        self.red = T_.ReduceScratch(T_.BufRef(red_pool, 0, (16,), (1,)))
+        args, wss = self.memrefs()
+        for v in args + wss:
+            nm, elt, layout, heads, tail = mem_info(v)
+            self.env[v] = MemRef(nm, p[nm], elt, layout, heads, tail)
+        for a, v in zip(self.program.args, self.program.arg_values):
+            if a.layout == "scalar":
+                self.env[v] = p[a.name]
+        for n in self.group.nodes:
+            self.node(n)
+
+    def bufref(self, v: Value) -> T_.BufRef:
+        b = self.plan.buffers[v]
+        return T_.BufRef(self.pools[b.space], (self.pool_base(b.space) + b.offset) // 4,
+                         tuple(v.shape), buffer_strides(tuple(v.shape)))
+
+    def node(self, n) -> None:
+        op = n.op
+        if op == "kda.scan":
+            return self.scan(n)
+        # a fresh thread index per op: its addressing is not hoisted out of the chunk loop
+        self.th = T_.Threads(B.fresh_tid(), self.opts.nthreads)
+        if op == "kda.workspace":
+            return  # the memref is a kernel parameter (bound in body)
+        if op == "kda.pipeline_release":
+            return  # synchronisation marker: every op is followed by a barrier already
+        if op in ("gpu.yield", "func.return"):
+            raise LoweringError(f"unexpected {op}")
+        if op in STORE_OPS:
+            self.store(n)
+            B.barrier()
+            return
+        if op in MATRIX_OPS:
+            out = self.bufref(n.results[0])
+            self.matrix(n, out)
+            self.env[n.results[0]] = out
+            B.barrier()
+            return
+        ref = self.expr(n)
+        r = n.results[0]
+        if self.plan.mode(r) == "buffer":
+            out = self.bufref(r)
+            T_.materialize(self.th, ref, out)
+            B.barrier()
+            ref = out
+        self.env[r] = ref
+
+    # -- scans ---------------------------------------------------------------------------
+    def scan(self, n) -> None:
+        geo = self.geo
+        carried = [self.bufref(r) for r in n.results]
+        for i, init in enumerate(n.operands):
+            src = self.env[init]
+            if not carried[i].same_storage(src):
+                T_.materialize(self.th, src, carried[i])
+        B.barrier()
+        body = n.body
+        reverse = bool(n.attrs.get("reverse", False))
+        y = body.nodes[-1]
+
+        def step(s, *_, it=None):
+            c = (geo.nchunks - 1) - s if reverse else s
+            it = s if it is None else it
+            self.step_begin(it)
+            self.env[body.args[0]] = c
+            for a, ref in zip(body.args[1:], carried):
+                self.env[a] = ref
+            for m in body.nodes[:-1]:
+                self.node(m)
+            copied = False
+            for i, v in enumerate(y.operands):
+                if self.plan.yield_copy.get((n, i)) == "skip":
+                    continue
+                src = self.env[v]
+                if carried[i].same_storage(src):
+                    continue
+                T_.materialize(self.th, src, carried[i])
+                copied = True
+            if copied:
+                B.barrier()
+            self.step_end(it)
+            return []
+
+        if self.group.parallel:
+            z = self.coords["z"]
+            B.if_then(B.icmp("lt", z, geo.nchunks), lambda: step(z, it=0))
+        else:
+            B.for_range(0, geo.nchunks, 1, step)
+        for r, ref in zip(n.results, carried):
+            self.env[r] = ref
+
+    # hooks of the chunk loop (the native paths synchronise their load pipelines here);
+    # ``it`` is the iteration index (0 in a chunk-parallel kernel)
+    def step_begin(self, it) -> None:
+        pass
+
+    def step_end(self, it) -> None:
+        pass
+
+    # -- expressions ---------------------------------------------------------------------
+    def expr(self, n) -> T_.Ref:
+        k = n.kind
+        ops = [self.env.get(o) for o in n.operands]
+        r = n.results[0]
+        shape = tuple(r.shape)
+        a = n.attrs
+        geo = self.geo
+        if k == "constant":
+            return T_.ConstRef(float(a["value"]), shape)
+        if k == "scalar":
+            return T_.ScalarRef(ops[0], shape)
+        if k in ("add", "sub", "mul", "div"):
+            return T_.binary(k, ops[0], ops[1])
+        if k in ("neg", "exp2", "log2", "sigmoid", "softplus", "rsqrt"):
+            return T_.unary(k, ops[0], a)
+        if k in ("assume_range", "pipeline_wait"):
+            return ops[0]
+        if k == "clamp":
+            return T_.clamp(ops[0], float(a["lo"]), float(a["hi"]))
+        if k == "in_range":
+            return T_.in_range(ops[0], float(a["lo"]), float(a["hi"]))
+        if k == "convert":
+            return T_.convert(ops[0], n.operands[0].elt, r.elt)
+        if k == "select":
+            return T_.select(*ops)
+        if k == "broadcast":
+            return T_.broadcast(ops[0], a["dims"], shape)
+        if k == "transpose":
+            return T_.transpose(ops[0])
+        if k == "extract_row":
+            return T_.extract_row(ops[0], int(a["index"]))
+        if k == "embed_row":
+            return T_.embed_row(ops[0], int(a["index"]), shape)
+        if k == "tril":
+            return T_.tril(ops[0], int(a["diagonal"]))
+        if k == "valid_rows":
+            c = ops[0]
+            return T_.FnRef(shape, lambda idx: B.sel(
+                B.icmp("lt", c * geo.C + idx[0], geo.seqlen), B.f(1.0), B.f(0.0)))
+        if k == "load":
+            return self.load_token(n, ops[0], ops[1])
+        if k == "load_head":
+            mem = ops[0]
+            return T_.FnRef(shape, lambda idx: mem.load(geo.hv, idx))
+        if k == "load_state":
+            mem = ops[0]
+            return T_.FnRef(shape, lambda idx: mem.load(geo.state_row(), idx))
+        if k == "load_chunk":
+            mem, c = ops
+            return T_.FnRef(shape, lambda idx: mem.load(geo.chunk_row(c), idx))
+        raise LoweringError(f"{n.op}: no expression lowering")
+
+    def load_token(self, n, mem: MemRef, c) -> T_.Ref:
+        geo = self.geo
+        C = geo.C
+        ratio = self.program.gva_ratio
+        grouped = n.attrs.get("head_map") == "grouped" and mem.heads == "qk" and ratio > 1
+        shape = tuple(n.results[0].shape)
+
+        def read(idx):
+            pos = c * C + idx[0]
+            valid = B.icmp("lt", pos, geo.seqlen)
+            safe = B.isel(valid, pos, c * C)          # row 0 of a chunk is always in range
+            head = geo.hv // ratio if grouped else geo.hv
+            x = mem.load(geo.token_row(mem, safe, head), idx[1:])
+            return B.sel(valid, x, B.f(0.0))
+
+        return T_.FnRef(shape, read)
+
+    # -- stores --------------------------------------------------------------------------
+    def store(self, n) -> None:
+        geo = self.geo
+        k = n.kind
+        mem = self.env[n.operands[0]]
+        if k == "store":
+            c = self.env[n.operands[1]]
+            src = self.env[n.operands[2]]
+
+            def write(idx):
+                pos = c * geo.C + idx[0]
+                B.if_then(B.icmp("lt", pos, geo.seqlen), lambda: mem.store(
+                    src.read(idx), geo.token_row(mem, pos, geo.hv), idx[1:]))
+            T_.foreach(self.th, src.shape, write)
+        elif k == "store_state":
+            src = self.env[n.operands[1]]
+            T_.foreach(self.th, src.shape, lambda idx: mem.store(src.read(idx), geo.state_row(), idx))
+        elif k == "store_chunk":
+            c = self.env[n.operands[1]]
+            src = self.env[n.operands[2]]
+            T_.foreach(self.th, src.shape, lambda idx: mem.store(src.read(idx), geo.chunk_row(c), idx))
+
+    # -- matrix ops ----------------------------------------------------------------------
+    def matrix(self, n, out: T_.BufRef) -> None:
+        k = n.kind
+        ops = [self.env.get(o) for o in n.operands]
+        a = n.attrs
+        th = self.th
+        mma = self.opts.dot in T_.MMA_PRECISIONS
+        if k == "dot":
+            lhs, rhs = ops
+            if a.get("transpose_lhs"):
+                lhs = T_.transpose(lhs)
+            if a.get("transpose_rhs"):
+                rhs = T_.transpose(rhs)
+            if mma and T_.mma_supported(out.shape[0], out.shape[1], lhs.shape[1]):
+                T_.emit_dot_mma(th, out, lhs, rhs, self.opts.dot)
+            else:
+                T_.emit_dot(th, out, lhs, rhs)
+        elif k == "decay_dot":
+            S = int(a.get("subblock", 1))
+            D = ops[0].shape[1]
+            if mma and S >= 16 and S % 16 == 0 and T_.mma_supported(out.shape[0], out.shape[1], D):
+                T_.emit_decay_dot_mma(th, out, *ops, int(a["diagonal"]), a.get("clamp_min"), S,
+                                      self.opts.dot)
+            else:
+                T_.emit_decay_dot(th, out, *ops, int(a["diagonal"]), a.get("clamp_min"))
+        elif k == "decay_matmul":
+            T_.emit_decay_matmul(th, out, *ops, int(a["diagonal"]), bool(a.get("transpose")),
+                                 a.get("clamp_min"))
+        elif k == "cumsum":
+            T_.emit_cumsum(th, out, ops[0], bool(a.get("reverse")))
+        elif k == "reduce_sum":
+            T_.emit_reduce_sum(th, out, ops[0], a["dims"], self.red)
+        elif k == "tril_inv":
+            T_.emit_tril_inv(th, out, ops[0])
+        elif k == "tril_solve":
+            T_.emit_tril_solve(th, out, ops[0], ops[1])
+        elif k == "sum_chunks":
+            mem = ops[0]
+            geo = self.geo
+
+            def one(idx):
+                def step(c, acc):
+                    return [B.add(acc, mem.load(geo.chunk_row(c), idx))]
+                (acc,) = B.for_range(0, geo.nchunks, 1, step, [B.f(0.0)])
+                out.write(idx, acc)
+            T_.foreach(th, out.shape, one)
+        else:
+            raise LoweringError(f"{n.op}: no matrix lowering")
+
+
+# ------------------------------------------------------------------------------------------
+# global kernels
+# ------------------------------------------------------------------------------------------
+
+
+class GlobalKernelEmitter:
+    """kda.sum_head_groups / kda.sum_seqs: one thread per destination element."""
+
+    def __init__(self, program: Program, node, block: int):
+        self.program = program
+        self.node = node
+        self.block = block
+        src_v, dst_v = node.operands
+        self.src_info = mem_info(src_v)
+        self.dst_info = mem_info(dst_v)
+
+    def params(self) -> list[Param]:
+        s, d = self.src_info, self.dst_info
+        return [Param(s[0], "ptr", s[1]), Param(d[0], "ptr", d[1]),
+                Param("T", "i32"), Param("N", "i32"), Param("HV", "i32")]
+
+    def launch(self) -> dict:
+        inner = T_.numel(self.dst_info[4])
+        size = (f"tokens * H * {inner}" if self.node.op == "kda.sum_head_groups"
+                else f"HV * {inner}")
+        return {"grid": [f"ceil_div({size}, {self.block})", "1", "1"],
+                "block": [self.block, 1, 1], "dynamic_shared_memory": 0}
+
+    def emit_mlir(self, builder: GpuModuleBuilder, name: str) -> None:
+        from kdagen.codegen.common.ints import IntVal
+        from kdagen.codegen.common.sreg import block_idx, thread_idx
+        with builder.kernel(name, self.params(), (self.block, 1, 1)) as p:
+            with B.use(MlirBackend()):
+                p = {k: (IntVal(v) if k in ("T", "N", "HV") else v) for k, v in p.items()}
+                self.body(p, dict(tid=IntVal(thread_idx("x")), bx=IntVal(block_idx("x"))))
+
+    def body(self, p: dict, coords: dict) -> None:
+        s_name, s_elt, s_layout, s_heads, s_tail = self.src_info
+        d_name, d_elt, d_layout, d_heads, d_tail = self.dst_info
+        src = MemRef(s_name, p[s_name], s_elt, s_layout, s_heads, s_tail)
+        dst = MemRef(d_name, p[d_name], d_elt, d_layout, d_heads, d_tail)
+        inner = T_.numel(d_tail)
+        ratio = self.program.gva_ratio
+        e = B.wide(coords["bx"] * self.block + coords["tid"])
+        HV, N, T = p["HV"], p["N"], p["T"]
+        if self.node.op == "kda.sum_head_groups":
+            H = HV // ratio if ratio > 1 else HV
+            tokens = T if self.program.varlen else N * T
+            total = B.wide(tokens) * B.wide(H) * inner
+
+            def body():
+                # e = (token * H + h) * inner + d; the token's value heads h*ratio .. +ratio-1
+                acc = B.f(0.0)
+                th, d = _divmod64(e, inner)
+                t, h = _divmod64(th, H)
+                for g in range(ratio):
+                    row = t * B.wide(HV) + (h * ratio + g)
+                    acc = B.add(acc, B.load(src.ptr, row * inner + d, s_elt))
+                B.store(dst.ptr, e, acc, d_elt)
+            B.if_then(B.icmp("lt", e, total), body)
+        elif self.node.op == "kda.sum_seqs":
+            total = B.wide(HV) * inner
+
+            def body():
+                def step(m, acc):
+                    return [B.add(acc, B.load(src.ptr, B.wide(m) * total + e, s_elt))]
+                (acc,) = B.for_range(0, N, 1, step, [B.f(0.0)])
+                B.store(dst.ptr, e, acc, d_elt)
+            B.if_then(B.icmp("lt", e, total), body)
+        else:  # pragma: no cover
+            raise LoweringError(self.node.op)
+
+
+def _divmod64(x, d):
+    """(x // d, x % d) of non-negative 64-bit int-likes (d an int or int-like)."""
+    be = B.current()
+    if be.name == "sim":
+        return x // d, x % d
+    from kdagen._mlir import arith
+    xv = W64._v(x)
+    dv = W64._v(d if not isinstance(d, int) else d)
+    return W64(arith.divsi(xv, dv)), W64(arith.remsi(xv, dv))
+
+

@@ -1,0 +1,256 @@
+"""The MLIR backend of the lowering's primitives (backend.py): emits ``arith`` / ``llvm`` /
+``scf`` / ``nvvm`` ops at the current insertion point; i64 int-likes are :class:`W64`."""
+from __future__ import annotations
+
+__all__ = ["MlirBackend", "W64"]
+
+
+class W64:
+    """An i64 SSA value with + - * (signed) for address arithmetic."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+    @staticmethod
+    def _v(x):
+        from kdagen._mlir import arith, ir
+        if isinstance(x, W64):
+            return x.value
+        if isinstance(x, int):
+            return arith.constant(ir.IntegerType.get_signless(64), x)
+        return MlirBackend._i64(x)
+
+    def _bin(self, other, fn, rev=False):
+        a, b = self.value, W64._v(other)
+        return W64(fn(b, a) if rev else fn(a, b))
+
+    def __add__(self, o):
+        from kdagen._mlir import arith
+        if isinstance(o, int) and o == 0:
+            return self
+        return self._bin(o, arith.addi)
+
+    __radd__ = __add__
+
+    def __sub__(self, o):
+        from kdagen._mlir import arith
+        return self._bin(o, arith.subi)
+
+    def __rsub__(self, o):
+        from kdagen._mlir import arith
+        return self._bin(o, arith.subi, rev=True)
+
+    def __mul__(self, o):
+        from kdagen._mlir import arith
+        if isinstance(o, int) and o == 1:
+            return self
+        return self._bin(o, arith.muli)
+
+    __rmul__ = __mul__
+
+
+class MlirBackend:
+    name = "mlir"
+
+    def __init__(self, barrier: tuple[int, int] | None = None):
+        """``barrier``: (named barrier id, thread count) that `barrier()` synchronises on, for
+        kernels whose tile code runs in one warpgroup of several (None: the whole CTA)."""
+        from kdagen._mlir import arith, ir, llvm, nvvm, scf
+        from kdagen.codegen.common import ints
+        self.arith, self.ir, self.llvm, self.nvvm, self.scf, self.ints = arith, ir, llvm, nvvm, scf, ints
+        self.named_barrier = barrier
+
+    # types
+    def f32(self):
+        return self.ir.F32Type.get()
+
+    def i32(self):
+        return self.ir.IntegerType.get_signless(32)
+
+    @staticmethod
+    def _i64(x):
+        from kdagen._mlir import arith, ir
+        from kdagen.codegen.common.ints import IntVal, as_i32
+        i64 = ir.IntegerType.get_signless(64)
+        if isinstance(x, W64):
+            return x.value
+        if isinstance(x, int):
+            return arith.constant(i64, x)
+        v = x.value if isinstance(x, IntVal) else x
+        if isinstance(v.type, ir.IndexType):
+            return arith.index_cast(i64, v)
+        if ir.IntegerType(v.type).width == 64:
+            return v
+        return arith.extsi(i64, as_i32(v))
+
+    # float
+    def const_f(self, x):
+        return self.arith.constant(self.f32(), x)
+
+    def add(self, a, b):
+        return self.arith.addf(a, b)
+
+    def sub(self, a, b):
+        return self.arith.subf(a, b)
+
+    def mul(self, a, b):
+        return self.arith.mulf(a, b)
+
+    def div(self, a, b):
+        return self.arith.divf(a, b)
+
+    def neg(self, a):
+        return self.arith.negf(a)
+
+    def maxf(self, a, b):
+        return self.arith.maximumf(a, b)
+
+    def minf(self, a, b):
+        return self.arith.minimumf(a, b)
+
+    def fma(self, a, b, c):
+        return self.llvm.intr_fma(a, b, c)
+
+    def ex2(self, a):
+        return self.nvvm.ex2(a)
+
+    def lg2(self, a):
+        return self.nvvm.log2(a)
+
+    def rcp(self, a):
+        return self.nvvm.rcp_approx_ftz_f(a)
+
+    def sqrt(self, a):
+        return self.llvm.inline_asm(self.f32(), [a], "sqrt.rn.f32 $0, $1;", "=f,f")
+
+    def sel(self, cond, a, b):
+        return self.arith.select(cond, a, b)
+
+    def nonzero(self, x):
+        return self.arith.cmpf(self.arith.CmpFPredicate.UNE, x, self.const_f(0.0))
+
+    def fle(self, a, b):
+        return self.arith.cmpf(self.arith.CmpFPredicate.OLE, a, b)
+
+    def round_to(self, x, elt):
+        t = {"bf16": self.ir.BF16Type.get(), "f16": self.ir.F16Type.get()}[elt]
+        return self.arith.extf(self.f32(), self.arith.truncf(t, x))
+
+    # ints
+    def icmp(self, pred, a, b):
+        P = self.arith.CmpIPredicate
+        p = {"lt": P.slt, "le": P.sle, "eq": P.eq, "ne": P.ne, "ge": P.sge, "gt": P.sgt}[pred]
+        if isinstance(a, W64) or isinstance(b, W64):
+            return self.arith.cmpi(p, self._i64(a), self._i64(b))
+        return self.arith.cmpi(p, self.ints.as_i32(a), self.ints.as_i32(b))
+
+    def isel(self, cond, a, b):
+        if isinstance(a, W64) or isinstance(b, W64):
+            return W64(self.arith.select(cond, self._i64(a), self._i64(b)))
+        return self.ints.IntVal(self.arith.select(cond, self.ints.as_i32(a), self.ints.as_i32(b)))
+
+    def band(self, a, b):
+        return self.arith.andi(a, b)
+
+    def wide(self, x):
+        if isinstance(x, int):
+            return x
+        return W64(self._i64(x))
+
+    def narrow(self, x):
+        if isinstance(x, int):
+            return x
+        return self.ints.IntVal(self.arith.trunci(self.i32(), self._i64(x)))
+
+    # control
+    def for_range(self, lo, hi, step, body, iter_args):
+        ir, arith, scf, ints = self.ir, self.arith, self.scf, self.ints
+
+        def idx(x):
+            return arith.index_cast(ir.IndexType.get(), ints.as_i32(x))
+        def raw(v):
+            if isinstance(v, (ints.IntVal, W64)):
+                return v.value
+            if isinstance(v, int):
+                return ints.as_i32(v)
+            return v
+
+        def wrap(v):
+            if isinstance(v.type, ir.IntegerType) and ir.IntegerType(v.type).width == 32:
+                return ints.IntVal(v)
+            if isinstance(v.type, ir.IntegerType) and ir.IntegerType(v.type).width == 64:
+                return W64(v)
+            return v
+
+        loop = scf.ForOp(idx(lo), idx(hi), idx(step), [raw(v) for v in iter_args])
+        with ir.InsertionPoint(loop.body):
+            out = body(ints.IntVal(loop.induction_variable), *[wrap(v) for v in loop.inner_iter_args])
+            scf.yield_([raw(v) for v in (out or [])])
+        return [wrap(v) for v in loop.results] if iter_args else []
+
+    def if_then(self, cond, body):
+        if isinstance(cond, bool):
+            if cond:
+                body()
+            return
+        branch = self.scf.IfOp(cond)
+        with self.ir.InsertionPoint(branch.then_block):
+            body()
+            self.scf.yield_([])
+
+    def barrier(self):
+        if self.named_barrier is None:
+            self.nvvm.barrier()
+        else:
+            from kdagen.codegen.common.barrier import named_barrier_sync
+            named_barrier_sync(*self.named_barrier)
+
+    def uniform(self, x):
+        return x
+
+    def shfl_xor(self, x, mask):
+        from kdagen.codegen.common.shuffle import shfl_xor
+        return shfl_xor(x, mask)
+
+    def fresh_tid(self):
+        v = self.llvm.inline_asm(self.i32(), [], "mov.u32 $0, %tid.x;", "=r",
+                                 has_side_effects=True)
+        return self.ints.IntVal(v)
+
+    def pack_bf16x2(self, lo, hi):
+        from kdagen.codegen.common.convert import pack_f32x2
+        return pack_f32x2(lo, hi, "bf16")
+
+    def mma_bf16(self, a, b, c):
+        from kdagen.codegen.common.mma import mma_m16n8k16
+        return mma_m16n8k16(list(a), list(b), list(c), "bf16")
+
+    # memory: ptr is an llvm.ptr value (global or shared); index an int-like (i32) or W64
+    def _elem(self, elt):
+        ir = self.ir
+        return {"bf16": ir.BF16Type.get(), "f16": ir.F16Type.get(), "f32": self.f32(),
+                "i32": self.i32(), "i64": ir.IntegerType.get_signless(64)}[elt]
+
+    def gep(self, ptr, index, elt="f32"):
+        if isinstance(index, int) and index == 0:
+            return ptr
+        if isinstance(index, W64):
+            iv = index.value
+        elif isinstance(index, int) and not (-2**31 <= index < 2**31):
+            iv = self._i64(index)
+        else:
+            iv = self.ints.as_i32(index)
+        return self.llvm.getelementptr(ptr.type, ptr, [iv], [-2147483648], self._elem(elt), 0)
+
+    def load(self, ptr, index, elt="f32"):
+        v = self.llvm.load(self._elem(elt), self.gep(ptr, index, elt))
+        if elt in ("bf16", "f16"):
+            return self.arith.extf(self.f32(), v)
+        return v
+
+    def store(self, ptr, index, value, elt="f32"):
+        if elt in ("bf16", "f16"):
+            value = self.arith.truncf(self._elem(elt), value)
+        self.llvm.store(value, self.gep(ptr, index, elt))

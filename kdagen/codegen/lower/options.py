@@ -1,0 +1,23 @@
+"""The options of the program lowering (``lower`` in bundles and ``kdagen emit``)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["LowerOptions"]
+
+
+@dataclass
+class LowerOptions:
+    nthreads: int = 128
+    split_scans: bool = True            # one kernel per scan (False: one per segment)
+    storage: str = "auto"               # "auto" | "smem" | "global"
+    smem_reserve: int = 1024            # bytes of the target's budget kept free
+    global_block: int = 256
+    # matrix products: "fma" (fp32 FMA on the CUDA cores), "bf16x3" (mma.sync with operands
+    # split into bf16 hi + lo: ~fp32 accuracy), "bf16" (mma.sync on bf16-rounded operands).
+    # Tensor cores take kda.dot and kda.decay_dot with a subblock that is a multiple of 16.
+    dot: str = "fma"
+    # "portable" (valid on every chip) or "native": the chip's own path where kdagen has one
+    # (sm_90a: warp-specialised TMA producer + wgmma consumer, kdagen.codegen.lower.sm90_native);
+    # chips without a native path take the portable one (LoweredKernel.path says which)
+    path: str = "portable"

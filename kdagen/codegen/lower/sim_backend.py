@@ -1,0 +1,331 @@
+"""The CPU simulator backend of the lowering's primitives (backend.py): executes the emitter
+code for one CTA at a time, all threads in lockstep as numpy arrays (one lane per thread) with an
+active-lane mask for divergent loops and branches, and checks barriers in divergent code,
+shuffles with inactive lanes, out-of-bounds accesses and shared-scratch races (:class:`SimError`).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["SimBackend", "SimPtr", "SimMemory", "SimError"]
+
+
+class SimError(RuntimeError):
+    """A kernel did something that would be wrong on the GPU (race, divergent barrier, OOB)."""
+
+
+class SimPtr:
+    """A pointer into a simulated memory: a flat numpy array plus an element offset."""
+
+    def __init__(self, mem: "SimMemory", offset=0):
+        self.mem = mem
+        self.offset = offset
+
+
+class SimMemory:
+    """Flat simulated memory. ``track``: remember per element the last writer and readers
+    (key = epoch * 4096 + thread; thread 4095 = several readers) for race detection."""
+
+    def __init__(self, name: str, data: np.ndarray, elt: str, track: bool = False):
+        self.name = name
+        self.data = data.reshape(-1)
+        self.elt = elt
+        self.track = track
+        if track:
+            n = self.data.size
+            self.w_key = np.full(n, -1, np.int64)
+            self.r_key = np.full(n, -1, np.int64)
+
+
+def _bf16_round(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, np.float32)
+    u = x.view(np.uint32).astype(np.uint64)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).astype(np.uint32)
+    out = r.view(np.float32)
+    return np.where(np.isnan(x), x, out).astype(np.float32)
+
+
+class SimBackend:
+    """Executes emitter code for one CTA of ``nthreads`` threads, lanes as numpy arrays."""
+
+    name = "sim"
+
+    def __init__(self, nthreads: int, check_races: bool = True):
+        self.nt = nthreads
+        self.lanes = np.arange(nthreads, dtype=np.int64)
+        self.full = np.ones(nthreads, bool)
+        self.masks = [self.full]
+        self.epoch = 0
+        self.check_races = check_races
+        self.stats = {"barriers": 0}
+
+    @property
+    def mask(self):
+        return self.masks[-1]
+
+    def _arr(self, x, dtype):
+        a = np.asarray(x, dtype)
+        return np.broadcast_to(a, (self.nt,)) if a.ndim == 0 else a
+
+    # float (np.float32 lanes)
+    def const_f(self, x):
+        return np.float32(x)
+
+    def _f(self, x):
+        return np.asarray(x, np.float32)
+
+    def add(self, a, b):
+        return self._f(a) + self._f(b)
+
+    def sub(self, a, b):
+        return self._f(a) - self._f(b)
+
+    def mul(self, a, b):
+        return self._f(a) * self._f(b)
+
+    def div(self, a, b):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return self._f(a) / self._f(b)
+
+    def neg(self, a):
+        return -self._f(a)
+
+    def maxf(self, a, b):
+        return np.maximum(self._f(a), self._f(b))
+
+    def minf(self, a, b):
+        return np.minimum(self._f(a), self._f(b))
+
+    def fma(self, a, b, c):
+        return (np.asarray(a, np.float64) * np.asarray(b, np.float64)
+                + np.asarray(c, np.float64)).astype(np.float32)
+
+    def ex2(self, a):
+        with np.errstate(over="ignore", under="ignore"):
+            return np.exp2(self._f(a))
+
+    def lg2(self, a):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.log2(self._f(a))
+
+    def rcp(self, a):
+        with np.errstate(divide="ignore"):
+            return np.float32(1.0) / self._f(a)
+
+    def sqrt(self, a):
+        with np.errstate(invalid="ignore"):
+            return np.sqrt(self._f(a))
+
+    def sel(self, cond, a, b):
+        return np.where(cond, self._f(a), self._f(b)).astype(np.float32)
+
+    def nonzero(self, x):
+        return self._f(x) != 0
+
+    def fle(self, a, b):
+        return self._f(a) <= self._f(b)
+
+    def round_to(self, x, elt):
+        if elt == "bf16":
+            return _bf16_round(x)
+        return np.asarray(x, np.float32).astype(np.float16).astype(np.float32)
+
+    # ints (Python ints or int64 lanes)
+    def icmp(self, pred, a, b):
+        op = {"lt": np.less, "le": np.less_equal, "eq": np.equal, "ne": np.not_equal,
+              "ge": np.greater_equal, "gt": np.greater}[pred]
+        r = op(a, b)
+        return r
+
+    def isel(self, cond, a, b):
+        return np.where(cond, a, b)
+
+    def band(self, a, b):
+        return np.logical_and(a, b)
+
+    def wide(self, x):
+        return x if isinstance(x, int) else np.asarray(x, np.int64)
+
+    def narrow(self, x):
+        return x if isinstance(x, int) else np.asarray(x, np.int64)
+
+    # control
+    def for_range(self, lo, hi, step, body, iter_args):
+        uniform = all(isinstance(v, (int, np.integer)) or np.ndim(v) == 0 for v in (lo, hi))
+        if uniform:
+            lo_i, hi_i = int(lo), int(hi)
+            args = list(iter_args)
+            for i in range(lo_i, hi_i, step):
+                out = body(i, *args)
+                args = list(out or [])
+            return args
+        lo_a = self._arr(lo, np.int64)
+        hi_a = self._arr(hi, np.int64)
+        iters = np.maximum(0, -(-(hi_a - lo_a) // step))
+        iters = np.where(self.mask, iters, 0)
+        kmax = int(iters.max()) if iters.size else 0
+        args = [a for a in iter_args]
+        outer = self.mask
+        for k in range(kmax):
+            active = outer & (k < iters)
+            self.masks.append(active)
+            try:
+                out = body(lo_a + k * step, *args)
+            finally:
+                self.masks.pop()
+            args = [np.where(active, np.asarray(o), np.asarray(a)) for o, a in zip(out or [], args)]
+        return args
+
+    def if_then(self, cond, body):
+        c = self._arr(cond, bool) & self.mask
+        if not c.any():
+            return
+        self.masks.append(c)
+        try:
+            body()
+        finally:
+            self.masks.pop()
+
+    def uniform(self, x):
+        if isinstance(x, (int, float)) or np.ndim(x) == 0:
+            return x.item() if hasattr(x, "item") else x
+        a = np.asarray(x)
+        if (a == a[0]).all():
+            return int(a[0]) if np.issubdtype(a.dtype, np.integer) else a[0]
+        raise SimError("a value that must be uniform differs between threads")
+
+    def barrier(self):
+        if not self.mask.all():
+            raise SimError("barrier in divergent code (some threads would never arrive)")
+        self.epoch += 1
+        self.stats["barriers"] += 1
+
+    def shfl_xor(self, x, mask):
+        if not self.mask.all():
+            raise SimError("shfl.sync with inactive lanes")
+        x = self._arr(x, np.float32)
+        return x[self.lanes ^ mask]
+
+    def fresh_tid(self):
+        return self.lanes
+
+    def pack_bf16x2(self, lo, hi):
+        lo = self._arr(np.asarray(lo, np.float32), np.float32)
+        hi = self._arr(np.asarray(hi, np.float32), np.float32)
+        return np.stack([_bf16_round(lo), _bf16_round(hi)])
+
+    def mma_bf16(self, a, b, c):
+        """The warp-collective mma on the PTX fragment layouts (groupID g = lane / 4,
+        threadID_in_group t = lane % 4): A reg r half h = A[g + 8(r%2), 2t + h + 8(r/2)],
+        B reg r half h = B[2t + h + 8r, g], C reg i = C[g + 8(i/2), 2t + i%2]."""
+        if not self.mask.all():
+            raise SimError("mma.sync with inactive lanes")
+        nw = self.nt // 32
+        lane = self.lanes % 32
+        warp = self.lanes // 32
+        g, t = lane // 4, lane % 4
+        A = np.zeros((nw, 16, 16))
+        Bm = np.zeros((nw, 16, 8))
+        Cm = np.zeros((nw, 16, 8))
+        for r in range(4):
+            for h in range(2):
+                A[warp, g + 8 * (r % 2), 2 * t + h + 8 * (r // 2)] = np.asarray(a[r])[h]
+        for r in range(2):
+            for h in range(2):
+                Bm[warp, 2 * t + h + 8 * r, g] = np.asarray(b[r])[h]
+        rows = [g + 8 * (i // 2) for i in range(4)]
+        cols = [2 * t + (i % 2) for i in range(4)]
+        for i in range(4):
+            Cm[warp, rows[i], cols[i]] = self._arr(np.asarray(c[i], np.float32), np.float32)
+        D = (np.einsum("wik,wkj->wij", A, Bm) + Cm).astype(np.float32)
+        return [D[warp, rows[i], cols[i]] for i in range(4)]
+
+    # memory
+    def gep(self, ptr: SimPtr, index, elt="f32"):
+        if isinstance(index, int):
+            return SimPtr(ptr.mem, ptr.offset + index)
+        return SimPtr(ptr.mem, ptr.offset + np.asarray(index, np.int64))
+
+    def _addr(self, ptr: SimPtr, index):
+        a = np.asarray(ptr.offset + index, np.int64)
+        if a.ndim == 0:
+            a = np.full(self.nt, int(a), np.int64)
+        m = self.mask
+        mem = ptr.mem
+        full = m is self.full or m.all()
+        if full:
+            lo, hi = a.min(), a.max()
+            if lo < 0 or hi >= mem.data.size:
+                self._oob(mem, a, np.ones(self.nt, bool))
+            return a, None
+        bad = m & ((a < 0) | (a >= mem.data.size))
+        if bad.any():
+            self._oob(mem, a, bad)
+        return a[m], m
+
+    def _oob(self, mem, a, bad):
+        bad = bad & ((a < 0) | (a >= mem.data.size))
+        i = int(np.argmax(bad))
+        raise SimError(f"out-of-bounds access to {mem.name}[{int(a[i])}] (size {mem.data.size}) "
+                       f"by thread {i}")
+
+    _MANY = 4095
+
+    def load(self, ptr: SimPtr, index, elt: str = "f32"):
+        a, m = self._addr(ptr, index)
+        mem = ptr.mem
+        vals = mem.data[a]
+        if mem.track and self.check_races:
+            lanes = self.lanes if m is None else self.lanes[m]
+            ek = self.epoch * 4096
+            me = ek + lanes
+            key = mem.w_key[a]
+            clash = (key >= ek) & (key != me)
+            if clash.any():
+                j = int(np.argmax(clash))
+                raise SimError(f"race on {mem.name}[{int(a[j])}]: thread {int(lanes[j])} reads "
+                               f"what thread {int(key[j] - ek)} wrote without a barrier between")
+            prev = mem.r_key[a]
+            conflict = (prev >= ek) & (prev != me)
+            mem.r_key[a] = me
+            conflict |= mem.r_key[a] != me          # several lanes read it in this access
+            if conflict.any():
+                mem.r_key[a[conflict]] = ek + self._MANY
+        dt = np.int64 if elt == "i64" else np.float32
+        if m is None:
+            return vals.astype(dt, copy=False)
+        out = np.zeros(self.nt, dt)
+        out[m] = vals
+        return out
+
+    def store(self, ptr: SimPtr, index, value, elt: str = "f32"):
+        a, m = self._addr(ptr, index)
+        mem = ptr.mem
+        v = np.asarray(value, np.float32)
+        if v.ndim == 0:
+            v = np.full(self.nt, v, np.float32)
+        if m is not None:
+            v = v[m]
+        if elt in ("bf16", "f16"):
+            v = self.round_to(v, elt)
+        if mem.track:
+            lanes = self.lanes if m is None else self.lanes[m]
+            if len(np.unique(a)) != len(a):
+                raise SimError(f"two threads store to the same element of {mem.name} in one access")
+            if self.check_races:
+                ek = self.epoch * 4096
+                me = ek + lanes
+                rk = mem.r_key[a]
+                clash = (rk >= ek) & (rk != me)
+                if clash.any():
+                    j = int(np.argmax(clash))
+                    raise SimError(f"race on {mem.name}[{int(a[j])}]: thread {int(lanes[j])} "
+                                   f"overwrites what another thread read without a barrier between")
+                wk = mem.w_key[a]
+                wclash = (wk >= ek) & (wk != me)
+                if wclash.any():
+                    j = int(np.argmax(wclash))
+                    raise SimError(f"race on {mem.name}[{int(a[j])}]: two threads write it "
+                                   f"without a barrier between")
+                mem.w_key[a] = me
+        mem.data[a] = v

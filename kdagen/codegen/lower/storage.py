@@ -1,0 +1,355 @@
+"""Storage planning for one kernel of a kda program (after plan.py cut the program into
+kernels): :func:`plan_storage` gives every tile value a *mode*:
+
+- ``const`` / ``param``: a constant or a kernel scalar, read where used;
+- ``view``: a re-indexing of another value (broadcast, transpose, extract_row,
+  assume_range, a widening convert) — no storage;
+- ``lazy``: an elementwise/index-wise expression (arith, gate math, select, tril, loads
+  from global memory...) evaluated inside the loop of its single consumer — no storage;
+- ``buffer``: materialised into a per-CTA fp32 buffer (results of matrix ops, cumsum,
+  reductions, and expressions that are read more than once, read by a matrix op, read
+  across a scan boundary, ...);
+- ``carried``: the buffer of a scan's carried value (block argument and result alias it).
+
+Buffers get byte offsets in one per-CTA scratch region by first-fit over live intervals
+(positions = program order; a value read inside a loop it was not defined in stays live
+until that loop ends). All tile storage is fp32 (i1 masks as 0.0/1.0; a convert to
+bf16/fp16 rounds and stays fp32), so buffer bytes = 4 * numel.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .plan import (EXPR_OPS, LOAD_OPS, MATRIX_OPS, MULTI_READ, NOOP_OPS, STORE_OPS, VIEW_OPS,
+                   KernelGroup, LoweringError)
+from .program import Block, Node, Program, Value, walk
+
+__all__ = ["StoragePlan", "plan_storage", "buffer_strides", "buffer_elems"]
+
+
+@dataclass(eq=False)
+class Buffer:
+    value: Value                  # the value owning it (carried: the scan's i-th result)
+    nbytes: int
+    start: int = 0
+    end: int = 0
+    offset: int = -1              # byte offset in its pool
+    space: str = "smem"           # pool: "smem" (shared memory) or "global" (scratch)
+    density: float = 0.0          # estimated element reads per element per kernel run
+
+
+@dataclass
+class StoragePlan:
+    modes: dict                   # Value -> mode
+    buffers: dict                 # Value -> Buffer (materialised / carried values)
+    carried: dict                 # (scan node, i) -> Buffer
+    total_bytes: int              # bytes of all buffers packed in one pool (first fit)
+    positions: dict               # Node -> position
+    written_memrefs: set          # memref Values stored to inside the kernel
+    yield_copy: dict              # (scan, i) -> "skip" | "copy"
+    smem_bytes: int = 0           # after pack(): bytes of each pool
+    global_bytes: int = 0
+
+    def mode(self, v: Value) -> str:
+        return self.modes.get(v, "none")
+
+    def unique_buffers(self) -> list:
+        return list({id(b): b for b in self.buffers.values()}.values())
+
+    def pack(self, storage: str, smem_capacity: int | None = None, align: int = 16) -> None:
+        """Assign every buffer a pool and an offset. ``storage``: "smem" / "global" (one pool),
+        "hybrid": the buffers read most per byte go to shared memory as long as
+        ``smem_capacity`` allows (first fit over live intervals), the rest to the global
+        scratch."""
+        bufs = self.unique_buffers()
+        if storage in ("smem", "global"):
+            for b in bufs:
+                b.space = storage
+            total = _first_fit(bufs, align)
+            self.smem_bytes, self.global_bytes = (total, 0) if storage == "smem" else (0, total)
+            return
+        if storage != "hybrid":
+            raise ValueError(f"storage must be smem, global or hybrid, not {storage!r}")
+        placed = {"smem": [], "global": []}
+        size = {"smem": 0, "global": 0}
+        for b in sorted(bufs, key=lambda b: (-b.density, b.start, -b.nbytes)):
+            for space in ("smem", "global"):
+                cap = smem_capacity if space == "smem" else None
+                off = _fit(b, placed[space], cap)
+                if off is not None:
+                    b.space, b.offset = space, off
+                    placed[space].append(b)
+                    size[space] = max(size[space], off + b.nbytes)
+                    break
+        self.smem_bytes, self.global_bytes = size["smem"], size["global"]
+
+
+def _is_widening_convert(n: Node) -> bool:
+    src, dst = n.operands[0].elt, n.results[0].elt
+    return dst == "f32" and src in ("bf16", "f16", "f32")
+
+
+def plan_storage(program: Program, group: KernelGroup, align: int = 16,
+                 ring_loads: frozenset = frozenset()) -> StoragePlan:
+    """``ring_loads``: load nodes whose tiles a native path streams into a shared-memory ring
+    (mode ``ring``: cheap to read, no buffer, valid for the chunk step that loaded them)."""
+    nodes = group.nodes
+    # every node of the kernel (function level + scan bodies), program order
+    knodes: list[Node] = []
+    for n in nodes:
+        knodes.append(n)
+        if n.body is not None:
+            knodes.extend(walk(n.body))
+    in_kernel = set(knodes)
+    written = set()
+    for n in knodes:
+        if n.op in STORE_OPS:
+            written.add(n.operands[0])
+
+    def consumers(v):
+        return [(u, i) for (u, i) in v.uses if u in in_kernel and u.op not in NOOP_OPS]
+
+    modes: dict = {}
+    # pass 1: modes, in program order (a view's mode depends on its operand's)
+    cheap: dict = {}
+    for n in knodes:
+        if n.op == "kda.scan":
+            for a in n.body.args[1:]:
+                modes[a] = "carried"
+                cheap[a] = True
+            for r in n.results:
+                modes[r] = "carried"
+                cheap[r] = True
+            continue
+        for r in n.results:
+            if r.kind != "tile":
+                continue
+            if n in ring_loads:
+                modes[r], cheap[r] = "ring", True
+            elif n.op == "kda.constant":
+                modes[r], cheap[r] = "const", True
+            elif n.op == "kda.scalar":
+                modes[r], cheap[r] = "param", True
+            elif n.op in MATRIX_OPS:
+                modes[r], cheap[r] = "buffer", True
+            elif n.op in VIEW_OPS or (n.op == "kda.convert" and _is_widening_convert(n)):
+                # pipeline_wait / assume_range / widening converts are identities
+                modes[r] = "view"
+                cheap[r] = cheap.get(n.operands[0], False)
+            elif n.op in EXPR_OPS:
+                modes[r], cheap[r] = "lazy", False
+            else:
+                raise LoweringError(f"{n.op}: unexpected tile result")
+    # pass 2: materialise expressions that must be
+    def needs_buffer(v: Value) -> bool:
+        cons = consumers(v)
+        users = {u for u, _ in cons}
+        if len(users) != 1:
+            return len(users) > 1
+        (u,) = users
+        if u.block is not v.block:
+            return True
+        if u.op in MULTI_READ:
+            return True
+        if v.owner is not None and v.owner.op in LOAD_OPS and v.owner.operands[0] in written:
+            return True
+        if u.op == "gpu.yield":
+            scan = u.block.parent
+            return _yield_hazard(v, u.operands.index(v), scan, modes)
+        if u.op == "kda.scan":
+            return False
+        return False
+
+    # iterate to a fixed point: materialising v makes it cheap, which can make views cheap
+    for _ in range(8):
+        changed = False
+        for n in knodes:
+            for r in n.results:
+                if r.kind != "tile":
+                    continue
+                m = modes.get(r)
+                if m == "lazy" and needs_buffer(r):
+                    modes[r] = "buffer"
+                    changed = True
+                elif (m == "view" and n.op != "kda.broadcast" and not _cheap(r, modes)
+                      and needs_buffer(r)):
+                    modes[r] = "buffer"
+                    changed = True
+        if not changed:
+            break
+
+    positions: dict = {}
+    loop_end: dict = {}
+    counter = [0]
+
+    def number(block_nodes: list):
+        for n in block_nodes:
+            positions[n] = counter[0]
+            counter[0] += 1
+            if n.body is not None:
+                number(n.body.nodes)
+                loop_end[n] = counter[0]
+                counter[0] += 1
+
+    number(nodes)
+
+    buffers: dict = {}
+    carried: dict = {}
+    for n in knodes:
+        if n.op == "kda.scan":
+            for i, r in enumerate(n.results):
+                b = Buffer(r, _nbytes(r, align), positions[n], loop_end[n])
+                carried[(n, i)] = b
+                buffers[r] = b
+                buffers[n.body.args[1 + i]] = b
+            continue
+        for r in n.results:
+            if modes.get(r) == "buffer":
+                buffers[r] = Buffer(r, _nbytes(r, align), positions[n], positions[n])
+
+    def leaves(v: Value, acc: set):
+        """Buffers read when v is evaluated."""
+        if v in buffers:
+            acc.add(buffers[v])
+            return acc
+        if v.owner is None or v.kind != "tile":
+            return acc
+        for o in v.owner.operands:
+            leaves(o, acc)
+        return acc
+
+    def use_position(u: Node, v_block: Block) -> int:
+        """Position until which a value defined in v_block must live for a use at node u."""
+        pos = positions.get(u)
+        if u.op == "gpu.yield":
+            pos = loop_end[u.block.parent]
+        b = u.block
+        while b is not v_block and b.parent is not None:
+            pos = max(pos, loop_end[b.parent])
+            b = b.parent.block
+        return pos
+
+    for n in knodes:
+        if n.op in NOOP_OPS:
+            continue
+        operands = list(n.operands)
+        weight = 64.0 ** n.block.depth          # body ops run once per chunk
+        for i, o in enumerate(operands):
+            if o.kind != "tile":
+                continue
+            for b in leaves(o, set()):
+                owner_block = b.value.block if b.value.carried is None else b.value.carried[0].block
+                b.end = max(b.end, use_position(n, owner_block))
+                b.density += weight * _read_factor(n, i)
+        if n.op in ("kda.tril_inv", "kda.tril_solve") and n.results[0] in buffers:
+            buffers[n.results[0]].density += weight * n.results[0].shape[0] / 2
+    # scan results are views of the carried buffers: extend those by the results' uses
+    yield_copy = {}
+    for n in knodes:
+        if n.op == "kda.scan":
+            y = n.body.nodes[-1]
+            for i, v in enumerate(y.operands):
+                yield_copy[(n, i)] = "skip" if v is n.body.args[1 + i] else "copy"
+
+    total = _first_fit(list({id(b): b for b in buffers.values()}.values()), align)
+    return StoragePlan(modes, buffers, carried, total, positions, written, yield_copy)
+
+
+def _read_factor(n: Node, i: int) -> float:
+    """How many times a matrix op reads each element of operand i (1 for element-wise use)."""
+    op = n.op
+    out = n.results[0].shape if n.results else ()
+    if op == "kda.dot":
+        return float(out[1] if i == 0 else out[0])
+    if op == "kda.decay_dot":
+        return float(out[1] if i in (0, 2) else out[0])
+    if op == "kda.decay_matmul":
+        return float(out[1] if i == 0 else out[0])
+    if op in ("kda.tril_inv",):
+        return n.operands[0].shape[0] / 2
+    if op == "kda.tril_solve":
+        return float(n.operands[1].numel // n.operands[1].shape[0]) if i == 0 else 1.0
+    return 1.0
+
+
+def _cheap(v: Value, modes: dict) -> bool:
+    m = modes.get(v)
+    if m in ("const", "param", "buffer", "carried", "ring"):
+        return True
+    if m == "view":
+        return _cheap(v.owner.operands[0], modes)
+    return False
+
+
+def _yield_hazard(v: Value, i: int, scan: Node, modes: dict) -> bool:
+    """Whether evaluating v in place into carried buffer i of ``scan`` could read an element
+    of a carried buffer that this or another yield copy has already overwritten."""
+    dest = scan.body.args[1 + i]
+    carried_args = set(scan.body.args[1:])
+
+    def visit(x: Value, identity: bool) -> bool:
+        if x in carried_args:
+            return not (x is dest and identity)
+        if x.owner is None or x.kind != "tile":
+            return False
+        m = modes.get(x)
+        if m in ("buffer", "const", "param", "ring"):
+            return False
+        op = x.owner.op
+        if op in VIEW_OPS and op not in ("kda.assume_range", "kda.pipeline_wait"):
+            return any(visit(o, False) for o in x.owner.operands if o.kind == "tile")
+        if op in ("kda.embed_row",):
+            return any(visit(o, False) for o in x.owner.operands if o.kind == "tile")
+        return any(visit(o, identity) for o in x.owner.operands if o.kind == "tile")
+
+    return visit(v, True)
+
+
+def buffer_strides(shape: tuple) -> tuple:
+    """Element strides of a buffer of ``shape``: row-major, rows of 2-D+ tiles padded by one
+    element (an odd pitch: column-wise reads by a warp hit 32 different banks)."""
+    if not shape:
+        return ()
+    strides = [1]
+    acc = shape[-1] + (1 if len(shape) >= 2 else 0)
+    for d in reversed(shape[:-1]):
+        strides.insert(0, acc)
+        acc *= d
+    return tuple(strides)
+
+
+def buffer_elems(shape: tuple) -> int:
+    if not shape:
+        return 1
+    return shape[0] * buffer_strides(shape)[0]
+
+
+def _nbytes(v: Value, align: int) -> int:
+    n = 4 * buffer_elems(v.shape)
+    return -(-n // align) * align
+
+
+def _fit(b, placed: list, capacity: int | None):
+    """First-fit offset for b among the placed buffers that are live at the same time, or
+    None when it would end past ``capacity``."""
+    live = sorted((p for p in placed if not (p.end < b.start or p.start > b.end)),
+                  key=lambda p: p.offset)
+    off = 0
+    for p in live:
+        if off + b.nbytes <= p.offset:
+            break
+        off = max(off, p.offset + p.nbytes)
+    if capacity is not None and off + b.nbytes > capacity:
+        return None
+    return off
+
+
+def _first_fit(bufs: list, align: int) -> int:
+    bufs = sorted(bufs, key=lambda b: (b.start, -b.nbytes))
+    placed: list = []
+    total = 0
+    for b in bufs:
+        b.offset = _fit(b, placed, None)
+        placed.append(b)
+        total = max(total, b.offset + b.nbytes)
+    return total

@@ -1,0 +1,237 @@
+"""The compile driver: one program variant compiled for one chip, in named stages.
+
+Stages, in order (each one's output kept, as text, and dumpable)::
+
+    kda        the program as the DSL built it (kda dialect)
+    <pass>     the module after each pass of the pipeline, by the pass's name
+               (kda-bind-target, verify, kda-stable-reassociate, kda-partition, ...)
+    gpu        the kernels lowered to gpu + nvvm + llvm dialects (one gpu.module each)
+    ptx        their PTX
+    cubin      ptxas's assembly of the PTX (the stage's text is ptxas's report)
+
+Every entry point compiles through here: ``kdagen emit`` and the bundles it writes
+(:mod:`kdagen.bundle_writer`), compile-on-demand (:mod:`kdagen.compiler_hooks`) and
+``kdagen show --stage``. The ``gpu``/``ptx``/``cubin`` stages of a hand-built gpu module (the
+gate+cumsum kernel) are :func:`ptx_of` and :func:`assemble_ptx`.
+
+``pipeline``: ``"chip"`` (the chip's pipeline, :func:`kdagen.passes.pipelines.pipeline_for`:
+it binds the target on the module first), ``"stable"`` (``kda-stable-reassociate`` only: one
+kernel per scan, chunks in sequence), or any pipeline text.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kdagen._mlir import ir
+from kdagen.codegen import ptxas as ptxas_mod
+from kdagen.codegen.lower.kernel import lower_program
+from kdagen.codegen.lower.options import LowerOptions
+from kdagen.codegen.to_ptx import lower_to_ptx
+from kdagen.ir.dialect import print_module
+from kdagen.ir.programs import build_program
+from kdagen.passes.base import ModulePass
+from kdagen.passes.pipeline import run_pipeline
+from kdagen.passes.pipelines import pipeline_for
+from kdagen.passes.registry import parse_pipeline
+from kdagen.target import Target, get_target
+
+__all__ = ["Compilation", "DEFAULT_LOWERING", "BACKEND_STAGES", "build_module", "pipeline_passes",
+           "ptx_of", "assemble_ptx", "LibdeviceCallError"]
+
+# What `kdagen emit`, the runtime's compile-on-demand and the API bundles use: the chip's full
+# pass pipeline (partitioned chunk-parallel + state kernels, warp-specialisation annotations),
+# tensor-core matrix products with ~fp32 accuracy (bf16x3), and the chip's native path where
+# kdagen has one (sm_90a: TMA producer + wgmma consumers), the portable path elsewhere.
+DEFAULT_LOWERING = {"path": "native", "dot": "bf16x3", "pipeline": "chip"}
+
+#: the stages after the passes
+BACKEND_STAGES = ("gpu", "ptx", "cubin")
+
+
+class LibdeviceCallError(RuntimeError):
+    """The PTX calls libdevice (``__nv_*``), which ptxas cannot resolve."""
+
+
+def pipeline_passes(pipeline: str, chip: str) -> list[ModulePass]:
+    """The passes of ``pipeline`` ("chip", "stable" or pipeline text) for ``chip``."""
+    if pipeline == "chip":
+        return pipeline_for(chip)
+    return parse_pipeline("kda-stable-reassociate" if pipeline == "stable" else pipeline)
+
+
+def build_module(program: str, options: dict, pipeline: str = "stable", chip: str = "sm_90a"):
+    """The program after the passes of ``pipeline`` (the module that the lowering takes)."""
+    return Compilation(program, options, chip, pipeline=pipeline, keep_stages=False).run_passes().module
+
+
+def ptx_of(kernel_module, target: Target, name: str) -> str:
+    """The ``ptx`` stage of one gpu module (verified libdevice-free)."""
+    ptx = lower_to_ptx(kernel_module, target)
+    if "__nv_" in ptx:
+        raise LibdeviceCallError(f"{name}: PTX calls libdevice ({target.chip})")
+    return ptx
+
+
+def assemble_ptx(ptx: str, chip: str, ptxas: str | None) -> ptxas_mod.AssembleResult | None:
+    """The ``cubin`` stage: ptxas on the PTX (None without ptxas)."""
+    return ptxas_mod.assemble(ptx, chip, ptxas) if ptxas else None
+
+
+@dataclass
+class Stage:
+    name: str
+    text: str
+
+
+@dataclass
+class Compilation:
+    """``program`` with ``options`` compiled for ``chip``, stage by stage.
+
+    ``run(until)`` runs the stages up to ``until`` (a stage name; a pass name means its last
+    occurrence in the pipeline) and keeps each one's output in :attr:`stages`
+    (:meth:`output`, :meth:`dump`). ``module``: a module that already went through the
+    pipeline (its front stages are then not run again). ``name_kernels(kernels)``: called
+    after lowering, before the ``gpu`` stage is recorded (a bundle renames kernels there).
+    ``ptxas``: the ptxas to assemble with (None: found on the machine; False: none).
+    """
+    program: str
+    options: dict
+    chip: str
+    pipeline: str = "chip"
+    lower: dict = field(default_factory=dict)
+    name: str | None = None
+    module: object = None
+    ptxas: object = None
+    keep_stages: bool = True
+    name_kernels: object = None
+    # pass instrumentation, as run_pipeline takes it
+    dump_before: tuple = ()
+    dump_after: tuple = ()
+    time_passes: bool = False
+
+    stages: list = field(default_factory=list, init=False)
+    kernels: list = field(default_factory=list, init=False)
+    ptx: dict = field(default_factory=dict, init=False)
+    assembled: dict = field(default_factory=dict, init=False)
+    pass_run: object = field(default=None, init=False)
+    _done: str | None = field(default=None, init=False)
+
+    def __post_init__(self):
+        self.target = get_target(self.chip)
+        self.options = dict(self.options)
+        self.lower = dict(self.lower)
+        self._prebuilt = self.module is not None       # the front stages ran elsewhere
+        self._passes = [] if self._prebuilt else pipeline_passes(self.pipeline, self.chip)
+
+    @property
+    def lower_options(self) -> LowerOptions:
+        return LowerOptions(**{k: v for k, v in self.lower.items() if k != "pipeline"})
+
+    # -- stage names ---------------------------------------------------------------------
+    def stage_names(self) -> list[str]:
+        front = [] if self._prebuilt else ["kda", *(p.name for p in self._passes)]
+        return front + list(BACKEND_STAGES)
+
+    def pass_names(self) -> list[str]:
+        return [p.name for p in self._passes]
+
+    # -- running -------------------------------------------------------------------------
+    def run(self, until: str = "cubin") -> "Compilation":
+        names = self.stage_names()
+        if until not in names:
+            raise ValueError(f"stage {until!r}: not a stage of this compilation; stages: "
+                             f"{', '.join(dict.fromkeys(names))}")
+        if self.module is None:
+            self._front(until)
+        if until in BACKEND_STAGES:
+            self._gpu()
+            if until != "gpu":
+                self._ptx()
+            if until == "cubin":
+                self._cubin()
+        return self
+
+    def run_passes(self) -> "Compilation":
+        """The front stages: the program and the whole pipeline (:attr:`module` after them)."""
+        if self.module is None:
+            self._front(self.stage_names()[-len(BACKEND_STAGES) - 1])
+        return self
+
+    def run_backend(self) -> "Compilation":
+        """The ``ptx`` and ``cubin`` stages of the kernels that ``run("gpu")`` lowered."""
+        self._ptx()
+        self._cubin()
+        return self
+
+    def _front(self, until: str) -> None:
+        self.module = build_program(self.program, **self.options)
+        self._record("kda", lambda: print_module(self.module))
+        passes = self._passes
+        if until not in ("kda", *BACKEND_STAGES):
+            names = self.pass_names()
+            passes = passes[:len(names) - names[::-1].index(until)]
+        elif until == "kda":
+            passes = []
+        # a pass that re-derives a backward creates modules: a default location is needed
+        with self.module.context, ir.Location.unknown():
+            self.pass_run = run_pipeline(
+                self.module, passes, dump_before=tuple(self.dump_before),
+                dump_after=tuple(self.dump_after), time_passes=self.time_passes,
+                on_stage=lambda name, module: self._record(name, lambda: print_module(module)))
+
+    def _gpu(self) -> None:
+        opts = self.lower_options
+        self.kernels = lower_program(self.module, self.target, name=self.name, options=opts)
+        if self.name_kernels is not None:
+            self.name_kernels(self.kernels)
+        self._record("gpu", lambda: _join((k.name, str(k.module)) for k in self.kernels))
+
+    def _ptx(self) -> None:
+        for k in self.kernels:
+            k.builder.verify()
+            self.ptx[k.name] = ptx_of(k.module, self.target, k.name)
+        self._record("ptx", lambda: _join(self.ptx.items()))
+
+    def _cubin(self) -> None:
+        exe = self.ptxas
+        if exe is None:
+            try:
+                exe = ptxas_mod.find_ptxas()
+            except ptxas_mod.PtxasNotFound:
+                exe = False
+        for k in self.kernels:
+            res = assemble_ptx(self.ptx[k.name], self.chip, exe or None)
+            if res is not None:
+                self.assembled[k.name] = res
+        self._record("cubin", lambda: _join((n, r.log) for n, r in self.assembled.items())
+                     if self.assembled else "// ptxas not found: no cubin\n")
+
+    def _record(self, name: str, text) -> None:
+        if self.keep_stages:
+            self.stages.append(Stage(name, text()))
+
+    # -- outputs -------------------------------------------------------------------------
+    def output(self, stage: str) -> str:
+        """The kept output of ``stage`` (of its last occurrence)."""
+        for s in reversed(self.stages):
+            if s.name == stage:
+                return s.text
+        raise KeyError(f"stage {stage!r} was not run or not kept")
+
+    def dump(self, folder) -> list[Path]:
+        """Write every kept stage to ``folder`` as ``<NN>-<stage>.<mlir|ptx|txt>``."""
+        out = Path(folder)
+        out.mkdir(parents=True, exist_ok=True)
+        paths = []
+        for i, s in enumerate(self.stages):
+            ext = {"ptx": "ptx", "cubin": "txt"}.get(s.name, "mlir")
+            path = out / f"{i:02d}-{s.name}.{ext}"
+            path.write_text(s.text)
+            paths.append(path)
+        return paths
+
+
+def _join(items) -> str:
+    """Per-kernel texts of a stage, each under a header line."""
+    return "".join(f"// ----- kernel {name} -----\n{text.rstrip()}\n" for name, text in items)

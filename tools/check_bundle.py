@@ -1,0 +1,77 @@
+"""The program variants the GPU check covers, written into a bundle (needs the compiler).
+
+``python -m tools.check_bundle OUT [--chips sm_90a,...] [--quick] [--set default|native]``;
+then, on the GPU machine, ``python -m tools.gpu_check OUT``.
+"""
+from __future__ import annotations
+
+from kdagen.bundle_writer import write_bundle
+from kdagen.driver import Compilation
+
+# The variants the GPU check covers by default (kda/gdn, fwd/bwd, K = V = 64/128, both gate
+# forms, GVA, varlen, fp16, without initial state).
+TC = {"dot": "bf16x3"}          # tensor cores, operands split in bf16 hi + lo
+PART = {"dot": "bf16x3", "pipeline": "chip"}   # + the chip's pipeline: partitioned kernels
+NATIVE = {"dot": "bf16x3", "pipeline": "chip", "path": "native"}   # sm_90a: TMA + wgmma + WS
+NATIVE_SET = [
+    ("kda_fwd", dict(head_k_dim=128, head_v_dim=128, gate="lower_bound", gva_ratio=2, varlen=True), NATIVE),
+    ("kda_fwd", dict(head_k_dim=128, head_v_dim=128, gate="softplus"), NATIVE),
+    ("kda_fwd", dict(head_k_dim=64, head_v_dim=64, gate="lower_bound", dtype="fp16",
+                     use_initial_state=False), NATIVE),
+    ("gdn_fwd", dict(head_k_dim=128, head_v_dim=128, gate="gdn_softplus"), NATIVE),
+    ("kda_bwd", dict(head_k_dim=128, head_v_dim=128, gate="lower_bound"), NATIVE),
+    ("kda_bwd", dict(head_k_dim=64, head_v_dim=64, gate="softplus", gva_ratio=2, varlen=True), NATIVE),
+    ("gdn_bwd", dict(head_k_dim=128, head_v_dim=128, gate="gdn_softplus"), NATIVE),
+    ("kda_bwd", dict(head_k_dim=64, head_v_dim=64, gate="softplus"), NATIVE),
+]
+DEFAULT_SET = [
+    ("kda_fwd", dict(head_k_dim=128, head_v_dim=128, gate="lower_bound", gva_ratio=2, varlen=True), PART),
+    ("gdn_fwd", dict(head_k_dim=128, head_v_dim=128, gate="gdn_softplus"), PART),
+    ("kda_bwd", dict(head_k_dim=64, head_v_dim=64, gate="softplus"), PART),
+    ("kda_fwd", dict(head_k_dim=64, head_v_dim=64, gate="softplus")),
+    ("kda_fwd", dict(head_k_dim=128, head_v_dim=128, gate="lower_bound"), TC),
+    ("kda_fwd", dict(head_k_dim=128, head_v_dim=128, gate="lower_bound"), {"dot": "bf16"}),
+    ("gdn_fwd", dict(head_k_dim=64, head_v_dim=64, gate="gdn_lower_bound", gva_ratio=2, varlen=True), TC),
+    ("kda_bwd", dict(head_k_dim=64, head_v_dim=64, gate="lower_bound", gva_ratio=2, varlen=True), TC),
+    ("kda_fwd", dict(head_k_dim=128, head_v_dim=128, gate="lower_bound", gva_ratio=2, varlen=True)),
+    ("kda_fwd", dict(head_k_dim=64, head_v_dim=64, gate="lower_bound", dtype="fp16",
+                     use_initial_state=False)),
+    ("gdn_fwd", dict(head_k_dim=64, head_v_dim=64, gate="gdn_lower_bound", gva_ratio=2, varlen=True)),
+    ("gdn_fwd", dict(head_k_dim=128, head_v_dim=128, gate="gdn_softplus")),
+    ("kda_bwd", dict(head_k_dim=64, head_v_dim=64, gate="softplus", gva_ratio=2, varlen=True)),
+    ("gdn_bwd", dict(head_k_dim=64, head_v_dim=64, gate="gdn_lower_bound")),
+    ("kda_bwd", dict(head_k_dim=128, head_v_dim=128, gate="lower_bound")),
+]
+
+
+def main(argv=None) -> int:
+    """``python -m tools.check_bundle OUT [--chips sm_90a,...] [--quick]``: write the
+    default variant set (DEFAULT_SET) for the GPU check."""
+    import argparse
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("out")
+    ap.add_argument("--chips", default="sm_90a")
+    ap.add_argument("--quick", action="store_true", help="forward variants only")
+    ap.add_argument("--set", default="default", choices=["default", "native"],
+                    help="default: the portable variants (DEFAULT_SET); native: the sm_90a "
+                         "native-path variants (NATIVE_SET)")
+    ap.add_argument("--pipeline", default="stable", choices=["stable", "chip"],
+                    help="stable: kda-stable-reassociate only; chip: the chip's full pipeline "
+                         "(partitioned chunk-parallel + state kernels)")
+    args = ap.parse_args(argv)
+    chosen = NATIVE_SET if args.set == "native" else DEFAULT_SET
+    items = [it for it in chosen if not (args.quick and it[0].endswith("_bwd"))]
+    built = []
+    for it in items:
+        try:
+            Compilation(it[0], it[1], "sm_90a", pipeline="stable").run("kda-stable-reassociate")
+            built.append(it)
+        except Exception as exc:  # noqa: BLE001 - e.g. a backward that does not derive yet
+            print(f"skipping {it[0]} {it[1]}: {type(exc).__name__}: {exc}")
+    res = write_bundle(args.out, built, args.chips.split(","), verbose=True, pipeline=args.pipeline)
+    print(f"wrote {len(res['variants'])} variants, {len(res['report'])} kernels to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
