@@ -1,6 +1,6 @@
 """The one place that imports the MLIR Python bindings.
 
-kdagen uses the upstream MLIR bindings shipped inside ``numba-cuda-mlir`` (DESIGN.md §2).
+kdagen uses the upstream MLIR bindings shipped inside ``numba-cuda-mlir`` (docs/ARCHITECTURE.md §6).
 Every other module imports ``ir``, ``passmanager``, the dialects, ... from here, so moving
 to another carrier of the bindings is a change to this file alone.
 

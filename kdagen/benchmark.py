@@ -1,4 +1,4 @@
-"""kdagen vs FLA (fla-core) on the same inputs in one process (DESIGN.md §6).
+"""kdagen vs FLA (fla-core) on the same inputs in one process (docs/MATH.md §4).
 
 For each config: forward (no grad) and forward+backward, median ms over repeated runs
 (triton.testing.do_bench), the ratio FLA time / kdagen time, % of the roofline floor

@@ -1,6 +1,6 @@
 """Float64 torch references for chunked gated-delta attention (KDA and GDN).
 
-DESIGN.md §4 is the spec. Everything here computes in float64 (inputs of any floating dtype
+docs/MATH.md §1 is the spec. Everything here computes in float64 (inputs of any floating dtype
 are cast with ``.to(torch.float64)``, which keeps the autograd graph), returns float64, runs on
 any device, and is differentiable by autograd.
 
@@ -219,7 +219,7 @@ def recurrent_gated_delta(
     output_final_state: bool = False,
     cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The per-token gated delta rule (DESIGN.md §4) in float64 on transformed inputs.
+    """The per-token gated delta rule (docs/MATH.md §1) in float64 on transformed inputs.
 
     For every token (S ∈ R^{K×V}, S₀ = initial_state or 0)::
 
@@ -298,7 +298,7 @@ def chunked_gated_delta(
     cu_seqlens: torch.Tensor | None = None,
     chunk_size: int = 64,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The chunk form of DESIGN.md §4 in float64; same arguments and results as
+    """The chunk form of docs/MATH.md §1 in float64; same arguments and results as
     :func:`recurrent_gated_delta` plus ``chunk_size`` (any positive int).
 
     Per chunk of C tokens (the last one may be shorter; chunks restart at every sequence start
@@ -506,7 +506,7 @@ def reference_grads(
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """``‖out − ref‖₂ / ‖ref‖₂`` in float64 (DESIGN.md §5's metric).
+    """``‖out − ref‖₂ / ‖ref‖₂`` in float64 (docs/MATH.md §3's metric).
 
     Returns ``inf`` when ``out`` (or ``ref``) holds NaN/Inf, and the absolute ``‖out‖₂`` when
     ``ref`` is exactly zero (so an all-zero match gives 0.0). Shapes must be equal.

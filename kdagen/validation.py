@@ -1,6 +1,6 @@
 """Input validation shared by the float64 reference and the GPU runtime.
 
-Layouts (FLA's, see DESIGN.md §4):
+Layouts (FLA's, see docs/MATH.md §1):
 
 - ``q``, ``k``: ``[B, T, H, K]``
 - ``v``: ``[B, T, HV, V]`` (GVA: ``HV`` a multiple of ``H``)

@@ -1,5 +1,5 @@
 """kdagen.chunk_kda / kdagen.chunk_gated_delta_rule (CPU: the interpreter executor) against the
-float64 reference: o, final_state and every gradient through autograd, with DESIGN.md §5's bars
+float64 reference: o, final_state and every gradient through autograd, with docs/MATH.md §3's bars
 for bf16/fp16 inputs and a tight bar for fp32 inputs; FLA semantics of the flags; lazy import.
 """
 import math
@@ -13,7 +13,7 @@ import torch
 import kdagen
 from kdagen import reference as R
 
-# DESIGN.md §5 (bf16 inputs, fp32 state); fp16 is held to the same bars.
+# docs/MATH.md §3 (bf16 inputs, fp32 state); fp16 is held to the same bars.
 BARS = {"o": 0.005, "final_state": 0.005, "q": 0.008, "k": 0.008, "v": 0.008,
         "initial_state": 0.008, "g": 0.02, "beta": 0.02, "A_log": 0.008, "dt_bias": 0.008}
 FP32_BAR = 1e-4   # the interpreter computes in fp32 with no intermediate rounding: ~1e-6 measured

@@ -70,7 +70,7 @@ def _fwd_bwd(fn, xc, fc, seed=1):
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(CASES))
 def test_gpu_gate_cases_match_the_reference(name):
-    """Every output and gradient finite and within DESIGN.md §5's bars of the float64
+    """Every output and gradient finite and within docs/MATH.md §3's bars of the float64
     reference, which defines the same clamps (kdagen.reference.clamp_gate)."""
     family, x, flags = case_inputs(name)
     fn, ref_fn = _fns(family)

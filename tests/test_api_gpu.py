@@ -1,7 +1,7 @@
 """GPU tests of kdagen.chunk_kda / chunk_gated_delta_rule (skipped without CUDA).
 
 The API on CUDA tensors (the bundle executor: $KDAGEN_BUNDLE, the kernel cache, or compile on
-first use) against the float64 reference with DESIGN.md §5's bars; no host synchronisation in
+first use) against the float64 reference with docs/MATH.md §3's bars; no host synchronisation in
 forward or backward; torch.compile. While the GPU launcher (kdagen.runtime.launch) does
 not exist, the bundle executor raises KernelLaunchNotImplemented and these tests xfail saying so.
 """

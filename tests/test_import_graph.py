@@ -1,6 +1,6 @@
 """The layering of the package, read from its source: every module's imports (``ast``, module
 level and function level alike, relative imports resolved) checked against the house rules
-(HOUSE.md), and no import cycle between modules.
+(docs/ARCHITECTURE.md §2), and no import cycle between modules.
 
 Dynamic imports (``importlib.import_module``) are not followed; the one in ``kdagen/__init__``
 loads ``kdagen.api`` lazily (the API sits above everything).

@@ -1,4 +1,4 @@
-"""Tests of kdagen/reference.py: the float64 KDA/GDN references (DESIGN.md §4, §5)."""
+"""Tests of kdagen/reference.py: the float64 KDA/GDN references (docs/MATH.md §1, §5)."""
 
 import math
 

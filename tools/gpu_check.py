@@ -11,7 +11,7 @@ poisoned with NaN first), runs the float64 per-token reference of ``kdagen.refer
 
     variant  case  tensor  rel_err  bar  floor  status
 
-``rel_err = ||out - ref|| / ||ref||`` (DESIGN.md §5), ``bar`` the project's bar for that tensor,
+``rel_err = ||out - ref|| / ||ref||`` (docs/MATH.md §3), ``bar`` the project's bar for that tensor,
 ``floor`` = the error of rounding the reference itself to the output dtype (what no kernel can
 beat). It also checks: no NaN/Inf anywhere in the outputs (padding included), bitwise identical
 results on a second run (determinism), and reports the kernel time of each case (second run).
@@ -297,7 +297,7 @@ def main(argv=None) -> int:
     print(f"device {torch.cuda.get_device_name(device)} ({chip}), torch {torch.__version__}")
     print("rel_err = ||out - ref||2 / ||ref||2 vs the float64 per-token reference on the same "
           "storage-rounded inputs;")
-    print("floor = rel_err of the reference rounded to the output dtype; bar = DESIGN.md §5; "
+    print("floor = rel_err of the reference rounded to the output dtype; bar = docs/MATH.md §3; "
           "det = bitwise identical on a rerun; ms = mean time of one full run (all kernels)")
     variants = list_variants(args.bundle)
     names = [v for v in variants if args.variant is None or args.variant in v]

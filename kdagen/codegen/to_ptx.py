@@ -1,4 +1,4 @@
-"""The upstream MLIR lowering from gpu + nvvm + llvm dialects to PTX (DESIGN.md §2).
+"""The upstream MLIR lowering from gpu + nvvm + llvm dialects to PTX (docs/ARCHITECTURE.md §6).
 
 The stages are data: an ordered list of pass-pipeline pieces, the chip filled in per target.
 `lower_to_ptx` runs them on a clone of the module and returns the PTX text of the gpu.module.

@@ -11,7 +11,7 @@ cannot express is documented here and done differently:
   are checked by :func:`verify_kda`, a Python verifier that :func:`parse_module` and
   :func:`verify` run after MLIR's own verifier.
 
-Execution model (what the interpreter implements; DESIGN.md §4 is the math):
+Execution model (what the interpreter implements; docs/MATH.md §1 is the math):
 
 * A program is a ``func.func`` whose arguments are global tensors (builtin memrefs with
   dynamic dims and their storage element type) plus the scalar ``scale``; argument attributes

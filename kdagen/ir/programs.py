@@ -1,6 +1,6 @@
 """The program library: KDA and GDN forward and backward as kda-dialect programs.
 
-The forward programs are written below in the DSL, in the naive factored form of DESIGN.md §4
+The forward programs are written below in the DSL, in the naive factored form of docs/MATH.md §1
 in log2 space (g2 = g·log2 e; Γ = cumsum(g2); kd = k·2^Γ, ki = k·2^−Γ, qd = q·2^Γ,
 kr = k·2^(Γ_C − Γ)). They are *not* stabilised here: that is the job of the
 ``kda-stable-reassociate`` pass; in float32 at strong decay these programs overflow.
@@ -112,7 +112,7 @@ def _gates():
 
 
 def _delta_rule_fwd(family: str, name: str, options: dict) -> ir.Module:
-    """The chunked gated delta rule forward (DESIGN.md §4), shared by KDA and GDN."""
+    """The chunked gated delta rule forward (docs/MATH.md §1), shared by KDA and GDN."""
     opt, gate, gate_opts = _resolve(family, options)
     C, K, V, dt = opt["chunk_size"], opt["head_k_dim"], opt["head_v_dim"], opt["dtype"]
     lo, hi = gate.output_range(**gate_opts)
@@ -235,7 +235,7 @@ PROGRAMS: dict[str, Program] = {
     "kda_fwd": Program(
         "kda_fwd", _kda_fwd, "kda",
         "KDA forward (per-channel gate): o, final_state from q, k, v, g_raw, beta_raw, A_log, dt_bias, h0",
-        """Kimi Delta Attention forward, chunked (DESIGN.md §4), per-channel gate g [B, T, HV, K].
+        """Kimi Delta Attention forward, chunked (docs/MATH.md §1), per-channel gate g [B, T, HV, K].
 Inputs q, k [B, T, H, K]; v [B, T, HV, V]; g_raw (g for the precomputed gate); beta_raw (beta
 without in-kernel sigmoid) [B, T, HV]; the gate's per-head params (A_log [HV], dt_bias [HV, K]);
 initial_state [N, HV, K, V]; cu_seqlens [N+1] (varlen); scale. Outputs o [B, T, HV, V],

@@ -3,7 +3,7 @@
 Driven by :mod:`kdagen.passes.exponent_range`. Three rules, applied in this order:
 
 1. **Relative exponents.** ``tril(dot(A ⊙ 2^Γ, (B ⊙ 2^−Γ)ᵀ), diagonal ≤ 0)`` — the naive
-   factored product of DESIGN.md §4, where 2^Γ underflows and 2^−Γ overflows — becomes
+   factored product of docs/MATH.md §1, where 2^Γ underflows and 2^−Γ overflows — becomes
    ``kda.decay_dot(A, B, Γ, Γ)``: Σ_d A_id B_jd 2^(Γ_id − Γ_jd) for j ≤ i + diagonal. When Γ is
    a row cumsum of non-positive increments (a decaying gate), every exponent is ≤ 0.
    The sub-block size S is chosen from the bound of the increments so that the factoring

@@ -12,7 +12,7 @@ implement them:
 
 ``cpu`` is the compiler's: :mod:`kdagen.compiler_hooks` registers the interpreter executor
 (and the compile hook) when imported, as :mod:`kdagen.ops` does. This module imports neither
-MLIR nor torch (the runtime must work with torch and cuda-bindings alone, DESIGN.md §1).
+MLIR nor torch (the runtime must work with torch and cuda-bindings alone, docs/ARCHITECTURE.md §2).
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Compile-on-demand as a hook: the compiler registers itself here; the runtime only calls it.
 
-The runtime runs bundles where no compiler is installed (DESIGN.md §1), so it imports nothing
+The runtime runs bundles where no compiler is installed (docs/ARCHITECTURE.md §2), so it imports nothing
 of the compiler. :mod:`kdagen.compiler_hooks` (imported by :mod:`kdagen.ops`) registers a
 :class:`Compiler` with :func:`register_compiler`; :func:`compile_bundle` calls it, or raises
 :class:`KernelLaunchNotImplemented` saying how to emit a bundle elsewhere when none is

@@ -1,6 +1,6 @@
 """Fast transcendental emitters built on PTX approximate instructions.
 
-`math.*` ops would lower to libdevice calls that ptxas cannot resolve (DESIGN.md §2), so every
+`math.*` ops would lower to libdevice calls that ptxas cannot resolve (docs/ARCHITECTURE.md §6), so every
 transcendental here is an `nvvm` intrinsic (ex2.approx, lg2.approx, rcp.approx) plus arith.
 Natural-log quantities are converted with the constants below.
 """

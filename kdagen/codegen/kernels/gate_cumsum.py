@@ -3,7 +3,7 @@
     g      = -exp(A_log[h]) · softplus(g_raw[t, h, k] + dt_bias[h, k])      (natural log)
     gamma2 = log2(e) · Σ_{s ≤ t, s in t's chunk} g[s, h, k]                   (log2 units)
 
-The output is in log2 units because every consumer multiplies by exp2 (DESIGN.md §4).
+The output is in log2 units because every consumer multiplies by exp2 (docs/MATH.md §1).
 Grid: (⌈T / C⌉, H); one thread per channel k (block = K threads); each thread walks the rows of
 its chunk, so the cumsum is a register accumulation and reads/writes are coalesced across k.
 Tail chunk: the row loop stops at T.
