@@ -113,7 +113,7 @@ COMPILER = Compiler(compile=compile_bundle, available=_mlir_importable,
 
 def install() -> None:
     """Register the interpreter for ``cpu`` tensors and compile-on-demand with the runtime."""
-    register_executor("cpu", InterpreterExecutor)
+    register_executor("cpu", InterpreterExecutor, default=True)
     register_compiler(COMPILER)
 
 

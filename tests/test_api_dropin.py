@@ -259,3 +259,22 @@ def test_cli_without_the_compiler_names_the_install():
     assert out.returncode == 1, out
     assert out.stderr.startswith("Error: this needs kdagen's compiler"), out.stderr
     assert "pip install 'kdagen[compiler]'" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_recording_sees_every_call_even_when_the_api_is_imported_inside_it():
+    """The compiler registers its CPU executor when kdagen.ops is first imported; that default
+    must not replace an executor registered meanwhile (recording() used before any call)."""
+    code = textwrap.dedent("""
+        import torch
+        from kdagen.runtime.backends import recording
+        import kdagen
+        q = torch.randn(1, 4, 1, 64)
+        with recording("cpu") as rec:
+            kdagen.chunk_kda(q, q, q, -torch.rand(1, 4, 1, 64), torch.rand(1, 4, 1))
+        print(len(rec.variants()))
+        o, _ = kdagen.chunk_kda(q, q, q, -torch.rand(1, 4, 1, 64), torch.rand(1, 4, 1),
+                                use_qk_l2norm_in_kernel=True)
+        print(bool(torch.isfinite(o).all()))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["1", "True"], out.stdout + out.stderr

@@ -45,4 +45,4 @@ __all__ = [
     "CACHE_FORMAT",
 ]
 
-register_executor("cuda", BundleExecutor)
+register_executor("cuda", BundleExecutor, default=True)

@@ -52,25 +52,31 @@ class Executor:
         raise NotImplementedError
 
 
-_REGISTRY: dict[str, Callable[[], Executor]] = {}
+_REGISTRY: dict[str, Callable[[], Executor]] = {}   # registered by the user (or a test)
+_DEFAULTS: dict[str, Callable[[], Executor]] = {}   # registered by the runtime and the compiler
 _INSTANCES: dict[str, Executor] = {}
 _REGISTRY_LOCK = threading.Lock()
 
 
-def register_executor(device_type: str, factory: Callable[[], Executor] | Executor) -> None:
-    """Use ``factory()`` (or an executor instance) for tensors on ``device_type``."""
+def _factory(factory: Callable[[], Executor] | Executor) -> Callable[[], Executor]:
+    return (lambda: factory) if isinstance(factory, Executor) else factory
+
+
+def register_executor(device_type: str, factory: Callable[[], Executor] | Executor, *,
+                      default: bool = False) -> None:
+    """Use ``factory()`` (or an executor instance) for tensors on ``device_type``.
+
+    ``default=True`` is how kdagen itself registers (the bundle executor, the compiler's
+    interpreter): a default is used only where nothing was registered without it, so a
+    user's executor (or :func:`recording`) wins whatever is imported later."""
     with _REGISTRY_LOCK:
-        if isinstance(factory, Executor):
-            inst = factory
-            _REGISTRY[device_type] = lambda: inst
-        else:
-            _REGISTRY[device_type] = factory
+        (_DEFAULTS if default else _REGISTRY)[device_type] = _factory(factory)
         _INSTANCES.pop(device_type, None)
 
 
 def executors() -> dict[str, Callable[[], Executor]]:
-    """device type -> executor factory (a copy)."""
-    return dict(_REGISTRY)
+    """device type -> executor factory in use (a copy)."""
+    return {**_DEFAULTS, **_REGISTRY}
 
 
 def get_executor(device) -> Executor:
@@ -79,11 +85,12 @@ def get_executor(device) -> Executor:
     with _REGISTRY_LOCK:
         inst = _INSTANCES.get(device_type)
         if inst is None:
-            factory = _REGISTRY.get(device_type)
+            factory = _REGISTRY.get(device_type) or _DEFAULTS.get(device_type)
             if factory is None:
                 raise RuntimeError(
                     f"kdagen has no executor for device type {device_type!r}; it runs on "
-                    f"{sorted(_REGISTRY)} (move the tensors with .to('cuda') or .cpu())")
+                    f"{sorted({**_DEFAULTS, **_REGISTRY})} (move the tensors with .to('cuda') "
+                    f"or .cpu())")
             inst = _INSTANCES[device_type] = factory()
         return inst
 
