@@ -6,7 +6,8 @@ lowering, PTX, ptxas) and writes:
 
 - ``<kernel>.<chip>.ptx`` / ``.cubin`` and one manifest entry per (kernel, chip) in
   ``manifest.json`` (params in launch order, launch = grid rule, block, dynamic shared memory,
-  plus ``kind``, ``order``, ``storage``, ``scratch_bytes_per_cta``);
+  plus ``kind``, ``order``, ``storage``, ``scratch_bytes_per_cta``; ``cost``: the lowering's
+  static cost report, :mod:`kdagen.codegen.lower.cost_model`);
 - ``lowered.json``: per program *variant* (a program with its options) the kernel names in
   launch order, the program arguments (name, role, layout, heads, dtype, trailing shape), the
   workspaces and the options — what :mod:`kdagen.runtime.launch` needs to run the variant
@@ -218,12 +219,14 @@ def _write_variants(out, files, manifest, lowered, programs_with_options, tgts, 
                 files.write(f"{stem}.ptx", comp.ptx[k.name])
                 entry = KernelEntry(name=k.name, chip=target.chip, path=k.path,
                                     ptx_file=f"{stem}.ptx", params=k.param_dicts(),
-                                    launch=dict(k.launch))
+                                    launch=dict(k.launch), cost=k.cost)
                 row = dict(kernel=k.name, chip=target.chip, path=k.path, program=program,
                            variant=vname, options=dict(options),
                            short=k.name.split("__", 1)[-1], storage=k.storage,
                            tile_bytes=k.launch.get("tile_bytes", 0),
                            dynamic_shared_memory=k.launch.get("dynamic_shared_memory", 0))
+                if k.cost is not None:
+                    row.update(cost_us=k.cost["estimate"]["us"], cost_unit=k.cost["unit"])
                 res = comp.assembled.get(k.name)
                 if res is not None:
                     if not res.ok:

@@ -105,12 +105,15 @@ def _emit_table(rows: list[dict], verbose: bool) -> str:
     rows = sorted(rows, key=lambda r: chip_rank(r["chip"]))   # stable: kernel order per chip
     if verbose:
         headers = ["kernel", "chip", "path", "registers", "spill stores", "spill loads",
-                   "stack bytes", "smem bytes", "tile bytes", "tile storage"]
+                   "stack bytes", "smem bytes", "tile bytes", "tile storage", "est. us*"]
         table = [[r["kernel"], r["chip"], r["path"], r.get("registers", "-"),
                   r.get("spill_stores", "-"), r.get("spill_loads", "-"), r.get("stack_bytes", "-"),
                   r.get("dynamic_shared_memory", 0), r.get("tile_bytes", "-"),
-                  r.get("storage", "-")] for r in rows]
-        return format_table(headers, table)
+                  r.get("storage", "-"), _cost_cell(r)] for r in rows]
+        note = ("* static cost model's ESTIMATE, not a measurement: per chunk step for state "
+                "scans (/step), per CTA otherwise (/CTA); counts in manifest.json \"cost\", "
+                "`kdagen show PROGRAM --stage cost`")
+        return format_table(headers, table) + "\n" + note
     headers = ["program", "K,V", "kernel", "chip", "path", "regs", "spill B", "smem B", "storage"]
     table = []
     for r in rows:
@@ -122,6 +125,13 @@ def _emit_table(rows: list[dict], verbose: bool) -> str:
                       r.get("registers", "-"), spill, r.get("dynamic_shared_memory", 0),
                       r.get("storage", "-")])
     return format_table(headers, table, max_width=TABLE_WIDTH, shrink=2)
+
+
+def _cost_cell(row: dict) -> str:
+    if "cost_us" not in row:
+        return "-"
+    unit = "step" if row.get("cost_unit") == "chunk step" else row.get("cost_unit", "")
+    return f"{row['cost_us']:.3g}/{unit}"
 
 
 @main.command()
@@ -145,7 +155,8 @@ def _emit_table(rows: list[dict], verbose: bool) -> str:
                    "kernel took.")
 @click.option("-v", "--verbose", is_flag=True,
               help="Print the full table: whole kernel names, spill stores and loads, stack and "
-                   "tile bytes (also in the bundle's manifest.json).")
+                   "tile bytes, the static cost model's estimate (also in the bundle's "
+                   "manifest.json).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress report on stderr.")
 @click.option("--dump-stages", "dump_dir", default=None, type=click.Path(file_okay=False),
               help="Also write every stage of every compilation (kda, each pass, gpu, ptx, "
@@ -317,7 +328,9 @@ def _run_passes(module, passes, dump_before, dump_after, time_passes, keep_stage
 @click.option("--stage", default="dsl", show_default=True,
               help="'dsl' (or 'kda': as the DSL built it), the name of a pass of the pipeline "
                    "(the IR right after it), 'final' (after the whole pipeline), 'gpu' (the "
-                   "kernels in gpu/nvvm/llvm dialects), 'ptx' or 'cubin' (ptxas's report).")
+                   "kernels in gpu/nvvm/llvm dialects), 'cost' (what each kernel executes per "
+                   "chunk step or CTA, with a latency model's estimate), 'ptx' or 'cubin' "
+                   "(ptxas's report).")
 @click.option("--arch", default="sm_90a", show_default=True,
               help="Chip to compile for (its pipeline, lowering path, PTX).")
 @click.option("--option", "options", multiple=True, metavar="KEY=VALUE",

@@ -6,6 +6,9 @@ Stages, in order (each one's output kept, as text, and dumpable)::
     <pass>     the module after each pass of the pipeline, by the pass's name
                (kda-bind-target, verify, kda-stable-reassociate, kda-partition, ...)
     gpu        the kernels lowered to gpu + nvvm + llvm dialects (one gpu.module each)
+    cost       the static cost report the lowering counted while emitting them (per chunk
+               step or per CTA, with the latency model's estimate: kdagen.codegen.lower.cost,
+               cost_model); text only, the kernels are unchanged
     ptx        their PTX
     cubin      ptxas's assembly of the PTX (the stage's text is ptxas's report)
 
@@ -25,6 +28,7 @@ from pathlib import Path
 
 from kdagen._mlir import ir
 from kdagen.codegen import ptxas as ptxas_mod
+from kdagen.codegen.lower.cost_model import format_reports
 from kdagen.codegen.lower.kernel import lower_program
 from kdagen.codegen.lower.options import LowerOptions
 from kdagen.codegen.to_ptx import lower_to_ptx
@@ -46,7 +50,7 @@ __all__ = ["Compilation", "DEFAULT_LOWERING", "BACKEND_STAGES", "build_module", 
 DEFAULT_LOWERING = {"path": "native", "dot": "bf16x3", "pipeline": "chip"}
 
 #: the stages after the passes
-BACKEND_STAGES = ("gpu", "ptx", "cubin")
+BACKEND_STAGES = ("gpu", "cost", "ptx", "cubin")
 
 
 class LibdeviceCallError(RuntimeError):
@@ -147,6 +151,8 @@ class Compilation:
         if until in BACKEND_STAGES:
             self._gpu()
             if until != "gpu":
+                self._cost()
+            if until in ("ptx", "cubin"):
                 self._ptx()
             if until == "cubin":
                 self._cubin()
@@ -159,7 +165,9 @@ class Compilation:
         return self
 
     def run_backend(self) -> "Compilation":
-        """The ``ptx`` and ``cubin`` stages of the kernels that ``run("gpu")`` lowered."""
+        """The ``cost``, ``ptx`` and ``cubin`` stages of the kernels that ``run("gpu")``
+        lowered."""
+        self._cost()
         self._ptx()
         self._cubin()
         return self
@@ -186,6 +194,10 @@ class Compilation:
         if self.name_kernels is not None:
             self.name_kernels(self.kernels)
         self._record("gpu", lambda: _join((k.name, str(k.module)) for k in self.kernels))
+
+    def _cost(self) -> None:
+        self._record("cost", lambda: format_reports(
+            (k.name, k.cost) for k in self.kernels if k.cost is not None))
 
     def _ptx(self) -> None:
         for k in self.kernels:
@@ -225,7 +237,7 @@ class Compilation:
         out.mkdir(parents=True, exist_ok=True)
         paths = []
         for i, s in enumerate(self.stages):
-            ext = {"ptx": "ptx", "cubin": "txt"}.get(s.name, "mlir")
+            ext = {"ptx": "ptx", "cubin": "txt", "cost": "txt"}.get(s.name, "mlir")
             path = out / f"{i:02d}-{s.name}.{ext}"
             path.write_text(s.text)
             paths.append(path)

@@ -66,7 +66,7 @@ def test_show_prints_the_lowered_stages():
     assert gpu.exit_code == 0, gpu.output
     assert "gpu.module @gdn_fwd__k0_scan0_module" in gpu.output
     bad = runner.invoke(main, ["show", "kda_fwd", "--stage", "ptxx"])
-    assert bad.exit_code == 1 and "gpu, ptx, cubin" in bad.output
+    assert bad.exit_code == 1 and "gpu, cost, ptx, cubin" in bad.output
 
 
 def test_emit_dumps_every_stage(tmp_path):

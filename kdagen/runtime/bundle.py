@@ -41,7 +41,15 @@ manifest.json
     ``path``, ``tensor_maps``, ``ring`` (``depth``, ``stage_bytes``, ``tma_loads``) and
     ``wgmma_precision``;
   - ``resources``: ptxas's report (``registers``, ``spill_stores``, ``spill_loads``,
-    ``stack_bytes``, ``shared_bytes``), null without ptxas.
+    ``stack_bytes``, ``shared_bytes``), null without ptxas;
+  - ``cost``: the compiler's static cost report (null when not counted): ``unit`` (``chunk
+    step`` for state scans, ``CTA`` otherwise), ``per`` (whose counts: one consumer thread),
+    ``counts`` (events per unit: ``global_rounds``, ``shared_rounds``, ``loop_iters``,
+    ``ld.global``, ``st.global``, ``ld.shared``, ``st.shared``, ``bar.sync``,
+    ``mbarrier.wait``, ``wgmma``, ``wgmma.wait``, ``ex2``, ``fma``, ...),
+    ``once_per_cta`` (outside the chunk loop), ``producer``, ``unknown_trip_loops`` and
+    ``estimate`` (``us``, ``us_low``, ``us_high``, ``cycles``, ``terms_us``, ``is_estimate``:
+    a latency model's estimate, not a measurement). Informational: the runtime ignores it.
 
 Launch grid rules
 -----------------
@@ -114,6 +122,7 @@ class KernelEntry:
     launch: dict
     cubin_file: str | None = None
     resources: dict | None = None
+    cost: dict | None = None        # static cost report (informational; see the module doc)
 
 
 @dataclass

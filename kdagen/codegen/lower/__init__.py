@@ -24,6 +24,10 @@ Files:
 - ``kernel.py``   the driver of one program's kernels: partition, choose the path, size the
                   storage, emit (``lower_program``, ``prepare``); ``options.py`` its options;
 - ``sm90_native.py``  the sm_90a native path (TMA producer + wgmma consumer warpgroups);
+- ``cost.py``     the static cost counter the emitters feed while emitting (events per chunk
+                  step and consumer thread, weighted by static trip counts; no IR change);
+                  ``cost_model.py`` the latency model turning them into an estimated µs per
+                  chunk step / per CTA (``LoweredKernel.cost``, the driver's ``cost`` stage);
 - ``backend.py``  the primitives the emitters are written in, dispatched to a backend:
                   ``mlir_backend.py`` (MLIR emission) or ``sim_backend.py`` (a CPU lockstep
                   simulator with race / divergent-barrier / bounds checks), which ``sim.py``

@@ -144,10 +144,12 @@ def narrow(x):
     return current().narrow(x)
 
 
-def for_range(lo, hi, step, body, iter_args=None):
+def for_range(lo, hi, step, body, iter_args=None, trips=None):
     """Loop i = lo, lo+step, ... < hi (int-likes, may differ per thread); ``body(i, *args)``
-    returns the next iteration arguments; returns the final ones."""
-    return current().for_range(lo, hi, step, body, list(iter_args or []))
+    returns the next iteration arguments; returns the final ones. ``trips``: for the cost
+    report only (kdagen.codegen.lower.cost), the iterations of the busiest thread when the
+    bounds are not Python ints (``cost.CHUNKS``: the chunk loop); it changes no code."""
+    return current().for_range(lo, hi, step, body, list(iter_args or []), trips)
 
 
 def if_then(cond, body):

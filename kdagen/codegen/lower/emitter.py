@@ -44,6 +44,7 @@ from kdagen.codegen.common.kernel import GpuModuleBuilder, Param
 
 from . import backend as B
 from . import tiles as T_
+from .cost import CHUNKS, CostCounter, NullCounter
 from .mlir_backend import MlirBackend, W64
 from .options import LowerOptions
 from .plan import MATRIX_OPS, STORE_OPS, KernelGroup, LoweringError
@@ -184,6 +185,7 @@ class TileKernelEmitter:
         self.storage = storage
         self.opts = opts
         self.env: dict = {}
+        self.cost = NullCounter()       # emit_mlir's counter (kdagen.codegen.lower.cost)
 
     # -- parameters ----------------------------------------------------------------------
     def memrefs(self) -> tuple[list, list]:
@@ -239,14 +241,17 @@ class TileKernelEmitter:
         return self.smem_bytes // 4
 
     # -- emission ------------------------------------------------------------------------
-    def emit_mlir(self, builder: GpuModuleBuilder, name: str) -> None:
+    def emit_mlir(self, builder: GpuModuleBuilder, name: str, count_cost: bool = True) -> None:
+        """Emit the kernel into ``builder``; with ``count_cost``, :attr:`cost` is a fresh
+        :class:`~kdagen.codegen.lower.cost.CostCounter` fed while emitting (same IR either way)."""
         from kdagen._mlir import llvm
         from kdagen.codegen.common import smem as smem_mod
         from kdagen.codegen.common.ints import IntVal
         from kdagen.codegen.common.sreg import block_idx, thread_idx
         nt = self.opts.nthreads
+        self.cost = CostCounter() if count_cost else NullCounter()
         with builder.kernel(name, self.params(), (nt, 1, 1)) as p:
-            with B.use(MlirBackend()):
+            with B.use(MlirBackend(cost=self.cost)):
                 from kdagen._mlir import nvvm
                 i32 = IntVal(thread_idx("x")).value.type
                 coords = dict(tid=IntVal(thread_idx("x")), hv=IntVal(block_idx("x")),
@@ -368,9 +373,13 @@ class TileKernelEmitter:
 
         if self.group.parallel:
             z = self.coords["z"]
-            B.if_then(B.icmp("lt", z, geo.nchunks), lambda: step(z, it=0))
+
+            def one_chunk():
+                with self.cost.chunk_step():
+                    step(z, it=0)
+            B.if_then(B.icmp("lt", z, geo.nchunks), one_chunk)
         else:
-            B.for_range(0, geo.nchunks, 1, step)
+            B.for_range(0, geo.nchunks, 1, step, trips=CHUNKS)
         for r, ref in zip(n.results, carried):
             self.env[r] = ref
 
@@ -539,6 +548,7 @@ class GlobalKernelEmitter:
         src_v, dst_v = node.operands
         self.src_info = mem_info(src_v)
         self.dst_info = mem_info(dst_v)
+        self.cost = NullCounter()
 
     def params(self) -> list[Param]:
         s, d = self.src_info, self.dst_info
@@ -552,11 +562,12 @@ class GlobalKernelEmitter:
         return {"grid": [f"ceil_div({size}, {self.block})", "1", "1"],
                 "block": [self.block, 1, 1], "dynamic_shared_memory": 0}
 
-    def emit_mlir(self, builder: GpuModuleBuilder, name: str) -> None:
+    def emit_mlir(self, builder: GpuModuleBuilder, name: str, count_cost: bool = True) -> None:
         from kdagen.codegen.common.ints import IntVal
         from kdagen.codegen.common.sreg import block_idx, thread_idx
+        self.cost = CostCounter() if count_cost else NullCounter()
         with builder.kernel(name, self.params(), (self.block, 1, 1)) as p:
-            with B.use(MlirBackend()):
+            with B.use(MlirBackend(cost=self.cost)):
                 p = {k: (IntVal(v) if k in ("T", "N", "HV") else v) for k, v in p.items()}
                 self.body(p, dict(tid=IntVal(thread_idx("x")), bx=IntVal(block_idx("x"))))
 

@@ -14,6 +14,7 @@ from kdagen.target import Target
 
 from . import sm90_native
 from . import tiles as T_
+from .cost_model import kernel_report
 from .emitter import REDUCE_SLOTS_BYTES, GlobalKernelEmitter, TileKernelEmitter
 from .options import LowerOptions
 from .plan import KernelGroup, LoweringError, group_kernels
@@ -40,6 +41,9 @@ class LoweredKernel:
     scratch_bytes_per_cta: int = 0
     path: str = "portable-fma"
     info: dict = field(default_factory=dict)
+    #: static cost report (kdagen.codegen.lower.cost_model.kernel_report; None when the
+    #: lowering ran without counting)
+    cost: dict | None = None
 
     @property
     def module(self):
@@ -138,9 +142,11 @@ def prepare(program: Program, target: Target | None, prefix: str,
 
 
 def lower_program(module, target: Target, *, name: str | None = None,
-                  options: LowerOptions | None = None) -> list[LoweredKernel]:
+                  options: LowerOptions | None = None, cost: bool = True) -> list[LoweredKernel]:
     """Lower a kda program (after kda-stable-reassociate; any scan structure) to GPU kernels
-    for ``target``; returns them in launch order."""
+    for ``target``; returns them in launch order. ``cost``: count what each kernel executes
+    while emitting it (``LoweredKernel.cost``, kdagen.codegen.lower.cost); the IR is the same
+    either way."""
     opts = options or LowerOptions()
     program = read_program(module)
     prefix = name or program.name
@@ -149,10 +155,12 @@ def lower_program(module, target: Target, *, name: str | None = None,
         builder = GpuModuleBuilder(f"{pk.name}_module")
         with builder.context, builder.location:
             params = pk.emitter.params()
-            pk.emitter.emit_mlir(builder, pk.name)
+            pk.emitter.emit_mlir(builder, pk.name, count_cost=cost)
+        report = (kernel_report(pk.emitter.cost, serial=pk.group.kind != "global"
+                                and not pk.group.parallel) if cost else None)
         if pk.group.kind == "global":
             out.append(LoweredKernel(pk.name, program.name, "global", pk.group.index, builder,
-                                     params, pk.launch, "none", 0, "portable"))
+                                     params, pk.launch, "none", 0, "portable", cost=report))
             continue
         plan = pk.plan
         info = {"buffers": len({id(b) for b in plan.buffers.values()}),
@@ -160,7 +168,7 @@ def lower_program(module, target: Target, *, name: str | None = None,
         path = pk.launch.get("path") or ("portable-fma" if opts.dot == "fma" else "portable-mma")
         out.append(LoweredKernel(pk.name, program.name, "tile", pk.group.index, builder, params,
                                  pk.launch, pk.storage, pk.launch["scratch_bytes_per_cta"],
-                                 path, info))
+                                 path, info, report))
     return out
 
 

@@ -1,5 +1,9 @@
 """The MLIR backend of the lowering's primitives (backend.py): emits ``arith`` / ``llvm`` /
-``scf`` / ``nvvm`` ops at the current insertion point; i64 int-likes are :class:`W64`."""
+``scf`` / ``nvvm`` ops at the current insertion point; i64 int-likes are :class:`W64`.
+
+Given a :class:`~kdagen.codegen.lower.cost.CostCounter` (``cost=``), it also tells the counter
+what it emits (loads/stores by memory space, barriers, special functions, loops with their
+static trip counts); the counter only counts, the emitted IR is the same without it."""
 from __future__ import annotations
 
 __all__ = ["MlirBackend", "W64"]
@@ -54,13 +58,25 @@ class W64:
 class MlirBackend:
     name = "mlir"
 
-    def __init__(self, barrier: tuple[int, int] | None = None):
+    def __init__(self, barrier: tuple[int, int] | None = None, cost=None):
         """``barrier``: (named barrier id, thread count) that `barrier()` synchronises on, for
-        kernels whose tile code runs in one warpgroup of several (None: the whole CTA)."""
+        kernels whose tile code runs in one warpgroup of several (None: the whole CTA).
+        ``cost``: a :class:`~kdagen.codegen.lower.cost.CostCounter` to feed (None: none)."""
         from kdagen._mlir import arith, ir, llvm, nvvm, scf
         from kdagen.codegen.common import ints
+        from .cost import NullCounter
         self.arith, self.ir, self.llvm, self.nvvm, self.scf, self.ints = arith, ir, llvm, nvvm, scf, ints
         self.named_barrier = barrier
+        self.cost = cost if cost is not None else NullCounter()
+        self._spaces: dict = {}
+
+    def _space(self, ptr) -> str:
+        """"shared" for an address-space-3 pointer, else "global"."""
+        key = str(ptr.type)
+        space = self._spaces.get(key)
+        if space is None:
+            space = self._spaces[key] = "shared" if key.endswith("<3>") else "global"
+        return space
 
     # types
     def f32(self):
@@ -90,39 +106,51 @@ class MlirBackend:
         return self.arith.constant(self.f32(), x)
 
     def add(self, a, b):
+        self.cost.event("alu.f32")
         return self.arith.addf(a, b)
 
     def sub(self, a, b):
+        self.cost.event("alu.f32")
         return self.arith.subf(a, b)
 
     def mul(self, a, b):
+        self.cost.event("alu.f32")
         return self.arith.mulf(a, b)
 
     def div(self, a, b):
+        self.cost.event("div")
         return self.arith.divf(a, b)
 
     def neg(self, a):
+        self.cost.event("alu.f32")
         return self.arith.negf(a)
 
     def maxf(self, a, b):
+        self.cost.event("alu.f32")
         return self.arith.maximumf(a, b)
 
     def minf(self, a, b):
+        self.cost.event("alu.f32")
         return self.arith.minimumf(a, b)
 
     def fma(self, a, b, c):
+        self.cost.event("fma")
         return self.llvm.intr_fma(a, b, c)
 
     def ex2(self, a):
+        self.cost.event("ex2")
         return self.nvvm.ex2(a)
 
     def lg2(self, a):
+        self.cost.event("lg2")
         return self.nvvm.log2(a)
 
     def rcp(self, a):
+        self.cost.event("rcp")
         return self.nvvm.rcp_approx_ftz_f(a)
 
     def sqrt(self, a):
+        self.cost.event("sqrt")
         return self.llvm.inline_asm(self.f32(), [a], "sqrt.rn.f32 $0, $1;", "=f,f")
 
     def sel(self, cond, a, b):
@@ -165,8 +193,10 @@ class MlirBackend:
         return self.ints.IntVal(self.arith.trunci(self.i32(), self._i64(x)))
 
     # control
-    def for_range(self, lo, hi, step, body, iter_args):
+    def for_range(self, lo, hi, step, body, iter_args, trips=None):
         ir, arith, scf, ints = self.ir, self.arith, self.scf, self.ints
+        if trips is None and all(isinstance(x, int) for x in (lo, hi, step)):
+            trips = max(0, -(-(hi - lo) // step))
 
         def idx(x):
             return arith.index_cast(ir.IndexType.get(), ints.as_i32(x))
@@ -185,7 +215,7 @@ class MlirBackend:
             return v
 
         loop = scf.ForOp(idx(lo), idx(hi), idx(step), [raw(v) for v in iter_args])
-        with ir.InsertionPoint(loop.body):
+        with ir.InsertionPoint(loop.body), self.cost.loop(trips, getattr(body, "__qualname__", "loop")):
             out = body(ints.IntVal(loop.induction_variable), *[wrap(v) for v in loop.inner_iter_args])
             scf.yield_([raw(v) for v in (out or [])])
         return [wrap(v) for v in loop.results] if iter_args else []
@@ -201,6 +231,7 @@ class MlirBackend:
             self.scf.yield_([])
 
     def barrier(self):
+        self.cost.barrier()
         if self.named_barrier is None:
             self.nvvm.barrier()
         else:
@@ -211,6 +242,7 @@ class MlirBackend:
         return x
 
     def shfl_xor(self, x, mask):
+        self.cost.event("shfl")
         from kdagen.codegen.common.shuffle import shfl_xor
         return shfl_xor(x, mask)
 
@@ -220,10 +252,12 @@ class MlirBackend:
         return self.ints.IntVal(v)
 
     def pack_bf16x2(self, lo, hi):
+        self.cost.event("cvt.bf16x2")
         from kdagen.codegen.common.convert import pack_f32x2
         return pack_f32x2(lo, hi, "bf16")
 
     def mma_bf16(self, a, b, c):
+        self.cost.event("mma.sync")
         from kdagen.codegen.common.mma import mma_m16n8k16
         return mma_m16n8k16(list(a), list(b), list(c), "bf16")
 
@@ -245,12 +279,14 @@ class MlirBackend:
         return self.llvm.getelementptr(ptr.type, ptr, [iv], [-2147483648], self._elem(elt), 0)
 
     def load(self, ptr, index, elt="f32"):
+        self.cost.load(self._space(ptr))
         v = self.llvm.load(self._elem(elt), self.gep(ptr, index, elt))
         if elt in ("bf16", "f16"):
             return self.arith.extf(self.f32(), v)
         return v
 
     def store(self, ptr, index, value, elt="f32"):
+        self.cost.store(self._space(ptr))
         if elt in ("bf16", "f16"):
             value = self.arith.truncf(self._elem(elt), value)
         self.llvm.store(value, self.gep(ptr, index, elt))

@@ -150,7 +150,7 @@ class SimBackend:
         return x if isinstance(x, int) else np.asarray(x, np.int64)
 
     # control
-    def for_range(self, lo, hi, step, body, iter_args):
+    def for_range(self, lo, hi, step, body, iter_args, trips=None):
         uniform = all(isinstance(v, (int, np.integer)) or np.ndim(v) == 0 for v in (lo, hi))
         if uniform:
             lo_i, hi_i = int(lo), int(hi)

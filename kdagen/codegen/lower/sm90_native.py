@@ -48,6 +48,7 @@ from ..common.sreg import block_idx, thread_idx
 from ..sm90 import regalloc, tma, wgmma
 from . import backend as B
 from . import tiles as T_
+from .cost import CHUNKS, CostCounter, NullCounter
 from .emitter import Geometry, TileKernelEmitter, mem_info
 from .mlir_backend import MlirBackend
 from .plan import CHUNK_LOADS, MULTI_READ, NOOP_OPS, VIEW_OPS, LoweringError
@@ -316,13 +317,14 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
         return max(super().smem_bytes, self.layout.base + self.layout.bytes)
 
     # -- emission --------------------------------------------------------------------------
-    def emit_mlir(self, builder, name: str) -> None:
+    def emit_mlir(self, builder, name: str, count_cost: bool = True) -> None:
         if self.opts.nthreads != CONSUMER_THREADS:
             raise LoweringError(f"the sm_90a native path runs one consumer warpgroup "
                                 f"({CONSUMER_THREADS} threads), not nthreads={self.opts.nthreads}")
         lay = self.layout
+        cost = self.cost = CostCounter() if count_cost else NullCounter()
         with builder.kernel(name, self.params(), (self.block_threads, 1, 1)) as p:
-            with B.use(MlirBackend(barrier=(CONSUMER_BARRIER, CONSUMER_THREADS))):
+            with B.use(MlirBackend(barrier=(CONSUMER_BARRIER, CONSUMER_THREADS), cost=cost)):
                 i32 = IntVal(thread_idx("x")).value.type
                 tid = IntVal(thread_idx("x"))
                 coords = dict(tid=tid, hv=IntVal(block_idx("x")), n=IntVal(block_idx("y")),
@@ -341,12 +343,15 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
                         bar.fence_mbarrier_init()
                     B.if_then(B.icmp("eq", tid, 0), init)
                 bar.sync_threads()
+                cost.event("bar.sync")
 
                 def producer():
                     regalloc.release_registers(self.target, PRODUCER_REGISTERS)
                     if lay.slots:
-                        B.if_then(B.icmp("eq", tid, CONSUMER_THREADS),
-                                  lambda: self.producer_body(p, coords))
+                        def elected():
+                            with cost.role("producer"):
+                                self.producer_body(p, coords)
+                        B.if_then(B.icmp("eq", tid, CONSUMER_THREADS), elected)
 
                 def consumer():
                     regalloc.claim_registers(self.target, CONSUMER_REGISTERS)
@@ -388,6 +393,8 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
             stage, phase = self._stage(it)
             bar.mbarrier_wait(self._empty(stage), phase ^ 1)
             bar.mbarrier_arrive_expect_tx(self._full(stage), lay.stage_bytes_tx)
+            self.cost.event("mbarrier.wait")
+            self.cost.event("mbarrier.arrive")
             for s in lay.slots:
                 dst = byte_gep(self.smem_base, lay.ring_offset + stage * lay.stage_bytes + s.offset,
                                shared_ptr_type())
@@ -399,17 +406,21 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
                 else:
                     crd = [0] * (len(s.box) - 1) + [B.narrow(geo.chunk_row(c))]
                 tma.tma_load(self.target, dst, maps[s.param], crd, self._full(stage))
+                self.cost.event("tma.load")
 
         if self.group.parallel:
             z = coords["z"]
-            B.if_then(B.icmp("lt", z, geo.nchunks),
-                      lambda: issue(0, (geo.nchunks - 1) - z if reverse else z))
+
+            def one_chunk():
+                with self.cost.chunk_step():
+                    issue(0, (geo.nchunks - 1) - z if reverse else z)
+            B.if_then(B.icmp("lt", z, geo.nchunks), one_chunk)
         else:
             def step(s, *_):
                 c = (geo.nchunks - 1) - s if reverse else s
                 issue(s, c)
                 return []
-            B.for_range(0, geo.nchunks, 1, step)
+            B.for_range(0, geo.nchunks, 1, step, trips=CHUNKS)
 
     # -- consumer hooks --------------------------------------------------------------------
     def step_begin(self, it) -> None:
@@ -424,12 +435,14 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
         B.barrier()                   # every consumer read of the stage is done
         stage, _ = self._stage(it)
         B.if_then(B.icmp("eq", self.geo.tid, 0), lambda: bar.mbarrier_arrive(self._empty(stage)))
+        self.cost.event("mbarrier.arrive")
 
     def _wait_full(self) -> None:
         if self._waited:
             return
         stage, phase = self._stage(self._it)
         bar.mbarrier_wait(self._full(stage), phase)
+        self.cost.event("mbarrier.wait")
         self._waited = True
 
     def expr(self, n):
@@ -501,6 +514,8 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
                     l0 = B.sub(x0, B.round_to(x0, "bf16"))
                     l1 = B.sub(x1, B.round_to(x1, "bf16"))
                     tiles[1].store(pack_f32x2(l0, l1), r, c2 * 2)
+                self.cost.event("cvt.bf16x2", parts)
+                self.cost.event("st.shared.staging", parts)
             T_.foreach(th, (rows, ks // 2), one)
 
         nk = K // ks
@@ -512,14 +527,19 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
                 if nk > 1 or m0 == 0:
                     stage(b_tiles, N, lambda r, c: b.read([T_.addk(c, k0), r]))
                 bar.fence_proxy_async_shared()
+                self.cost.event("fence.proxy.async")
                 B.barrier()
                 wgmma.wgmma_fence(self.target)
                 pairs = [(0, 0)] if parts == 1 else [(0, 0), (0, 1), (1, 0)]
                 for pa, pb in pairs:
                     acc = wgmma.wgmma_matmul(self.target, acc, SmemOperand(a_tiles[pa]),
                                              SmemOperand(b_tiles[pb], True), ks)
+                    # B is K-major (transposed): one N chunk, one instruction per k16 step
+                    self.cost.event("wgmma", ks // wgmma.WGMMA_K)
                 wgmma.wgmma_commit(self.target)
                 wgmma.wgmma_wait(self.target, 0)
+                self.cost.event("wgmma.commit")
+                self.cost.event("wgmma.wait")
                 B.barrier()               # the staging tiles are free again
             tid = th.tid
             warp, lane = tid // 32, tid % 32

@@ -181,7 +181,7 @@ def foreach(th: Threads, shape, body) -> None:
         body(unravel(e, shape))
         return []
 
-    B.for_range(th.tid, n, th.count, step)
+    B.for_range(th.tid, n, th.count, step, trips=-(-n // th.count))
 
 
 def materialize(th: Threads, src: Ref, dst: BufRef) -> None:
@@ -556,7 +556,8 @@ def emit_reduce_sum(th: Threads, out: BufRef, x: Ref, dims, red: ReduceScratch) 
         def step(r, acc):
             return [B.add(acc, x.read(full_index(oidx, unravel(r, red_shape))))]
 
-        (part,) = B.for_range(th.tid, n_red, th.count, step, [B.f(0.0)])
+        (part,) = B.for_range(th.tid, n_red, th.count, step, [B.f(0.0)],
+                              trips=-(-n_red // th.count))
         for m in (16, 8, 4, 2, 1):
             part = B.add(part, B.shfl_xor(part, m))
         B.if_then(B.icmp("eq", lane, 0), lambda: red.ref.write([warp], part))
@@ -587,7 +588,8 @@ def emit_tril_inv(th: Threads, out: BufRef, x: Ref) -> None:
         def row(i, *_):
             def term(k, acc):
                 return [B.fma(x.read([i, k]), out.read([k, j]), acc)]
-            (acc,) = B.for_range(j, i, 1, term, [zero])
+            # column 0 (thread 0) runs i terms in row i: (C - 1) / 2 on average
+            (acc,) = B.for_range(j, i, 1, term, [zero], trips=(C - 1) / 2)
             v = B.sel(B.icmp("lt", i, j), zero, B.sel(B.icmp("eq", i, j), one, B.neg(acc)))
             out.write([i, j], v)
             return []
@@ -606,7 +608,7 @@ def emit_tril_solve(th: Threads, out: BufRef, L: Ref, b: Ref) -> None:
         def row(i, *_):
             def term(k, acc):
                 return [B.fma(L.read([i, k]), out.read([k] + list(cidx)), acc)]
-            (acc,) = B.for_range(0, i, 1, term, [B.f(0.0)])
+            (acc,) = B.for_range(0, i, 1, term, [B.f(0.0)], trips=(C - 1) / 2)   # avg over rows
             out.write([i] + list(cidx), B.sub(b.read([i] + list(cidx)), acc))
             return []
         B.for_range(0, C, 1, row)

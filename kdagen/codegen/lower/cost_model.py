@@ -1,0 +1,143 @@
+"""A latency model over the static cost counts (:mod:`kdagen.codegen.lower.cost`): an
+**estimate** of the time of one chunk step (state-scan kernels) or of one CTA (chunk-parallel
+kernels), and the cost report recorded per kernel (bundle manifest ``cost``, ``kdagen show
+--stage cost``, ``kdagen emit --verbose``).
+
+The model, per consumer thread (the one warpgroup whose chain decides the time)::
+
+    cycles = global_rounds * GLOBAL_ROUND_CYCLES + shared_rounds * SHARED_ROUND_CYCLES
+             + wgmma * WGMMA_CYCLES
+    us     = cycles / (CLOCK_GHZ * 1000)
+
+with ``us_low`` / ``us_high`` taking the hoisted and the HBM latency of a global round instead.
+The constants are the H200 figures of the team's PERF.md (§2.3, §6; probes in its
+perf-tools: ``m.cu``, ``m2.cu``, ``scan_step_wgmma_bf16.cu``), re-run on an H200 on 2026-12-01
+where noted:
+
+- ``CLOCK_GHZ = 1.98``: the H200's maximum SM clock (nvidia-smi ``clocks.max.sm`` 1980 MHz;
+  ``m.cu`` measured 1.980 GHz against the global timer), which cycle counts are converted with;
+- ``GLOBAL_ROUND_CYCLES = 307``: PERF.md §2.3, one iteration of a 128-thread strided loop that
+  loads from L2 and stores through a pointer that may alias the load: the lowering's tile
+  loops read the L2-resident tile scratch and workspaces that way. Re-run: ``m2.cu``'s
+  "ping-pong scratch" loop (each round reads, through L2, what the threads wrote the round
+  before) 308 cycles; ``m.cu``'s "L2 may-alias" loop prints 50 (it re-reads the same 32 KB:
+  L1 hits), so the 307 is the figure of the first;
+- ``GLOBAL_ROUND_HBM_CYCLES = 720``: the may-alias loop reading HBM (PERF.md §2.3; re-run
+  ``m.cu`` 700-712) — ``us_high``;
+- ``GLOBAL_ROUND_HOISTED_CYCLES = 153``: the loop with ``__restrict__`` + unrolling, loads
+  hoisted over the stores (PERF.md §2.3; re-run ``m.cu`` "HBM restrict+unroll" 146-147, from
+  L2 16-17) — ``us_low``;
+- ``SHARED_ROUND_CYCLES = 39``: the loop reading and writing shared memory (PERF.md §2.3;
+  re-run ``m.cu`` "smem ld->st" 39);
+- ``WGMMA_CYCLES = 109``: one scan step of 12 bf16 wgmma instructions (8 m64n64k16 + 4
+  m64n128k16, two dependent groups, a wait after each) took 0.66 µs on one warpgroup (PERF.md
+  §6): 0.66 µs × 1980 MHz / 12 ≈ 109 cycles per instruction, its share of the wait included.
+
+A round's loads are taken to overlap: ``m2.cu`` (re-run) reads 64 independent scratch values
+per iteration in 2320 cycles, ~7.5 round latencies rather than 64.
+
+Not priced (counted and reported, but no measurement backs a cost): barriers, mbarrier
+waits, fp32 ALU and special-function issue, stores, the producer warpgroup (it runs ahead in
+the ring), and whether a round's loads hit L2 or HBM (the point estimate prices all as L2). So it
+under-estimates: for the kda_fwd K = 128 state scan on sm_90a it gives 105.8 µs per chunk
+step where the H200 measures 172.4 µs (0.61×; ``bench/results/cost_kda_fwd_k128_sm90a.txt``).
+Use it to compare lowerings and to see where a step's time goes, not as a timing.
+"""
+from __future__ import annotations
+
+from .cost import CostCounter
+
+__all__ = ["CLOCK_GHZ", "GLOBAL_ROUND_CYCLES", "GLOBAL_ROUND_HBM_CYCLES",
+           "GLOBAL_ROUND_HOISTED_CYCLES", "SHARED_ROUND_CYCLES", "WGMMA_CYCLES", "estimate",
+           "kernel_report", "format_report", "format_reports", "REPORT_EVENTS"]
+
+CLOCK_GHZ = 1.98
+GLOBAL_ROUND_CYCLES = 307
+GLOBAL_ROUND_HBM_CYCLES = 720
+GLOBAL_ROUND_HOISTED_CYCLES = 153
+SHARED_ROUND_CYCLES = 39
+WGMMA_CYCLES = 109
+
+#: the events shown in the text report, in this order (others are in the manifest only)
+REPORT_EVENTS = ("global_rounds", "shared_rounds", "loop_iters", "ld.global", "st.global",
+                 "ld.shared", "st.shared", "st.shared.staging", "bar.sync", "mbarrier.wait",
+                 "wgmma", "wgmma.wait", "mma.sync", "fma", "ex2", "unknown_trip_loops")
+
+
+def estimate(counts: dict) -> dict:
+    """The model's estimate for one unit of ``counts`` (see the module doc)."""
+    g = counts.get("global_rounds", 0)
+    rest = (counts.get("shared_rounds", 0) * SHARED_ROUND_CYCLES
+            + counts.get("wgmma", 0) * WGMMA_CYCLES)
+    to_us = 1.0 / (CLOCK_GHZ * 1000.0)
+    cycles = g * GLOBAL_ROUND_CYCLES + rest
+    return {"us": round(cycles * to_us, 2),
+            "us_low": round((g * GLOBAL_ROUND_HOISTED_CYCLES + rest) * to_us, 2),
+            "us_high": round((g * GLOBAL_ROUND_HBM_CYCLES + rest) * to_us, 2),
+            "cycles": round(cycles),
+            "terms_us": {"global_rounds": round(g * GLOBAL_ROUND_CYCLES * to_us, 2),
+                         "shared_rounds": round(counts.get("shared_rounds", 0)
+                                                * SHARED_ROUND_CYCLES * to_us, 2),
+                         "wgmma": round(counts.get("wgmma", 0) * WGMMA_CYCLES * to_us, 2)},
+            "is_estimate": True,
+            "model": "kdagen.codegen.lower.cost_model (H200 latencies, 1.98 GHz)"}
+
+
+def kernel_report(counter: CostCounter, serial: bool) -> dict:
+    """The cost report of one kernel: counts per unit (``chunk step`` for a kernel with a
+    chunk loop, ``CTA`` otherwise) of a consumer thread, the prologue/epilogue (once per CTA),
+    the producer's counts per unit, the flagged loops and the estimate."""
+    if serial and counter.has_step():
+        unit, counts, once = "chunk step", counter.get("consumer", "step"), \
+            counter.get("consumer", "kernel")
+        producer = counter.get("producer", "step")
+    else:
+        unit, counts, once = "CTA", counter.per_cta("consumer"), {}
+        producer = counter.per_cta("producer")
+    out = {"unit": unit, "per": "consumer thread (the busiest: thread 0)", "counts": counts,
+           "estimate": estimate(counts)}
+    if once:
+        out["once_per_cta"] = once
+    if producer:
+        out["producer"] = producer
+    if counter.unknown:
+        out["unknown_trip_loops"] = list(dict.fromkeys(counter.unknown))
+    return out
+
+
+def _num(x) -> str:
+    return f"{x:g}" if isinstance(x, (int, float)) else str(x)
+
+
+def format_report(name: str, report: dict) -> str:
+    """One kernel's report as text (the ``cost`` stage)."""
+    c, e = report["counts"], report["estimate"]
+    lines = [f"per {report['unit']}, per {report['per']}"]
+    for k in REPORT_EVENTS:
+        if k in c:
+            lines.append(f"  {k:20s} {_num(c[k]):>10s}")
+    other = [k for k in c if k not in REPORT_EVENTS]
+    if other:
+        lines.append("  other: " + ", ".join(f"{k} {_num(c[k])}" for k in other))
+    if report.get("once_per_cta"):
+        o = report["once_per_cta"]
+        lines.append("  once per CTA (outside the chunk loop): " + ", ".join(
+            f"{k} {_num(o[k])}" for k in REPORT_EVENTS if k in o))
+    if report.get("producer"):
+        p = report["producer"]
+        lines.append("  producer thread: " + ", ".join(f"{k} {_num(v)}" for k, v in p.items()))
+    for u in report.get("unknown_trip_loops", []):
+        lines.append(f"  unknown trip count (counted once): {u}")
+    t = e["terms_us"]
+    lines.append(f"  ESTIMATE (static model, not a measurement): {e['us']:g} us per "
+                 f"{report['unit']} (global rounds {t['global_rounds']:g} + shared rounds "
+                 f"{t['shared_rounds']:g} + wgmma {t['wgmma']:g}); range {e['us_low']:g} "
+                 f"(hoisted) .. {e['us_high']:g} (HBM)")
+    return f"{name}\n" + "\n".join(lines)
+
+
+def format_reports(items) -> str:
+    """``(name, report)`` pairs as the ``cost`` stage's text."""
+    head = ("// static cost per kernel (kdagen.codegen.lower.cost); the us figures are an "
+            "ESTIMATE of kdagen.codegen.lower.cost_model, not measurements\n")
+    return head + "".join(f"// ----- kernel {format_report(n, r)}\n" for n, r in items)

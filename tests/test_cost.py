@@ -1,0 +1,166 @@
+"""The static cost report of the lowering (kdagen.codegen.lower.cost, cost_model): counts of a
+small hand-built kernel against a hand count, the per-chunk-step region apart from the
+prologue, the report of real kernels in the driver's `cost` stage and in a bundle's manifest,
+and the PTX byte-identical with and without counting. No timing."""
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from kdagen.cli import main
+from kdagen.codegen.common import smem as smem_mod
+from kdagen.codegen.common.ints import IntVal
+from kdagen.codegen.common.kernel import GpuModuleBuilder, Param
+from kdagen.codegen.common.sreg import thread_idx
+from kdagen.codegen.lower import backend as B
+from kdagen.codegen.lower import cost_model
+from kdagen.codegen.lower import tiles as T_
+from kdagen.codegen.lower.cost import CHUNKS, CostCounter
+from kdagen.codegen.lower.kernel import lower_program
+from kdagen.codegen.lower.mlir_backend import MlirBackend
+from kdagen.driver import DEFAULT_LOWERING, Compilation, build_module
+from kdagen.codegen.to_ptx import lower_to_ptx
+from kdagen.codegen.lower.options import LowerOptions
+from kdagen.target import get_target
+
+OPTS = dict(head_k_dim=64, head_v_dim=64)
+
+
+def _toy_kernel(counter):
+    """prologue: a 4-iteration loop, one global load each, then a barrier;
+    chunk loop (dynamic) body: a 16-iteration loop of 3 global loads + 1 global store, a
+    barrier; an element loop over 1024 elements on 128 threads (8 per thread) reading shared
+    memory; a loop of unknown trip count; a barrier."""
+    b = GpuModuleBuilder("toy")
+    params = [Param("x", "ptr", "f32"), Param("y", "ptr", "f32"), Param("n", "i32")]
+    with b.kernel("toy", params, (128, 1, 1)) as p:
+        smem_mod.declare_dynamic_smem(b)
+        from kdagen._mlir import llvm
+        sm = llvm.mlir_addressof(smem_mod.shared_ptr_type(), smem_mod.DYNAMIC_SMEM_SYMBOL)
+        with B.use(MlirBackend(cost=counter)):
+            tid = IntVal(thread_idx("x"))
+            n = IntVal(p["n"])
+
+            def pro(i, acc):
+                return [B.add(acc, B.load(p["x"], i))]
+            (acc,) = B.for_range(0, 4, 1, pro, [B.f(0.0)])
+            B.store(p["y"], 0, acc)
+            B.barrier()
+
+            def step(c, *_):
+                def body(i, *_):
+                    s = B.add(B.add(B.load(p["x"], i), B.load(p["x"], i + 1)), B.load(p["x"], i + 2))
+                    B.store(p["y"], i, s)
+                    return []
+                B.for_range(0, 16, 1, body)
+                B.barrier()
+                T_.foreach(T_.Threads(tid, 128), (1024,),
+                           lambda idx: B.store(p["y"], idx[0], B.ex2(B.load(sm, idx[0]))))
+
+                def unknown(i, *_):
+                    B.store(p["y"], i, B.f(1.0))
+                    return []
+                B.for_range(0, n, 1, unknown)
+                B.barrier()
+                return []
+            B.for_range(0, n, 1, step, trips=CHUNKS)
+    b.verify()
+    return b
+
+
+def test_counts_of_a_small_kernel_match_a_hand_count():
+    counter = CostCounter()
+    _toy_kernel(counter)
+    step = counter.get("consumer", "step")
+    assert step == {
+        "global_rounds": 16,            # the 16 iterations with global loads
+        "shared_rounds": 8,             # the 8 element-loop iterations of thread 0
+        "loop_iters": 16 + 8 + 1,       # the unknown loop counted once
+        "unknown_trip_loops": 1,
+        "ld.global": 3 * 16,
+        "st.global": 16 + 8 + 1,
+        "ld.shared": 8,
+        "bar.sync": 2,
+        "alu.f32": 2 * 16,
+        "ex2": 8,
+    }
+    assert len(counter.unknown) == 1 and counter.unknown[0].startswith("consumer/step")
+
+
+def test_the_chunk_step_region_excludes_the_prologue():
+    counter = CostCounter()
+    _toy_kernel(counter)
+    prologue = counter.get("consumer", "kernel")
+    assert prologue == {"global_rounds": 4, "loop_iters": 4, "ld.global": 4, "st.global": 1,
+                        "bar.sync": 1, "alu.f32": 4}
+    report = cost_model.kernel_report(counter, serial=True)
+    assert report["unit"] == "chunk step"
+    assert report["counts"] == counter.get("consumer", "step")
+    assert report["once_per_cta"] == prologue
+    # a chunk-parallel kernel's unit is the CTA: prologue and its one chunk together
+    cta = cost_model.kernel_report(counter, serial=False)
+    assert cta["unit"] == "CTA" and cta["counts"]["ld.global"] == 4 + 48
+
+
+def test_estimate_follows_the_documented_constants():
+    e = cost_model.estimate({"global_rounds": 10, "shared_rounds": 100, "wgmma": 12})
+    rest = 100 * cost_model.SHARED_ROUND_CYCLES + 12 * cost_model.WGMMA_CYCLES
+    assert e["cycles"] == 10 * cost_model.GLOBAL_ROUND_CYCLES + rest
+    assert e["us"] == round(e["cycles"] / (cost_model.CLOCK_GHZ * 1000), 2)
+    assert e["us_low"] < e["us"] < e["us_high"] and e["is_estimate"] is True
+
+
+@pytest.fixture(scope="module")
+def kda_fwd_cost():
+    return Compilation("kda_fwd", OPTS, "sm_90a", lower=DEFAULT_LOWERING).run("cost")
+
+
+def test_kda_fwd_kernels_have_a_report(kda_fwd_cost):
+    kernels = {k.name: k for k in kda_fwd_cost.kernels}
+    assert len(kernels) == 2
+    chunk, scan = kernels["kda_fwd__k0_scan0"].cost, kernels["kda_fwd__k1_scan1"].cost
+    assert chunk["unit"] == "CTA" and scan["unit"] == "chunk step"
+    for rep in (chunk, scan):
+        c = rep["counts"]
+        assert c["wgmma"] > 0 and c["wgmma.wait"] > 0 and c["bar.sync"] > 0
+        assert c["mbarrier.wait"] == 1                   # the ring's 'full' barrier, once
+        assert rep["producer"]["tma.load"] > 0
+        assert rep["estimate"]["is_estimate"] and rep["estimate"]["us"] > 0
+    assert "unknown_trip_loops" not in scan
+    # the state scan loads the initial state and stores the final one outside the chunk loop
+    assert scan["once_per_cta"]["st.global"] > 0
+    text = kda_fwd_cost.output("cost")
+    assert "per chunk step" in text and "ESTIMATE" in text and "not a measurement" in text
+
+
+def test_show_prints_the_cost_stage():
+    result = CliRunner().invoke(main, ["show", "gdn_fwd", "--stage", "cost", "--arch", "sm_90a",
+                                       "--option", "head_k_dim=64", "--option", "head_v_dim=64"])
+    assert result.exit_code == 0, result.output
+    assert result.output.count("// ----- kernel ") == 2
+    assert "global_rounds" in result.output and "per chunk step" in result.output
+
+
+def test_the_report_is_in_the_manifest_of_an_emitted_bundle(tmp_path):
+    from kdagen.bundle_writer import write_bundle
+    from kdagen.runtime.bundle import read_manifest
+    write_bundle(tmp_path, [("gdn_fwd", OPTS)], ["sm_90a"], lower_options=DEFAULT_LOWERING,
+                 pipeline="chip", assemble=False)
+    entries = json.loads((tmp_path / "manifest.json").read_text())["kernels"]
+    assert entries
+    for e in entries:
+        assert e["cost"]["unit"] in ("chunk step", "CTA")
+        assert e["cost"]["counts"] and e["cost"]["estimate"]["is_estimate"] is True
+    assert [k.cost for k in read_manifest(tmp_path).kernels] == [e["cost"] for e in entries]
+
+
+def test_counting_leaves_the_ptx_byte_identical():
+    target = get_target("sm_90a")
+    lower = LowerOptions(**{k: v for k, v in DEFAULT_LOWERING.items() if k != "pipeline"})
+    ptx = {}
+    for count in (True, False):
+        module = build_module("kda_fwd", OPTS, pipeline="chip", chip="sm_90a")
+        kernels = lower_program(module, target, options=lower, cost=count)
+        assert all((k.cost is not None) == count for k in kernels)
+        ptx[count] = [lower_to_ptx(k.module, target) for k in kernels]
+    assert ptx[True] == ptx[False]
