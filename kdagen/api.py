@@ -84,14 +84,14 @@ def _as_cu_seqlens(cu_seqlens, q: torch.Tensor):
         f"{type(cu_seqlens).__name__}")
 
 
-def _dense(name: str, x):
+def _dense(x):
     """Any strided layout is accepted: the kernels read dense rows, so others are copied."""
     if isinstance(x, torch.Tensor) and not x.is_contiguous():
         return x.contiguous()
     return x
 
 
-def _as_head_vector(name: str, x, HV: int):
+def _as_head_vector(x, HV: int):
     """FLA's A_log may come as [1, 1, HV, 1] (broadcast over [B, T, HV, K]): read as [HV]."""
     if (isinstance(x, torch.Tensor) and x.ndim > 1 and x.numel() == HV
             and sum(int(d) != 1 for d in x.shape) <= 1):
@@ -99,7 +99,7 @@ def _as_head_vector(name: str, x, HV: int):
     return x
 
 
-def _initial_state(h0, state_v_first: bool, sizes_hint):
+def _initial_state(h0, state_v_first: bool):
     """FLA's state layouts and dtypes -> the ops' fp32 (or fp64) [N, HV, K, V]."""
     if h0 is None or not isinstance(h0, torch.Tensor):
         return h0
@@ -111,7 +111,7 @@ def _initial_state(h0, state_v_first: bool, sizes_hint):
         h0 = h0.transpose(-1, -2)
     if h0.dtype in (torch.bfloat16, torch.float16):
         h0 = h0.float()            # the state is kept in fp32; autograd casts dh0 back
-    return _dense("initial_state", h0)
+    return _dense(h0)
 
 
 def _warn_if_head_first(q) -> None:
@@ -129,13 +129,12 @@ def _call(family, q, k, v, g, beta, *, scale, initial_state, output_final_state,
     _check_chunk_size(family, chunk_size)
     _warn_if_head_first(q)
     cu_seqlens = _as_cu_seqlens(cu_seqlens, q)
-    q, k, v, g, beta = (_dense(n, x) for n, x in (("q", q), ("k", k), ("v", v), ("g", g),
-                                                   ("beta", beta)))
+    q, k, v, g, beta = (_dense(x) for x in (q, k, v, g, beta))
     HV = int(v.shape[2]) if isinstance(v, torch.Tensor) and v.ndim == 4 else 0
     K = int(q.shape[3]) if isinstance(q, torch.Tensor) and q.ndim == 4 else 0
     if use_gate_in_kernel:
-        A_log = _dense("A_log", _as_head_vector("A_log", A_log, HV))
-        dt_bias = _dense("dt_bias", dt_bias)
+        A_log = _dense(_as_head_vector(A_log, HV))
+        dt_bias = _dense(dt_bias)
         like = dict(dtype=torch.float32, device=q.device)
         if dt_bias is None and A_log is not None:
             dt_bias = torch.zeros((HV, K) if family == "kda" else (HV,), **like)   # no bias
@@ -146,7 +145,7 @@ def _call(family, q, k, v, g, beta, *, scale, initial_state, output_final_state,
                 dt_bias = torch.zeros(HV, K, **like)
     elif safe_gate and lower_bound is None:
         safe_gate = False      # FLA: a precomputed gate with safe_gate is the caller's promise
-    initial_state = _initial_state(initial_state, state_v_first, None)
+    initial_state = _initial_state(initial_state, state_v_first)
     sizes = validate_inputs(
         family, q, k, v, g, beta, initial_state=initial_state, cu_seqlens=cu_seqlens,
         A_log=A_log, dt_bias=dt_bias, use_gate_in_kernel=use_gate_in_kernel, safe_gate=safe_gate,
