@@ -142,9 +142,13 @@ def _empty(like: Tensor) -> Tensor:
 # --------------------------------------------------------------------------------------
 
 
-def _fwd_impl(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale,
-              output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel,
-              use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound):
+def _run_fwd(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale,
+             output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel,
+             use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound,
+             chunk_states=False) -> dict:
+    """Run ``{family}_fwd``: ``o``, ``final_state`` with ``output_final_state``, and with
+    ``chunk_states`` the state entering every chunk as ``[B, NT, HV, K, V]`` in q's dtype
+    (varlen: B = 1 and NT the chunks of all sequences, which reads ``cu_seqlens`` on the host)."""
     sizes = _check(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens,
                    use_gate_in_kernel, safe_gate, lower_bound)
     opts = program_options(
@@ -154,10 +158,30 @@ def _fwd_impl(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlen
         allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, lower_bound=lower_bound)
     inputs = _program_inputs(family, sizes, q, k, v, g, beta, A_log, dt_bias, initial_state,
                              cu_seqlens, scale, use_gate_in_kernel, use_beta_sigmoid_in_kernel)
+    state = (sizes.HV, sizes.K, sizes.V)
     outputs = {"o": OutSpec(tuple(v.shape), v.dtype)}
     if output_final_state:
-        outputs["final_state"] = OutSpec((sizes.N, sizes.HV, sizes.K, sizes.V), torch.float32)
+        outputs["final_state"] = OutSpec((sizes.N, *state), torch.float32)
+    if chunk_states:
+        C = CHUNK_SIZE
+        if cu_seqlens is None:
+            lead = (sizes.B, -(-sizes.T // C))
+        else:
+            lens = torch.diff(cu_seqlens.detach().to("cpu", torch.int64)).tolist()
+            lead = (1, sum(-(-n // C) for n in lens))
+        rows = lead[0] * lead[1]
+        opts["output_chunk_states"] = True
+        outputs["chunk_states"] = OutSpec((rows, *state), q.dtype)
     res = backends.get_executor(q.device).run(f"{family}_fwd", opts, inputs, outputs)
+    if chunk_states:   # a bundle's buffer may hold more rows (it is sized without reading cu_seqlens)
+        res["chunk_states"] = res["chunk_states"][:rows].reshape(*lead, *state)
+    return res
+
+
+def _fwd_impl(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale,
+              output_final_state, *flags):
+    res = _run_fwd(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale,
+                   output_final_state, *flags)
     return res["o"], (res["final_state"] if output_final_state else _empty(q))
 
 
@@ -208,40 +232,12 @@ def _bwd_impl(family, do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, 
             res["dh0"] if initial_state is not None else _empty(q))
 
 
-def forward_with_chunk_states(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens,
-                              scale, output_final_state, use_qk_l2norm_in_kernel,
-                              use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
-                              safe_gate, lower_bound):
+def forward_with_chunk_states(family, *args):
     """The forward plus the state entering every chunk (FLA's ``return_intermediate_states``,
-    for inference: no autograd). Returns ``(o, final_state or None, h)`` with h
-    ``[B, NT, HV, K, V]`` in q's dtype (``NT = ceil(T / 64)``; varlen: B = 1 and NT the chunks
-    of all sequences, which reads ``cu_seqlens`` on the host)."""
-    sizes = _check(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens,
-                   use_gate_in_kernel, safe_gate, lower_bound)
-    opts = program_options(
-        family, q, v, g=g, beta=beta, use_initial_state=initial_state is not None,
-        varlen=cu_seqlens is not None, output_final_state=output_final_state,
-        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_gate_in_kernel=use_gate_in_kernel,
-        use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
-        safe_gate=safe_gate, lower_bound=lower_bound)
-    opts["output_chunk_states"] = True
-    inputs = _program_inputs(family, sizes, q, k, v, g, beta, A_log, dt_bias, initial_state,
-                             cu_seqlens, scale, use_gate_in_kernel, use_beta_sigmoid_in_kernel)
-    C = CHUNK_SIZE
-    if cu_seqlens is None:
-        per_seq = -(-sizes.T // C)
-        rows, lead = sizes.B * per_seq, (sizes.B, per_seq)
-    else:
-        lens = torch.diff(cu_seqlens.detach().to("cpu", torch.int64)).tolist()
-        rows = sum(-(-n // C) for n in lens)
-        lead = (1, rows)
-    outputs = {"o": OutSpec(tuple(v.shape), v.dtype),
-               "chunk_states": OutSpec((rows, sizes.HV, sizes.K, sizes.V), q.dtype)}
-    if output_final_state:
-        outputs["final_state"] = OutSpec((sizes.N, sizes.HV, sizes.K, sizes.V), torch.float32)
-    res = backends.get_executor(q.device).run(f"{family}_fwd", opts, inputs, outputs)
-    h = res["chunk_states"][:rows].reshape(*lead, sizes.HV, sizes.K, sizes.V)
-    return res["o"], (res["final_state"] if output_final_state else None), h
+    for inference: no autograd); ``args`` as the forward op's after ``family``. Returns
+    ``(o, final_state or None, h)`` (h as :func:`_run_fwd`'s ``chunk_states``)."""
+    res = _run_fwd(family, *args, chunk_states=True)
+    return res["o"], res.get("final_state"), res["chunk_states"]
 
 
 def _check_cotangent(name, x, shape, device):
