@@ -207,6 +207,23 @@ def test_fp32_gate_and_beta_keep_their_storage_type():
     assert not torch.equal(o32, o16)
 
 
+def prefix_states(fn, x, lengths, **flags):
+    """(sequence n, chunk c, the state entering chunk c) in h's row order: the initial state,
+    else the final state of ``fn`` on the sequence's tokens before the chunk (x packed, B = 1)."""
+    start = 0
+    for n, L in enumerate(lengths):
+        for c in range(-(-L // 64)):
+            if c == 0:
+                yield n, c, x["initial_state"][n]
+                continue
+            sub = {k: (t[:, start:start + 64 * c] if k != "initial_state" else t[n:n + 1])
+                   for k, t in x.items()}
+            with torch.inference_mode():
+                _, ht = fn(**sub, **dict(flags, cu_seqlens=None, output_final_state=True))
+            yield n, c, ht[0]
+        start += L
+
+
 @pytest.mark.parametrize("family,varlen", [("kda", False), ("kda", True), ("gdn", True)])
 def test_return_intermediate_states(family, varlen):
     """h[:, i] is the state entering chunk i (64 tokens): the final state of the same call on
@@ -227,21 +244,9 @@ def test_return_intermediate_states(family, varlen):
     assert h.shape == (1, NT, HV, K, V) and h.dtype == x["q"].dtype
     assert torch.equal(o, o2) and torch.equal(ht, ht2)
     assert torch.equal(hv, h.transpose(-1, -2))
-    row, start = 0, 0
-    for n, L in enumerate(lens):
-        for c in range(-(-L // 64)):
-            if c == 0:
-                want = x["initial_state"][n]
-            else:
-                sub = {k2: (t[:, start:start + 64 * c] if k2 != "initial_state" else t[n:n + 1])
-                       for k2, t in x.items()}
-                with torch.inference_mode():
-                    _, want = fn(**sub, output_final_state=True)
-                want = want[0]
-            got = h[0, row].float()
-            assert torch.allclose(got, want.to(h.dtype).float(), rtol=2e-2, atol=2e-2), (n, c)
-            row += 1
-        start += L
+    for row, (n, c, want) in enumerate(prefix_states(fn, x, lens)):
+        got = h[0, row].float()
+        assert torch.allclose(got, want.to(h.dtype).float(), rtol=2e-2, atol=2e-2), (n, c)
     with pytest.raises(KdagenInputError, match="^return_intermediate_states: .*inference_mode"):
         fn(**{n: leaf(t) for n, t in x.items()}, cu_seqlens=cu, return_intermediate_states=True)
 

@@ -13,6 +13,7 @@ from kdagen import reference as R
 
 from conftest import requires_gpu
 from test_api import BARS, make_inputs
+from test_api_dropin import prefix_states
 
 CASES = {
     # fp32 gate and beta next to bf16 q/k/v (FLA's habit), values off the bf16 grid
@@ -141,20 +142,9 @@ def test_gpu_return_intermediate_states(family):
         NT = sum(-(-n // 64) for n in lengths)
         assert h.shape == (1, NT, xc["v"].shape[2], xc["q"].shape[3], xc["v"].shape[3])
         assert h.dtype == torch.bfloat16
-        row, start = 0, 0
-        for n, L in enumerate(lengths):
-            for c in range(-(-L // 64)):
-                if c == 0:
-                    want = xc["initial_state"][n]
-                else:
-                    sub = {k: (t[:, start:start + 64 * c] if k != "initial_state" else t[n:n + 1])
-                           for k, t in xc.items()}
-                    _, want = fn(**sub, **dict(fc, cu_seqlens=None))
-                    want = want[0]
-                err = R.rel_err(h[0, row].float(), want)
-                assert err < 4e-3, (n, c, err)
-                row += 1
-            start += L
+        for row, (n, c, want) in enumerate(prefix_states(fn, xc, lengths, **fc)):
+            err = R.rel_err(h[0, row].float(), want)
+            assert err < 4e-3, (n, c, err)
 
 
 def variants_used() -> list:
