@@ -5,7 +5,13 @@ For each config: forward (no grad) and forward+backward, median ms over repeated
 (max(bytes moved once / 4.25 TB/s, FLOPs / 700 TFLOP/s)), and the first-call time (module load
 for kdagen, compilation/autotuning for FLA) measured separately. Prints a table and writes JSON.
 
-    kdagen bench --json bench.json [--configs B1_T8k_H16,...] [--ops kda,gdn]
+With ``--kernels``, also one row per kernel launched by each kdagen call (kdagen/kernel_table.py):
+grid, threads, CTAs per SM, registers, shared memory, median µs per call, µs per chunk step of
+state scans, bytes moved (the IR's count) and % of the bandwidth floor at 4.8 TB/s. Each launch
+is timed with CUDA events recorded on the stream right before and after it
+(kdagen.runtime.launch.LaunchRecorder), median over ``--kernel-reps`` calls.
+
+    kdagen bench --json bench.json [--configs B1_T8k_H16,...] [--ops kda,gdn] [--kernels]
     python bench/bench_fla.py ... (the same)
 
 Needs a CUDA GPU, fla-core, and a kdagen kernel bundle (KDAGEN_BUNDLE) or the MLIR package.
@@ -17,6 +23,9 @@ import json
 import os
 import sys
 import time
+from dataclasses import asdict
+
+from kdagen import kernel_table
 
 COPY_BYTES_PER_S = 4.25e12
 MATMUL_FLOPS_PER_S = 700e12
@@ -134,6 +143,60 @@ def measure(fn, warmup_ms=50, rep_ms=300):
     return triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
 
 
+def time_kernel_launches(run, reps: int) -> list[list[tuple]]:
+    """Call ``run()`` ``reps`` times with every kernel launch bracketed by CUDA events; per
+    call, ``[(kernel name, grid, manifest entry as a dict, µs), ...]`` in launch order.
+
+    The events are recorded on the launch stream right before and after each launch, so a
+    launch that finds the GPU idle also counts the few µs the host takes to submit it; the
+    bench's kernels run for tens of µs to ms, well above that."""
+    import torch
+
+    from kdagen.runtime.launch import LaunchRecorder
+    calls = []
+    for _ in range(reps):
+        with LaunchRecorder() as recorder:
+            run()
+        calls.append(recorder.records)
+    torch.cuda.synchronize()        # elapsed_time needs both events completed
+    kernels = {r.name: r.entry for records in calls for r in records}
+    entries = {name: asdict(entry) for name, entry in kernels.items()}   # one dict per kernel
+    return [[(r.name, r.grid, entries[r.name], r.elapsed_us()) for r in records]
+            for records in calls]
+
+
+def kernel_rows(run, reps: int, context: dict, *, tokens: int, value_heads: int,
+                longest_tokens: int) -> list[dict]:
+    """The per-kernel table rows of one kdagen call (``run``), each with ``context`` (impl,
+    op, config, mode) in front."""
+    calls = time_kernel_launches(run, reps)
+    return [{**context, **kernel_table.kernel_row(entry, grid, times, tokens=tokens,
+                                                  value_heads=value_heads,
+                                                  longest_tokens=longest_tokens, chunk=CHUNK)}
+            for _, grid, entry, times in kernel_table.group_launches(calls)]
+
+
+def _kernel_rows_of_call(run, grad: bool, reps: int, context: dict, **sizes) -> list[dict]:
+    """:func:`kernel_rows` under the grad mode of the timed call; a failure is reported and
+    gives no rows (the end-to-end row already measured stands)."""
+    import torch
+    try:
+        with torch.enable_grad() if grad else torch.no_grad():
+            return kernel_rows(run, reps, context, **sizes)
+    except Exception as err:
+        print(f"{' '.join(context.values())}: kernel timing failed: {type(err).__name__}: {err}",
+              file=sys.stderr)
+        return []
+
+
+def _write_json(path, rows, kernels, device_name) -> None:
+    data = {"rows": rows, "device": device_name}
+    if kernels is not None:
+        data["kernels"] = kernels
+    with open(path, "w") as f:
+        json.dump(data, f, indent=2)
+
+
 def _config_help() -> str:
     rows = []
     for name, (B, T, H, HV, lengths) in CONFIGS.items():
@@ -151,7 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
                "(fwd, no grad) or forward + backward (fwdbwd) of every implementation: median "
                "ms (triton.testing.do_bench), the first call separately, FLA/kdagen ratios and "
                "% of the roofline floor. The kernel bundle comes from KDAGEN_BUNDLE (or "
-               "--bundle), else kdagen compiles the kernels (needs the MLIR package).")
+               "--bundle), else kdagen compiles the kernels (needs the MLIR package). "
+               "--kernels adds a table with one row per kernel of each kdagen call "
+               "(CUDA-event times per launch).")
     parser.add_argument("--configs", default=",".join(CONFIGS), metavar="NAME[,NAME...]",
                         help="comma-separated problem sizes to time (default: all): "
                              + _config_help().replace("%", "%%"))
@@ -174,6 +239,16 @@ def build_parser() -> argparse.ArgumentParser:
                              "it, one impl 'kdagen' from KDAGEN_BUNDLE")
     parser.add_argument("--no-fla", action="store_true",
                         help="time kdagen only (no FLA columns or ratios)")
+    parser.add_argument("--kernels", action="store_true",
+                        help="also time every kernel a kdagen call launches (CUDA events "
+                             "around each launch) and print a per-kernel table: grid, threads, "
+                             "CTAs per SM, registers, shared memory, median us per call, us "
+                             "per chunk step of state scans, bytes moved (the IR's count) and "
+                             "%% of the 4.8 TB/s bandwidth floor; written to the JSON as "
+                             "\"kernels\"")
+    parser.add_argument("--kernel-reps", type=int, default=20, metavar="N",
+                        help="calls timed per kernel row with --kernels; the table shows the "
+                             "median (default: %(default)s)")
     return parser
 
 
@@ -187,12 +262,16 @@ def main(argv=None):
               file=sys.stderr)
         return 2
     device = "cuda"
+    device_name = torch.cuda.get_device_name()
     rows = []
+    kernels = [] if args.kernels else None
     for family in args.ops.split(","):
         impls = implementations(family, fla=not args.no_fla, bundles=bundles)
         for name in args.configs.split(","):
             B, T, H, HV, lengths = CONFIGS[name]
             x, kw, T = make_inputs(family, B, T or 0, H, HV, lengths, device)
+            tokens = B * T if lengths is None else T
+            longest = max(lengths) if lengths else T
             for mode in args.modes.split(","):
                 grad = mode == "fwdbwd"
                 row = {"op": family, "config": name, "mode": mode}
@@ -209,7 +288,12 @@ def main(argv=None):
                                                         rep_ms=args.rep_ms)
                     except Exception as err:
                         row[f"{impl}_error"] = f"{type(err).__name__}: {err}"[:200]
-                tokens = B * T if lengths is None else T
+                        continue
+                    if kernels is not None and impl.startswith("kdagen"):
+                        context = {"impl": impl, "op": family, "config": name, "mode": mode}
+                        kernels += _kernel_rows_of_call(
+                            lambda: call(fn, family, x, kw, grad), grad, args.kernel_reps,
+                            context, tokens=tokens, value_heads=HV, longest_tokens=longest)
                 nbytes = bytes_moved(B, T, H, HV, 128, 128, family, grad)
                 flops = tokens * HV * flops_per_token(128, 128, backward=grad)
                 floor_ms = 1e3 * max(nbytes / COPY_BYTES_PER_S, flops / MATMUL_FLOPS_PER_S)
@@ -222,8 +306,7 @@ def main(argv=None):
                         row[f"ratio_fla_over_{impl}"] = row["fla_ms"] / row[f"{impl}_ms"]
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-                with open(args.json, "w") as f:       # keep what was measured if cut short
-                    json.dump({"rows": rows, "device": torch.cuda.get_device_name()}, f, indent=2)
+                _write_json(args.json, rows, kernels, device_name)   # kept if cut short
     names = list(impls) if rows else []
     kd = [n for n in names if n.startswith("kdagen")]
     header = ["op", "config", "mode", *(f"{n} ms" for n in names),
@@ -239,8 +322,11 @@ def main(argv=None):
                 cells.append(f"{r[key]:.3f}" if key in r else "-")
         cells.append(f"{r['floor_ms']:.3f}")
         print(" | ".join(cells))
-    with open(args.json, "w") as f:
-        json.dump({"rows": rows, "device": torch.cuda.get_device_name()}, f, indent=2)
+    if kernels:
+        print("\nper kernel (median us per call over --kernel-reps calls; us/step: state scans, "
+              "per chunk of the longest sequence; % floor: HBM bytes at 4.8 TB/s / us)")
+        print(kernel_table.format_kernel_table(kernels))
+    _write_json(args.json, rows, kernels, device_name)
     return 0
 
 

@@ -6,8 +6,9 @@ lowering, PTX, ptxas) and writes:
 
 - ``<kernel>.<chip>.ptx`` / ``.cubin`` and one manifest entry per (kernel, chip) in
   ``manifest.json`` (params in launch order, launch = grid rule, block, dynamic shared memory,
-  plus ``kind``, ``order``, ``storage``, ``scratch_bytes_per_cta``; ``cost``: the lowering's
-  static cost report, :mod:`kdagen.codegen.lower.cost_model`);
+  plus ``kind``, ``order``, ``storage``, ``scratch_bytes_per_cta``, ``hbm_bytes_per_token``
+  of partitioned kernels; ``cost``: the lowering's static cost report,
+  :mod:`kdagen.codegen.lower.cost_model`);
 - ``lowered.json``: per program *variant* (a program with its options) the kernel names in
   launch order, the program arguments (name, role, layout, heads, dtype, trailing shape), the
   workspaces and the options — what :mod:`kdagen.runtime.launch` needs to run the variant

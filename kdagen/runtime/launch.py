@@ -16,17 +16,22 @@ manifest, so this file encodes no calling convention beyond the names:
 program arguments and workspaces by name, ``T``/``N``/``HV`` (i32), f32 scalars by name,
 ``scratch`` (per-launch buffer of ``scratch_bytes_per_cta`` bytes per CTA of the grid), and
 TMA tensor maps named in ``launch["tensor_maps"]`` (kdagen.runtime.tensormap).
+
+Per-launch times: ``profile=[...]`` on one call, or :class:`LaunchRecorder` around any code
+that reaches the launcher (``kdagen.chunk_kda`` included, and the backward that autograd
+runs): a :class:`LaunchRecord` (kernel, grid, manifest entry, CUDA events) per launch.
 """
 from __future__ import annotations
 
 import ast
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from . import chips
-from .bundle import LOWERED
+from .bundle import LOWERED, KernelEntry
 from .loader import KernelLibrary
 from .tensormap import device_tensor_map
 
@@ -68,6 +73,43 @@ def eval_rule(rule, env: dict) -> int:
         raise ValueError(f"unsupported grid rule {rule!r}")
 
     return ev(tree)
+
+
+@dataclass
+class LaunchRecord:
+    """One kernel launch seen by a :class:`LaunchRecorder`: CUDA events recorded on the
+    launch's stream just before and just after the launch."""
+    name: str
+    grid: tuple
+    entry: KernelEntry
+    start: torch.cuda.Event
+    end: torch.cuda.Event
+
+    def elapsed_us(self) -> float:
+        """Microseconds between the two events (call after a synchronize)."""
+        return 1e3 * self.start.elapsed_time(self.end)
+
+
+# The active recorders. Module-level, not per thread: the public API reaches the launcher
+# through the executor with no way to hand it a profile list, and autograd launches the
+# backward's kernels from its own worker thread.
+_RECORDERS: list["LaunchRecorder"] = []
+
+
+class LaunchRecorder:
+    """``with LaunchRecorder() as rec: ...``: every launch of every :class:`LoweredProgram`
+    inside the block is bracketed by CUDA events and appended to ``rec.records``. Adds two
+    event records per launch, so leave it off outside measurements."""
+
+    def __init__(self):
+        self.records: list[LaunchRecord] = []
+
+    def __enter__(self) -> "LaunchRecorder":
+        _RECORDERS.append(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _RECORDERS[:] = [r for r in _RECORDERS if r is not self]
 
 
 class LoweredProgram:
@@ -175,13 +217,17 @@ class LoweredProgram:
                     args.append(torch.empty(max(1, nbytes // 4), dtype=torch.float32, device=device))
                 else:
                     args.append(values[p["name"]])
-            if profile is not None:
+            timed = profile is not None or bool(_RECORDERS)
+            if timed:
                 events = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                events[0].record()
+                events[0].record(stream)        # None: the current stream, as the launch
             kern.launch(grid, args, stream=stream)
-            if profile is not None:
-                events[1].record()
-                profile.append((name, *events))
+            if timed:
+                events[1].record(stream)
+                if profile is not None:
+                    profile.append((name, *events))
+                for recorder in _RECORDERS:
+                    recorder.records.append(LaunchRecord(name, tuple(grid), kern.entry, *events))
         return outputs
 
 
@@ -189,4 +235,4 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-__all__ = ["LoweredProgram", "list_variants", "eval_rule"]
+__all__ = ["LoweredProgram", "LaunchRecorder", "LaunchRecord", "list_variants", "eval_rule"]

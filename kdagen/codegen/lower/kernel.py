@@ -132,6 +132,9 @@ def prepare(program: Program, target: Target | None, prefix: str,
                   "dynamic_shared_memory": em.smem_bytes, "kind": "tile",
                   "order": g.index, "storage": storage,
                   "scratch_bytes_per_cta": em.scratch_bytes, "tile_bytes": need}
+        hbm = hbm_bytes_per_token(g)
+        if hbm is not None:
+            launch["hbm_bytes_per_token"] = hbm
         if native is not None:
             launch.update(path=em.path, tensor_maps=native.tensor_maps(),
                           ring={"depth": native.depth, "stage_bytes": native.stage_bytes,
@@ -170,6 +173,17 @@ def lower_program(module, target: Target, *, name: str | None = None,
                                  pk.launch, pk.storage, pk.launch["scratch_bytes_per_cta"],
                                  path, info, report))
     return out
+
+
+def hbm_bytes_per_token(group: KernelGroup) -> float | None:
+    """Bytes the kernel moves to/from global memory per token and value head: the sum of
+    kda-partition's ``kda.hbm_bytes_per_token`` over its scans, carried into the manifest so
+    that ``kdagen bench --kernels`` can set measured times against bytes. None when a scan
+    has no count (pipelines without kda-partition)."""
+    counts = [s.attrs.get("kda.hbm_bytes_per_token") for s in group.scans]
+    if not counts or any(c is None for c in counts):
+        return None
+    return float(sum(counts))
 
 
 def native_path(target: Target | None):
