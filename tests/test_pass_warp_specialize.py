@@ -13,16 +13,19 @@ from kdagen.reference import rel_err
 PIPELINE = "kda-stable-reassociate,kda-partition,kda-warp-specialize"
 
 GOLDEN = r"""
-// chunk kernel: the producer loads q into ring slot 0; the consumer waits on it before first use
+// chunk kernel: the producer loads k into ring slot 0; the consumer waits on it before first use
 // CHECK: "kda.scan"() ({
-// CHECK: %[[Q:.*]] = "kda.load"({{.*}}) {head_map = "{{.*}}", kda.role = "producer", kda.slot = 0 : i64, name = "q"}
+// CHECK: %[[Q:.*]] = "kda.load"({{.*}}) {head_map = "{{.*}}", kda.role = "producer", kda.slot = 0 : i64, name = "k"}
 // CHECK: %[[QW:.*]] = "kda.pipeline_wait"(%[[Q]]) {kda.role = "consumer", slot = 0 : i64}
 // CHECK: "kda.pipeline_release"(%[[QW]]) {kda.role = "consumer", slot = 0 : i64}
 // CHECK: kda.kernel = "kda_fwd_chunk", kda.pipeline = {consumer_registers = 232 : i64, consumer_warpgroups = 2 : i64, depth = 2 : i64
 // state kernel: workspace tiles are produced too; the state math is consumer work
 // CHECK: "kda.load_chunk"({{.*}}) {kda.role = "producer", kda.slot = {{[0-9]+}} : i64, name = "w"}
 // CHECK: "kda.dot"({{.*}}) {kda.role = "consumer"
-// CHECK: kda.kernel = "kda_fwd_state", kda.pipeline = {{{.*}}depth = 1 : i64
+// CHECK: kda.kernel = "kda_fwd_state", kda.pipeline = {{{.*}}depth = 2 : i64
+// output kernel: the checkpoints of the state scan come through the ring
+// CHECK: "kda.load_chunk"({{.*}}) {kda.role = "producer", kda.slot = {{[0-9]+}} : i64, name = "S"}
+// CHECK: kda.kernel = "kda_fwd_out", kda.pipeline = {{{.*}}depth = 1 : i64
 """
 
 
@@ -66,7 +69,7 @@ def test_ring_depth_shrinks_to_the_budget_then_becomes_a_tile_ring_then_fails_cl
         return str(module)
 
     roomy = pipeline("depth=4,smem_budget=400000")
-    assert roomy.count('mode = "chunk"') == 2 and "depth = 4 : i64" in roomy
+    assert roomy.count('mode = "chunk"') == 3 and "depth = 4 : i64" in roomy
     tight = pipeline("depth=4,smem_budget=180000")
     assert 'mode = "chunk"' in tight and "depth = 1 : i64" in tight
     tiles = pipeline("depth=2,smem_budget=101376,reserved_smem=16384")

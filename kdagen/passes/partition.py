@@ -39,6 +39,17 @@ SOURCE_OPS = FREE_OPS | RELOAD_OPS
 # chunk in sequence there, while the chunk kernel runs all chunks in parallel.
 STATE_BANNED_OPS = ops_with(kind=("matrix", "solve"))
 MATMUL_OPS = ops_with(kind="matrix")
+# What an op recomputed in the serial kernel costs: its latency on one warpgroup of
+# SERIAL_THREADS threads (cycles per element and thread; ops whose threads exchange values add a
+# fixed latency), charged once per chunk step, converted into the bytes one CTA streams in that
+# time (~110 GB/s per CTA at 32 CTAs on the H200, PERF.md §6, at ~2 GHz), the unit of crossing.
+SERIAL_THREADS = 128
+SERIAL_BYTES_PER_CYCLE = 55
+TRANSCENDENTAL_OPS = frozenset({"kda.exp2", "kda.log2", "kda.sigmoid", "kda.softplus",
+                                "kda.rsqrt", "kda.div"})
+FREE_ELEMENTWISE_OPS = frozenset({"kda.assume_range"})
+SERIAL_CYCLES_PER_ELEMENT = {"elementwise": 2, "shape": 1, "reduction": 4}
+SERIAL_FIXED_CYCLES = {"reduction": 300}
 # the per-chunk tiles a kernel moves through HBM (load/store, load_chunk/store_chunk)
 CHUNK_LOADS = ops_with(effect="read", kind="memory", operand="chunk")
 CHUNK_STORES = ops_with(effect="write", operand="chunk")
@@ -52,6 +63,40 @@ def _banned_from_state(op) -> bool:
         return False
     size = math.prod(_shape(op.results[0].type))
     return size <= max(math.prod(_shape(v.type)) for v in op.operands)
+
+
+def serial_cost(op) -> int:
+    """Bytes-equivalent cost of recomputing ``op`` once per step in a serial kernel."""
+    from ..ir.dialect import OPS
+    if op.name in FREE_ELEMENTWISE_OPS or not op.results:
+        return 0
+    kind = OPS[op.name[4:]].kind if op.name.startswith("kda.") else "elementwise"
+    per_thread = -(-max(math.prod(_shape(r.type)) for r in op.results) // SERIAL_THREADS)
+    per_element = SERIAL_CYCLES_PER_ELEMENT.get(kind, 0)
+    if op.name in TRANSCENDENTAL_OPS:
+        per_element *= 4
+    cycles = per_thread * per_element + SERIAL_FIXED_CYCLES.get(kind, 0)
+    return cycles * SERIAL_BYTES_PER_CYCLE
+
+
+def _unary_of_cycle(op, cycle_values) -> bool:
+    """An elementwise op whose only in-body operand is one cycle value of its own shape."""
+    from ..ir.dialect import OPS
+    if not op.name.startswith("kda.") or OPS[op.name[4:]].kind != "elementwise":
+        return False
+    inside = [v for v in op.operands
+              if isinstance(v, ir.BlockArgument) or v.owner.operation.parent == op.parent]
+    return (len(inside) == 1 and inside[0] in cycle_values
+            and _shape(inside[0].type) == _shape(op.results[0].type))
+
+
+def _outside_only(op, index) -> bool:
+    """An op computed only from values defined outside the scan body (``broadcast(scale)``):
+    free to recompute wherever it is used, so it never crosses kernels."""
+    if op.name in RELOAD_OPS or not op.operands:
+        return False
+    return all(not isinstance(v, ir.BlockArgument) and v.owner.operation.parent != op.parent
+               for v in op.operands)
 
 
 def _matmul_operand(op, value) -> bool:
@@ -123,6 +168,9 @@ class PartitionPass(ModulePass):
     # auto | fp32 | bf16 | fp16; None: the module's target's (kda.target), else auto
     workspace_dtype: str | None = None
     fuse: bool = True
+    # keep only the recurrence cycle in the serial kernel (off-cycle state-dependent work moves
+    # to a chunk-parallel kernel reading per-chunk checkpoints); false: the pre-slice split
+    recurrence_slice: bool = True
 
     def run(self, module: ir.Module) -> None:
         if self.workspace_dtype is None:
@@ -139,7 +187,115 @@ class PartitionPass(ModulePass):
                      if op.operation.name == "kda.scan"]
             for index, scan in enumerate(scans):
                 suffix = "" if len(scans) == 1 else f"{index}"
+                if self.recurrence_slice:
+                    self._slice_recurrence(scan, f"{program}{suffix}")
                 self._split(scan, f"{program}{suffix}")
+
+    def _slice_recurrence(self, scan, kernel_prefix: str) -> None:
+        """Move the state-dependent ops off the recurrence cycle into a chunk-parallel scan.
+
+        The cycle is what the next carried value needs: the ops reachable from a carried value
+        that also reach the yield. Every other op using a carried value (the output in a
+        forward scan, the input gradients in a reverse one) runs after the scan, for all chunks
+        at once, from per-chunk checkpoints of the cycle values it reads (the carried value at
+        chunk start, v', ...): the serial kernel then holds only the recurrence. The new scan
+        recomputes the chunk-only values it needs from the inputs (``_split`` then treats it as
+        the parallel kernel it is). Stores of cycle values (checkpoints the program writes
+        itself) stay in the serial kernel.
+        """
+        block = scan.regions[0].blocks[0]
+        args = list(block.arguments)
+        carried = set(args[1:])
+        if not carried:
+            return
+        body = [op.operation for op in block.operations]
+        terminator, body = body[-1], body[:-1]
+        dependent, dep_ops = set(carried), []
+        for op in body:
+            if any(v in dependent for v in op.operands):
+                dep_ops.append(op)
+                dependent.update(op.results)
+        needed, cycle = set(terminator.operands), set()
+        for op in reversed(dep_ops):
+            if any(r in needed for r in op.results):
+                cycle.add(op)
+                needed.update(op.operands)
+        cycle_values = set(carried) | {r for op in cycle for r in op.results}
+        # a store of a cycle value (or of its conversion) is a checkpoint: it stays
+        for op in dep_ops:
+            if op.name in CHUNK_STORES and op not in cycle:
+                stored = op.operands[2]
+                src = stored.owner.operation if not isinstance(stored, ir.BlockArgument) else None
+                if stored in cycle_values:
+                    cycle.add(op)
+                elif src is not None and src.name == "kda.convert" and \
+                        src.operands[0] in cycle_values and len(list(stored.uses)) == 1:
+                    cycle.update((src, op))
+        off = [op for op in dep_ops if op not in cycle]
+        if not off:
+            return
+        cycle_values = set(carried) | {r for op in cycle for r in op.results}
+        wanted = {v for off_op in off for v in off_op.operands if v in cycle_values}
+        # a unary elementwise function of another cycle value (v' and -v') is recomputed after
+        # the scan from that value's checkpoint rather than checkpointed itself
+        recomputed = []
+        for op in reversed([op for op in body if op in cycle]):
+            if op.results and op.results[0] in wanted and _unary_of_cycle(op, cycle_values):
+                wanted.discard(op.results[0])
+                wanted.update(v for v in op.operands if v in cycle_values)
+                recomputed.insert(0, op)
+        checkpoints = [v for v in [*args[1:], *(r for op in body if op in cycle for r in op.results)]
+                       if v in wanted]
+        existing = {op.operands[2]: op.operands[0] for op in body
+                    if op in cycle and op.name in CHUNK_STORES
+                    and _element(op.operands[2].type) == _element(op.operands[0].type)}
+        ip = ir.InsertionPoint(scan)
+        workspaces = {}
+        for value in checkpoints:
+            if value in existing:
+                workspaces[value] = existing[value]
+                continue
+            name = _value_name(value) or f"{value.owner.operation.name[4:]}{len(workspaces)}"
+            dyn = ir.ShapedType.get_dynamic_size()
+            mem_t = ir.MemRefType.get([dyn, dyn] + _shape(value.type),
+                                      ir.ShapedType(value.type).element_type)
+            workspaces[value] = ir.Operation.create(
+                "kda.workspace", results=[mem_t], attributes={
+                    "name": ir.StringAttr.get(f"{name}_chunks"),
+                    "layout": ir.StringAttr.get("chunk")},
+                loc=ir.Location.name(f"{name}_chunks"), ip=ip).results[0]
+        # the serial scan stores the checkpoints it does not store already
+        before_yield = ir.InsertionPoint(terminator)
+        for value in checkpoints:
+            if value not in existing:
+                name = _value_name(value) or "checkpoint"
+                ir.Operation.create("kda.store_chunk", results=[], operands=[
+                    workspaces[value], args[0], value],
+                    attributes={"name": ir.StringAttr.get(name)}, ip=before_yield)
+        # the chunk-parallel scan after it: checkpoints loaded, chunk values recomputed
+        out = ir.Operation.create("kda.scan", results=[], operands=[],
+                                  attributes={"reverse": scan.attributes["reverse"]},
+                                  regions=1, loc=scan.location, ip=ir.InsertionPoint.after(scan))
+        out_block = out.regions[0].blocks.append(ir.IndexType.get())
+        out_ip = ir.InsertionPoint(out_block)
+        mapping = {args[0]: out_block.arguments[0]}
+        for value in checkpoints:
+            name = _value_name(value) or "checkpoint"
+            mapping[value] = ir.Operation.create(
+                "kda.load_chunk", results=[value.type],
+                operands=[workspaces[value], out_block.arguments[0]],
+                attributes={"name": ir.StringAttr.get(name)},
+                loc=ir.Location.name(name), ip=out_ip).results[0]
+        off_set = set(off) | set(recomputed)
+        for op in body:
+            if op in off_set or (op not in dep_ops and op.name not in CHUNK_STORES):
+                _clone(op, mapping, out_ip)
+        ir.Operation.create("gpu.yield", results=[], operands=[], ip=out_ip)
+        dce(out)
+        for op in reversed(off):
+            op.erase()
+        dce(scan)
+        self._mark(out, f"{kernel_prefix}_out", parallel=True)
 
     def _split(self, scan, kernel_prefix: str) -> None:
         block = scan.regions[0].blocks[0]
@@ -228,6 +384,7 @@ class PartitionPass(ModulePass):
             if op in remat or op in dep_ops:
                 _clone(op, mapping, st_ip)
         _clone(terminator, mapping, st_ip)
+        dce(state)
         self._mark(state, f"{kernel_prefix}_state", parallel=False)
         for old, new in zip(scan.results, state.results):
             old.replace_all_uses_with(new)
@@ -249,10 +406,14 @@ class PartitionPass(ModulePass):
         big = 1 << 60
         graph = MaxFlow(2 * n + 2)
         for v, i in index.items():
+            op = v.owner.operation
             graph.add_edge(2 * i, 2 * i + 1, self._crossing_cost(v))
-            operands = [u for u in v.owner.operation.operands if u in index]
-            if not operands or _banned_from_state(v.owner.operation):
+            operands = [u for u in op.operands if u in index]
+            if _banned_from_state(op) or (not operands and op.name in RELOAD_OPS):
                 graph.add_edge(source, 2 * i, big)       # must be computed in the chunk kernel
+            elif operands:
+                # recomputed past the cut, in the serial kernel: pay its latency there
+                graph.add_edge(source, 2 * i, serial_cost(op))
             for u in operands:
                 graph.add_edge(2 * index[u] + 1, 2 * i, big)
         used_by_state = {u for op in state_users for u in op.operands if u in index}
@@ -265,7 +426,7 @@ class PartitionPass(ModulePass):
                 continue
             i = index[op.results[0]]
             if 2 * i in reachable and 2 * i + 1 not in reachable:      # on the cut
-                if op.name in FREE_OPS or op.name in RELOAD_OPS:
+                if op.name in FREE_OPS or op.name in RELOAD_OPS or _outside_only(op, index):
                     remat.append(op)                                   # re-issue it
                 else:
                     crossing.append(op.results[0])
@@ -275,7 +436,7 @@ class PartitionPass(ModulePass):
 
     def _crossing_cost(self, value) -> int:
         name = value.owner.operation.name
-        if name in FREE_OPS:
+        if name in FREE_OPS or _outside_only(value.owner.operation, None):
             return 0
         if name in RELOAD_OPS:
             return tile_bytes(value.type)
