@@ -127,3 +127,59 @@ def test_fusion_rematerialises_broadcasts_instead_of_storing_them():
     # unfused: the [K, V] broadcast itself crosses kernels
     assert any("x128x128x" in l for l in unfused)
     assert unfused_bytes > fused_bytes
+
+
+def _kernel_ops(module) -> dict:
+    """kernel name -> list of op names in its scan body."""
+    from kdagen.ir.transforms import walk
+    out = {}
+    for op in walk(module):
+        if op.name == "kda.scan" and "kda.kernel" in op.attributes:
+            name = str(op.attributes["kda.kernel"]).strip('"')
+            out[name] = [o.operation.name for o in op.regions[0].blocks[0].operations]
+    return out
+
+
+@pytest.mark.parametrize("program", ["kda_fwd", "gdn_fwd", "kda_bwd", "gdn_bwd"])
+def test_serial_kernels_hold_only_the_recurrence(program):
+    """Every state scan keeps only the cycle through its carried value: no L2 norm, cumsum,
+    reduction or output store; at most 2 products per step forward, 3 in a reverse scan
+    (FLA's counts); the off-cycle work runs in a chunk-parallel ``_out`` kernel."""
+    module = build_program(program)
+    run_pipeline(module, parse_pipeline(PIPELINE))
+    kernels = _kernel_ops(module)
+    states = {k: v for k, v in kernels.items() if k.endswith("_state")}
+    assert states and any(k.endswith("_out") for k in kernels)
+    for name, ops in states.items():
+        banned = {"kda.reduce_sum", "kda.cumsum", "kda.rsqrt", "kda.store", "kda.tril_inv",
+                  "kda.decay_dot", "kda.decay_matmul", "kda.softplus", "kda.sigmoid"}
+        assert not banned & set(ops), (name, banned & set(ops))
+        limit = 3 if name.startswith(f"{program[:3]}_bwd1") else 2
+        assert ops.count("kda.dot") <= limit, (name, ops.count("kda.dot"))
+
+
+@pytest.mark.parametrize("family", ["kda", "gdn"])
+def test_recurrence_slice_preserves_backward_semantics(family):
+    case = make_case(family, seed=7, lengths=[1, 70, 64], H=1, HV=2)
+    fwd = build_program(f"{family}_fwd", **case.options)
+    o, ht = interpreter.run(fwd, case.inputs)["o"], None
+    gen = torch.Generator().manual_seed(1)
+    x = dict(case.inputs, do=torch.randn(o.shape, generator=gen, dtype=torch.float64))
+    if case.options.get("output_final_state", True):
+        ht = interpreter.run(fwd, case.inputs)["final_state"]
+        x["dht"] = torch.randn(ht.shape, generator=gen, dtype=torch.float64)
+    module = build_program(f"{family}_bwd", **case.options)
+    before = interpreter.run(module, x)
+    run_pipeline(module, parse_pipeline(PIPELINE))
+    after = interpreter.run(module, x)
+    assert set(after) == set(before)
+    for key in before:
+        assert rel_err(after[key], before[key]) <= 1e-10, key
+    sliced = [k for k in _kernel_ops(module) if k.endswith("_out")]
+    assert sliced == [f"{family}_bwd1_out"]
+
+
+def test_recurrence_slice_can_be_turned_off():
+    module = build_program("kda_fwd")
+    run_pipeline(module, parse_pipeline("kda-stable-reassociate,kda-partition{recurrence_slice=false}"))
+    assert [k for k, _, _ in kernel_report(module)] == ["kda_fwd_chunk", "kda_fwd_state"]
