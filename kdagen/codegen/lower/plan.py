@@ -208,11 +208,18 @@ def _split_segment(nodes: list[Node], split_scans: bool) -> list[KernelGroup]:
             if n.op not in PURE_OPS:
                 placed[k].append(n)
         elif n.op not in PURE_OPS:
-            home[n] = last_scan_kernel
-            placed[last_scan_kernel].append(n)
+            k = last_scan_kernel
+            if _chunk_parallel([scans[i] for i in classes[k]]):
+                # a per-sequence node (e.g. a sum over chunks) must not serialise a
+                # chunk-parallel kernel: it gets a per-sequence kernel of its own after it
+                if len(placed) == len(classes):
+                    placed.append([])
+                k = len(classes)
+            home[n] = k
+            placed[k].append(n)
     # pure nodes: into every kernel that (transitively) needs them
     needed: list[set] = [set(p) for p in placed]
-    for k in range(len(classes)):
+    for k in range(len(placed)):
         stack = list(needed[k])
         while stack:
             n = stack.pop()
@@ -230,4 +237,14 @@ def _split_segment(nodes: list[Node], split_scans: bool) -> list[KernelGroup]:
         g = KernelGroup("tile", ns, [scans[i] for i in cl])
         g.scan_ids = list(cl)
         out.append(g)
+    if len(placed) > len(classes):
+        g = KernelGroup("tile", [n for n in nodes if n in needed[len(classes)]], [])
+        g.scan_ids = []
+        out.append(g)
     return out
+
+
+def _chunk_parallel(scans: list) -> bool:
+    """A kernel of one scan with no carried values (one CTA per chunk when nothing else in it
+    is per sequence)."""
+    return len(scans) == 1 and not scans[0].operands
