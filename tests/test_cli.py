@@ -119,6 +119,8 @@ def test_emit_programs_every_op_chip_and_head_dim(tmp_path, op, head_dim):
     for kernel in kernels:
         ptx = (out / kernel["ptx_file"]).read_text()
         tile = kernel["launch"].get("kind") == "tile"
+        if tile and "_scan" not in kernel["name"]:
+            continue            # a per-sequence kernel without chunk loop (sums over chunks)
         if kernel["chip"] == "sm_90a" and tile:
             # the native path: TMA producer warpgroup, wgmma consumer, register split
             assert kernel["path"] == "sm90-native", kernel["name"]
@@ -166,7 +168,7 @@ def test_emit_table_fits_in_100_columns(kda64_bundle):
     table = result.stdout.split("\nwrote ")[0]
     for line in table.splitlines():
         assert len(line) <= 100, line
-    assert "wrote 16 kernels (2 variants) to" in result.stdout
+    assert "wrote 22 kernels (2 variants) to" in result.stdout
     header = result.stdout.splitlines()[0].split()
     assert header[:5] == ["program", "K,V", "kernel", "chip", "path"]
 
@@ -175,7 +177,7 @@ def test_emit_reports_progress_per_kernel_on_stderr(kda64_bundle):
     out, result = kda64_bundle
     manifest = json.loads((out / "manifest.json").read_text())
     lines = [l for l in result.stderr.splitlines() if l.startswith("kdagen emit: [")]
-    assert len(lines) == len(manifest["kernels"]) == 16
+    assert len(lines) == len(manifest["kernels"]) == 22
     assert "[1/4]" in lines[0] and "[4/4]" in lines[-1]
     assert not any(l.startswith("kdagen emit:") for l in result.stdout.splitlines())
 
@@ -235,10 +237,10 @@ def test_check_reports_progress_and_chip_order(kda64_bundle):
     out, _ = kda64_bundle
     result = run("check", str(out))
     assert result.exit_code == 0, result.output
-    assert "16/16 kernels assembled (sm_90a, sm_100a)" in result.stdout
+    assert "22/22 kernels assembled (sm_90a, sm_100a)" in result.stdout
     lines = [l for l in result.stderr.splitlines() if l.startswith("kdagen check: [")]
-    assert len(lines) == 16 and "[16/16]" in lines[-1]
-    assert all(" sm_90a " in l for l in lines[:8]) and all(" sm_100a " in l for l in lines[8:])
+    assert len(lines) == 22 and "[22/22]" in lines[-1]
+    assert all(" sm_90a " in l for l in lines[:11]) and all(" sm_100a " in l for l in lines[11:])
     for line in result.stdout.splitlines():
         assert len(line) <= 100, line
 

@@ -60,7 +60,7 @@ def test_show_prints_the_lowered_stages():
     ptx = runner.invoke(main, ["show", "kda_fwd", "--stage", "ptx", "--arch", "sm_90a"])
     assert ptx.exit_code == 0, ptx.output
     assert ".target sm_90a" in ptx.output and "wgmma.mma_async" in ptx.output
-    assert ptx.output.count("// ----- kernel kda_fwd__k") == 2
+    assert ptx.output.count("// ----- kernel kda_fwd__k") == 3
     gpu = runner.invoke(main, ["show", "gdn_fwd", "--stage", "gpu", "--arch", "sm_120a",
                                "--option", "head_k_dim=64", "--option", "head_v_dim=64"])
     assert gpu.exit_code == 0, gpu.output

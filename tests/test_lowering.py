@@ -111,7 +111,7 @@ def test_full_pipeline_lowers_and_assembles(chip):
     with m.context, ir.Location.unknown():
         run_pipeline(m, pipeline_for(chip))
     kernels = lower_program(m, get_target(chip), options=LowerOptions(dot="bf16x3"))
-    assert [k.launch["grid"][2] for k in kernels] == ["max_chunks", "1"]
+    assert [k.launch["grid"][2] for k in kernels] == ["max_chunks", "1", "max_chunks"]
     for k in kernels:
         ptx = lower_to_ptx(k.module, get_target(chip))
         assert "__nv_" not in ptx

@@ -176,7 +176,7 @@ def test_launcher_with_chip_pipeline_bf16_workspaces(tmp_path):
                        pipeline="chip")
     (vname,) = res["variants"]
     spec = res["variants"][vname]
-    assert len(spec["chips"]["sm_120a"]) == 2
+    assert len(spec["chips"]["sm_120a"]) == 3
     assert any(w["elt"] == "bf16" for w in spec["chip_workspaces"]["sm_120a"])
     lib = SimLibrary(tmp_path, {}, "sm_120a")
     from kdagen.codegen.lower.kernel import LowerOptions, prepare
