@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 
 from .._mlir import ir
 from ..ir.accessors import module_target, program_func
-from ..ir.dialect import ops_with
+from ..ir.dialect import OPS, ops_with
 from ..ir.transforms import dce, walk
 from .base import ModulePass, PassError, register_pass
 
@@ -67,7 +67,6 @@ def _banned_from_state(op) -> bool:
 
 def serial_cost(op) -> int:
     """Bytes-equivalent cost of recomputing ``op`` once per step in a serial kernel."""
-    from ..ir.dialect import OPS
     if op.name in FREE_ELEMENTWISE_OPS or not op.results:
         return 0
     kind = OPS[op.name[4:]].kind if op.name.startswith("kda.") else "elementwise"
@@ -81,7 +80,6 @@ def serial_cost(op) -> int:
 
 def _unary_of_cycle(op, cycle_values) -> bool:
     """An elementwise op whose only in-body operand is one cycle value of its own shape."""
-    from ..ir.dialect import OPS
     if not op.name.startswith("kda.") or OPS[op.name[4:]].kind != "elementwise":
         return False
     inside = [v for v in op.operands
@@ -90,13 +88,24 @@ def _unary_of_cycle(op, cycle_values) -> bool:
             and _shape(inside[0].type) == _shape(op.results[0].type))
 
 
-def _outside_only(op, index) -> bool:
+def _outside_only(op) -> bool:
     """An op computed only from values defined outside the scan body (``broadcast(scale)``):
     free to recompute wherever it is used, so it never crosses kernels."""
     if op.name in RELOAD_OPS or not op.operands:
         return False
     return all(not isinstance(v, ir.BlockArgument) and v.owner.operation.parent != op.parent
                for v in op.operands)
+
+
+def _state_dependent(body: list, carried: set) -> tuple[list, set]:
+    """The ops of a scan body that (transitively) use a carried value, and every value they
+    and the carried values define."""
+    dependent, dep_ops = set(carried), []
+    for op in body:
+        if any(v in dependent for v in op.operands):
+            dep_ops.append(op)
+            dependent.update(op.results)
+    return dep_ops, dependent
 
 
 def _matmul_operand(op, value) -> bool:
@@ -210,11 +219,7 @@ class PartitionPass(ModulePass):
             return
         body = [op.operation for op in block.operations]
         terminator, body = body[-1], body[:-1]
-        dependent, dep_ops = set(carried), []
-        for op in body:
-            if any(v in dependent for v in op.operands):
-                dep_ops.append(op)
-                dependent.update(op.results)
+        dep_ops, _ = _state_dependent(body, carried)
         needed, cycle = set(terminator.operands), set()
         for op in reversed(dep_ops):
             if any(r in needed for r in op.results):
@@ -249,6 +254,7 @@ class PartitionPass(ModulePass):
         existing = {op.operands[2]: op.operands[0] for op in body
                     if op in cycle and op.name in CHUNK_STORES
                     and _element(op.operands[2].type) == _element(op.operands[0].type)}
+        names = {v: _value_name(v) or "checkpoint" for v in checkpoints}
         ip = ir.InsertionPoint(scan)
         workspaces = {}
         for value in checkpoints:
@@ -268,10 +274,9 @@ class PartitionPass(ModulePass):
         before_yield = ir.InsertionPoint(terminator)
         for value in checkpoints:
             if value not in existing:
-                name = _value_name(value) or "checkpoint"
                 ir.Operation.create("kda.store_chunk", results=[], operands=[
                     workspaces[value], args[0], value],
-                    attributes={"name": ir.StringAttr.get(name)}, ip=before_yield)
+                    attributes={"name": ir.StringAttr.get(names[value])}, ip=before_yield)
         # the chunk-parallel scan after it: checkpoints loaded, chunk values recomputed
         out = ir.Operation.create("kda.scan", results=[], operands=[],
                                   attributes={"reverse": scan.attributes["reverse"]},
@@ -280,12 +285,11 @@ class PartitionPass(ModulePass):
         out_ip = ir.InsertionPoint(out_block)
         mapping = {args[0]: out_block.arguments[0]}
         for value in checkpoints:
-            name = _value_name(value) or "checkpoint"
             mapping[value] = ir.Operation.create(
                 "kda.load_chunk", results=[value.type],
                 operands=[workspaces[value], out_block.arguments[0]],
-                attributes={"name": ir.StringAttr.get(name)},
-                loc=ir.Location.name(name), ip=out_ip).results[0]
+                attributes={"name": ir.StringAttr.get(names[value])},
+                loc=ir.Location.name(names[value]), ip=out_ip).results[0]
         off_set = set(off) | set(recomputed)
         for op in body:
             if op in off_set or (op not in dep_ops and op.name not in CHUNK_STORES):
@@ -303,14 +307,9 @@ class PartitionPass(ModulePass):
         carried = set(args[1:])
         body = [op.operation for op in block.operations]
         terminator, body = body[-1], body[:-1]
-        dependent: set = set(carried)
-        dep_ops, indep_ops = [], []
-        for op in body:
-            if any(v in dependent for v in op.operands):
-                dep_ops.append(op)
-                dependent.update(op.results)
-            else:
-                indep_ops.append(op)
+        dep_ops, dependent = _state_dependent(body, carried)
+        dep_set = set(dep_ops)
+        indep_ops = [op for op in body if op not in dep_set]
         if not carried or not dep_ops or not any(o.name not in SOURCE_OPS for o in indep_ops):
             self._mark(scan, f"{kernel_prefix}_scan", parallel=not carried)
             return
@@ -426,7 +425,7 @@ class PartitionPass(ModulePass):
                 continue
             i = index[op.results[0]]
             if 2 * i in reachable and 2 * i + 1 not in reachable:      # on the cut
-                if op.name in FREE_OPS or op.name in RELOAD_OPS or _outside_only(op, index):
+                if op.name in FREE_OPS or op.name in RELOAD_OPS or _outside_only(op):
                     remat.append(op)                                   # re-issue it
                 else:
                     crossing.append(op.results[0])
@@ -436,7 +435,7 @@ class PartitionPass(ModulePass):
 
     def _crossing_cost(self, value) -> int:
         name = value.owner.operation.name
-        if name in FREE_OPS or _outside_only(value.owner.operation, None):
+        if name in FREE_OPS or _outside_only(value.owner.operation):
             return 0
         if name in RELOAD_OPS:
             return tile_bytes(value.type)
