@@ -4,7 +4,7 @@ A kernel that loads a tensor with ``cp.async.bulk.tensor`` takes the device addr
 128-byte ``CUtensorMap`` as a parameter; the manifest says, per such parameter, which tensor,
 how many of its leading dimensions form the row dimension (``flatten``), the element type and
 the box (torch order, after flattening). This module encodes the map with
-``cuTensorMapEncodeTiled`` (no swizzle, zero fill out of bounds) and puts it in device memory
+``cuTensorMapEncodeTiled`` (the entry's ``swizzle`` and ``view``, zero fill out of bounds) and puts it in device memory
 with an asynchronous copy from pinned memory on the current stream: no host synchronisation, and
 a CUDA graph captures the copy. Maps are cached per (device, address, shape, box), so a training
 step that reuses its buffers encodes nothing after the first call.
@@ -38,6 +38,36 @@ def map_shape(shape: tuple, flatten: int) -> tuple:
 
 SWIZZLES = {0: "CU_TENSOR_MAP_SWIZZLE_NONE", 32: "CU_TENSOR_MAP_SWIZZLE_32B",
             64: "CU_TENSOR_MAP_SWIZZLE_64B", 128: "CU_TENSOR_MAP_SWIZZLE_128B"}
+
+
+#: tensor-map views a kernel may ask for (manifest ``tensor_maps[param]["view"]``)
+VIEWS = ("interleave8_rows",)
+
+
+def view_dims(shape: tuple, box: tuple, view: str | None) -> tuple:
+    """(shape, element strides, box), torch order, of the map of a contiguous tensor of
+    ``shape`` (after `map_shape`) seen through ``view``.
+
+    ``interleave8_rows``: the box's second-to-last dimension (R rows, a multiple of 8) is split
+    into (R/8, 4, 2) with row strides (8, 1, 4), so shared row 8j + 2t + e receives tensor row
+    8j + t + 4e — the column order of `kdagen.codegen.common.layouts.interleave8`, applied to the
+    rows of a wgmma B operand (TMA cannot permute the contiguous dimension, but it can walk
+    overlapping strides)."""
+    strides, acc = [], 1
+    for d in reversed(shape):
+        strides.insert(0, acc)
+        acc *= d
+    if view is None:
+        return tuple(shape), tuple(strides), tuple(box)
+    if view != "interleave8_rows":
+        raise TensorMapError(f"tensor map: unknown view {view!r}; one of {VIEWS}")
+    if len(shape) < 2 or shape[-2] % 8 or box[-2] != shape[-2]:
+        raise TensorMapError(f"tensor map: interleave8_rows needs whole tiles of rows that are a "
+                             f"multiple of 8 (shape {shape}, box {box})")
+    rows, row = shape[-2], strides[-2]
+    return ((*shape[:-2], rows // 8, 4, 2, shape[-1]),
+            (*strides[:-2], 8 * row, row, 4 * row, 1),
+            (*box[:-2], rows // 8, 4, 2, box[-1]))
 
 
 def encode_args(shape: tuple, dtype: str, box: tuple, swizzle: int = 0,
@@ -106,14 +136,18 @@ def device_tensor_map(tensor, spec: dict, name: str = "tensor"):
         raise TensorMapError(f"{name}: TMA needs a 16-byte aligned tensor (data_ptr "
                              f"{tensor.data_ptr():#x}); pass a fresh tensor or .clone() it")
     shape = map_shape(tuple(tensor.shape), int(spec["flatten"]))
+    if spec.get("transposed"):           # tiles stored transposed: the last two dims swap
+        shape = (*shape[:-2], shape[-1], shape[-2])
     box = tuple(int(b) for b in spec["box"])
-    key = (tensor.device.index, tensor.data_ptr(), shape, box, spec["dtype"])
+    swizzle, view = int(spec.get("swizzle", 0)), spec.get("view")
+    key = (tensor.device.index, tensor.data_ptr(), shape, box, spec["dtype"], swizzle, view)
     with _lock:
         hit = _cache.get(key)
         if hit is not None:
             _cache.move_to_end(key)
             return hit[0]
-    raw = encode_on_host(encode_args(shape, spec["dtype"], box), tensor.data_ptr())
+    shape, strides, box = view_dims(shape, box, view)
+    raw = encode_on_host(encode_args(shape, spec["dtype"], box, swizzle, strides), tensor.data_ptr())
     host = torch.frombuffer(bytearray(raw), dtype=torch.uint8).pin_memory()
     dev = host.to(tensor.device, non_blocking=True)
     with _lock:
@@ -123,4 +157,4 @@ def device_tensor_map(tensor, spec: dict, name: str = "tensor"):
     return dev
 
 
-__all__ = ["device_tensor_map", "encode_args", "encode_on_host", "map_shape", "TensorMapError"]
+__all__ = ["device_tensor_map", "encode_args", "view_dims", "VIEWS", "encode_on_host", "map_shape", "TensorMapError"]

@@ -76,3 +76,15 @@ def acc_to_bt_frags(layout, values: list, pack) -> dict:
                     regs.append(pack(values[layout.reg(am, an, lo)], values[layout.reg(am, an, hi)]))
                 out[(kk, 2 * am + nb)] = regs
     return out
+
+
+def tf32_bits(x: ir.Value) -> ir.Value:
+    """``cvt.rna.tf32.f32``: ``x`` rounded to TF32 (nearest, ties away; PERF.md §4: truncation is
+    biased), as the i32 register a TF32 mma/wgmma operand takes (low 13 mantissa bits zero)."""
+    return llvm.inline_asm(_i32(), [x], "cvt.rna.tf32.f32 $0, $1;", "=r,f")
+
+
+def round_tf32(x: ir.Value) -> ir.Value:
+    """``x`` rounded to TF32 (`tf32_bits`) as an f32 value."""
+    return llvm.bitcast(ir.F32Type.get(), tf32_bits(x))
+

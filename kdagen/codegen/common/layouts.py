@@ -185,6 +185,30 @@ def wgmma_d_coord(warp, lane, i: int):
     return 16 * warp + g + 8 * ((i // 2) % 2), 8 * (i // 4) + 2 * t + (i % 2)
 
 
+def wgmma_tf32_a_coord(warp, lane, j: int):
+    """(row, col) of register ``j`` (0..3) of a wgmma m64nNk8 TF32 A fragment held in registers:
+    warp w holds rows 16w..16w+15; a0 (g, t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4)."""
+    g, t = lane_group(lane), lane_in_group(lane)
+    return 16 * warp + g + 8 * (j % 2), t + 4 * (j // 2)
+
+
+def interleave8(n):
+    """The column permutation that lets a wgmma f32 accumulator be the TF32 A operand of the
+    next wgmma without moving registers. An accumulator lane holds columns (2t, 2t + 1) of each
+    8-column block, an A lane columns (t, t + 4): if accumulator column n holds logical index
+    ``interleave8(n)`` = 8·(n//8) + (n%8)//2 + 4·(n%2), then the A fragment made of the lane's own
+    registers has logical column = A column. Applied to the N rows of every B operand (a TMA view),
+    it makes every accumulator of a kernel carry this column order."""
+    return 8 * (n // 8) + (n % 8) // 2 + 4 * (n % 2)
+
+
+def acc_reg_for_tf32_a(kb: int, j: int) -> int:
+    """The wgmma accumulator register (`wgmma_d_coord` numbering) whose value is register ``j`` of
+    the TF32 A fragment of k8 block ``kb``, under the `interleave8` column order: same row, and
+    accumulator column 8·kb + 2t + j//2 holds logical column 8·kb + t + 4·(j//2)."""
+    return 4 * kb + 2 * (j % 2) + j // 2
+
+
 # ------------------------------------------------------------------------------------------
 # Register reuse: an mma C fragment (rounded to 16 bits) as the A or B operand of the next mma
 # ------------------------------------------------------------------------------------------

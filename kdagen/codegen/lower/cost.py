@@ -80,6 +80,7 @@ EVENTS = {
     "rcp": "rcp.approx",
     "sqrt": "sqrt.rn",
     "cvt.bf16x2": "f32 pairs packed to bf16x2",
+    "cvt.tf32": "f32 rounded to TF32 (cvt.rna) for a register wgmma operand",
     "shfl": "warp shuffles",
 }
 

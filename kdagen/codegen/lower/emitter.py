@@ -70,16 +70,24 @@ class MemRef:
     layout: str            # token | head | state | chunk | seqlens
     heads: str | None
     tail: tuple
+    #: how a workspace tile is stored, chosen by the lowering of its readers
+    #: (kdagen.codegen.lower.register_scan): [rows, cols] tiles stored transposed, and values
+    #: rounded on store (e.g. "tf32" for a tile read only as a TF32 wgmma operand)
+    transposed: bool = False
+    round: str | None = None
 
     @property
     def inner(self) -> int:
         return T_.numel(self.tail)
 
     def flat(self, idx):
-        """Row-major offset of a tail index (int-like)."""
+        """Offset within the row of a tail index (int-like), in the stored order."""
+        idx, tail = list(idx), list(self.tail)
+        if self.transposed:
+            idx[-2:], tail[-2:] = idx[-2:][::-1], tail[-2:][::-1]
         off = 0
         stride = 1
-        for i, d in zip(reversed(list(idx)), reversed(self.tail)):
+        for i, d in zip(reversed(idx), reversed(tail)):
             if not (isinstance(i, int) and i == 0):
                 off = off + i * stride
             stride *= d
@@ -97,6 +105,8 @@ class MemRef:
         return B.load(self.ptr, self.at(row, idx), self.elt)
 
     def store(self, value, row, idx):
+        if self.round is not None:
+            value = B.round_to(value, self.round)
         B.store(self.ptr, self.at(row, idx), value, self.elt)
 
 
@@ -186,6 +196,9 @@ class TileKernelEmitter:
         self.opts = opts
         self.env: dict = {}
         self.cost = NullCounter()       # emit_mlir's counter (kdagen.codegen.lower.cost)
+        #: workspace name -> MemRef storage fields (transposed, round) that the program's
+        #: kernels agree on (kernel.prepare)
+        self.workspace_storage: dict = {}
 
     # -- parameters ----------------------------------------------------------------------
     def memrefs(self) -> tuple[list, list]:
@@ -292,7 +305,8 @@ class TileKernelEmitter:
         args, wss = self.memrefs()
         for v in args + wss:
             nm, elt, layout, heads, tail = mem_info(v)
-            self.env[v] = MemRef(nm, p[nm], elt, layout, heads, tail)
+            self.env[v] = MemRef(nm, p[nm], elt, layout, heads, tail,
+                                 **self.workspace_storage.get(nm, {}))
         for a, v in zip(self.program.args, self.program.arg_values):
             if a.layout == "scalar":
                 self.env[v] = p[a.name]

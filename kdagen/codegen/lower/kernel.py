@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 from kdagen.codegen.common.kernel import GpuModuleBuilder
 from kdagen.target import Target
 
-from . import sm90_native
+from . import register_scan, sm90_native
 from . import tiles as T_
 from .cost_model import kernel_report
 from .emitter import REDUCE_SLOTS_BYTES, GlobalKernelEmitter, TileKernelEmitter
 from .options import LowerOptions
 from .plan import KernelGroup, LoweringError, group_kernels
-from .program import Program, read_program
+from .program import Program, read_program, walk
 from .storage import StoragePlan, plan_storage
 
 __all__ = ["LoweredKernel", "lower_program", "LowerOptions", "prepare", "PreparedKernel"]
@@ -77,8 +77,30 @@ def prepare(program: Program, target: Target | None, prefix: str,
         raise LoweringError(f"path: {opts.path!r} is not a lowering path; use 'portable' or "
                             "'native'")
     out = []
-    for g in group_kernels(program, opts.split_scans):
+    groups = group_kernels(program, opts.split_scans)
+    register_plans = _register_scan_plans(program, groups, target, opts)
+    storage_of = {}
+    for rp in register_plans.values():
+        storage_of.update(rp.workspace_storage())
+    for g in groups:
         kname = f"{prefix}__k{g.index}_{g.label}"
+        rp = register_plans.get(g.index)
+        if rp is not None:
+            em = register_scan.RegisterScanEmitter(program, g, opts, target, rp)
+            em.workspace_storage = storage_of
+            launch = {"grid": rp.grid, "block": [rp.block_threads, 1, 1],
+                      "parallel_chunks": False, "dynamic_shared_memory": em.smem_bytes,
+                      "kind": "tile", "order": g.index, "storage": "smem",
+                      "scratch_bytes_per_cta": 0, "tile_bytes": 0, "path": em.path,
+                      "tensor_maps": rp.tensor_maps(),
+                      "ring": {"depth": rp.depth, "stage_bytes": rp.stage_bytes,
+                               "tma_loads": [s.tensor for s in rp.slots]},
+                      "wgmma_precision": "tf32"}
+            hbm = hbm_bytes_per_token(g)
+            if hbm is not None:
+                launch["hbm_bytes_per_token"] = hbm
+            out.append(PreparedKernel(kname, g, em, "smem", launch, None))
+            continue
         if g.kind == "global":
             em = GlobalKernelEmitter(program, g.nodes[0], opts.global_block)
             launch = em.launch()
@@ -127,6 +149,7 @@ def prepare(program: Program, target: Target | None, prefix: str,
         else:
             em = TileKernelEmitter(program, g, plan, storage, opts)
             block = opts.nthreads
+        em.workspace_storage = storage_of
         launch = {"grid": ["HV", "N", "max_chunks" if g.parallel else "1"],
                   "block": [block, 1, 1], "parallel_chunks": g.parallel,
                   "dynamic_shared_memory": em.smem_bytes, "kind": "tile",
@@ -142,6 +165,33 @@ def prepare(program: Program, target: Target | None, prefix: str,
                           wgmma_precision=native.precision)
         out.append(PreparedKernel(kname, g, em, storage, launch, plan))
     return out
+
+
+def _register_scan_plans(program: Program, groups: list, target: Target | None,
+                         opts: LowerOptions) -> dict:
+    """{group index: plan} of the serial kernels that take the register-resident scan
+    (register_scan.py): native path, ``opts.register_scan``, the kernel fits, and no other
+    kernel reads a workspace whose storage the plan changes."""
+    if opts.path != "native" or not opts.register_scan or native_path(target) is not sm90_native:
+        return {}
+    readers: dict = {}
+    for g in groups:
+        for n in g.nodes:
+            for m in [n, *(walk(n.body) if n.body is not None else [])]:
+                if m.op in ("kda.load_chunk", "kda.sum_chunks") and m.operands[0].workspace:
+                    readers.setdefault(m.operands[0].workspace["name"], set()).add(g.index)
+    plans = {}
+    for g in groups:
+        try:
+            rp = register_scan.match(program, g, target,
+                                     (target.smem_per_block or 0) - opts.smem_reserve,
+                                     opts.scan_warpgroups)
+        except register_scan.NoMatch:
+            continue
+        if any(readers.get(name, set()) - {g.index} for name in rp.workspace_storage()):
+            continue
+        plans[g.index] = rp
+    return plans
 
 
 def lower_program(module, target: Target, *, name: str | None = None,
@@ -166,8 +216,9 @@ def lower_program(module, target: Target, *, name: str | None = None,
                                      params, pk.launch, "none", 0, "portable", cost=report))
             continue
         plan = pk.plan
-        info = {"buffers": len({id(b) for b in plan.buffers.values()}),
-                "modes": _mode_counts(plan), "scans": len(pk.group.scans)}
+        info = ({"buffers": len({id(b) for b in plan.buffers.values()}),
+                 "modes": _mode_counts(plan), "scans": len(pk.group.scans)} if plan is not None
+                else {"buffers": 0, "modes": {"registers": 1}, "scans": len(pk.group.scans)})
         path = pk.launch.get("path") or ("portable-fma" if opts.dot == "fma" else "portable-mma")
         out.append(LoweredKernel(pk.name, program.name, "tile", pk.group.index, builder, params,
                                  pk.launch, pk.storage, pk.launch["scratch_bytes_per_cta"],

@@ -163,6 +163,9 @@ class MlirBackend:
         return self.arith.cmpf(self.arith.CmpFPredicate.OLE, a, b)
 
     def round_to(self, x, elt):
+        if elt == "tf32":
+            from kdagen.codegen.common.convert import round_tf32
+            return round_tf32(x)
         t = {"bf16": self.ir.BF16Type.get(), "f16": self.ir.F16Type.get()}[elt]
         return self.arith.extf(self.f32(), self.arith.truncf(t, x))
 

@@ -21,3 +21,9 @@ class LowerOptions:
     # (sm_90a: warp-specialised TMA producer + wgmma consumer, kdagen.codegen.lower.sm90_native);
     # chips without a native path take the portable one (LoweredKernel.path says which)
     path: str = "portable"
+    # on the native sm_90a path, serial scans that fit take the register-resident lowering
+    # (state in wgmma accumulators across chunks; kdagen.codegen.lower.register_scan)
+    register_scan: bool = True
+    # consumer warpgroups per CTA of a register scan (64 value columns each; the rest of V goes
+    # to more CTAs per head)
+    scan_warpgroups: int = 1

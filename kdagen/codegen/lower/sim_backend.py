@@ -37,6 +37,16 @@ class SimMemory:
             self.r_key = np.full(n, -1, np.int64)
 
 
+def tf32_round(x):
+    """``cvt.rna.tf32.f32`` on arrays: round to nearest (ties away from zero) on the 10-bit
+    mantissa; inf/nan pass through."""
+    a = np.ascontiguousarray(np.asarray(x, np.float32))
+    bits = a.view(np.uint32)
+    finite = (bits & 0x7F800000) != 0x7F800000
+    rounded = ((bits.astype(np.uint64) + 0x1000) & 0xFFFFE000).astype(np.uint32)
+    return np.where(finite, rounded, bits).view(np.float32)
+
+
 def _bf16_round(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x, np.float32)
     u = x.view(np.uint32).astype(np.uint64)
@@ -126,6 +136,8 @@ class SimBackend:
         return self._f(a) <= self._f(b)
 
     def round_to(self, x, elt):
+        if elt == "tf32":
+            return tf32_round(x)
         if elt == "bf16":
             return _bf16_round(x)
         return np.asarray(x, np.float32).astype(np.float16).astype(np.float32)

@@ -130,6 +130,44 @@ def wgmma_async(target: Target, acc_values: list, desc_a: ir.Value, desc_b: ir.V
     return [llvm.extractvalue(f32, res, [i]) for i in range(n // 2)]
 
 
+def wgmma_tf32_rs(target: Target, acc_values: list, a_regs: list, desc_b: ir.Value, n: int) -> list:
+    """One ``wgmma.mma_async.sync.aligned.m64n{n}k8.f32.tf32.tf32`` with A from registers
+    (``a_regs``: 4 i32 holding TF32 bits, `layouts.wgmma_tf32_a_coord`) and B (K-major, from
+    shared memory) by descriptor: ``acc[64, n] += A[64, 8] · B[8, n]``. MLIR's ``nvvm.wgmma``
+    takes descriptors only, so this is inline PTX. Returns the n/2 result registers; read them
+    only after `wgmma_wait` and `fence_accumulators` (the asm ties them to the inputs)."""
+    target.require("has_wgmma", "wgmma")
+    if n % 8 or not 8 <= n <= 256:
+        raise ValueError(f"wgmma N must be a multiple of 8 in 8..256, got {n}")
+    half = n // 2
+    if len(acc_values) != half or len(a_regs) != 4:
+        raise ValueError(f"m64n{n}k8 TF32 takes {half} accumulators and 4 A registers, "
+                         f"got {len(acc_values)} and {len(a_regs)}")
+    # operands are numbered outputs first, then inputs (the tied accumulators, A, the descriptor)
+    d = ", ".join(f"${i}" for i in range(half))
+    a = ", ".join(f"${2 * half + i}" for i in range(4))
+    asm = ("{ .reg .pred p; setp.ne.b32 p, 1, 0; "
+           f"wgmma.mma_async.sync.aligned.m64n{n}k8.f32.tf32.tf32 {{{d}}}, {{{a}}}, ${2 * half + 4}, "
+           "p, 1, 1; }")
+    constraints = ",".join(["=f"] * half + [str(i) for i in range(half)] + ["r"] * 4 + ["l"])
+    struct_t = ir.Type.parse("!llvm.struct<(" + ", ".join(["f32"] * half) + ")>")
+    res = llvm.inline_asm(struct_t, [*acc_values, *a_regs, desc_b], asm, constraints,
+                          has_side_effects=True)
+    f32 = ir.F32Type.get()
+    return [llvm.extractvalue(f32, res, [i]) for i in range(half)]
+
+
+def fence_accumulators(values: list) -> list:
+    """Pass accumulator registers through an empty volatile asm after `wgmma_wait`, so that no
+    use of them is scheduled above the wait (the wgmma asm's outputs look ready to LLVM as soon
+    as it is issued)."""
+    f32 = ir.F32Type.get()
+    out = []
+    for v in values:
+        out.append(llvm.inline_asm(f32, [v], "", "=f,0", has_side_effects=True))
+    return out
+
+
 def wgmma_acc_layout(n: int) -> AccLayout:
     return AccLayout(WGMMA_M, n, 4, 1)
 

@@ -1,0 +1,739 @@
+"""sm_90a register-resident lowering of a serial scan (kda-partition's state kernels).
+
+The carried state S [K, V] never leaves registers: each consumer warpgroup owns 64 of its value
+columns and holds Sᵀ (its V-block as the wgmma M dimension) as a wgmma f32 accumulator across
+chunks. Every [R, V] tile of the step lives the same way, as an accumulator fragment of
+``AccLayout(64, R)`` whose column n holds row ``interleave8(n)`` of the tile
+(`kdagen.codegen.common.layouts.interleave8`). A product ``dot(L, X)`` with X such a fragment
+is computed transposed, ``(L·X)ᵀ = Xᵀ·Lᵀ``: A = Xᵀ straight from X's registers (rounded to TF32
+with ``cvt.rna``), B = L from the TMA ring, K-major as TF32 requires, its rows loaded through the
+``interleave8_rows`` tensor-map view so the result again has the interleaved column order — no
+register ever moves between warps and no tile passes through shared memory. ``add(X, dot)``
+accumulates the product onto X (wgmma's own accumulate); other elementwise ops run on the
+registers; ring tiles read element-wise (u, the decay vector) are read from shared memory at
+the fragment's coordinates; checkpoints are stored from registers.
+
+Roles: ``warpgroups`` consumer warpgroups (threads 0 .. 128·wg − 1) and one producer warpgroup
+whose elected thread fills a ring of ``depth`` stages with TMA (one 'full' mbarrier with the
+stage's byte count, one 'empty' mbarrier every consumer thread arrives on once its reads of the
+stage are done). No named barrier is needed inside the step: registers carry every hand-off.
+
+Workspace contract: a tile read as the transposed left operand of a product (``kr`` in
+``krᵀ·v'``) is stored transposed by the kernel that writes it, and a tile read only as a wgmma
+B operand is stored already rounded to TF32 (``MemRef.transposed`` / ``MemRef.round``;
+`workspace_storage` says which, `kernel.prepare` applies it to every kernel of the program).
+
+`match` decides whether a kernel fits (else the tile lowering of sm90_native.py takes it) and
+says why not.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kdagen._mlir import llvm, nvvm
+from kdagen.runtime.tensormap import ELEM_BYTES
+from kdagen.target import Target
+
+from ..common import barrier as bar
+from ..common import smem as smem_mod
+from ..common.convert import tf32_bits
+from ..common.ints import IntVal, ival
+from ..common.kernel import Param
+from ..common.launch import set_launch_bounds
+from ..common.layouts import SmemLayout, acc_reg_for_tf32_a, lane_group, lane_in_group
+from ..common.smem import byte_gep, shared_addr32, shared_ptr_type
+from ..common.sreg import block_idx, thread_idx
+from ..sm90 import regalloc, tma, wgmma
+from . import backend as B
+from .cost import CHUNKS, CostCounter, NullCounter
+from .emitter import Geometry, TileKernelEmitter, mem_info
+from .mlir_backend import MlirBackend
+from .plan import LoweringError
+
+PATH_NAME = "sm90-register-scan"
+WG_THREADS = 128
+V_BLOCK = 64                 # value columns per consumer warpgroup (the wgmma M extent)
+PRODUCER_REGISTERS = 40
+CONSUMER_REGISTERS = 232
+SWIZZLE = 128
+TF32_K = 8
+MAX_WARPGROUPS = 2
+SMEM_LIMIT = 227 * 1024
+
+_RING_LOADS = ("kda.load", "kda.load_chunk")
+_PASS_THROUGH = ("kda.pipeline_wait", "kda.convert", "kda.assume_range")
+_ELEMENTWISE = ("kda.add", "kda.sub", "kda.mul", "kda.neg")
+
+
+@dataclass
+class RingSlot:
+    """One producer load of a chunk: its tile in each ring stage and its TMA boxes."""
+    node: object
+    tensor: str
+    elt: str
+    kind: str                    # "token" | "chunk"
+    shape: tuple                 # logical tile shape
+    heads: str | None
+    operand: bool = False        # read as a wgmma B operand (rows interleaved, K-major)
+    transposed: bool = False     # stored transposed by its writer (operand of a transposed dot)
+    offset: int = 0
+    v_cols: int = 0              # [R, V] tile read element-wise: the CTA loads only its V columns
+
+    @property
+    def cols_loaded(self) -> int:
+        return self.v_cols or self.smem_shape[-1]
+
+    @property
+    def smem_shape(self) -> tuple:
+        """[rows, cols] as it sits in shared memory (stored order)."""
+        return tuple(reversed(self.shape)) if self.transposed else tuple(self.shape)
+
+    @property
+    def layout(self) -> SmemLayout | None:
+        """Operands: 128B-swizzled panels (what a K-major descriptor reads). Tiles read
+        element-wise: plain rows, so a lane's addresses are one base plus constants."""
+        if len(self.shape) != 2:
+            return None
+        rows, _ = self.smem_shape
+        return SmemLayout(rows, self.cols_loaded, ELEM_BYTES[self.elt],
+                          SWIZZLE if self.operand else 0)
+
+    @property
+    def nbytes(self) -> int:
+        if len(self.shape) == 1:
+            return ELEM_BYTES[self.elt] * self.shape[0]
+        return self.layout.size_bytes
+
+    @property
+    def panel_cols(self) -> int:
+        return self.layout.panel_cols if self.layout is not None else self.shape[-1]
+
+    @property
+    def param(self) -> str:
+        return f"{self.tensor}_tmap" + ("_b" if self.operand else "")
+
+    def box(self) -> tuple:
+        """TMA box (torch order, after flattening) of one panel."""
+        if len(self.shape) == 1:
+            return (1, self.shape[0])
+        rows = self.smem_shape[0]
+        if self.kind == "token":
+            return (rows, 1, self.panel_cols)
+        return (1, rows, self.panel_cols)
+
+    def tensor_map(self) -> dict:
+        spec = {"tensor": self.tensor, "dtype": self.elt, "flatten": 2, "box": list(self.box()),
+                "swizzle": SWIZZLE if self.operand else 0}
+        if self.operand:
+            spec["view"] = "interleave8_rows"
+        if self.transposed:
+            spec["transposed"] = True        # the writer stored the [rows, cols] tiles transposed
+        return spec
+
+
+@dataclass
+class RegisterScanPlan:
+    scan: object
+    K: int                       # rows of the carried state
+    V: int
+    warpgroups: int              # consumer warpgroups per CTA, 64 value columns each
+    v_ctas: int = 1              # CTAs per value head, each owning warpgroups·64 columns
+    slots: list = field(default_factory=list)
+    depth: int = 1
+    stage_bytes: int = 0
+
+    @property
+    def ring_bytes(self) -> int:
+        return self.depth * self.stage_bytes
+
+    @property
+    def barrier_offset(self) -> int:
+        return self.ring_bytes
+
+    @property
+    def smem_bytes(self) -> int:
+        return self.ring_bytes + 16 * self.depth
+
+    @property
+    def stage_bytes_tx(self) -> int:
+        return sum(s.nbytes for s in self.slots)
+
+    @property
+    def block_threads(self) -> int:
+        return (self.warpgroups + 1) * WG_THREADS
+
+    @property
+    def grid(self) -> list:
+        return ["HV" if self.v_ctas == 1 else f"HV * {self.v_ctas}", "N", "1"]
+
+    def tensor_maps(self) -> dict:
+        return {s.param: s.tensor_map() for s in self.slots}
+
+    def workspace_storage(self) -> dict:
+        """Storage the writers of this kernel's ring workspaces must use."""
+        out = {}
+        for s in self.slots:
+            if s.kind == "chunk" and (s.transposed or s.operand):
+                out[s.tensor] = {"transposed": s.transposed, "round": "tf32" if s.operand else None}
+        return out
+
+
+class NoMatch(Exception):
+    """Why a kernel does not fit the register-resident scan."""
+
+
+def _source(v):
+    """The ring load or carried argument behind pass-through ops."""
+    while v.owner is not None and v.owner.op in _PASS_THROUGH:
+        v = v.owner.operands[0]
+    return v
+
+
+def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT,
+          warpgroups: int = 1) -> RegisterScanPlan:
+    """The plan of ``group`` on this path; raises `NoMatch` with the reason when it does not fit.
+    ``warpgroups``: consumer warpgroups per CTA (the value columns are split over
+    V / (64·warpgroups) CTAs per head). One is the default: a 256-thread CTA lets ptxas give the
+    consumers 232 registers, a 384-thread one caps them at 168 (spills)."""
+    if target is None or not all(getattr(target, c) for c in ("has_wgmma", "has_tma", "has_setmaxnreg")):
+        raise NoMatch("the chip lacks wgmma, TMA or setmaxnreg")
+    if group.kind != "tile" or group.parallel or len(group.scans) != 1:
+        raise NoMatch("not a kernel of one serial scan")
+    scan = group.scans[0]
+    outside = [n for n in group.nodes if n is not scan]
+    for n in outside:
+        if n.op not in ("kda.workspace", "kda.load_state", "kda.store_state", "kda.scalar",
+                        "kda.constant"):
+            raise NoMatch(f"{n.op} outside the scan")
+    if len(scan.results) != 1:
+        raise NoMatch("the scan carries more than one value")
+    carried = scan.body.args[1]
+    if len(carried.shape) != 2 or carried.elt != "f32":
+        raise NoMatch("the carried value is not an f32 matrix")
+    K, V = carried.shape
+    if V % V_BLOCK or V // V_BLOCK > MAX_WARPGROUPS or K % 8 or K > 256:
+        raise NoMatch(f"carried shape [{K}, {V}] (needs V a multiple of 64 up to "
+                      f"{MAX_WARPGROUPS * V_BLOCK}, K a multiple of 8 up to 256)")
+    blocks = V // V_BLOCK
+    wgs = max(1, min(warpgroups, blocks))
+    if blocks % wgs:
+        raise NoMatch(f"{blocks} value blocks do not split over {wgs} warpgroups")
+    plan = RegisterScanPlan(scan, K, V, wgs, blocks // wgs)
+    slots: dict = {}
+    frag = {carried}
+
+    def slot_of(v, operand=False, transposed=False):
+        src = _source(v)
+        n = src.owner
+        if n is None or n.op not in _RING_LOADS or n.attrs.get("kda.role") != "producer":
+            raise NoMatch(f"{v} is neither a register tile nor a ring load")
+        name, elt, layout, heads, tail = mem_info(n.operands[0])
+        kind = "token" if n.op == "kda.load" else "chunk"
+        if (kind == "token") != (layout == "token") or elt not in ELEM_BYTES:
+            raise NoMatch(f"{name}: a load TMA cannot express")
+        if operand and (kind != "chunk" or elt != "f32"):
+            raise NoMatch(f"{name}: a wgmma B operand must be an f32 workspace tile")
+        s = slots.get(n)
+        if s is None:
+            s = slots[n] = RingSlot(n, name, elt, kind, tuple(src.shape), heads)
+        if s.operand and (operand or s.transposed) and (s.transposed != transposed):
+            raise NoMatch(f"{name} is read both transposed and not")
+        if operand:
+            s.operand, s.transposed = True, transposed
+        elif s.operand:
+            raise NoMatch(f"{name} is read both as an operand and element-wise")
+        return s
+
+    for n in scan.body.nodes:
+        op = n.op
+        if op in _RING_LOADS:
+            continue
+        if op in ("kda.pipeline_release", "gpu.yield"):
+            continue
+        if op in _PASS_THROUGH:
+            if n.operands[0] in frag:
+                frag.add(n.results[0])
+            continue
+        if op == "kda.dot":
+            lhs, rhs = n.operands
+            if n.attrs.get("transpose_rhs") or rhs not in frag:
+                raise NoMatch("a product whose right operand is not a register tile")
+            M = n.results[0].shape[0]
+            Kd = rhs.shape[0]
+            if M % 8 or M > 256 or Kd % TF32_K:
+                raise NoMatch(f"product shape [{M}, {Kd}]")
+            slot_of(lhs, operand=True, transposed=bool(n.attrs.get("transpose_lhs")))
+            frag.add(n.results[0])
+            continue
+        if op in _ELEMENTWISE:
+            if len(n.results[0].shape) != 2 or n.results[0].shape[1] != V:
+                raise NoMatch(f"{op} on a tile that is not [R, V]")
+            for o in n.operands:
+                if o not in frag:
+                    _elementwise_source(o, slot_of)
+            frag.add(n.results[0])
+            continue
+        if op == "kda.broadcast":
+            continue                  # checked at its users
+        if op == "kda.store_chunk":
+            if n.operands[2] not in frag:
+                raise NoMatch("a stored tile is not a register tile")
+            continue
+        raise NoMatch(f"{op} in the scan body")
+    if scan.body.nodes[-1].operands[0] not in frag:
+        raise NoMatch("the yielded value is not a register tile")
+    plan.slots = sorted(slots.values(), key=lambda s: s.node.index)
+    for s in plan.slots:
+        if not s.operand and len(s.shape) == 2 and s.shape[1] == V and plan.v_ctas > 1:
+            s.v_cols = V // plan.v_ctas
+    off = 0
+    for s in plan.slots:
+        s.offset = off
+        off += -(-s.nbytes // 1024) * 1024
+    plan.stage_bytes = off
+    plan.depth = 2 if 2 * off + 32 <= smem_limit else 1
+    if plan.smem_bytes > smem_limit:
+        raise NoMatch(f"a ring stage of {off} bytes does not fit in shared memory")
+    return plan
+
+
+def _elementwise_source(v, slot_of):
+    """Check a non-register operand of an element-wise op: a ring tile, a broadcast vector
+    from the ring, or a broadcast scalar."""
+    n = v.owner
+    if n is not None and n.op == "kda.broadcast":
+        src = n.operands[0]
+        if len(src.shape) == 0:
+            return
+        dims = list(n.attrs["dims"])
+        if len(src.shape) == 1 and dims == [1]:
+            slot_of(src)
+            return
+        raise NoMatch(f"broadcast {list(src.shape)} over dims {dims}")
+    if n is not None and n.op == "kda.constant":
+        return
+    slot_of(v)
+
+
+# ------------------------------------------------------------------------------------------
+# emission
+# ------------------------------------------------------------------------------------------
+
+
+class _DynBarrier:
+    """An mbarrier chosen at run time (ring stage): what the barrier emitters need (``ptr``)."""
+
+    def __init__(self, base, offset):
+        self.base, self.offset = base, offset
+
+    def ptr(self, byte_offset=0):
+        return byte_gep(self.base, ival(byte_offset) + self.offset, shared_ptr_type())
+
+
+class Frag:
+    """A [R, V-block] tile as wgmma accumulator registers (column n = row interleave8(n))."""
+
+    def __init__(self, rows: int, values: list):
+        self.rows, self.values = rows, values
+
+
+class _Pending:
+    """An issued wgmma group whose registers are valid only after a wait."""
+
+    def __init__(self, rows: int, values: list):
+        self.rows, self.values = rows, values
+
+
+class RegisterScanEmitter(TileKernelEmitter):
+    """Emits a serial scan kernel as described in the module doc."""
+
+    path = PATH_NAME
+
+    def __init__(self, program, group, opts, target: Target, plan: RegisterScanPlan):
+        for capability in ("has_wgmma", "has_tma", "has_setmaxnreg"):
+            target.require(capability, "the register-resident scan lowering (wgmma + TMA)")
+        super().__init__(program, group, None, "smem", opts)
+        self.target = target
+        self.rplan = plan
+        self.slot_of = {s.node: s for s in plan.slots}
+        self._fused: dict = {}          # id(add node) -> the product accumulated onto its operand
+
+    # -- calling convention ----------------------------------------------------------------
+    @property
+    def uses_smem(self) -> bool:
+        return True
+
+    @property
+    def uses_global(self) -> bool:
+        return False
+
+    @property
+    def scratch_bytes(self) -> int:
+        return 0
+
+    @property
+    def smem_bytes(self) -> int:
+        return self.rplan.smem_bytes
+
+    @property
+    def block_threads(self) -> int:
+        return self.rplan.block_threads
+
+    def params(self):
+        ps = super().params()
+        for s in self.rplan.slots:
+            if s.param not in [p.name for p in ps]:
+                ps.append(Param(s.param, "ptr"))
+        return ps
+
+    # -- kernel ------------------------------------------------------------------------------
+    def emit_mlir(self, builder, name: str, count_cost: bool = True) -> None:
+        rp = self.rplan
+        cost = self.cost = CostCounter() if count_cost else NullCounter()
+        nconsumer = rp.warpgroups * WG_THREADS
+        with builder.kernel(name, self.params(), (rp.block_threads, 1, 1)) as p:
+            with B.use(MlirBackend(cost=cost)):
+                i32 = IntVal(thread_idx("x")).value.type
+                tid = IntVal(thread_idx("x"))
+                bx = IntVal(block_idx("x"))
+                # CTA bx owns value head bx // v_ctas, columns from cta_v0
+                self.cta_v0 = (bx % rp.v_ctas) * (rp.warpgroups * V_BLOCK) if rp.v_ctas > 1 else 0
+                coords = dict(tid=tid, hv=bx // rp.v_ctas if rp.v_ctas > 1 else bx,
+                              n=IntVal(block_idx("y")),
+                              z=IntVal(block_idx("z")),
+                              grid=(IntVal(nvvm.read_ptx_sreg_nctaid_x(results=[i32])),
+                                    IntVal(nvvm.read_ptx_sreg_nctaid_y(results=[i32]))))
+                p = {k: (IntVal(v) if k in ("T", "N", "HV") else v) for k, v in p.items()}
+                smem_mod.declare_dynamic_smem(builder)
+                self.smem_base = llvm.mlir_addressof(smem_mod.shared_ptr_type(),
+                                                     smem_mod.DYNAMIC_SMEM_SYMBOL)
+
+                def init():
+                    for s in range(rp.depth):
+                        bar.mbarrier_init(self._full(s), 1)
+                        bar.mbarrier_init(self._empty(s), nconsumer)
+                    bar.fence_mbarrier_init()
+                B.if_then(B.icmp("eq", tid, 0), init)
+                bar.sync_threads()
+                cost.event("bar.sync")
+                self._bind(p, coords)
+
+                def producer():
+                    regalloc.release_registers(self.target, PRODUCER_REGISTERS)
+
+                    def elected():
+                        with cost.role("producer"):
+                            self.producer_body(p)
+                    B.if_then(B.icmp("eq", tid, nconsumer), elected)
+
+                def consumer():
+                    regalloc.claim_registers(self.target, CONSUMER_REGISTERS)
+                    self.consumer_body(tid)
+
+                B.if_then(B.icmp("ge", tid, nconsumer), producer)
+                B.if_then(B.icmp("lt", tid, nconsumer), consumer)
+        set_launch_bounds(builder, name, min_blocks_per_sm=1)
+
+    def _bind(self, p, coords):
+        self.p = p
+        self.env = {}
+        self.geo = Geometry(self.program, p, coords, need_chunk_off=True)
+        from .emitter import MemRef
+        args, wss = self.memrefs()
+        for v in args + wss:
+            nm, elt, layout, heads, tail = mem_info(v)
+            self.env[v] = MemRef(nm, p[nm], elt, layout, heads, tail,
+                                 **self.workspace_storage.get(nm, {}))
+        for a, v in zip(self.program.args, self.program.arg_values):
+            if a.layout == "scalar":
+                self.env[v] = p[a.name]
+
+    def _full(self, stage):
+        return _DynBarrier(self.smem_base, self.rplan.barrier_offset + 8 * stage)
+
+    def _empty(self, stage):
+        return _DynBarrier(self.smem_base, self.rplan.barrier_offset + 8 * (self.rplan.depth + stage))
+
+    def _stage(self, it):
+        d = self.rplan.depth
+        if d == 1:
+            return 0, it & 1
+        return it % d, (it // d) & 1
+
+    def _chunk(self, s):
+        reverse = bool(self.rplan.scan.attrs.get("reverse", False))
+        return (self.geo.nchunks - 1) - s if reverse else s
+
+    def _tile_offset(self, slot, stage):
+        """Byte offset in shared memory of ``slot``'s tile in ring stage ``stage``."""
+        return stage * self.rplan.stage_bytes + slot.offset
+
+    # -- producer ----------------------------------------------------------------------------
+    def producer_body(self, p: dict) -> None:
+        rp, geo = self.rplan, self.geo
+        maps = {}
+        for s in rp.slots:
+            if s.param not in maps:
+                maps[s.param] = tma.tensormap_pointer(self.target, p[s.param])
+        ratio = self.program.gva_ratio
+
+        def step(it, *_):
+            c = self._chunk(it)
+            stage, phase = self._stage(it)
+            bar.mbarrier_wait(self._empty(stage), phase ^ 1)
+            bar.mbarrier_arrive_expect_tx(self._full(stage), rp.stage_bytes_tx)
+            self.cost.event("mbarrier.wait")
+            self.cost.event("mbarrier.arrive")
+            for s in rp.slots:
+                lay = s.layout
+                panels = lay.num_panels if lay is not None else 1
+                for pn in range(panels):
+                    off = self._tile_offset(s, stage) + (pn * lay.panel_bytes if lay else 0)
+                    dst = byte_gep(self.smem_base, off, shared_ptr_type())
+                    inner = pn * s.panel_cols + (self.cta_v0 if s.v_cols else 0)
+                    if s.kind == "token":
+                        grouped = (s.node.attrs.get("head_map") == "grouped" and s.heads == "qk"
+                                   and ratio > 1)
+                        head = geo.hv // ratio if grouped else geo.hv
+                        crd = [inner, head, B.narrow(geo.start + B.wide(c * geo.C))]
+                    elif s.operand:
+                        crd = [inner, 0, 0, 0, B.narrow(geo.chunk_row(c))]
+                    else:
+                        crd = [inner] + [0] * (len(s.box()) - 2) + [B.narrow(geo.chunk_row(c))]
+                    tma.tma_load(self.target, dst, maps[s.param], crd, self._full(stage))
+                    self.cost.event("tma.load")
+            return []
+        B.for_range(0, geo.nchunks, 1, step, trips=CHUNKS)
+
+    # -- consumers ---------------------------------------------------------------------------
+    def consumer_body(self, tid) -> None:
+        rp, geo = self.rplan, self.geo
+        self.wg = tid // WG_THREADS
+        self.warp = (tid // 32) % 4
+        self.lane = tid % 32
+        self.v0 = self.cta_v0 + self.wg * V_BLOCK
+        scan = rp.scan
+        # values defined outside the scan (scalars, the initial state)
+        for n in self.group.nodes:
+            if n is scan:
+                break
+            if n.op == "kda.scalar":
+                self.env[n.results[0]] = self.env[n.operands[0]]
+            elif n.op == "kda.constant" and not n.results[0].shape:
+                self.env[n.results[0]] = B.f(float(n.attrs["value"]))
+        init = self._initial(scan.operands[0])
+        body = scan.body
+
+        def step(it, *carried):
+            c = self._chunk(it)
+            stage, phase = self._stage(it)
+            with self.cost.chunk_step():
+                bar.mbarrier_wait(self._full(stage), phase)
+                self.cost.event("mbarrier.wait")
+                out = self._step(body, c, stage, Frag(rp.K, list(carried)))
+                bar.mbarrier_arrive(self._empty(stage))
+                self.cost.event("mbarrier.arrive")
+            return out.values
+        final = B.for_range(0, geo.nchunks, 1, step, init.values, trips=CHUNKS)
+        result = Frag(rp.K, list(final))
+        after = False
+        for n in self.group.nodes:
+            if n is scan:
+                after = True
+            elif after and n.op == "kda.store_state":
+                self._store(result, self.env[n.operands[0]], geo.state_row())
+
+    def _initial(self, v) -> Frag:
+        rp, geo = self.rplan, self.geo
+        n = v.owner
+        if n is not None and n.op == "kda.load_state":
+            mem = self.env[n.operands[0]]
+            ptr, offsets = self._lane_addresses(mem, geo.state_row(), rp.K)
+            return Frag(rp.K, [B.load(ptr, o, mem.elt) for o in offsets])
+        if n is not None and n.op == "kda.constant":
+            return Frag(rp.K, [B.f(float(n.attrs["value"]))] * (rp.K // 2))
+        raise LoweringError(f"register scan: initial state from {n.op if n else v}")
+
+    def _coord(self, i):
+        """(tile row, value column) of accumulator register ``i`` of this thread: the register
+        sits at (m, n) of `wgmma_d_coord`, and column n holds tile row interleave8(n)."""
+        g, t = lane_group(self.lane), lane_in_group(self.lane)
+        m = self.warp * 16 + g + 8 * ((i // 2) % 2)
+        return t + (8 * (i // 4) + 4 * (i % 2)), self.v0 + m
+
+    def _lane_addresses(self, mem, row, rows) -> tuple:
+        """(pointer, constant element offsets) of this lane's registers of an [rows, V] tile
+        at ``row`` of ``mem``: one address per lane, the rest immediates (hoisting one address
+        per register would cost two registers each)."""
+        sr, sc = (1, mem.tail[-2]) if mem.transposed else (mem.tail[-1], 1)
+        g, t = lane_group(self.lane), lane_in_group(self.lane)
+        lane = t * sr + (self.v0 + self.warp * 16 + g) * sc
+        ptr = B.gep(mem.ptr, B.wide(row) * mem.inner + B.wide(lane), mem.elt)
+        offsets = []
+        for i in range(rows // 2):
+            r, m = 8 * (i // 4) + 4 * (i % 2), 8 * ((i // 2) % 2)
+            offsets.append(r * sr + m * sc)
+        return ptr, offsets
+
+    def _store(self, frag: Frag, mem, row) -> None:
+        frag = self._ready(frag)
+        ptr, offsets = self._lane_addresses(mem, row, frag.rows)
+        for o, x in zip(offsets, frag.values):
+            if mem.round is not None:
+                x = B.round_to(x, mem.round)
+            B.store(ptr, o, x, mem.elt)
+
+    # -- one chunk step ------------------------------------------------------------------------
+    def _step(self, body, c, stage, carried: Frag) -> Frag:
+        env = self.env
+        env[body.args[0]] = c
+        env[body.args[1]] = carried
+        self._c, self._stage_now = c, stage
+        self._late_stores = []
+        nodes = body.nodes[:-1]
+        # checkpoints of the carried value are stored while the first product runs
+        early = [n for n in nodes if n.op == "kda.store_chunk" and n.operands[2] is body.args[1]]
+        self._early = list(early)
+        for n in nodes:
+            if n in early:
+                continue
+            self._node(n)
+        self._flush_early()
+        return self._ready(env[body.nodes[-1].operands[0]])
+
+    def _flush_early(self):
+        for n in self._early:
+            self._store_chunk(n)
+        self._early = []
+
+    def _node(self, n) -> None:
+        op, env = n.op, self.env
+        r = n.results[0] if n.results else None
+        if op in _RING_LOADS:
+            env[r] = ("ring", self.slot_of[n])
+        elif op in ("kda.pipeline_wait", "kda.assume_range"):
+            env[r] = env[n.operands[0]]
+        elif op == "kda.convert":
+            env[r] = env[n.operands[0]]         # ring reads widen to f32; registers are f32
+        elif op == "kda.pipeline_release":
+            pass
+        elif op == "kda.broadcast":
+            env[r] = ("broadcast", n)
+        elif op == "kda.constant":
+            env[r] = ("scalar", B.f(float(n.attrs["value"])))
+        elif op == "kda.dot":
+            self._dot(n)
+        elif op in _ELEMENTWISE:
+            if self._fused.get(id(n)) is not None:
+                env[r] = self._fused.pop(id(n))
+                return
+            rows = r.shape[0]
+            ops = [self._elementwise_operand(o, rows) for o in n.operands]
+            f = {"kda.add": B.add, "kda.sub": B.sub, "kda.mul": B.mul}.get(op)
+            if op == "kda.neg":
+                vals = [B.neg(a) for a in ops[0]]
+            else:
+                vals = [f(a, b) for a, b in zip(*ops)]
+            env[r] = Frag(rows, vals)
+        elif op == "kda.store_chunk":
+            self._store_chunk(n)
+        else:
+            raise LoweringError(f"register scan: {op}")
+
+    def _elementwise_operand(self, v, rows) -> list:
+        x = self.env[v]
+        if isinstance(x, (Frag, _Pending)):
+            return self._ready(x).values
+        kind, obj = x
+        if kind == "scalar":
+            return [obj] * (rows // 2)
+        if kind == "ring":
+            return self._read_ring(obj, rows).values
+        if kind == "broadcast":
+            src = obj.operands[0]
+            if len(src.shape) == 0:
+                s = self.env[src]
+                s = s[1] if isinstance(s, tuple) else s
+                return [s] * (rows // 2)
+            _, slot = self.env[src]
+            first = self._tile_offset(slot, self._stage_now) // ELEM_BYTES[slot.elt]
+            cache, out = {}, []
+            for i in range(rows // 2):
+                key = (i // 4, i % 2)           # registers of one column share the value
+                if key not in cache:
+                    r, _ = self._coord(i)
+                    cache[key] = B.load(self.smem_base, first + r, slot.elt)
+                out.append(cache[key])
+            return out
+        raise LoweringError(f"register scan: operand {kind}")
+
+    def _read_ring(self, slot: RingSlot, rows) -> Frag:
+        """The fragment of a ring tile read element-wise (masked past the sequence end for
+        token tiles)."""
+        geo = self.geo
+        cols = slot.cols_loaded
+        g, t = lane_group(self.lane), lane_in_group(self.lane)
+        col0 = self.v0 - self.cta_v0 if slot.v_cols else self.v0
+        first = self._tile_offset(slot, self._stage_now) // ELEM_BYTES[slot.elt]
+        ptr = B.gep(self.smem_base, first + t * cols + col0 + self.warp * 16 + g, slot.elt)
+        vals = []
+        for i in range(rows // 2):
+            r, m = 8 * (i // 4) + 4 * (i % 2), 8 * ((i // 2) % 2)
+            x = B.load(ptr, r * cols + m, slot.elt)
+            if slot.kind == "token":
+                x = B.sel(B.icmp("lt", self._c * geo.C + (t + r), geo.seqlen), x, B.f(0.0))
+            vals.append(x)
+        return Frag(rows, vals)
+
+    def _ready(self, x):
+        if isinstance(x, _Pending):
+            wgmma.wgmma_wait(self.target, 0)
+            self.cost.event("wgmma.wait")
+            vals = wgmma.fence_accumulators(x.values)
+            done = Frag(x.rows, vals)
+            for k, v in list(self.env.items()):
+                if v is x:
+                    self.env[k] = done
+            return done
+        return x
+
+    def _dot(self, n) -> None:
+        env = self.env
+        lhs, rhs = n.operands
+        slot = env[lhs][1]
+        X = self._ready(env[rhs])
+        M = n.results[0].shape[0]
+        Kd = rhs.shape[0]
+        # add(Y, dot) with Y ready: accumulate onto Y
+        init, fuse = None, None
+        users = [u for u, _ in n.results[0].uses]
+        if len(users) == 1 and users[0].op == "kda.add":
+            other = [o for o in users[0].operands if o is not n.results[0]]
+            y = env.get(other[0]) if other else None
+            if isinstance(y, (Frag, _Pending)):
+                init, fuse = self._ready(y).values, users[0]
+        acc = list(init) if init is not None else [B.f(0.0)] * (M // 2)
+        lay = slot.layout
+        base32 = shared_addr32(byte_gep(self.smem_base, self._tile_offset(slot, self._stage_now),
+                                        shared_ptr_type()))
+        wgmma.wgmma_fence(self.target)
+        for kb in range(Kd // TF32_K):
+            a = [tf32_bits(X.values[acc_reg_for_tf32_a(kb, j)]) for j in range(4)]
+            self.cost.event("cvt.tf32", 4)
+            start, lbo, sbo = wgmma.operand_start_and_strides(lay, "b", True, 0, kb * TF32_K)
+            desc = wgmma.make_descriptor(base32 + start, lbo, sbo, SWIZZLE)
+            acc = wgmma.wgmma_tf32_rs(self.target, acc, a, desc, M)
+            self.cost.event("wgmma")
+        wgmma.wgmma_commit(self.target)
+        self.cost.event("wgmma.commit")
+        pending = _Pending(M, acc)
+        env[n.results[0]] = pending
+        if fuse is not None:
+            self._fused[id(fuse)] = pending
+        self._flush_early()
+
+    def _store_chunk(self, n) -> None:
+        self._store(self.env[n.operands[2]], self.env[n.operands[0]], self.geo.chunk_row(self._c))
+
+
+__all__ = ["match", "NoMatch", "RegisterScanPlan", "RegisterScanEmitter", "PATH_NAME"]

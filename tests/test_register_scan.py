@@ -1,0 +1,152 @@
+"""The register-resident scan lowering (kdagen.codegen.lower.register_scan): its layout algebra
+on the CPU (a NumPy model of the register-A TF32 wgmma over the interleaved column order and the
+interleave8_rows tensor-map view), which kernels take it, its workspace contract, and that the
+emitted PTX assembles. Numerics on the GPU: tools/gpu_check.py on a native bundle."""
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+from kdagen.codegen.common.layouts import (acc_reg_for_tf32_a, interleave8, wgmma_d_coord,
+                                           wgmma_tf32_a_coord)
+from kdagen.codegen.lower.sim_backend import tf32_round
+from kdagen.runtime.tensormap import view_dims
+
+
+def _acc_coords(n_cols):
+    """[thread][register] -> (row, col) of a wgmma m64n{n_cols} accumulator."""
+    return [[wgmma_d_coord(tid // 32, tid % 32, i) for i in range(n_cols // 2)] for tid in range(128)]
+
+
+def _tma_rows(rows):
+    """Tensor row landing in each shared row of a box walked through the interleave8_rows view."""
+    shape, strides, box = view_dims((3, rows, 32), (1, rows, 32), "interleave8_rows")
+    out = []
+    for j in range(box[1]):
+        for t in range(box[2]):
+            for e in range(box[3]):
+                out.append((j * strides[1] + t * strides[2] + e * strides[3]) // strides[2])
+    return out
+
+
+def _wgmma_rs(acc_regs, a_regs, b_smem):
+    """Model of m64nNk8 with A from registers: acc[tid][i] += sum_p A[m, p] B[p, n]."""
+    n_cols = b_smem.shape[0]
+    A = np.zeros((64, 8))
+    for tid in range(128):
+        for j in range(4):
+            r, c = wgmma_tf32_a_coord(tid // 32, tid % 32, j)
+            A[r, c] = a_regs[tid][j]
+    D = A @ b_smem.T          # b_smem[n, p]: K-major B, row n of shared memory
+    coords = _acc_coords(n_cols)
+    return [[acc_regs[tid][i] + D[coords[tid][i]] for i in range(n_cols // 2)] for tid in range(128)]
+
+
+@pytest.mark.parametrize("M,Kd", [(64, 128), (128, 64)])
+def test_transposed_product_in_interleaved_order(M, Kd):
+    """(L·X)ᵀ computed as the kernel does — A = Xᵀ from X's own accumulator registers, B = L with
+    its rows loaded through the view — is again a fragment in the interleaved column order."""
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((Kd, 64))          # [Kd, V-block]: register tile
+    L = rng.standard_normal((M, Kd))           # ring tile, row-major
+    # X as the kernel holds it: accumulator column n holds tile row interleave8(n)
+    xc = _acc_coords(Kd)
+    x_regs = [[X[interleave8(c), r] for (r, c) in xc[tid]] for tid in range(128)]
+    b_smem = L[_tma_rows(M)]                   # shared row n = tensor row interleave8(n)
+    assert _tma_rows(M) == [interleave8(n) for n in range(M)]
+    acc = [[0.0] * (M // 2) for _ in range(128)]
+    for kb in range(Kd // 8):
+        a = [[x_regs[tid][acc_reg_for_tf32_a(kb, j)] for j in range(4)] for tid in range(128)]
+        acc = _wgmma_rs(acc, a, b_smem[:, 8 * kb:8 * kb + 8])
+    want = (L @ X).T                           # [V-block, M]
+    oc = _acc_coords(M)
+    for tid in range(128):
+        for i, (r, c) in enumerate(oc[tid]):
+            assert abs(acc[tid][i] - want[r, interleave8(c)]) < 1e-9
+
+
+def test_interleave8_is_a_permutation_of_each_block():
+    assert sorted(interleave8(n) for n in range(64)) == list(range(64))
+    assert [interleave8(n) for n in range(8)] == [0, 4, 1, 5, 2, 6, 3, 7]
+
+
+def test_tf32_rounding_is_round_to_nearest_ties_away():
+    one_ulp = 2.0 ** -10
+    x = np.array([1.0 + one_ulp / 2, 1.0 + one_ulp / 2 - 2 ** -20, -(1.0 + one_ulp / 2),
+                  np.inf, 3.0], np.float32)
+    got = tf32_round(x)
+    assert got[0] == np.float32(1.0 + one_ulp)           # tie: away from zero
+    assert got[1] == np.float32(1.0)
+    assert got[2] == np.float32(-(1.0 + one_ulp))
+    assert np.isinf(got[3]) and got[4] == 3.0
+    y = np.random.default_rng(1).standard_normal(1000).astype(np.float32)
+    assert np.all(np.abs(tf32_round(y) - y) <= np.abs(y) * 2.0 ** -11 * 1.0001)
+    assert np.all((tf32_round(y).view(np.uint32) & 0x1FFF) == 0)
+
+
+def _plans(program, **opts):
+    from kdagen import driver
+    from kdagen.codegen.lower.kernel import _register_scan_plans
+    from kdagen.codegen.lower.options import LowerOptions
+    from kdagen.codegen.lower.plan import group_kernels
+    from kdagen.codegen.lower.program import read_program
+    from kdagen.target import TARGETS
+    prog = read_program(driver.build_module(program, opts, pipeline="chip", chip="sm_90a"))
+    groups = group_kernels(prog, True)
+    return prog, groups, _register_scan_plans(prog, groups, TARGETS["sm_90a"],
+                                              LowerOptions(path="native"))
+
+
+@pytest.mark.parametrize("program", ["kda_fwd", "gdn_fwd"])
+def test_forward_state_kernel_takes_the_register_scan(program):
+    prog, groups, plans = _plans(program)
+    serial = [g.index for g in groups if g.scans and not g.parallel]
+    assert list(plans) == serial and len(serial) == 1
+    rp = plans[serial[0]]
+    assert (rp.K, rp.V, rp.warpgroups) == (128, 128, 2)
+    by_name = {s.tensor: s for s in rp.slots}
+    # w·S: w is a B operand as stored; krᵀ·v': kr is stored transposed by the chunk kernel
+    assert by_name["w_ws"].operand and not by_name["w_ws"].transposed
+    assert by_name["kr_ws"].operand and by_name["kr_ws"].transposed
+    assert not by_name["u_ws"].operand
+    assert rp.workspace_storage() == {"w_ws": {"transposed": False, "round": "tf32"},
+                                      "kr_ws": {"transposed": True, "round": "tf32"}}
+    assert rp.depth == 2
+    maps = rp.tensor_maps()
+    assert maps["kr_ws_tmap_b"]["view"] == "interleave8_rows" and maps["kr_ws_tmap_b"]["transposed"]
+
+
+def test_shared_workspace_with_conflicting_layouts_keeps_the_tile_lowering():
+    """The backward's two scans read kr and w, one transposed and one not: neither takes the
+    register scan (the writer cannot store both layouts)."""
+    _, _, plans = _plans("kda_bwd")
+    assert plans == {}
+
+
+@pytest.mark.skipif(shutil.which("ptxas") is None, reason="needs ptxas")
+def test_register_scan_kernel_assembles_for_sm90a(tmp_path):
+    import subprocess
+
+    from kdagen import driver
+    from kdagen.codegen.lower.kernel import lower_program
+    from kdagen.codegen.lower.options import LowerOptions
+    from kdagen.target import TARGETS
+    t = TARGETS["sm_90a"]
+    mod = driver.build_module("kda_fwd", {}, pipeline="chip", chip="sm_90a")
+    ks = [k for k in lower_program(mod, t, options=LowerOptions(path="native", dot="bf16x3"))
+          if k.path == "sm90-register-scan"]
+    assert len(ks) == 1
+    ptx = driver.ptx_of(ks[0].module, t, ks[0].name)
+    assert "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32" in ptx
+    assert "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32" in ptx
+    assert "cvt.rna.tf32.f32" in ptx and "cp.async.bulk.tensor.5d" in ptx
+    # the state stays in registers: no shared-memory stores in the kernel
+    assert "st.shared" not in ptx
+    (tmp_path / "k.ptx").write_text(ptx)
+    r = subprocess.run(["ptxas", "-arch=sm_90a", str(tmp_path / "k.ptx"), "-o",
+                        str(tmp_path / "k.cubin")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    counts = ks[0].cost["counts"]
+    assert counts["wgmma"] == 128 // 8 + 64 // 8 and counts["wgmma.wait"] == 2
