@@ -43,6 +43,10 @@ def main(argv=None) -> int:
     ap.add_argument("--pipeline", default="chip", choices=["stable", "chip"])
     ap.add_argument("--path", default="portable", choices=["portable", "native"],
                     help="native: the chip's own path (sm_90a: TMA + wgmma + warp specialisation)")
+    ap.add_argument("--scan-warpgroups", type=int, default=None,
+                    help="consumer warpgroups per CTA of the register-resident scans (ablation)")
+    ap.add_argument("--no-register-scan", action="store_true",
+                    help="serial scans take the tile lowering of the native path (ablation)")
     args = ap.parse_args(argv)
     from kdagen.bundle_writer import write_bundle
     from kdagen.runtime.bundle import variant_name
@@ -52,6 +56,10 @@ def main(argv=None) -> int:
         lower = {"pipeline": args.pipeline} | ({"dot": args.lower} if args.lower != "fma" else {})
         if args.path != "portable":
             lower["path"] = args.path
+        if args.scan_warpgroups is not None:
+            lower["scan_warpgroups"] = args.scan_warpgroups
+        if args.no_register_scan:
+            lower["register_scan"] = False
         write_bundle(args.out, [(program, options, lower, variant_name(program, options))],
                      [args.chip])
         print(f"{program} {options} ({time.time() - start:.1f} s)", flush=True)

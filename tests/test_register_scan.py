@@ -105,24 +105,42 @@ def test_forward_state_kernel_takes_the_register_scan(program):
     serial = [g.index for g in groups if g.scans and not g.parallel]
     assert list(plans) == serial and len(serial) == 1
     rp = plans[serial[0]]
-    assert (rp.K, rp.V, rp.warpgroups) == (128, 128, 2)
+    # one consumer warpgroup per CTA, two CTAs per head (64 value columns each)
+    assert (rp.K, rp.V, rp.warpgroups, rp.v_ctas) == (128, 128, 1, 2)
+    assert rp.grid == ["HV * 2", "N", "1"]
+    by_name = {s.tensor: s for s in rp.slots}
+    assert by_name["u_ws"].v_cols == 64 and by_name["w_ws"].v_cols == 0
     by_name = {s.tensor: s for s in rp.slots}
     # w·S: w is a B operand as stored; krᵀ·v': kr is stored transposed by the chunk kernel
     assert by_name["w_ws"].operand and not by_name["w_ws"].transposed
     assert by_name["kr_ws"].operand and by_name["kr_ws"].transposed
     assert not by_name["u_ws"].operand
-    assert rp.workspace_storage() == {"w_ws": {"transposed": False, "round": "tf32"},
-                                      "kr_ws": {"transposed": True, "round": "tf32"}}
+    storage = {mem.workspace["name"]: v for mem, v in rp.workspace_storage().items()}
+    assert storage == {"w_ws": {"transposed": False, "round": "tf32"},
+                       "kr_ws": {"transposed": True, "round": "tf32"}}
     assert rp.depth == 2
     maps = rp.tensor_maps()
     assert maps["kr_ws_tmap_b"]["view"] == "interleave8_rows" and maps["kr_ws_tmap_b"]["transposed"]
 
 
-def test_shared_workspace_with_conflicting_layouts_keeps_the_tile_lowering():
-    """The backward's two scans read kr and w, one transposed and one not: neither takes the
-    register scan (the writer cannot store both layouts)."""
-    _, _, plans = _plans("kda_bwd")
-    assert plans == {}
+@pytest.mark.parametrize("program", ["kda_bwd", "gdn_bwd"])
+def test_backward_scans_take_the_register_scan_with_their_own_layouts(program):
+    """The backward's recompute scan reads kr transposed and w as stored; its reverse scan reads
+    kr as stored and w, qd transposed. The workspaces share names (one buffer used in turn) but
+    are distinct values with distinct writers, so each pair agrees on its own layout."""
+    _, groups, plans = _plans(program)
+    serial = [g.index for g in groups if g.scans and not g.parallel]
+    assert sorted(plans) == serial and len(serial) == 2
+    recompute, reverse = (plans[i] for i in serial)
+    assert not recompute.scan.attrs.get("reverse") and reverse.scan.attrs.get("reverse")
+    layout = {}
+    for rp in (recompute, reverse):
+        for mem, st in rp.workspace_storage().items():
+            layout.setdefault(mem.workspace["name"], []).append(st["transposed"])
+    assert layout["kr_ws"] == [True, False] and layout["w_ws"] == [False, True]
+    assert layout["qd_ws"] == [True]
+    ops = [s.tensor for s in reverse.slots]
+    assert "do" in ops and "dv_new_ws" in ops
 
 
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="needs ptxas")

@@ -44,12 +44,14 @@ def _cases(spec: dict, quick: bool) -> list[dict]:
         lens = [[1, 17, 129]] if bwd else [[1, 17, 64, 129, 1000], [63, 65]]
         cases = [dict(label=f"varlen{l}", B=1, lengths=l, decay="moderate") for l in lens]
         cases.append(dict(label="varlen[70,200] strong", B=1, lengths=[70, 200], decay="strong"))
+        cases.append(dict(label="varlen[1,300] weak", B=1, lengths=[1, 300], decay="weak"))
         cases.append(dict(label="varlen[70,200] out-of-range", B=1, lengths=[70, 200],
                           decay="extreme"))
     else:
         shapes = [(1, 65), (2, 1)] if bwd else [(2, 1), (1, 63), (2, 65), (1, 1000)]
         cases = [dict(label=f"B{b}_T{t}", B=b, T=t, decay="moderate") for b, t in shapes]
         cases.append(dict(label="B1_T200 strong", B=1, T=200, decay="strong"))
+        cases.append(dict(label="B1_T1000 weak", B=1, T=1000, decay="weak"))
         cases.append(dict(label="B1_T200 out-of-range", B=1, T=200, decay="extreme"))
     if quick:
         cases = cases[:2]
@@ -82,10 +84,19 @@ def _inputs(spec: dict, case: dict, device, seed: int) -> tuple[dict, dict]:
     x = {"q": rnd(B, T, H, K), "k": rnd(B, T, H, K), "v": rnd(B, T, HV, V)}
     gshape = (B, T, HV, K) if fam == "kda" else (B, T, HV)
     names = {a["name"]: a for a in spec["args"]}
+    weak = case["decay"] == "weak"
     if "g" in names:
         lb = (attrs.get("gate_options") or {}).get("lower_bound")
         span = -(lb if lb is not None else (-5.0 if strong else -1.0))
-        x["g"] = -torch.rand(*gshape, generator=g, dtype=torch.float64) * span
+        x["g"] = -torch.rand(*gshape, generator=g, dtype=torch.float64) * (0.01 if weak else span)
+    elif weak:
+        # g ~ -0.005 per token (PERF.md §4: weak decay exposes state-path rounding):
+        # exp(A_log) = 1, dt_bias = 0, softplus(g_raw) ~ 0.005 or lb * sigmoid(g_raw) ~ 0.005
+        x["g_raw"] = rnd(*gshape, scale=0.1) + (-6.9 if "lower_bound" in gate else -5.3)
+        if "A_log" in names:
+            x["A_log"] = torch.zeros(HV, dtype=torch.float64)
+        if "dt_bias" in names:
+            x["dt_bias"] = torch.zeros((HV, K) if fam == "kda" else (HV,), dtype=torch.float64)
     else:
         if "lower_bound" in gate:
             x["g_raw"] = rnd(*gshape) + (6.0 if strong else 0.0)

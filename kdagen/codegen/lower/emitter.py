@@ -196,7 +196,7 @@ class TileKernelEmitter:
         self.opts = opts
         self.env: dict = {}
         self.cost = NullCounter()       # emit_mlir's counter (kdagen.codegen.lower.cost)
-        #: workspace name -> MemRef storage fields (transposed, round) that the program's
+        #: workspace value -> MemRef storage fields (transposed, round) that the program's
         #: kernels agree on (kernel.prepare)
         self.workspace_storage: dict = {}
 
@@ -306,7 +306,7 @@ class TileKernelEmitter:
         for v in args + wss:
             nm, elt, layout, heads, tail = mem_info(v)
             self.env[v] = MemRef(nm, p[nm], elt, layout, heads, tail,
-                                 **self.workspace_storage.get(nm, {}))
+                                 **self.workspace_storage.get(v, {}))
         for a, v in zip(self.program.args, self.program.arg_values):
             if a.layout == "scalar":
                 self.env[v] = p[a.name]

@@ -179,7 +179,7 @@ def _register_scan_plans(program: Program, groups: list, target: Target | None,
         for n in g.nodes:
             for m in [n, *(walk(n.body) if n.body is not None else [])]:
                 if m.op in ("kda.load_chunk", "kda.sum_chunks") and m.operands[0].workspace:
-                    readers.setdefault(m.operands[0].workspace["name"], set()).add(g.index)
+                    readers.setdefault(m.operands[0], set()).add(g.index)
     plans = {}
     for g in groups:
         try:
@@ -188,7 +188,7 @@ def _register_scan_plans(program: Program, groups: list, target: Target | None,
                                      opts.scan_warpgroups)
         except register_scan.NoMatch:
             continue
-        if any(readers.get(name, set()) - {g.index} for name in rp.workspace_storage()):
+        if any(readers.get(ws, set()) - {g.index} for ws in rp.workspace_storage()):
             continue
         plans[g.index] = rp
     return plans

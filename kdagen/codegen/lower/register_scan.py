@@ -37,6 +37,7 @@ from kdagen.target import Target
 from ..common import barrier as bar
 from ..common import smem as smem_mod
 from ..common.convert import tf32_bits
+from ..common.shuffle import shfl_idx
 from ..common.ints import IntVal, ival
 from ..common.kernel import Param
 from ..common.launch import set_launch_bounds
@@ -69,6 +70,7 @@ _ELEMENTWISE = ("kda.add", "kda.sub", "kda.mul", "kda.neg")
 class RingSlot:
     """One producer load of a chunk: its tile in each ring stage and its TMA boxes."""
     node: object
+    mem: object                  # the memref value (argument or workspace) it reads
     tensor: str
     elt: str
     kind: str                    # "token" | "chunk"
@@ -170,11 +172,13 @@ class RegisterScanPlan:
         return {s.param: s.tensor_map() for s in self.slots}
 
     def workspace_storage(self) -> dict:
-        """Storage the writers of this kernel's ring workspaces must use."""
+        """{workspace value: MemRef storage fields} its writer must use. Keyed by the value, not
+        the name: the backward's two chunk kernels write workspaces of the same name (one buffer,
+        used in turn) for two scans that want different layouts."""
         out = {}
         for s in self.slots:
             if s.kind == "chunk" and (s.transposed or s.operand):
-                out[s.tensor] = {"transposed": s.transposed, "round": "tf32" if s.operand else None}
+                out[s.mem] = {"transposed": s.transposed, "round": "tf32" if s.operand else None}
         return out
 
 
@@ -235,7 +239,7 @@ def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT,
             raise NoMatch(f"{name}: a wgmma B operand must be an f32 workspace tile")
         s = slots.get(n)
         if s is None:
-            s = slots[n] = RingSlot(n, name, elt, kind, tuple(src.shape), heads)
+            s = slots[n] = RingSlot(n, n.operands[0], name, elt, kind, tuple(src.shape), heads)
         if s.operand and (operand or s.transposed) and (s.transposed != transposed):
             raise NoMatch(f"{name} is read both transposed and not")
         if operand:
@@ -430,8 +434,13 @@ class RegisterScanEmitter(TileKernelEmitter):
                     regalloc.claim_registers(self.target, CONSUMER_REGISTERS)
                     self.consumer_body(tid)
 
-                B.if_then(B.icmp("ge", tid, nconsumer), producer)
-                B.if_then(B.icmp("lt", tid, nconsumer), consumer)
+                # the role as a warp-uniform value (a shuffle from lane 0): with a plain
+                # tid comparison ptxas cannot tell that the consumer branch is warp-uniform, and
+                # serialises every wgmma in it (C7520)
+                role = IntVal(shfl_idx((tid // WG_THREADS).value, 0))
+                self.role = role
+                B.if_then(B.icmp("ge", role, rp.warpgroups), producer)
+                B.if_then(B.icmp("lt", role, rp.warpgroups), consumer)
         set_launch_bounds(builder, name, min_blocks_per_sm=1)
 
     def _bind(self, p, coords):
@@ -443,7 +452,7 @@ class RegisterScanEmitter(TileKernelEmitter):
         for v in args + wss:
             nm, elt, layout, heads, tail = mem_info(v)
             self.env[v] = MemRef(nm, p[nm], elt, layout, heads, tail,
-                                 **self.workspace_storage.get(nm, {}))
+                                 **self.workspace_storage.get(v, {}))
         for a, v in zip(self.program.args, self.program.arg_values):
             if a.layout == "scalar":
                 self.env[v] = p[a.name]
@@ -508,7 +517,7 @@ class RegisterScanEmitter(TileKernelEmitter):
     # -- consumers ---------------------------------------------------------------------------
     def consumer_body(self, tid) -> None:
         rp, geo = self.rplan, self.geo
-        self.wg = tid // WG_THREADS
+        self.wg = self.role
         self.warp = (tid // 32) % 4
         self.lane = tid % 32
         self.v0 = self.cta_v0 + self.wg * V_BLOCK
@@ -591,9 +600,11 @@ class RegisterScanEmitter(TileKernelEmitter):
         self._c, self._stage_now = c, stage
         self._late_stores = []
         nodes = body.nodes[:-1]
-        # checkpoints of the carried value are stored while the first product runs
+        # checkpoints of the carried value go first: stored after the first product is issued,
+        # ptxas waits for that product before the stores (C7517) and nothing overlaps
         early = [n for n in nodes if n.op == "kda.store_chunk" and n.operands[2] is body.args[1]]
         self._early = list(early)
+        self._flush_early()
         for n in nodes:
             if n in early:
                 continue
@@ -716,12 +727,17 @@ class RegisterScanEmitter(TileKernelEmitter):
         lay = slot.layout
         base32 = shared_addr32(byte_gep(self.smem_base, self._tile_offset(slot, self._stage_now),
                                         shared_ptr_type()))
-        wgmma.wgmma_fence(self.target)
+        # every A register is written before the fence: a register written between the fence
+        # and the wgmma that reads it makes ptxas insert a wait before each wgmma (C7517)
+        a_regs = [[tf32_bits(X.values[acc_reg_for_tf32_a(kb, j)]) for j in range(4)]
+                  for kb in range(Kd // TF32_K)]
+        self.cost.event("cvt.tf32", Kd // 2)
+        descs = []
         for kb in range(Kd // TF32_K):
-            a = [tf32_bits(X.values[acc_reg_for_tf32_a(kb, j)]) for j in range(4)]
-            self.cost.event("cvt.tf32", 4)
             start, lbo, sbo = wgmma.operand_start_and_strides(lay, "b", True, 0, kb * TF32_K)
-            desc = wgmma.make_descriptor(base32 + start, lbo, sbo, SWIZZLE)
+            descs.append(wgmma.make_descriptor(base32 + start, lbo, sbo, SWIZZLE))
+        wgmma.wgmma_fence(self.target)
+        for a, desc in zip(a_regs, descs):
             acc = wgmma.wgmma_tf32_rs(self.target, acc, a, desc, M)
             self.cost.event("wgmma")
         wgmma.wgmma_commit(self.target)
