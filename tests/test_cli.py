@@ -123,10 +123,10 @@ def test_emit_programs_every_op_chip_and_head_dim(tmp_path, op, head_dim):
             continue            # a per-sequence kernel without chunk loop (sums over chunks)
         if kernel["chip"] == "sm_90a" and tile:
             # the native paths: TMA producer warpgroup, wgmma consumer, register split (the
-            # serial forward scans keep their state in registers: sm90-register-scan)
+            # serial scans keep their state in registers: sm90-register-scan, TF32 wgmma)
             assert kernel["path"] in ("sm90-native", "sm90-register-scan"), kernel["name"]
             if kernel["path"] == "sm90-register-scan":
-                assert "_fwd" in kernel["name"] and "tf32" in ptx
+                assert "wgmma.mma_async.sync.aligned" in ptx and ".tf32" in ptx, kernel["name"]
             for instruction in ("wgmma.mma_async", "cp.async.bulk.tensor", "setmaxnreg",
                                 "mbarrier.try_wait"):
                 assert instruction in ptx, (kernel["name"], instruction)
@@ -140,6 +140,11 @@ def test_emit_programs_every_op_chip_and_head_dim(tmp_path, op, head_dim):
         assert "__nv_" not in ptx
         if kernel["chip"] == "sm_120a":
             assert "wgmma" not in ptx and "tcgen05" not in ptx
+    for program in (f"{op}_fwd", f"{op}_bwd"):
+        # every program's serial scans (forward: the state; backward: recompute and reverse dS)
+        register = [k for k in kernels if k["name"].startswith(program) and k["chip"] == "sm_90a"
+                    and k["path"] == "sm90-register-scan"]
+        assert len(register) == (1 if program.endswith("_fwd") else 2), (program, [k["name"] for k in register])
     checked = run("check", str(out))
     assert checked.exit_code == 0, checked.output
     assert f"{len(kernels)}/{len(kernels)} kernels assembled (sm_90a, sm_100a, sm_120a)" in checked.output
