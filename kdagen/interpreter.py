@@ -617,11 +617,21 @@ def _decay_dot(ex, node, a, b, g_a, g_b):
     # Factor through r = gamma_lhs at the first row of each S-row block: for the columns j that
     # survive the mask (j <= i + diagonal < block end), both 2^(g_a[i] - r) and 2^(r - g_b[j])
     # have exponents the pass proved bounded, and each block is one plain matmul.
+    # exact_diagonal: only the columns left of the row block are factored (there
+    # g_a[i] <= r <= g_b[j], both exponents <= 0); the diagonal block takes relative exponents.
+    exact_diagonal = bool(node.attrs.get("exact_diagonal", False))
     rows, cols = a.shape[-2], b.shape[-2]
     out = torch.zeros(*a.shape[:-1], cols, dtype=a.dtype)
     for start in range(0, rows, S):
         end = min(start + S, rows)
-        ncols = max(0, min(cols, end + diagonal))
+        ncols = max(0, min(cols, (start if exact_diagonal else end + diagonal)))
+        if exact_diagonal:
+            dcols = slice(start, max(start, min(cols, end + diagonal)))
+            arg = g_a[..., start:end, None, :] - g_b[..., None, dcols, :]
+            mask = torch.ones(end - start, arg.shape[-2], dtype=torch.bool).tril(diagonal)
+            e = _clamped_exp2(arg.masked_fill(~mask[..., None], 0.0), node) * mask[..., None]
+            out[..., start:end, dcols] = torch.einsum(
+                "...id,...jd,...ijd->...ij", a[..., start:end, :], b[..., dcols, :], e)
         if ncols == 0:
             continue
         r = g_a[..., start:start + 1, :]

@@ -131,8 +131,23 @@ def test_forward_tensor_cores_bf16():
     assert errs["final_state"] > 1e-5     # really rounded (not silently fp32)
 
 
-def test_backward_tensor_cores_bf16x3():
-    case = make_case("kda", gate="lower_bound", H=1, HV=2, K=64, V=64, lengths=[30, 40], seed=11)
+@pytest.mark.parametrize("gate", ["lower_bound", "softplus"])
+def test_backward_tensor_cores_bf16x3(gate, monkeypatch):
+    """lower_bound: decay products factored inside 16-row blocks; softplus (too steep for
+    that): factored left of the diagonal blocks, diagonal blocks in relative form
+    (exact_diagonal) — both at fp32-level accuracy against the float64 interpreter."""
+    from kdagen.codegen.lower import tiles
+    calls = {"dot": 0, "matmul": 0}
+    for key, name in (("dot", "emit_decay_dot_mma_exact_diagonal"),
+                      ("matmul", "emit_decay_matmul_mma_exact_diagonal")):
+        real = getattr(tiles, name)
+
+        def spy(*args, _real=real, _key=key, **kw):
+            calls[_key] += 1
+            return _real(*args, **kw)
+        monkeypatch.setattr(tiles, name, spy)
+    case = make_case("kda", gate=gate, H=1, HV=2, K=64, V=64, lengths=[30, 40], seed=11,
+                     decay="strong")
     try:
         m = stable_module("kda_bwd", **case.options)
     except Exception as exc:
@@ -143,6 +158,10 @@ def test_backward_tensor_cores_bf16x3():
     inputs["do"] = torch.randn(sz["B"], sz["T"], sz["HV"], sz["V"], generator=g, dtype=torch.float64)
     inputs["dht"] = torch.randn(sz["N"], sz["HV"], sz["K"], sz["V"], generator=g, dtype=torch.float64)
     _check(m, inputs, "global", BWD_F32, dot="bf16x3", f32_tol=2e-4)
+    if gate == "softplus":      # both exact-diagonal forms really ran (forward and adjoints)
+        assert calls["dot"] > 0 and calls["matmul"] > 0, calls
+    else:
+        assert calls == {"dot": 0, "matmul": 0}, calls
 
 
 def test_simulator_catches_a_missing_barrier(monkeypatch):

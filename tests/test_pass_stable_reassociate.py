@@ -44,7 +44,7 @@ GOLDEN_LOWER_BOUND = r"""
 // CHECK: "kda.cumsum"
 // Γ_C − Γ is proven non-positive by the relational rule, then clamped below:
 // CHECK: "kda.exp2"{{.*}}exp_proof = "argument in [-454.449, 0]; clamped below at -126
-// CHECK: "kda.decay_dot"{{.*}}diagonal = -1{{.*}}exp_bound = 1.260000e+02{{.*}}blocks of 16 rows{{.*}}|exponent| <= 108.2{{.*}}subblock = 16
+// CHECK: "kda.decay_dot"{{.*}}diagonal = -1{{.*}}exact_diagonal = false{{.*}}exp_bound = 1.260000e+02{{.*}}blocks of 16 rows{{.*}}|exponent| <= 108.2{{.*}}subblock = 16
 // CHECK: "kda.tril_inv"
 // CHECK: "kda.decay_dot"{{.*}}diagonal = 0{{.*}}subblock = 16
 // CHECK-NOT: "kda.tril"(
@@ -60,9 +60,10 @@ def test_golden_ir_lower_bound_gate():
 
 GOLDEN_SOFTPLUS = r"""
 // A_log = ln 16 and softplus input <= 20: one step can decay by 2^-461.7, so no two rows
-// share a reference point: sub-block 1 (the elementwise relative form).
-// CHECK: "kda.decay_dot"{{.*}}increments in [-461.7, 0]{{.*}}subblock = 1
-// CHECK: "kda.decay_dot"{{.*}}subblock = 1
+// share a reference point inside a block: only the blocks left of the diagonal are factored
+// (both exponents <= 0), the 16 x 16 diagonal blocks take the relative form.
+// CHECK: "kda.decay_dot"{{.*}}exact_diagonal = true{{.*}}increments in [-461.7, 0]{{.*}}both exponents <= 0{{.*}}subblock = 16 :
+// CHECK: "kda.decay_dot"{{.*}}exact_diagonal = true{{.*}}subblock = 16 :
 """
 
 

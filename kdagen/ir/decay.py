@@ -21,12 +21,13 @@ from kdagen.ir.autodiff import vjp_rule
 from kdagen.ir.dsl import LN2, Tile
 
 # Attributes that describe E (mask, block size, proven bound) and travel to every adjoint.
-_CARRIED = ("subblock", "exp_bound", "exp_proof", "clamp_min")
+_CARRIED = ("subblock", "exact_diagonal", "exp_bound", "exp_proof", "clamp_min")
 
 
 def _attrs(attrs: dict, **extra) -> dict:
     out = {"diagonal": ir.IntegerAttr.get(ir.IntegerType.get_signless(64), int(attrs["diagonal"])),
-           "subblock": ir.IntegerAttr.get(ir.IntegerType.get_signless(64), int(attrs.get("subblock", 1)))}
+           "subblock": ir.IntegerAttr.get(ir.IntegerType.get_signless(64), int(attrs.get("subblock", 1))),
+           "exact_diagonal": ir.BoolAttr.get(bool(attrs.get("exact_diagonal", False)))}
     if "exp_bound" in attrs:
         out["exp_bound"] = ir.FloatAttr.get(ir.F64Type.get(), float(attrs["exp_bound"]))
     if "exp_proof" in attrs:

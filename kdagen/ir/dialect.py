@@ -251,15 +251,19 @@ OPS: dict[str, OpSpec] = {
     # ---- bounded decay products (introduced by kda-stable-reassociate) --------------------
     "decay_dot": OpSpec(
         operands=(("lhs", "tile"), ("rhs", "tile"), ("gamma_lhs", "tile"), ("gamma_rhs", "tile")),
-        results=(("res", "tile"),), attrs=(("diagonal", "int"), ("subblock", "int")), kind="matrix", effect="pure",
+        results=(("res", "tile"),), attrs=(("diagonal", "int"), ("subblock", "int"),
+                                           ("exact_diagonal", "bool")), kind="matrix", effect="pure",
         doc="res[i, j] = sum_d lhs[i, d] rhs[j, d] 2^(gamma_lhs[i, d] - gamma_rhs[j, d]) for "
             "j <= i + diagonal, else 0: the relative-exponent form of "
             "tril(dot(lhs*2^gamma_lhs, (rhs*2^-gamma_rhs)^T)). subblock S > 1: evaluated as "
-            "tensor-core products factored through gamma at the first row of each S-row block."),
+            "tensor-core products factored through gamma at the first row of each S-row block; "
+            "exact_diagonal: only the blocks left of the diagonal are factored (both factors "
+            "<= 1 for a decaying gamma), the diagonal S x S blocks take relative exponents."),
     "decay_matmul": OpSpec(
         operands=(("w", "tile"), ("x", "tile"), ("gamma_row", "tile"), ("gamma_col", "tile")),
         results=(("res", "tile"),), attrs=(("diagonal", "int"), ("transpose", "bool"),
-                                           ("subblock", "int")), kind="matrix", effect="pure",
+                                           ("subblock", "int"), ("exact_diagonal", "bool")),
+        kind="matrix", effect="pure",
         doc="E[i, j, d] = 2^(gamma_row[i, d] - gamma_col[j, d]) masked to j <= i + diagonal; "
             "res[i, d] = sum_j w[i, j] x[j, d] E[i, j, d], or with transpose = true "
             "res[j, d] = sum_i w[i, j] x[i, d] E[i, j, d] (the adjoints of decay_dot)."),

@@ -19,7 +19,7 @@ PartitionPass.option_choices = {"workspace_dtype": ("auto", *_WORKSPACE_TYPES)}
 WarpSpecializePass.option_min = {"depth": 1, "consumer_warpgroups": 1, "smem_budget": 0,
                                  "reserved_smem": 0, "producer_registers": 1,
                                  "consumer_registers": 1}
-StableReassociatePass.option_min = {"max_exponent": 0, "subblock": 0}
+StableReassociatePass.option_min = {"max_exponent": 0, "subblock": 0, "diagonal_block": 0}
 
 
 def make_pass(name: str, options: dict[str, str] | None = None) -> ModulePass:

@@ -9,7 +9,12 @@ Driven by :mod:`kdagen.passes.exponent_range`. Three rules, applied in this orde
    The sub-block size S is chosen from the bound of the increments so that the factoring
    2^(Γ_i − r)·2^(r − Γ_j) through r = Γ at the first row of each S-row block keeps both
    factors in range (so codegen can use tensor-core matmuls per block); S = 1 when even two
-   rows could overflow (then the op is evaluated elementwise, still exactly).
+   rows could overflow. Then (a steep gate such as softplus) the op keeps blocks of
+   ``diagonal_block`` rows with ``exact_diagonal``: the blocks left of the diagonal are factored
+   through r = Γ at the first row of the row block — Γ_i ≤ r ≤ Γ_j there, so both factors are
+   ≤ 1 for any decaying gate, whatever its steepness — and only the diagonal blocks take the
+   elementwise relative exponents (a quarter of the exponentials at C = 64, the rest on tensor
+   cores).
 2. **Dead code.** The 2^−Γ factors and naive products left unused are removed.
 3. **Bounds.** Every remaining ``kda.exp2`` gets ``exp_bound`` (proven bound of |argument|)
    and ``exp_proof`` (how it was proven). A provably non-positive argument that may fall
@@ -87,6 +92,7 @@ class StableReassociatePass(ModulePass):
     summary = "rewrite exp2 of unbounded arguments into bounded forms; prove every exp2 bound"
     max_exponent: float = 126.0      # |argument| of exp2 that fp32 represents as a normal number
     subblock: int = 0                # 0: choose from the bounds; else force this block size
+    diagonal_block: int = 16         # block of the exact-diagonal form (0: elementwise instead)
 
     def run(self, module: ir.Module) -> None:
         from ..ir.derive import derive_backward, forward_module, primal_func, replace_contents
@@ -139,10 +145,11 @@ class StableReassociatePass(ModulePass):
         facts = analysis[gamma]
         if facts.row_increments is None or facts.row_increments[1] > 0:
             return          # not a decaying cumsum: Γ_i − Γ_j has no sign
-        subblock, bound, proof = self._choose_subblock(facts)
+        subblock, exact_diagonal, bound, proof = self._choose_subblock(facts)
         decay = ir.Operation.create(
             "kda.decay_dot", results=[tril.results[0].type], operands=[a, b, gamma, gamma],
             attributes={"diagonal": _i64(diagonal), "subblock": _i64(subblock),
+                        "exact_diagonal": ir.BoolAttr.get(exact_diagonal),
                         "exp_bound": _f64(bound), "exp_proof": ir.StringAttr.get(proof),
                         **({"clamp_min": _f64(-self.max_exponent)}
                            if bound >= self.max_exponent else {})},
@@ -150,7 +157,7 @@ class StableReassociatePass(ModulePass):
         tril.results[0].replace_all_uses_with(decay.results[0])
         tril.erase()
 
-    def _choose_subblock(self, facts: Range) -> tuple[int, float, str]:
+    def _choose_subblock(self, facts: Range) -> tuple[int, bool, float, str]:
         rows, step = facts.rows, abs(facts.row_increments[0])
         span = (rows - 1) * step if step else 0.0    # |Γ_i − Γ_j| over a whole chunk
         if self.subblock:
@@ -169,12 +176,21 @@ class StableReassociatePass(ModulePass):
         proof = (f"gamma is a row cumsum of increments in [{_fmt(facts.row_increments[0])}, "
                  f"{_fmt(facts.row_increments[1])}], so gamma_i - gamma_j in [{_fmt(-span)}, 0] "
                  "for j <= i")
+        D = self.diagonal_block
+        if (not self.subblock and size < D and D > 1 and rows % D == 0 and rows >= 2 * D):
+            # too steep to factor inside a block: factor only left of the diagonal blocks
+            proof += (f"; blocks of {D} rows: left of the diagonal block 2^(gamma_i - r) * "
+                      "2^(r - gamma_j), r = gamma at the row block's first row, both exponents "
+                      "<= 0; diagonal blocks in relative form")
+            if span > self.max_exponent:
+                proof += f"; exponents clamped below at {_fmt(-self.max_exponent)}"
+            return D, True, underflow, proof
         if size > 1:
             proof += (f"; blocks of {size} rows factor as 2^(gamma_i - r) * 2^(r - gamma_j), "
                       f"r = gamma at the block's first row, |exponent| <= {_fmt(inner)} in a block")
         if span > self.max_exponent:
             proof += f"; exponents clamped below at {_fmt(-self.max_exponent)}"
-        return size, bound, proof
+        return size, False, bound, proof
 
     # -- rule 3 -------------------------------------------------------------------------
     def _bound_exp2(self, op, arg: Range) -> None:

@@ -514,17 +514,31 @@ class TileKernelEmitter:
                 T_.emit_dot_mma(th, out, lhs, rhs, self.opts.dot)
             else:
                 T_.emit_dot(th, out, lhs, rhs)
-        elif k == "decay_dot":
+        elif k in ("decay_dot", "decay_matmul"):
             S = int(a.get("subblock", 1))
-            D = ops[0].shape[1]
-            if mma and S >= 16 and S % 16 == 0 and T_.mma_supported(out.shape[0], out.shape[1], D):
-                T_.emit_decay_dot_mma(th, out, *ops, int(a["diagonal"]), a.get("clamp_min"), S,
+            diagonal = int(a["diagonal"])
+            # the contraction length: d for decay_dot, the chunk's rows for decay_matmul
+            R = ops[0].shape[1] if k == "decay_dot" else ops[0].shape[0]
+            mma = mma and T_.mma_supported(out.shape[0], out.shape[1], R)
+            exact = bool(a.get("exact_diagonal")) and T_.exact_diagonal_supported(
+                S, out.shape[0] if k == "decay_dot" else ops[0].shape[0], th.count, diagonal,
+                n.operands[2] is n.operands[3]) and out.shape[0] == ops[0].shape[0] == (
+                out.shape[1] if k == "decay_dot" else ops[0].shape[1])   # square [C, C] blocks
+            if k == "decay_dot" and mma and exact:
+                T_.emit_decay_dot_mma_exact_diagonal(th, out, ops[0], ops[1], ops[2], diagonal,
+                                                     a.get("clamp_min"), S, self.opts.dot)
+            elif k == "decay_dot" and mma and not a.get("exact_diagonal") and S >= 16 and S % 16 == 0:
+                T_.emit_decay_dot_mma(th, out, *ops, diagonal, a.get("clamp_min"), S,
                                       self.opts.dot)
+            elif k == "decay_dot":
+                T_.emit_decay_dot(th, out, *ops, diagonal, a.get("clamp_min"))
+            elif mma and exact:
+                T_.emit_decay_matmul_mma_exact_diagonal(th, out, ops[0], ops[1], ops[2], diagonal,
+                                                        bool(a.get("transpose")),
+                                                        a.get("clamp_min"), S, self.opts.dot)
             else:
-                T_.emit_decay_dot(th, out, *ops, int(a["diagonal"]), a.get("clamp_min"))
-        elif k == "decay_matmul":
-            T_.emit_decay_matmul(th, out, *ops, int(a["diagonal"]), bool(a.get("transpose")),
-                                 a.get("clamp_min"))
+                T_.emit_decay_matmul(th, out, *ops, diagonal, bool(a.get("transpose")),
+                                     a.get("clamp_min"))
         elif k == "cumsum":
             T_.emit_cumsum(th, out, ops[0], bool(a.get("reverse")))
         elif k == "reduce_sum":

@@ -491,6 +491,146 @@ def emit_decay_dot_mma(th: Threads, out: BufRef, lhs: Ref, rhs: Ref, gl: Ref, gr
                     b_per_atom=True)
 
 
+def exact_diagonal_supported(subblock: int, rows: int, nthreads: int, diagonal: int,
+                             same_gamma: bool) -> bool:
+    """The exact-diagonal tensor-core forms below need S-row blocks of whole mma atoms, the
+    threads split evenly over the diagonal blocks (whole warps each), a mask that keeps every
+    column left of the row block (diagonal 0 or -1), and one gamma on both sides (the
+    reference point is a row of it)."""
+    if subblock < 16 or subblock % 16 or rows % subblock or diagonal not in (0, -1):
+        return False
+    blocks = rows // subblock
+    return same_gamma and nthreads % blocks == 0 and (nthreads // blocks) % 32 == 0
+
+
+@dataclass
+class _BlockOut:
+    """``out`` seen from one diagonal block: [rows, cols] at (r0, c0)."""
+    out: BufRef
+    shape: tuple
+    r0: object
+    c0: object
+
+    def write(self, idx, v):
+        self.out.write([idx[0] + self.r0, idx[1] + self.c0], v)
+
+
+def _per_diagonal_block(th: Threads, S: int, rows: int, body) -> None:
+    """``body(bs, sub)``: the threads split evenly over the rows // S diagonal blocks (block
+    start bs, warp-uniform), each group a register-tiled contraction of its own block."""
+    per = th.count // (rows // S)
+    body((th.tid // per) * S, Threads(th.tid % per, per))
+    # the tensor-core pass reads these results back in its epilogue, on other threads
+    B.barrier()
+
+
+def emit_decay_dot_mma_exact_diagonal(th: Threads, out: BufRef, lhs: Ref, rhs: Ref, g: Ref,
+                                      diagonal: int, clamp_min, subblock: int,
+                                      precision: str) -> None:
+    """decay_dot(lhs, rhs, g, g) for a gate too steep to factor inside a block. The diagonal
+    S x S blocks are register-tiled sums with relative exponents (one thread group per block);
+    the columns left of the row block go through tensor cores factored at r = g[first row of
+    the block]: g[i] <= r <= g[j] there, so 2^(g[i] - r) and 2^(r - g[j]) are both <= 1 for
+    any decaying gate."""
+    S = subblock
+    M, D = lhs.shape
+    zero = B.f(0.0)
+
+    def diagonal_block(bs, sub):
+        def combine(acc, rv, cv, pre, i, j, d):
+            return B.fma(B.mul(rv[0], cv[0]), B.exp2_clamped(B.sub(rv[1], cv[1]), clamp_min), acc)
+        contraction(sub, _BlockOut(out, (S, S), bs, bs), D,
+                    lambda i, d: [lhs.read([bs + i, d]), g.read([bs + i, d])],
+                    lambda d, j: [rhs.read([bs + j, d]), g.read([bs + j, d])],
+                    combine,
+                    epilogue=lambda i, j, v: B.sel(B.icmp("le", j, addk(i, diagonal)), v, zero))
+
+    _per_diagonal_block(th, S, M, diagonal_block)
+
+    def a_elem(i, d):
+        bs = (i // S) * S
+        return B.mul(lhs.read([i, d]), B.exp2_clamped(B.sub(g.read([i, d]), g.read([bs, d])),
+                                                     clamp_min))
+
+    def b_elem(d, j, rb):
+        bs = (rb // S) * S
+        v = B.mul(rhs.read([j, d]), B.exp2_clamped(B.sub(g.read([bs, d]), g.read([j, d])),
+                                                  clamp_min))
+        return B.sel(B.icmp("lt", j, bs), v, zero)
+
+    def epilogue(i, j, v):
+        below = B.sel(B.icmp("le", j, addk(i, diagonal)), v, zero)
+        return B.sel(B.icmp("eq", i // S, j // S), out.read([i, j]), below)
+
+    mma_contraction(th, out, D, a_elem, b_elem, precision, epilogue=epilogue, b_per_atom=True)
+
+
+def emit_decay_matmul_mma_exact_diagonal(th: Threads, out: BufRef, w: Ref, x: Ref, g: Ref,
+                                         diagonal: int, transpose_w: bool, clamp_min,
+                                         subblock: int, precision: str) -> None:
+    """decay_matmul(w, x, g, g) with E[i, j, d] = 2^(g[i, d] - g[j, d]) (j <= i + diagonal).
+    The S partners inside the output row's block: register-tiled sums with relative exponents
+    (one thread group per block). The partners outside it go through tensor cores, factored
+    at a reference row r between the two (not transposed: the block's first row, every partner
+    j earlier; transposed: its last row, every partner i later), so both factors are <= 1."""
+    S = subblock
+    C, D = w.shape[0], out.shape[1]
+    zero = B.f(0.0)
+    if not transpose_w:
+        # out[i, d] = 2^(g[i] - r) sum_{j < bs} w[i, j] (x[j, d] 2^(r - g[j])) + in-block terms
+        def diagonal_block(bs, sub):
+            def combine(acc, rv, cv, pre, i, d, k):
+                ok = B.icmp("le", k, addk(i, diagonal))
+                e = B.exp2_clamped(B.sub(pre[0], cv[1]), clamp_min)
+                return B.add(acc, B.sel(ok, B.mul(B.mul(rv[0], cv[0]), e), zero))
+            contraction(sub, _BlockOut(out, (S, D), bs, 0), S,
+                        lambda i, k: [w.read([bs + i, bs + k])],
+                        lambda k, d: [x.read([bs + k, d]), g.read([bs + k, d])],
+                        combine, pre_fn=lambda i, d: [g.read([bs + i, d])])
+
+        def a_elem(i, j):
+            return w.read([i, j])
+
+        def b_elem(j, d, rb):
+            bs = (rb // S) * S
+            v = B.mul(x.read([j, d]), B.exp2_clamped(B.sub(g.read([bs, d]), g.read([j, d])),
+                                                    clamp_min))
+            return B.sel(B.icmp("lt", j, bs), v, zero)
+
+        def epilogue(i, d, v):
+            bs = (i // S) * S
+            v = B.mul(v, B.exp2_clamped(B.sub(g.read([i, d]), g.read([bs, d])), clamp_min))
+            return B.add(v, out.read([i, d]))
+    else:
+        # out[j, d] = 2^(r - g[j]) sum_{i > be} w[i, j] (x[i, d] 2^(g[i] - r)) + in-block terms
+        def diagonal_block(bs, sub):
+            def combine(acc, rv, cv, pre, j, d, k):
+                ok = B.icmp("le", j, addk(k, diagonal))
+                e = B.exp2_clamped(B.sub(cv[1], pre[0]), clamp_min)
+                return B.add(acc, B.sel(ok, B.mul(B.mul(rv[0], cv[0]), e), zero))
+            contraction(sub, _BlockOut(out, (S, D), bs, 0), S,
+                        lambda j, k: [w.read([bs + k, bs + j])],
+                        lambda k, d: [x.read([bs + k, d]), g.read([bs + k, d])],
+                        combine, pre_fn=lambda j, d: [g.read([bs + j, d])])
+
+        def a_elem(j, i):
+            return w.read([i, j])
+
+        def b_elem(i, d, rb):
+            be = (rb // S) * S + (S - 1)
+            v = B.mul(x.read([i, d]), B.exp2_clamped(B.sub(g.read([i, d]), g.read([be, d])),
+                                                    clamp_min))
+            return B.sel(B.icmp("gt", i, be), v, zero)
+
+        def epilogue(j, d, v):
+            be = (j // S) * S + (S - 1)
+            v = B.mul(v, B.exp2_clamped(B.sub(g.read([be, d]), g.read([j, d])), clamp_min))
+            return B.add(v, out.read([j, d]))
+
+    _per_diagonal_block(th, S, C, diagonal_block)
+    mma_contraction(th, out, C, a_elem, b_elem, precision, epilogue=epilogue, b_per_atom=True)
+
+
 # ------------------------------------------------------------------------------------------
 # scans over rows, reductions, triangular solves
 # ------------------------------------------------------------------------------------------
