@@ -589,9 +589,12 @@ def _tril_solve(ex, node, x, b):
 
 
 def _clamped_exp2(x, node):
-    """2^x with the argument clamped below at the op's ``clamp_min`` (when it has one)."""
-    low = node.attrs.get("clamp_min")
-    return torch.exp2(x if low is None else torch.clamp(x, min=float(low)))
+    """2^x with the argument clamped at the op's ``clamp_min`` / ``clamp_max`` (when set)."""
+    low, high = node.attrs.get("clamp_min"), node.attrs.get("clamp_max")
+    if low is not None or high is not None:
+        x = torch.clamp(x, min=None if low is None else float(low),
+                        max=None if high is None else float(high))
+    return torch.exp2(x)
 
 
 @op_impl("kda.exp2")

@@ -143,3 +143,45 @@ def test_unbounded_exponent_stops_with_a_diagnostic(tmp_path, monkeypatch):
     # a 64-row chunk spans ±64·128 in log2 space
     assert "kda.exp2" in message and "argument bound [-8192, 8192] exceeds" in message
     assert "kdagen opt" in message and info.value.reproducer.exists()
+
+
+@pytest.mark.parametrize("lo", [-math.inf, -16.0])
+def test_researchers_gate_with_unbounded_parameter_compiles(lo):
+    """The gates.py docstring gate ``-exp(A_log) * sigmoid(g_raw + dt_bias) ** 2`` declared
+    (lo, 0]: exp(A_log) has no bound (A_log is a free parameter), but its value reaches only the
+    clamp of the gate's enforced range, so the pass saturates it at 2^126 and says why; the
+    decay products take the exact-diagonal form. Forward and backward compile, and the forward
+    in float32 matches the float64 program before the pass."""
+    from kdagen.ir.dsl import exp, sigmoid
+    from kdagen.ir.gates import define_gate
+
+    gate = define_gate("docstring_gate_test", register=False, range=lambda **_: (lo, 0.0))(
+        lambda g_raw, A_log, dt_bias: -exp(A_log) * sigmoid(g_raw + dt_bias) ** 2)
+    fwd = stabilise(build_program("kda_fwd", gate=gate, head_k_dim=64, head_v_dim=64))
+    text = str(fwd)
+    filecheck(text, r"""
+// CHECK: "kda.exp2"{{.*}}clamp_max = 1.260000e+02{{.*}}saturated above at 126: the value reaches only kda.clamp
+// CHECK: "kda.decay_dot"{{.*}}exact_diagonal = true
+""")
+    bwd = stabilise(build_program("kda_bwd", gate=gate, head_k_dim=64, head_v_dim=64))
+    assert "clamp_max" in str(bwd)
+    case = make_case("kda", gate=gate, B=1, T=70, H=1, HV=1, K=64, V=64, seed=3,
+                     gate_fn=lambda g_raw, A_log, dt_bias: -torch.exp(A_log)[:, None]
+                     * torch.sigmoid(g_raw + dt_bias) ** 2)
+    module = build_program("kda_fwd", **case.options)
+    ref = interpreter.run(module, case.inputs, dtype=torch.float64)
+    got = interpreter.run(stabilise(module), case.inputs, dtype=torch.float32)
+    for key in ref:
+        assert rel_err(got[key].double(), ref[key]) <= 1e-4, key
+
+
+def test_saturation_only_where_the_value_reaches_a_clamp():
+    """Only an exponential whose value reaches nothing but the gate's clamp may be saturated:
+    the gate's exp(A_log) qualifies, the 2^Γ factors of the chunk products (they feed matrix
+    products) do not, so a naive product keeps its diagnostic."""
+    from kdagen.passes.stable_reassociate import _feeds_only_clamps
+    from kdagen.ir.transforms import walk
+    module = build_program("kda_fwd", gate="softplus", head_k_dim=64, head_v_dim=64)
+    exps = [op for op in walk(module) if op.name == "kda.exp2"]
+    verdicts = [_feeds_only_clamps(op) for op in exps]
+    assert any(verdicts) and not all(verdicts), verdicts

@@ -202,7 +202,12 @@ class RangeAnalysis:
 
     def _op_exp2(self, op):
         x = self._in(op)
-        return Range(_exp2(x.lo), _exp2(x.hi))
+        lo, hi = x.lo, x.hi
+        if "clamp_min" in op.attributes:
+            lo = max(lo, float(ir.FloatAttr(op.attributes["clamp_min"]).value))
+        if "clamp_max" in op.attributes:
+            hi = min(hi, float(ir.FloatAttr(op.attributes["clamp_max"]).value))
+        return Range(_exp2(lo), _exp2(max(lo, hi)))
 
     def _op_log2(self, op):
         x = self._in(op)

@@ -20,8 +20,9 @@ Driven by :mod:`kdagen.passes.exponent_range`. Three rules, applied in this orde
    and ``exp_proof`` (how it was proven). A provably non-positive argument that may fall
    below −126 is clamped there (``clamp_min``): the value changes by less than 2^−126, which
    no O(1) result can see, and underflow becomes a proven bound. An argument that may exceed
-   +126 with no rule above to rewrite it stops the pass with a diagnostic naming the op and
-   the bound that could be proven.
+   +126 is saturated there (``clamp_max``) when its value reaches only the clamp of a gate's
+   enforced range through elementwise ops (``-exp(A_log) * f(g_raw)`` with A_log unbounded);
+   any other stops the pass with a diagnostic naming the op and the bound that could be proven.
 
 4. **Complements.** ``1 − σ(x)`` becomes ``σ(−x)`` (the sigmoid adjoint's ``y·(1 − y)``
    otherwise loses the whole gradient of a saturated gate in fp32).
@@ -195,6 +196,15 @@ class StableReassociatePass(ModulePass):
     # -- rule 3 -------------------------------------------------------------------------
     def _bound_exp2(self, op, arg: Range) -> None:
         limit = self.max_exponent
+        saturated = ""
+        if "clamp_max" in op.attributes:        # saturated already (the forward of a backward)
+            arg = Range(arg.lo, min(arg.hi, float(ir.FloatAttr(op.attributes["clamp_max"]).value)))
+        elif arg.hi > limit and _feeds_only_clamps(op):
+            op.attributes["clamp_max"] = _f64(limit)
+            arg = Range(arg.lo, limit)
+            saturated = (f"; saturated above at {_fmt(limit)}: the value reaches only kda.clamp "
+                         "(an enforced gate range) through elementwise ops, and a result past "
+                         "fp32's range would have been clamped there")
         if arg.hi > limit:
             users = sorted({u.owner.name for u in op.results[0].uses}) if op.results else []
             raise PassError(
@@ -208,7 +218,34 @@ class StableReassociatePass(ModulePass):
             bound = max(abs(arg.hi), limit)
             proof += f"; clamped below at {_fmt(-limit)} (changes the value by < 2^-{_fmt(limit)})"
         op.attributes["exp_bound"] = _f64(bound)
-        op.attributes["exp_proof"] = ir.StringAttr.get(proof)
+        op.attributes["exp_proof"] = ir.StringAttr.get(proof + saturated)
+
+
+# ops a saturated exponential may flow through on its way to the clamp of a gate's range
+_PASS_THROUGH = {"kda.add", "kda.sub", "kda.mul", "kda.div", "kda.neg", "kda.sigmoid",
+                 "kda.softplus", "kda.broadcast", "kda.assume_range"}
+
+
+def _feeds_only_clamps(op) -> bool:
+    """Every use of ``op``'s value reaches a ``kda.clamp`` through elementwise ops only (as
+    the exp(A_log) of a gate ``-exp(A_log) * f(g_raw)`` does): then saturating the exponential
+    at 2^max_exponent changes nothing the clamp lets through, and avoids inf * 0 = NaN."""
+    stack, visits = [op], 0
+    while stack:
+        cur = stack.pop()
+        visits += 1
+        if visits > 10_000:             # a gate is a handful of ops; anything this large is not
+            return False
+        for result in cur.results:
+            for use in result.uses:
+                user = use.owner
+                user = user.operation if hasattr(user, "operation") else user
+                if user.name == "kda.clamp":
+                    continue
+                if user.name not in _PASS_THROUGH:
+                    return False
+                stack.append(user)
+    return True
 
 
 def _rewrite_sigmoid_complements(module: ir.Module) -> None:

@@ -203,9 +203,11 @@ def mma_bf16(a: list, b: list, c: list) -> list:
 
 # derived math (same formulas on both backends)
 
-def exp2_clamped(x, clamp_min):
+def exp2_clamped(x, clamp_min, clamp_max=None):
     if clamp_min is not None:
         x = maxf(x, f(clamp_min))
+    if clamp_max is not None:
+        x = minf(x, f(clamp_max))
     return ex2(x)
 
 

@@ -763,8 +763,8 @@ def emit_tril_solve(th: Threads, out: BufRef, L: Ref, b: Ref) -> None:
 
 def unary(op: str, x: Ref, attrs: dict) -> FnRef:
     if op == "exp2":
-        lo = attrs.get("clamp_min")
-        fn = lambda v: B.exp2_clamped(v, lo)  # noqa: E731
+        lo, hi = attrs.get("clamp_min"), attrs.get("clamp_max")
+        fn = lambda v: B.exp2_clamped(v, lo, hi)  # noqa: E731
     else:
         fn = {"neg": B.neg, "log2": B.lg2, "sigmoid": B.sigmoid, "softplus": B.softplus,
               "rsqrt": B.rsqrt}[op]
