@@ -60,11 +60,11 @@ module {
 // CHECK-NOT:     "kda.exp2"
 // CHECK-NOT:     "kda.neg"
 // CHECK-NOT:     "kda.dot"
-// CHECK:         %[[L:.*]] = "kda.decay_dot"(%[[A]], %[[A]], %[[G]], %[[G]]) {diagonal = -1 : i64, exp_bound = 1.000000e+00 : f64, exp_proof = "gamma is a row cumsum of increments in [-1, 0], so gamma_i - gamma_j in [-1, 0] for j <= i; blocks of 2 rows factor as 2^(gamma_i - r) * 2^(r - gamma_j), r = gamma at the block's first row, |exponent| <= 1 in a block", subblock = 2 : i64} : (tensor<2x4xf32>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<2x4xf32>) -> tensor<2x2xf32>
+// CHECK:         %[[L:.*]] = "kda.decay_dot"(%[[A]], %[[A]], %[[G]], %[[G]]) {diagonal = -1 : i64, exact_diagonal = false, exp_bound = 1.000000e+00 : f64, exp_proof = "gamma is a row cumsum of increments in [-1, 0], so gamma_i - gamma_j in [-1, 0] for j <= i; blocks of 2 rows factor as 2^(gamma_i - r) * 2^(r - gamma_j), r = gamma at the block's first row, |exponent| <= 1 in a block", subblock = 2 : i64} : (tensor<2x4xf32>, tensor<2x4xf32>, tensor<2x4xf32>, tensor<2x4xf32>) -> tensor<2x2xf32>
 // CHECK-NEXT:    "kda.store"(%o, %{{.*}}, %[[L]])
 // CHECK-NOT:     "kda.exp2"
 // SUB1-LABEL:  func.func @decay_product
-// SUB1:          "kda.decay_dot"({{.*}}) {diagonal = -1 : i64, exp_bound = 1.000000e+00 : f64, exp_proof = "gamma is a row cumsum of increments in [-1, 0], so gamma_i - gamma_j in [-1, 0] for j <= i", subblock = 1 : i64}
+// SUB1:          "kda.decay_dot"({{.*}}) {diagonal = -1 : i64, exact_diagonal = false, exp_bound = 1.000000e+00 : f64, exp_proof = "gamma is a row cumsum of increments in [-1, 0], so gamma_i - gamma_j in [-1, 0] for j <= i", subblock = 1 : i64}
 module {
   func.func @decay_product(%a: memref<?x?x?x4xf32> {kda.layout = "token", kda.name = "a", kda.role = "input"}, %g: memref<?x?x?x4xf32> {kda.layout = "token", kda.name = "g", kda.role = "input"}, %o: memref<?x?x?x2xf32> {kda.layout = "token", kda.name = "o", kda.role = "output"}) {
     "kda.scan"() ({
@@ -115,8 +115,8 @@ module {
 // CHECK-LABEL: func.func @f_bwd(%a: {{.*}}, %g: {{.*}}, %do: {{.*}}, %da: {{.*}}, %dg: {{.*}}) attributes {kda.chunk_size = 2 : i64, kda.derived_from = "f", kda.program = "f_bwd"}
 // CHECK:         "kda.scan"() ({
 // CHECK-NOT:     "kda.exp2"
-// CHECK:         "kda.decay_matmul"({{.*}}) {diagonal = -1 : i64, exp_bound = 1.000000e+00 : f64, {{.*}}transpose = false}
-// CHECK:         "kda.decay_matmul"({{.*}}) {diagonal = -1 : i64, exp_bound = 1.000000e+00 : f64, {{.*}}transpose = true}
+// CHECK:         "kda.decay_matmul"({{.*}}) {diagonal = -1 : i64, exact_diagonal = false, exp_bound = 1.000000e+00 : f64, {{.*}}transpose = false}
+// CHECK:         "kda.decay_matmul"({{.*}}) {diagonal = -1 : i64, exact_diagonal = false, exp_bound = 1.000000e+00 : f64, {{.*}}transpose = true}
 // CHECK-NOT:     "kda.exp2"
 // CHECK:         }) {reverse = true} : () -> ()
 // CHECK-LABEL: func.func @f_primal
