@@ -201,6 +201,18 @@ class TileKernelEmitter:
         self.workspace_storage: dict = {}
 
     # -- parameters ----------------------------------------------------------------------
+    def bind_memrefs(self, p) -> None:
+        """The kernel's arguments and workspaces as MemRefs (with each workspace's storage
+        contract), and its scalar arguments, in ``self.env``."""
+        args, wss = self.memrefs()
+        for v in args + wss:
+            nm, elt, layout, heads, tail = mem_info(v)
+            self.env[v] = MemRef(nm, p[nm], elt, layout, heads, tail,
+                                 **self.workspace_storage.get(v, {}))
+        for a, v in zip(self.program.args, self.program.arg_values):
+            if a.layout == "scalar":
+                self.env[v] = p[a.name]
+
     def memrefs(self) -> tuple[list, list]:
         used = []
         for n in self.group.nodes:
@@ -302,14 +314,7 @@ class TileKernelEmitter:
             self.pools["global"] = T_.Scratch(B.gep(p["scratch"], cta * self.scratch_elems), "global")
         red_pool = self.pools["smem" if self.uses_smem else "global"]
         self.red = T_.ReduceScratch(T_.BufRef(red_pool, 0, (16,), (1,)))
-        args, wss = self.memrefs()
-        for v in args + wss:
-            nm, elt, layout, heads, tail = mem_info(v)
-            self.env[v] = MemRef(nm, p[nm], elt, layout, heads, tail,
-                                 **self.workspace_storage.get(v, {}))
-        for a, v in zip(self.program.args, self.program.arg_values):
-            if a.layout == "scalar":
-                self.env[v] = p[a.name]
+        self.bind_memrefs(p)
         for n in self.group.nodes:
             self.node(n)
 

@@ -447,15 +447,7 @@ class RegisterScanEmitter(TileKernelEmitter):
         self.p = p
         self.env = {}
         self.geo = Geometry(self.program, p, coords, need_chunk_off=True)
-        from .emitter import MemRef
-        args, wss = self.memrefs()
-        for v in args + wss:
-            nm, elt, layout, heads, tail = mem_info(v)
-            self.env[v] = MemRef(nm, p[nm], elt, layout, heads, tail,
-                                 **self.workspace_storage.get(v, {}))
-        for a, v in zip(self.program.args, self.program.arg_values):
-            if a.layout == "scalar":
-                self.env[v] = p[a.name]
+        self.bind_memrefs(p)
 
     def _full(self, stage):
         return _DynBarrier(self.smem_base, self.rplan.barrier_offset + 8 * stage)
