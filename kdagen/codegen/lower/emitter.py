@@ -489,18 +489,22 @@ class TileKernelEmitter:
             c = self.env[n.operands[1]]
             src = self.env[n.operands[2]]
 
-            def write(idx):
+            def write(idx, value):
                 pos = c * geo.C + idx[0]
                 B.if_then(B.icmp("lt", pos, geo.seqlen), lambda: mem.store(
-                    src.read(idx), geo.token_row(mem, pos, geo.hv), idx[1:]))
-            T_.foreach(self.th, src.shape, write)
+                    value, geo.token_row(mem, pos, geo.hv), idx[1:]))
+            # the tile is read for rows past the sequence end too (they are computed, from
+            # zero-masked loads) and only the rows inside it are stored
+            T_.foreach_batched(self.th, src.shape, src.read, write)
         elif k == "store_state":
             src = self.env[n.operands[1]]
-            T_.foreach(self.th, src.shape, lambda idx: mem.store(src.read(idx), geo.state_row(), idx))
+            T_.foreach_batched(self.th, src.shape, src.read,
+                               lambda idx, v: mem.store(v, geo.state_row(), idx))
         elif k == "store_chunk":
             c = self.env[n.operands[1]]
             src = self.env[n.operands[2]]
-            T_.foreach(self.th, src.shape, lambda idx: mem.store(src.read(idx), geo.chunk_row(c), idx))
+            T_.foreach_batched(self.th, src.shape, src.read,
+                               lambda idx, v: mem.store(v, geo.chunk_row(c), idx))
 
     # -- matrix ops ----------------------------------------------------------------------
     def matrix(self, n, out: T_.BufRef) -> None:

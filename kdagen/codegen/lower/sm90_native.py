@@ -506,9 +506,13 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
 
         def stage(tiles, rows, value):
             """tiles[p][r, 2c:2c+2] = part p of (value(r, 2c), value(r, 2c + 1))."""
-            def one(idx):
+            def read(idx):
                 r, c2 = idx
-                x0, x1 = value(r, c2 * 2), value(r, c2 * 2 + 1)
+                return value(r, c2 * 2), value(r, c2 * 2 + 1)
+
+            def write(idx, pair):
+                r, c2 = idx
+                x0, x1 = pair
                 tiles[0].store(pack_f32x2(x0, x1), r, c2 * 2)
                 if parts == 2:
                     l0 = B.sub(x0, B.round_to(x0, "bf16"))
@@ -516,7 +520,7 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
                     tiles[1].store(pack_f32x2(l0, l1), r, c2 * 2)
                 self.cost.event("cvt.bf16x2", parts)
                 self.cost.event("st.shared.staging", parts)
-            T_.foreach(th, (rows, ks // 2), one)
+            T_.foreach_batched(th, (rows, ks // 2), read, write)
 
         nk = K // ks
         for m0 in range(0, M, WGMMA_M):

@@ -184,8 +184,68 @@ def foreach(th: Threads, shape, body) -> None:
     B.for_range(th.tid, n, th.count, step, trips=-(-n // th.count))
 
 
+#: elements one thread reads before it writes any of them in a read-then-write element loop
+#: (:func:`foreach_batched`): the loads of a batch are in flight together, so a loop of n
+#: elements costs ~n / (count * BATCH) load latencies instead of n / count
+BATCH = 4
+
+
+def foreach_batched(th: Threads, shape, read, write, batch: int = BATCH) -> None:
+    """``write(idx, read(idx))`` for every element of ``shape`` (element e on thread
+    e % count), with each thread's reads of ``batch`` elements emitted before their writes.
+
+    The emitted loads of a batch do not wait on its stores, which is what lets them overlap
+    (a store may alias a later load for all the compiler knows, so it keeps program order).
+    Valid when no element's ``read`` depends on another element's ``write`` of the same loop,
+    which holds for every loop the kernels run: the threads of a CTA run their elements
+    concurrently without a barrier, so such a dependence would already be a race."""
+    n = numel(shape)
+    per = n // th.count if n % th.count == 0 else 0
+    b = min(batch, per)
+    while b > 1 and per % b:
+        b -= 1
+    if b <= 1:
+        foreach(th, shape, lambda idx: write(idx, read(idx)))
+        return
+
+    def group(e):
+        idxs = [unravel(addk(e, k * th.count), shape) for k in range(b)]
+        values = [read(idx) for idx in idxs]
+        for idx, v in zip(idxs, values):
+            write(idx, v)
+
+    if per == b:
+        group(th.tid)
+        return
+
+    def step(e):
+        group(e)
+        return []
+
+    B.for_range(th.tid, n, th.count * b, step, trips=per // b)
+
+
 def materialize(th: Threads, src: Ref, dst: BufRef) -> None:
-    foreach(th, dst.shape, lambda idx: dst.write(idx, src.read(idx)))
+    foreach_batched(th, dst.shape, src.read, dst.write)
+
+
+def fold_batched(n: int, load, combine, init: list, batch: int = BATCH) -> list:
+    """``acc = combine(acc, r, load(r))`` for r = 0 .. n-1 from ``init`` (a list), with the
+    loads of ``batch`` consecutive r emitted before they are combined: the loads overlap and
+    the combination order, hence the result, is that of the plain loop."""
+    b = min(batch, n)
+    while b > 1 and n % b:
+        b -= 1
+
+    def step(r0, *acc):
+        acc = list(acc)
+        rs = [addk(r0, k) for k in range(b)]
+        values = [load(r) for r in rs]
+        for r, v in zip(rs, values):
+            acc = combine(acc, r, v)
+        return acc
+
+    return B.for_range(0, n, b, step, list(init), trips=-(-n // b))
 
 
 # ------------------------------------------------------------------------------------------
@@ -249,9 +309,12 @@ def contraction(th: Threads, out: BufRef, R: int, row_fn, col_fn, combine, pre_f
                         pre[(a, b)] = pre_fn(rows[a], cols[b])
             init = [B.f(0.0)] * (plan.rm * plan.rn)
 
-            def step(r, *acc):
-                rv = [row_fn(rows[a], r) for a in range(plan.rm)]
-                cv = [col_fn(r, cols[b]) for b in range(plan.rn)]
+            def load(r):
+                return ([row_fn(rows[a], r) for a in range(plan.rm)],
+                        [col_fn(r, cols[b]) for b in range(plan.rn)])
+
+            def fold(acc, r, vals):
+                rv, cv = vals
                 new = []
                 for a in range(plan.rm):
                     for b in range(plan.rn):
@@ -259,7 +322,7 @@ def contraction(th: Threads, out: BufRef, R: int, row_fn, col_fn, combine, pre_f
                                            rows[a], cols[b], r))
                 return new
 
-            acc = B.for_range(0, R, 1, step, init)
+            acc = fold_batched(R, load, fold, init)
             for a in range(plan.rm):
                 for b in range(plan.rn):
                     v = acc[a * plan.rn + b]
@@ -642,12 +705,14 @@ def emit_cumsum(th: Threads, out: BufRef, x: Ref, reverse: bool) -> None:
     rows = x.shape[0]
 
     def column(cidx):
-        def step(r, acc):
-            row = (rows - 1) - r if reverse else r
-            v = B.add(acc, x.read([row] + list(cidx)))
-            out.write([row] + list(cidx), v)
+        def row_of(r):
+            return (rows - 1) - r if reverse else r
+
+        def add(acc, r, x_r):
+            v = B.add(acc[0], x_r)
+            out.write([row_of(r)] + list(cidx), v)
             return [v]
-        B.for_range(0, rows, 1, step, [B.f(0.0)])
+        fold_batched(rows, lambda r: x.read([row_of(r)] + list(cidx)), add, [B.f(0.0)])
 
     foreach(th, tuple(x.shape[1:]), column)
 
@@ -678,9 +743,8 @@ def emit_reduce_sum(th: Threads, out: BufRef, x: Ref, dims, red: ReduceScratch) 
         return
     if n_out >= 32 or n_red <= 64:
         def one(oidx):
-            def step(r, acc):
-                return [B.add(acc, x.read(full_index(oidx, unravel(r, red_shape))))]
-            (acc,) = B.for_range(0, n_red, 1, step, [B.f(0.0)])
+            (acc,) = fold_batched(n_red, lambda r: x.read(full_index(oidx, unravel(r, red_shape))),
+                                  lambda acc, r, v: [B.add(acc[0], v)], [B.f(0.0)])
             out.write(oidx, acc)
         foreach(th, out_shape, one)
         return
@@ -716,7 +780,99 @@ def emit_reduce_sum(th: Threads, out: BufRef, x: Ref, dims, red: ReduceScratch) 
     B.for_range(0, n_out, 1, per_output)
 
 
+#: rows of the diagonal blocks of the blocked unit-lower-triangular inverse
+TRIL_INV_BLOCK = 16
+
+
+def block_view(x: Ref, r0: int, c0: int, rows: int, cols: int) -> Ref:
+    """The [rows, cols] block of a 2-D tile starting at (r0, c0)."""
+    if isinstance(x, BufRef):
+        return BufRef(x.scratch, x.offset + r0 * x.strides[0] + c0 * x.strides[1],
+                      (rows, cols), x.strides)
+    if isinstance(x, ConstRef):
+        return ConstRef(x.value, (rows, cols))
+    return FnRef((rows, cols), lambda idx: x.read([addk(idx[0], r0), addk(idx[1], c0)]),
+                 cheap=x.cheap)
+
+
 def emit_tril_inv(th: Threads, out: BufRef, x: Ref) -> None:
+    """out = (I + strict_tril(x))^-1. Blocked where the tile allows (C a multiple of
+    TRIL_INV_BLOCK, more than one block, C <= threads): :func:`emit_tril_inv_blocked`; else
+    forward substitution by columns (:func:`emit_tril_inv_columns`)."""
+    C = x.shape[0]
+    nb = TRIL_INV_BLOCK
+    if C % nb == 0 and C > nb and C <= th.count:
+        emit_tril_inv_blocked(th, out, x)
+    else:
+        emit_tril_inv_columns(th, out, x)
+
+
+def emit_tril_inv_blocked(th: Threads, out: BufRef, x: Ref) -> None:
+    """out = (I + strict_tril(x))^-1 for C = n * 16, in fp32 (same products as forward
+    substitution, grouped by 16x16 blocks), with few barriers and no long serial chain:
+
+    1. diagonal blocks D_r = I + strict_tril(x_rr): each thread inverts one column of one
+       block with the column in registers (16 rows, unrolled: the loads of x do not wait on
+       each other) -> out_rr = D_r^-1;
+    2. M_rk = D_r^-1 x_rk for every block below the diagonal (all independent), kept in the
+       mirror block out_kr of the (still unused) upper triangle;
+    3. by block rows r = 1 .. n-1: X_rc = -sum_{c <= k < r} M_rk X_kc (X_cc = D_c^-1), since
+       D_r X_rc = -sum_k x_rk X_kc;
+    4. the upper blocks are cleared.
+
+    One barrier between the steps and between the block rows of step 3 (n + 2 in all, the
+    caller's included) instead of C serial rows of dependent shared-memory rounds."""
+    C = x.shape[0]
+    S = TRIL_INV_BLOCK
+    n = C // S
+    zero, one = B.f(0.0), B.f(1.0)
+
+    def diagonal_column():
+        b = th.tid // S
+        j = th.tid % S
+        col = []
+        for i in range(S):
+            acc = zero
+            row = b * S + i
+            for k in range(i):
+                acc = B.fma(x.read([row, b * S + k]), col[k], acc)
+            # col[k] is 0 above the diagonal (k < j), so the sum is over j <= k < i
+            v = B.sel(B.icmp("lt", i, j), zero, B.sel(B.icmp("eq", i, j), one, B.neg(acc)))
+            col.append(v)
+            out.write([row, b * S + j], v)
+
+    B.if_then(B.icmp("lt", th.tid, C), diagonal_column)
+    B.barrier()
+
+    def block_products(dst: Ref, terms, negate: bool) -> None:
+        """dst = (-)sum_t a_t @ b_t over [S, S] blocks (fp32 FMA, reads batched)."""
+        def read(idx):
+            i, j = idx
+            acc = zero
+            for a, b in terms:
+                pairs = [(a.read([i, m]), b.read([m, j])) for m in range(S)]
+                for av, bv in pairs:
+                    acc = B.fma(av, bv, acc)
+            return B.neg(acc) if negate else acc
+        foreach_batched(th, (S, S), read, dst.write)
+
+    def blk(r, c):
+        return block_view(out, r * S, c * S, S, S)
+
+    for r in range(1, n):
+        for k in range(r):
+            block_products(blk(k, r), [(blk(r, r), block_view(x, r * S, k * S, S, S))], False)
+    B.barrier()
+    for r in range(1, n):
+        for c in range(r):
+            block_products(blk(r, c), [(blk(k, r), blk(k, c)) for k in range(c, r)], True)
+        B.barrier()
+    for r in range(1, n):
+        for k in range(r):
+            foreach(th, (S, S), lambda idx, d=blk(k, r): d.write(idx, zero))
+
+
+def emit_tril_inv_columns(th: Threads, out: BufRef, x: Ref) -> None:
     """out = (I + strict_tril(x))^-1 by forward substitution, one thread per column j:
     out[i, j] = [i == j] - sum_{j <= k < i} x[i, k] out[k, j] (a column only reads itself)."""
     C = x.shape[0]

@@ -1,0 +1,117 @@
+"""Single tile emitters of the lowering (kdagen.codegen.lower.tiles) run on the CTA simulator
+(one CTA, every thread a numpy lane, races checked) against numpy: the blocked unit-lower
+inverse against the column substitution and float64, and the batched element loops
+(materialize, cumsum, reductions) against their definitions, with thread counts and shapes
+that take every branch (batched, remainder, straight-line, fallback)."""
+import numpy as np
+import pytest
+
+from kdagen.codegen.lower import backend as B
+from kdagen.codegen.lower import tiles as T_
+from kdagen.codegen.lower.sim_backend import SimBackend, SimMemory, SimPtr
+
+
+def _run(nthreads, shapes, fill, emit):
+    """Allocate tracked fp32 tiles (name -> shape), fill them, run ``emit(th, refs)`` on the
+    simulator (a barrier after it, as the kernels put one) and return the tiles."""
+    sizes = {k: int(np.prod(s)) for k, s in shapes.items()}
+    mem = SimMemory("smem", np.zeros(sum(sizes.values()), np.float32), "f32", track=True)
+    refs, off = {}, 0
+    for k, s in shapes.items():
+        refs[k] = T_.BufRef(T_.Scratch(SimPtr(mem), "smem"), off, tuple(s),
+                            tuple(int(np.prod(s[i + 1:])) for i in range(len(s))))
+        mem.data[off:off + sizes[k]] = np.asarray(fill.get(k, 0.0), np.float32).reshape(-1) \
+            if k in fill else 0.0
+        off += sizes[k]
+    be = SimBackend(nthreads, check_races=True)
+    with B.use(be):
+        emit(T_.Threads(be.fresh_tid(), nthreads), refs)
+        B.barrier()
+    out, off = {}, 0
+    for k, s in shapes.items():
+        out[k] = mem.data[off:off + sizes[k]].reshape(s).copy()
+        off += sizes[k]
+    return out, be.stats["barriers"]
+
+
+def _lower(C, rng, scale=0.3):
+    x = rng.standard_normal((C, C)).astype(np.float32) * scale
+    x += np.triu(rng.standard_normal((C, C)).astype(np.float32)) * 100   # ignored part
+    return x
+
+
+@pytest.mark.parametrize("C,nthreads", [(64, 128), (32, 128), (64, 64), (48, 128)])
+def test_blocked_tril_inverse_matches_float64(C, nthreads):
+    rng = np.random.default_rng(C + nthreads)
+    x = _lower(C, rng)
+    got, barriers = _run(nthreads, {"x": (C, C), "out": (C, C)}, {"x": x},
+                         lambda th, r: T_.emit_tril_inv(th, r["out"], r["x"]))
+    L = np.tril(x.astype(np.float64), -1) + np.eye(C)
+    ref = np.linalg.inv(L)
+    err = np.linalg.norm(got["out"] - ref) / np.linalg.norm(ref)
+    assert err < 1e-5, err
+    assert np.all(np.triu(got["out"], 1) == 0)      # the upper scratch is cleared
+    assert np.all(np.diag(got["out"]) == 1)
+    # blocked: n + 1 barriers of its own (+ the caller's) instead of none but C serial rows
+    assert barriers == C // T_.TRIL_INV_BLOCK + 2
+
+
+def test_blocked_and_column_inverse_agree_to_fp32_rounding():
+    rng = np.random.default_rng(7)
+    x = _lower(64, rng, scale=0.5)
+    blocked, _ = _run(128, {"x": (64, 64), "out": (64, 64)}, {"x": x},
+                      lambda th, r: T_.emit_tril_inv_blocked(th, r["out"], r["x"]))
+    cols, _ = _run(128, {"x": (64, 64), "out": (64, 64)}, {"x": x},
+                   lambda th, r: T_.emit_tril_inv_columns(th, r["out"], r["x"]))
+    assert np.linalg.norm(blocked["out"] - cols["out"]) / np.linalg.norm(cols["out"]) < 1e-5
+
+
+def test_blocked_inverse_reads_a_lazy_operand():
+    """x as a lazy expression (strict_tril(...) * beta, as the programs give it)."""
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((64, 64)).astype(np.float32) * 0.2
+    beta = rng.random(64).astype(np.float32)
+
+    def emit(th, r):
+        lazy = T_.FnRef((64, 64), lambda idx: B.mul(r["a"].read(idx), r["beta"].read(idx[:1])))
+        T_.emit_tril_inv(th, r["out"], lazy)
+    got, _ = _run(128, {"a": (64, 64), "beta": (64,), "out": (64, 64)},
+                  {"a": a, "beta": beta}, emit)
+    L = np.tril(a.astype(np.float64) * beta[:, None], -1) + np.eye(64)
+    assert np.abs(got["out"] - np.linalg.inv(L)).max() < 1e-5
+
+
+@pytest.mark.parametrize("shape,nthreads", [((64, 128), 128), ((64, 64), 128), ((3, 50), 128),
+                                            ((2, 64), 128), ((7,), 128), ((96, 16), 128)])
+def test_batched_materialize_copies_every_element(shape, nthreads):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal(shape).astype(np.float32)
+
+    def emit(th, r):
+        T_.materialize(th, T_.FnRef(shape, lambda idx: B.mul(r["x"].read(idx), B.f(2.0))), r["y"])
+    got, _ = _run(nthreads, {"x": shape, "y": shape}, {"x": x}, emit)
+    np.testing.assert_array_equal(got["y"], x * 2)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_cumsum_matches_numpy(reverse):
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((64, 128)).astype(np.float32)
+    got, _ = _run(128, {"x": (64, 128), "y": (64, 128)}, {"x": x},
+                  lambda th, r: T_.emit_cumsum(th, r["y"], r["x"], reverse))
+    ref = np.flip(np.cumsum(np.flip(x, 0), 0, dtype=np.float32), 0) if reverse \
+        else np.cumsum(x, 0, dtype=np.float32)
+    np.testing.assert_allclose(got["y"], ref, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape,dims", [((64, 128), [0]), ((64, 128), [1]), ((64, 37), [1])])
+def test_reduce_sum_matches_numpy(shape, dims):
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal(shape).astype(np.float32)
+    out_shape = tuple(s for d, s in enumerate(shape) if d not in dims)
+
+    def emit(th, r):
+        red = T_.ReduceScratch(r["red"])
+        T_.emit_reduce_sum(th, r["y"], r["x"], dims, red)
+    got, _ = _run(128, {"x": shape, "y": out_shape, "red": (16,)}, {"x": x}, emit)
+    np.testing.assert_allclose(got["y"], x.sum(axis=tuple(dims)), rtol=1e-5, atol=1e-5)
