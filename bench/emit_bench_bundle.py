@@ -17,7 +17,7 @@ import time
 
 
 
-def bench_variants(ops: list[str]) -> list[tuple[str, dict]]:
+def bench_variants(ops: list[str], configs: list[str] | None = None) -> list[tuple[str, dict]]:
     import torch
 
     from kdagen import benchmark as bench_fla
@@ -27,6 +27,8 @@ def bench_variants(ops: list[str]) -> list[tuple[str, dict]]:
         for family in ops:
             fn = bench_fla.implementations(family, fla=False)["kdagen"]
             for name, (B, T, H, HV, lengths) in bench_fla.CONFIGS.items():
+                if configs and name not in configs:
+                    continue
                 small = [min(n, 70) for n in lengths] if lengths else None
                 x, kw, _ = bench_fla.make_inputs(family, 1 if small else B, 70, H, HV, small, "cpu")
                 with torch.enable_grad():
@@ -47,10 +49,19 @@ def main(argv=None) -> int:
                     help="consumer warpgroups per CTA of the register-resident scans (ablation)")
     ap.add_argument("--no-register-scan", action="store_true",
                     help="serial scans take the tile lowering of the native path (ablation)")
+    ap.add_argument("--chunk-warpgroups", type=int, default=None,
+                    help="consumer warpgroups of the native chunk-parallel kernels (ablation)")
+    ap.add_argument("--tril-inv", default=None, choices=["blocked", "columns"],
+                    help="the unit-lower inverse's lowering (ablation)")
+    ap.add_argument("--load-batch", type=int, default=None,
+                    help="loads a thread issues together in the tile loops (ablation)")
+    ap.add_argument("--configs", default=None,
+                    help="only the variants of these benchmark configs (comma-separated)")
     args = ap.parse_args(argv)
     from kdagen.bundle_writer import write_bundle
     from kdagen.runtime.bundle import variant_name
-    variants = bench_variants(args.ops.split(","))
+    variants = bench_variants(args.ops.split(","),
+                              args.configs.split(",") if args.configs else None)
     for program, options in variants:
         start = time.time()
         lower = {"pipeline": args.pipeline} | ({"dot": args.lower} if args.lower != "fma" else {})
@@ -58,6 +69,12 @@ def main(argv=None) -> int:
             lower["path"] = args.path
         if args.scan_warpgroups is not None:
             lower["scan_warpgroups"] = args.scan_warpgroups
+        if args.chunk_warpgroups is not None:
+            lower["chunk_warpgroups"] = args.chunk_warpgroups
+        if args.load_batch is not None:
+            lower["load_batch"] = args.load_batch
+        if args.tril_inv is not None:
+            lower["tril_inv"] = args.tril_inv
         if args.no_register_scan:
             lower["register_scan"] = False
         write_bundle(args.out, [(program, options, lower, variant_name(program, options))],

@@ -52,7 +52,8 @@ def test_native_plan_tmas_the_chunk_tiles(kda_fwd_native):
     program, kernels = kda_fwd_native
     chunk = kernels[0]
     launch = chunk.launch
-    assert launch["path"] == "sm90-native" and launch["block"] == [256, 1, 1]
+    # two consumer warpgroups (the default chunk_warpgroups) and the producer
+    assert launch["path"] == "sm90-native" and launch["block"] == [384, 1, 1]
     # q, k, v, g_raw are [C, 64] bf16 boxes; beta (2 bytes per token) stays a global load
     assert sorted(launch["ring"]["tma_loads"]) == ["g_raw", "k", "v"]     # q is read by the out kernel only
     maps = launch["tensor_maps"]
@@ -96,3 +97,44 @@ def test_native_emitter_refuses_other_chips(kda_fwd_native):
     with pytest.raises(ValueError, match="sm_90a"):
         Sm90NativeTileEmitter(program, pk.group, pk.plan, pk.storage, LowerOptions(),
                               get_target("sm_120a"), NativeLayout())
+
+
+def test_two_consumer_warpgroups_split_every_wgmma_over_n():
+    """chunk_warpgroups=2: chunk-parallel kernels launch 384 threads (2 consumer warpgroups +
+    the producer), the tile loops stride over 256 threads, each warpgroup issues wgmma on half
+    of N (n32 for the [64, 64] products of K = V = 64), the launch budget is 168 registers and
+    ptxas assembles it without spills; the serial scan keeps its own layout."""
+    pytest.importorskip("kdagen._mlir")
+    import re
+
+    from kdagen.driver import DEFAULT_LOWERING, Compilation
+    c = Compilation("kda_fwd", dict(head_k_dim=64, head_v_dim=64, gate="lower_bound"), "sm_90a",
+                    lower=dict(DEFAULT_LOWERING, chunk_warpgroups=2)).run("ptx")
+    chunk = next(k for k in c.kernels if k.launch.get("parallel_chunks"))
+    scan = next(k for k in c.kernels if k.launch.get("kind") == "tile"
+                and not k.launch.get("parallel_chunks"))
+    assert chunk.launch["block"] == [384, 1, 1] and scan.launch["block"] == [256, 1, 1]
+    ptx = c.ptx[chunk.name]
+    assert ".maxntid 384, 1, 1" in ptx
+    assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+232", ptx)
+    assert re.search(r"bar\.sync\s+1, 256", ptx)      # the consumers' named barrier
+    shapes = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)", ptx))
+    assert shapes == {"m64n32k16"}, shapes
+    from kdagen.codegen import ptxas
+    try:
+        ptxas.find_ptxas()
+    except ptxas.PtxasNotFound:
+        pytest.skip("ptxas not found")
+    res = ptxas.assemble(ptx, "sm_90a")
+    assert res.ok, res.log
+    (r,) = [v for k, v in res.resources.items() if k == chunk.name]
+    assert r.spills == 0 and r.registers <= 168, res.log
+
+
+def test_chunk_warpgroups_out_of_range_is_an_actionable_error():
+    pytest.importorskip("kdagen._mlir")
+    from kdagen.codegen.lower.plan import LoweringError
+    from kdagen.driver import DEFAULT_LOWERING, Compilation
+    with pytest.raises(LoweringError, match="chunk_warpgroups=3"):
+        Compilation("kda_fwd", dict(head_k_dim=64, head_v_dim=64), "sm_90a",
+                    lower=dict(DEFAULT_LOWERING, chunk_warpgroups=3)).run("gpu")

@@ -115,3 +115,16 @@ def test_reduce_sum_matches_numpy(shape, dims):
         T_.emit_reduce_sum(th, r["y"], r["x"], dims, red)
     got, _ = _run(128, {"x": shape, "y": out_shape, "red": (16,)}, {"x": x}, emit)
     np.testing.assert_allclose(got["y"], x.sum(axis=tuple(dims)), rtol=1e-5, atol=1e-5)
+
+
+def test_column_inverse_when_asked_or_when_the_tile_does_not_block():
+    """blocked=False (LowerOptions.tril_inv="columns") and C = 16 take the column
+    substitution: no barrier of its own."""
+    rng = np.random.default_rng(9)
+    for C, blocked in ((64, False), (16, True)):
+        x = _lower(C, rng)
+        got, barriers = _run(128, {"x": (C, C), "out": (C, C)}, {"x": x},
+                             lambda th, r: T_.emit_tril_inv(th, r["out"], r["x"], blocked=blocked))
+        ref = np.linalg.inv(np.tril(x.astype(np.float64), -1) + np.eye(C))
+        assert np.linalg.norm(got["out"] - ref) / np.linalg.norm(ref) < 1e-5
+        assert barriers == 1

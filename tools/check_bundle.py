@@ -58,9 +58,19 @@ def main(argv=None) -> int:
     ap.add_argument("--pipeline", default="stable", choices=["stable", "chip"],
                     help="stable: kda-stable-reassociate only; chip: the chip's full pipeline "
                          "(partitioned chunk-parallel + state kernels)")
+    ap.add_argument("--lower", action="append", default=[], metavar="KEY=VALUE",
+                    help="a lowering option (kdagen.codegen.lower.options.LowerOptions) for "
+                         "every variant, e.g. chunk_warpgroups=2 or tril_inv=columns; repeatable")
+    ap.add_argument("--only", default=None, help="only variants whose program or options "
+                                                 "contain this text")
     args = ap.parse_args(argv)
     chosen = NATIVE_SET if args.set == "native" else DEFAULT_SET
     items = [it for it in chosen if not (args.quick and it[0].endswith("_bwd"))]
+    if args.only:
+        items = [it for it in items if args.only in f"{it[0]} {it[1]}"]
+    extra = dict(_lower_option(kv) for kv in args.lower)
+    if extra:
+        items = [(it[0], it[1], {**(it[2] if len(it) > 2 else {}), **extra}) for it in items]
     built = []
     for it in items:
         try:
@@ -71,6 +81,18 @@ def main(argv=None) -> int:
     res = write_bundle(args.out, built, args.chips.split(","), verbose=True, pipeline=args.pipeline)
     print(f"wrote {len(res['variants'])} variants, {len(res['report'])} kernels to {args.out}")
     return 0
+
+
+def _lower_option(text: str) -> tuple:
+    """KEY=VALUE of a lowering option, VALUE parsed as the option's type."""
+    from kdagen.codegen.lower.options import LowerOptions
+    key, _, value = text.partition("=")
+    default = getattr(LowerOptions(), key, None)
+    if default is None or not value:
+        raise SystemExit(f"--lower {text}: not KEY=VALUE of a LowerOptions field")
+    if isinstance(default, bool):
+        return key, value.lower() in ("1", "true", "yes")
+    return key, type(default)(value)
 
 
 if __name__ == "__main__":

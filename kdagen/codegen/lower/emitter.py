@@ -28,8 +28,9 @@ Parameters, in this order:
    ``scratch_bytes_per_cta`` times the number of CTAs of the grid, uninitialised, private to
    the launch (CTA (x, y, z) uses slice ``(z * gridDim.y + y) * gridDim.x + x``).
 
-Kernels of the sm_90a native path (``path = "sm90-native"``) take block ``(256, 1, 1)`` (a
-consumer and a producer warpgroup) and, after the parameters above, one ``ptr`` per TMA'd tensor
+Kernels of the sm_90a native path (``path = "sm90-native"``) take block ``(384, 1, 1)`` when
+chunk-parallel (two consumer warpgroups and a producer; ``(256, 1, 1)`` with
+``chunk_warpgroups=1`` and for serial scans) and, after the parameters above, one ``ptr`` per TMA'd tensor
 (``<tensor>_tmap``: the device address of its CUtensorMap, described by
 ``launch["tensor_maps"]``; see kdagen.codegen.lower.sm90_native and kdagen.runtime.tensormap).
 
@@ -304,7 +305,7 @@ class TileKernelEmitter:
                        for m in [n, *(walk(n.body) if n.body is not None else [])])
         geo = Geometry(self.program, p, coords, need_off)
         self.geo = geo
-        self.th = T_.Threads(geo.tid, nt)
+        self.th = T_.Threads(geo.tid, nt, self.opts.load_batch)
         self.pools = {}
         if self.uses_smem:
             self.pools["smem"] = T_.Scratch(smem_base, "smem")
@@ -328,7 +329,7 @@ class TileKernelEmitter:
         if op == "kda.scan":
             return self.scan(n)
         # a fresh thread index per op: its addressing is not hoisted out of the chunk loop
-        self.th = T_.Threads(B.fresh_tid(), self.opts.nthreads)
+        self.th = T_.Threads(B.fresh_tid(), self.opts.nthreads, self.opts.load_batch)
         if op == "kda.workspace":
             return  # the memref is a kernel parameter (bound in body)
         if op == "kda.pipeline_release":
@@ -553,7 +554,7 @@ class TileKernelEmitter:
         elif k == "reduce_sum":
             T_.emit_reduce_sum(th, out, ops[0], a["dims"], self.red)
         elif k == "tril_inv":
-            T_.emit_tril_inv(th, out, ops[0])
+            T_.emit_tril_inv(th, out, ops[0], blocked=self.opts.tril_inv == "blocked")
         elif k == "tril_solve":
             T_.emit_tril_solve(th, out, ops[0], ops[1])
         elif k == "sum_chunks":

@@ -27,3 +27,13 @@ class LowerOptions:
     # consumer warpgroups per CTA of a register scan (64 value columns each; the rest of V goes
     # to more CTAs per head)
     scan_warpgroups: int = 1
+    # consumer warpgroups of a chunk-parallel kernel on the native sm_90a path: the tile loops
+    # run on all of their threads (more warps per scheduler to hide latency) and each
+    # warpgroup computes a slice of every wgmma product's N columns
+    chunk_warpgroups: int = 2
+    # the unit-lower inverse (kda.tril_inv): "blocked" (16x16 diagonal blocks in registers,
+    # block products) or "columns" (forward substitution, one thread per column; ablation)
+    tril_inv: str = "blocked"
+    # element loops and row folds of the tile lowering issue the loads of this many elements
+    # (rows) before using them (kdagen.codegen.lower.tiles.foreach_batched / fold_batched)
+    load_batch: int = 4

@@ -1,22 +1,27 @@
 """The sm_90a native path of the program lowering: what ``kda-warp-specialize`` asks for.
 
 A tile kernel of a program (kernel.py) becomes, on this path, a warp-specialised kernel of
-256 threads:
+``128 * (W + 1)`` threads, W = ``LowerOptions.chunk_warpgroups`` consumer warpgroups (default 2)
+for a chunk-parallel kernel, 1 otherwise:
 
-* **warpgroup 1 (threads 128..255) = producer**: gives registers back (``setmaxnreg.dec``), and
+* **the last warpgroup (threads 128·W ..) = producer**: gives registers back (``setmaxnreg.dec``), and
   one elected thread walks the same chunks as the consumers, issuing every ``kda.load`` /
   ``kda.load_chunk`` that the pass marked ``kda.role = "producer"`` as a TMA copy
   (``cp.async.bulk.tensor``) into a ring of ``depth`` shared-memory stages; the copies of a stage
   complete on its 'full' mbarrier (``expect_tx`` = the stage's bytes), and the producer waits on
   the stage's 'empty' mbarrier before refilling it;
-* **warpgroup 0 (threads 0..127) = consumer**: takes registers (``setmaxnreg.inc``), runs the
-  kernel body of kernel.py with its barriers narrowed to a named barrier of 128 threads, reads
+* **warpgroups 0 .. W-1 (threads 0 .. 128·W - 1) = consumers**: take registers
+  (``setmaxnreg.inc``), run the kernel body of kernel.py on all their threads (its element
+  loops stride over 128·W threads: more warps per scheduler hide more latency) with its
+  barriers narrowed to a named barrier of 128·W threads, read
   the loaded tiles from the ring after waiting on 'full' (rows past the sequence end masked to 0
   as on the portable path), arrives on 'empty' when the chunk is done, and computes every
   ``kda.dot`` whose shape fits as **wgmma from shared memory**: the operands (any tile
   expression) are rounded to bf16 (``bf16x3``: hi + lo parts, three products, ~fp32 accuracy)
   into 128B-swizzled K-major staging tiles, then ``wgmma.mma_async`` m64nNk16 reads them through
-  matrix descriptors and the fp32 accumulators are written to the result buffer.
+  matrix descriptors and the fp32 accumulators are written to the result buffer; with W
+  consumer warpgroups each one computes N / W of the product's columns (its rows of the
+  K-major B staging tile).
 
 Loads that TMA cannot express (a per-token scalar such as beta: a 2-byte box row) stay lazy
 global loads in the consumers, as on the portable path. Other matrix ops (decay_dot with
@@ -55,7 +60,11 @@ from .plan import CHUNK_LOADS, MULTI_READ, NOOP_OPS, VIEW_OPS, LoweringError
 from .program import walk
 
 PATH_NAME = "sm90-native"
-CONSUMER_THREADS = 128
+WG_THREADS = 128
+#: consumer warpgroups a chunk-parallel kernel may run (LowerOptions.chunk_warpgroups); with
+#: 2, the launch budget is 168 registers x 384 threads, the producer keeps 40 and each
+#: consumer thread gets CONSUMER_REGISTERS (128 * 40 + 256 * 232 = 384 * 168)
+CONSUMER_WARPGROUPS = (1, 2)
 PRODUCER_THREADS = 128
 PRODUCER_REGISTERS = 40
 CONSUMER_REGISTERS = 232
@@ -294,7 +303,14 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
     def __init__(self, program, group, plan, storage, opts, target: Target, layout: NativeLayout):
         for capability in CAPABILITIES:
             target.require(capability, "the native warp-specialised lowering (wgmma + TMA)")
-        super().__init__(program, group, plan, storage, replace(opts, dot=layout.precision))
+        if opts.chunk_warpgroups not in CONSUMER_WARPGROUPS:
+            raise LoweringError(f"chunk_warpgroups={opts.chunk_warpgroups}: the sm_90a native "
+                                f"path runs {' or '.join(map(str, CONSUMER_WARPGROUPS))} "
+                                "consumer warpgroups per chunk-parallel CTA")
+        warpgroups = opts.chunk_warpgroups if group.parallel else 1
+        super().__init__(program, group, plan, storage,
+                         replace(opts, dot=layout.precision, nthreads=WG_THREADS * warpgroups))
+        self.warpgroups = warpgroups
         self.target = target
         self.layout = layout
         self.slot_of = {s.node: s for s in layout.slots}
@@ -309,8 +325,12 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
         return ps + [Param(p, "ptr") for p in seen]
 
     @property
+    def consumer_threads(self) -> int:
+        return WG_THREADS * self.warpgroups
+
+    @property
     def block_threads(self) -> int:
-        return CONSUMER_THREADS + PRODUCER_THREADS
+        return self.consumer_threads + PRODUCER_THREADS
 
     @property
     def smem_bytes(self) -> int:
@@ -318,13 +338,11 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
 
     # -- emission --------------------------------------------------------------------------
     def emit_mlir(self, builder, name: str, count_cost: bool = True) -> None:
-        if self.opts.nthreads != CONSUMER_THREADS:
-            raise LoweringError(f"the sm_90a native path runs one consumer warpgroup "
-                                f"({CONSUMER_THREADS} threads), not nthreads={self.opts.nthreads}")
         lay = self.layout
+        consumers = self.consumer_threads
         cost = self.cost = CostCounter() if count_cost else NullCounter()
         with builder.kernel(name, self.params(), (self.block_threads, 1, 1)) as p:
-            with B.use(MlirBackend(barrier=(CONSUMER_BARRIER, CONSUMER_THREADS), cost=cost)):
+            with B.use(MlirBackend(barrier=(CONSUMER_BARRIER, consumers), cost=cost)):
                 i32 = IntVal(thread_idx("x")).value.type
                 tid = IntVal(thread_idx("x"))
                 coords = dict(tid=tid, hv=IntVal(block_idx("x")), n=IntVal(block_idx("y")),
@@ -351,14 +369,14 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
                         def elected():
                             with cost.role("producer"):
                                 self.producer_body(p, coords)
-                        B.if_then(B.icmp("eq", tid, CONSUMER_THREADS), elected)
+                        B.if_then(B.icmp("eq", tid, consumers), elected)
 
                 def consumer():
                     regalloc.claim_registers(self.target, CONSUMER_REGISTERS)
                     self.body(p, coords, base)
 
-                B.if_then(B.icmp("ge", tid, CONSUMER_THREADS), producer)
-                B.if_then(B.icmp("lt", tid, CONSUMER_THREADS), consumer)
+                B.if_then(B.icmp("ge", tid, consumers), producer)
+                B.if_then(B.icmp("lt", tid, consumers), consumer)
         set_launch_bounds(builder, name, min_blocks_per_sm=1)
 
     def _full(self, stage):
@@ -523,8 +541,25 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
             T_.foreach_batched(th, (rows, ks // 2), read, write)
 
         nk = K // ks
+        # each consumer warpgroup computes N / warpgroups of the columns, reading its rows of
+        # the (K-major, one swizzle panel wide) B staging tile
+        W = self.warpgroups
+        Nw = N // W
+        if N % (8 * W):
+            raise LoweringError(f"a [{M}, {N}] product cannot be split over {W} consumer "
+                                f"warpgroups (each needs a multiple of 8 columns); use "
+                                f"chunk_warpgroups=1")
+        tid = th.tid
+        wg = tid // WG_THREADS if W > 1 else 0
+        if W > 1:
+            sub = SmemLayout(Nw, ks, 2, lb.swizzle)
+            pitch = lb.byte_offset(Nw, 0)
+            b_base = byte_gep(self.smem_base, ival(wg * pitch), shared_ptr_type())
+            b_ops = [SmemTile(b_base, t.offset, sub) for t in b_tiles]
+        else:
+            b_ops = b_tiles
         for m0 in range(0, M, WGMMA_M):
-            acc = AccFragment.filled(wgmma.wgmma_acc_layout(N), 0.0)
+            acc = AccFragment.filled(wgmma.wgmma_acc_layout(Nw), 0.0)
             for kk in range(nk):
                 k0 = kk * ks
                 stage(a_tiles, WGMMA_M, lambda r, c: a.read([T_.addk(r, m0), T_.addk(c, k0)]))
@@ -537,7 +572,7 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
                 pairs = [(0, 0)] if parts == 1 else [(0, 0), (0, 1), (1, 0)]
                 for pa, pb in pairs:
                     acc = wgmma.wgmma_matmul(self.target, acc, SmemOperand(a_tiles[pa]),
-                                             SmemOperand(b_tiles[pb], True), ks)
+                                             SmemOperand(b_ops[pb], True), ks)
                     # B is K-major (transposed): one N chunk, one instruction per k16 step
                     self.cost.event("wgmma", ks // wgmma.WGMMA_K)
                 wgmma.wgmma_commit(self.target)
@@ -545,9 +580,8 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
                 self.cost.event("wgmma.commit")
                 self.cost.event("wgmma.wait")
                 B.barrier()               # the staging tiles are free again
-            tid = th.tid
-            warp, lane = tid // 32, tid % 32
+            warp, lane = (tid // 32) % 4, tid % 32
             for i, v in enumerate(acc.values):
                 r, c = wgmma_d_coord(warp, lane, i)
-                out.write([T_.addk(r, m0), c], v)
+                out.write([T_.addk(r, m0), c + wg * Nw if W > 1 else c], v)
 

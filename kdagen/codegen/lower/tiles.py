@@ -161,6 +161,7 @@ def addk(i, k: int):
 class Threads:
     tid: object               # int-like thread index
     count: int
+    batch: int = 4            # elements / rows whose loads a thread issues together (BATCH)
 
 
 def foreach(th: Threads, shape, body) -> None:
@@ -187,10 +188,10 @@ def foreach(th: Threads, shape, body) -> None:
 #: elements one thread reads before it writes any of them in a read-then-write element loop
 #: (:func:`foreach_batched`): the loads of a batch are in flight together, so a loop of n
 #: elements costs ~n / (count * BATCH) load latencies instead of n / count
-BATCH = 4
+BATCH = Threads.batch
 
 
-def foreach_batched(th: Threads, shape, read, write, batch: int = BATCH) -> None:
+def foreach_batched(th: Threads, shape, read, write, batch: int | None = None) -> None:
     """``write(idx, read(idx))`` for every element of ``shape`` (element e on thread
     e % count), with each thread's reads of ``batch`` elements emitted before their writes.
 
@@ -201,7 +202,7 @@ def foreach_batched(th: Threads, shape, read, write, batch: int = BATCH) -> None
     concurrently without a barrier, so such a dependence would already be a race."""
     n = numel(shape)
     per = n // th.count if n % th.count == 0 else 0
-    b = min(batch, per)
+    b = min(th.batch if batch is None else batch, per)
     while b > 1 and per % b:
         b -= 1
     if b <= 1:
@@ -322,7 +323,7 @@ def contraction(th: Threads, out: BufRef, R: int, row_fn, col_fn, combine, pre_f
                                            rows[a], cols[b], r))
                 return new
 
-            acc = fold_batched(R, load, fold, init)
+            acc = fold_batched(R, load, fold, init, th.batch)
             for a in range(plan.rm):
                 for b in range(plan.rn):
                     v = acc[a * plan.rn + b]
@@ -582,7 +583,7 @@ def _per_diagonal_block(th: Threads, S: int, rows: int, body) -> None:
     """``body(bs, sub)``: the threads split evenly over the rows // S diagonal blocks (block
     start bs, warp-uniform), each group a register-tiled contraction of its own block."""
     per = th.count // (rows // S)
-    body((th.tid // per) * S, Threads(th.tid % per, per))
+    body((th.tid // per) * S, Threads(th.tid % per, per, th.batch))
     # the tensor-core pass reads these results back in its epilogue, on other threads
     B.barrier()
 
@@ -712,7 +713,7 @@ def emit_cumsum(th: Threads, out: BufRef, x: Ref, reverse: bool) -> None:
             v = B.add(acc[0], x_r)
             out.write([row_of(r)] + list(cidx), v)
             return [v]
-        fold_batched(rows, lambda r: x.read([row_of(r)] + list(cidx)), add, [B.f(0.0)])
+        fold_batched(rows, lambda r: x.read([row_of(r)] + list(cidx)), add, [B.f(0.0)], th.batch)
 
     foreach(th, tuple(x.shape[1:]), column)
 
@@ -744,7 +745,7 @@ def emit_reduce_sum(th: Threads, out: BufRef, x: Ref, dims, red: ReduceScratch) 
     if n_out >= 32 or n_red <= 64:
         def one(oidx):
             (acc,) = fold_batched(n_red, lambda r: x.read(full_index(oidx, unravel(r, red_shape))),
-                                  lambda acc, r, v: [B.add(acc[0], v)], [B.f(0.0)])
+                                  lambda acc, r, v: [B.add(acc[0], v)], [B.f(0.0)], th.batch)
             out.write(oidx, acc)
         foreach(th, out_shape, one)
         return
@@ -795,13 +796,13 @@ def block_view(x: Ref, r0: int, c0: int, rows: int, cols: int) -> Ref:
                  cheap=x.cheap)
 
 
-def emit_tril_inv(th: Threads, out: BufRef, x: Ref) -> None:
-    """out = (I + strict_tril(x))^-1. Blocked where the tile allows (C a multiple of
+def emit_tril_inv(th: Threads, out: BufRef, x: Ref, blocked: bool = True) -> None:
+    """out = (I + strict_tril(x))^-1. Blocked where asked and the tile allows (C a multiple of
     TRIL_INV_BLOCK, more than one block, C <= threads): :func:`emit_tril_inv_blocked`; else
     forward substitution by columns (:func:`emit_tril_inv_columns`)."""
     C = x.shape[0]
     nb = TRIL_INV_BLOCK
-    if C % nb == 0 and C > nb and C <= th.count:
+    if blocked and C % nb == 0 and C > nb and C <= th.count:
         emit_tril_inv_blocked(th, out, x)
     else:
         emit_tril_inv_columns(th, out, x)
