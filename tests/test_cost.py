@@ -167,3 +167,25 @@ def test_counting_leaves_the_ptx_byte_identical():
         assert all((k.cost is not None) == count for k in kernels)
         ptx[count] = [lower_to_ptx(k.module, target) for k in kernels]
     assert ptx[True] == ptx[False]
+
+
+@pytest.mark.parametrize("batch", [1, 4, 8])
+def test_batched_element_loop_counts_one_round_per_batch(batch):
+    """materialize of a [64, 128] tile read from global memory on 128 threads: 64 elements per
+    thread, ``batch`` of them loaded before any is stored, so 64 / batch iterations and global
+    rounds (the same 64 loads and stores)."""
+    counter = CostCounter()
+    b = GpuModuleBuilder("mat")
+    with b.kernel("mat", [Param("x", "ptr", "f32"), Param("y", "ptr", "f32")], (128, 1, 1)) as p:
+        smem_mod.declare_dynamic_smem(b)
+        from kdagen._mlir import llvm
+        sm = llvm.mlir_addressof(smem_mod.shared_ptr_type(), smem_mod.DYNAMIC_SMEM_SYMBOL)
+        with B.use(MlirBackend(cost=counter)):
+            th = T_.Threads(IntVal(thread_idx("x")), 128, batch)
+            src = T_.FnRef((64, 128), lambda idx: B.load(p["x"], idx[0] * 128 + idx[1]))
+            dst = T_.BufRef(T_.Scratch(sm, "smem"), 0, (64, 128), (128, 1))
+            T_.materialize(th, src, dst)
+    b.verify()
+    c = counter.get("consumer", "kernel")
+    assert c["ld.global"] == 64 and c["st.shared"] == 64
+    assert c["global_rounds"] == 64 // batch and c["loop_iters"] == 64 // batch

@@ -36,4 +36,4 @@ class LowerOptions:
     tril_inv: str = "blocked"
     # element loops and row folds of the tile lowering issue the loads of this many elements
     # (rows) before using them (kdagen.codegen.lower.tiles.foreach_batched / fold_batched)
-    load_batch: int = 4
+    load_batch: int = 8
