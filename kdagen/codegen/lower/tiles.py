@@ -161,7 +161,9 @@ def addk(i, k: int):
 class Threads:
     tid: object               # int-like thread index
     count: int
-    batch: int = 4            # elements / rows whose loads a thread issues together (BATCH)
+    # elements (rows) whose loads a thread issues together in foreach_batched / fold_batched;
+    # the lowering sets it from LowerOptions.load_batch
+    batch: int = 4
 
 
 def foreach(th: Threads, shape, body) -> None:
@@ -185,15 +187,11 @@ def foreach(th: Threads, shape, body) -> None:
     B.for_range(th.tid, n, th.count, step, trips=-(-n // th.count))
 
 
-#: elements one thread reads before it writes any of them in a read-then-write element loop
-#: (:func:`foreach_batched`): the loads of a batch are in flight together, so a loop of n
-#: elements costs ~n / (count * BATCH) load latencies instead of n / count
-BATCH = Threads.batch
-
-
-def foreach_batched(th: Threads, shape, read, write, batch: int | None = None) -> None:
+def foreach_batched(th: Threads, shape, read, write) -> None:
     """``write(idx, read(idx))`` for every element of ``shape`` (element e on thread
-    e % count), with each thread's reads of ``batch`` elements emitted before their writes.
+    e % count), with each thread's reads of ``th.batch`` elements emitted before their writes:
+    the loads of a batch are in flight together, so a loop of n elements costs about
+    n / (count * batch) load latencies instead of n / count.
 
     The emitted loads of a batch do not wait on its stores, which is what lets them overlap
     (a store may alias a later load for all the compiler knows, so it keeps program order).
@@ -202,7 +200,7 @@ def foreach_batched(th: Threads, shape, read, write, batch: int | None = None) -
     concurrently without a barrier, so such a dependence would already be a race."""
     n = numel(shape)
     per = n // th.count if n % th.count == 0 else 0
-    b = min(th.batch if batch is None else batch, per)
+    b = min(th.batch, per)
     while b > 1 and per % b:
         b -= 1
     if b <= 1:
@@ -230,7 +228,7 @@ def materialize(th: Threads, src: Ref, dst: BufRef) -> None:
     foreach_batched(th, dst.shape, src.read, dst.write)
 
 
-def fold_batched(n: int, load, combine, init: list, batch: int = BATCH) -> list:
+def fold_batched(n: int, load, combine, init: list, batch: int) -> list:
     """``acc = combine(acc, r, load(r))`` for r = 0 .. n-1 from ``init`` (a list), with the
     loads of ``batch`` consecutive r emitted before they are combined: the loads overlap and
     the combination order, hence the result, is that of the plain loop."""
