@@ -55,6 +55,8 @@ def main(argv=None) -> int:
                     help="the unit-lower inverse's lowering (ablation)")
     ap.add_argument("--load-batch", type=int, default=None,
                     help="loads a thread issues together in the tile loops (ablation)")
+    ap.add_argument("--scan-k-split", type=int, default=None,
+                    help="warpgroups sharing a register scan's value block (K split; ablation)")
     ap.add_argument("--configs", default=None,
                     help="only the variants of these benchmark configs (comma-separated)")
     args = ap.parse_args(argv)
@@ -69,6 +71,8 @@ def main(argv=None) -> int:
             lower["path"] = args.path
         if args.scan_warpgroups is not None:
             lower["scan_warpgroups"] = args.scan_warpgroups
+        if args.scan_k_split is not None:
+            lower["scan_k_split"] = args.scan_k_split
         if args.chunk_warpgroups is not None:
             lower["chunk_warpgroups"] = args.chunk_warpgroups
         if args.load_batch is not None:

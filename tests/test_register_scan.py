@@ -86,7 +86,7 @@ def test_tf32_rounding_is_round_to_nearest_ties_away():
     assert np.all((tf32_round(y).view(np.uint32) & 0x1FFF) == 0)
 
 
-def _plans(program, **opts):
+def _plans(program, k_split=1, **opts):
     from kdagen import driver
     from kdagen.codegen.lower.kernel import _register_scan_plans
     from kdagen.codegen.lower.options import LowerOptions
@@ -96,7 +96,7 @@ def _plans(program, **opts):
     prog = read_program(driver.build_module(program, opts, pipeline="chip", chip="sm_90a"))
     groups = group_kernels(prog, True)
     return prog, groups, _register_scan_plans(prog, groups, TARGETS["sm_90a"],
-                                              LowerOptions(path="native"))
+                                              LowerOptions(path="native", scan_k_split=k_split))
 
 
 @pytest.mark.parametrize("program", ["kda_fwd", "gdn_fwd"])
@@ -144,7 +144,8 @@ def test_backward_scans_take_the_register_scan_with_their_own_layouts(program):
 
 
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="needs ptxas")
-def test_register_scan_kernel_assembles_for_sm90a(tmp_path):
+@pytest.mark.parametrize("k_split", [1, 2])
+def test_register_scan_kernel_assembles_for_sm90a(tmp_path, k_split):
     import subprocess
 
     from kdagen import driver
@@ -153,18 +154,68 @@ def test_register_scan_kernel_assembles_for_sm90a(tmp_path):
     from kdagen.target import TARGETS
     t = TARGETS["sm_90a"]
     mod = driver.build_module("kda_fwd", {}, pipeline="chip", chip="sm_90a")
-    ks = [k for k in lower_program(mod, t, options=LowerOptions(path="native", dot="bf16x3"))
-          if k.path == "sm90-register-scan"]
+    opts = LowerOptions(path="native", dot="bf16x3", scan_k_split=k_split)
+    ks = [k for k in lower_program(mod, t, options=opts) if k.path == "sm90-register-scan"]
     assert len(ks) == 1
     ptx = driver.ptx_of(ks[0].module, t, ks[0].name)
-    assert "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32" in ptx
-    assert "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32" in ptx
     assert "cvt.rna.tf32.f32" in ptx and "cp.async.bulk.tensor.5d" in ptx
-    # the state stays in registers: no shared-memory stores in the kernel
-    assert "st.shared" not in ptx
+    counts = ks[0].cost["counts"]
+    assert counts["wgmma.wait"] == 2
+    if k_split == 1:
+        assert "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32" in ptx
+        assert "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32" in ptx
+        # the state stays in registers: no shared-memory stores in the kernel
+        assert "st.shared" not in ptx
+        assert counts["wgmma"] == 128 // 8 + 64 // 8
+    else:
+        # each warpgroup: w·S over its 64 rows of S (m64n64, 8 k-steps), then its 64 rows of
+        # krᵀ·v' (m64n64, 8 k-steps); the partials of w·S meet through shared memory at one
+        # named barrier of the two consumer warpgroups, fenced before the ring stage is freed
+        assert "m64n128k8" not in ptx and ptx.count("m64n64k8.f32.tf32.tf32") == 16
+        assert counts["wgmma"] == 64 // 8 + 64 // 8
+        assert "bar.sync \t1, 256;" in ptx and "fence.proxy.async.shared::cta" in ptx
+        assert counts["st.shared"] == 32 and counts["bar.sync"] == 1
     (tmp_path / "k.ptx").write_text(ptx)
-    r = subprocess.run(["ptxas", "-arch=sm_90a", str(tmp_path / "k.ptx"), "-o",
+    r = subprocess.run(["ptxas", "-arch=sm_90a", "-v", str(tmp_path / "k.ptx"), "-o",
                         str(tmp_path / "k.cubin")], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    counts = ks[0].cost["counts"]
-    assert counts["wgmma"] == 128 // 8 + 64 // 8 and counts["wgmma.wait"] == 2
+    assert "0 bytes spill stores" in r.stderr
+
+
+@pytest.mark.parametrize("rows,cols", [(64, 128), (128, 64)])
+def test_k_split_slice_starts_are_the_operand_block_starts(rows, cols):
+    """A K-split scan's warpgroup reads its K slice / N rows of a B tile from a shifted base with
+    the unsplit descriptors: the shift must be exactly where `operand_start_and_strides` puts
+    the block at the slice's first K row / N row."""
+    from kdagen.codegen.common.layouts import SmemLayout
+    from kdagen.codegen.lower.register_scan import SWIZZLE, TF32_K, slice_start
+    from kdagen.codegen.sm90.wgmma import operand_start_and_strides
+    lay = SmemLayout(rows, cols, 4, SWIZZLE)
+    k_local, n_local = cols // 2, rows // 2
+    for part in range(2):
+        for kb in range(k_local // TF32_K):
+            whole = operand_start_and_strides(lay, "b", True, 0, part * k_local + kb * TF32_K)
+            local = operand_start_and_strides(lay, "b", True, 0, kb * TF32_K)
+            assert whole[0] == slice_start(lay, "k", part, k_local) + local[0]
+            assert whole[1:] == local[1:]
+        for kb in range(cols // TF32_K):
+            whole = operand_start_and_strides(lay, "b", True, part * n_local, kb * TF32_K)
+            local = operand_start_and_strides(lay, "b", True, 0, kb * TF32_K)
+            assert whole[0] == slice_start(lay, "n", part, n_local) + local[0]
+
+
+@pytest.mark.parametrize("program", ["kda_fwd", "kda_bwd", "gdn_fwd", "gdn_bwd"])
+def test_k128_scans_split_the_state_rows_over_two_warpgroups(program):
+    """At K = 128 every serial scan splits S's rows over two warpgroups of one value block: the
+    product summing over S's rows (w·S forward, kr·dS reverse) is the one exchange, and it meets
+    in its own ring tile; at K = 64 the partials do not fit there and the scan stays unsplit."""
+    _, groups, plans = _plans(program, k_split=2)
+    for rp in plans.values():
+        assert rp.k_split == 2 and rp.block_threads == 384 and rp.grid[0] == "HV * 2"
+        want = "kr_ws" if rp.scan.attrs.get("reverse") else "w_ws"
+        assert [s.tensor for s in rp.exchanges.values()] == [want]
+        carried = rp.scan.body.args[1]
+        assert carried in rp.split_values
+        assert rp.scan.body.nodes[-1].operands[0] in rp.split_values
+    _, _, plans64 = _plans(program, k_split=2, head_k_dim=64, head_v_dim=64)
+    assert plans64 and all(rp.k_split == 1 and rp.block_threads == 256 for rp in plans64.values())

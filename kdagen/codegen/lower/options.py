@@ -27,6 +27,13 @@ class LowerOptions:
     # consumer warpgroups per CTA of a register scan (64 value columns each; the rest of V goes
     # to more CTAs per head)
     scan_warpgroups: int = 1
+    # consumer warpgroups sharing one value block of a register scan, each owning K/scan_k_split
+    # rows of the state (products split over them; partial sums meet in shared memory); taken
+    # where the scan allows it (register_scan._plan_k_split), 1 = off. Off by default: on the
+    # H200 (kda B1_T8k_H16) 2 is slower, 3.05 vs 2.41 us per forward step and 5.01 vs 4.26 per
+    # reverse step — both warpgroups share the SM's tensor cores (one warpgroup's TF32 step is
+    # already at their throughput), so the split only adds the exchange
+    scan_k_split: int = 1
     # consumer warpgroups of a chunk-parallel kernel on the native sm_90a path: the tile loops
     # run on all of their threads (more warps per scheduler to hide latency) and each
     # warpgroup computes a slice of every wgmma product's N columns

@@ -60,6 +60,7 @@ SWIZZLE = 128
 TF32_K = 8
 MAX_WARPGROUPS = 2
 SMEM_LIMIT = 227 * 1024
+EXCHANGE_BARRIER = 1         # named barrier of a K-split scan's partial-sum exchange
 
 _RING_LOADS = ("kda.load", "kda.load_chunk")
 _PASS_THROUGH = ("kda.pipeline_wait", "kda.convert", "kda.assume_range")
@@ -138,11 +139,20 @@ class RegisterScanPlan:
     scan: object
     K: int                       # rows of the carried state
     V: int
-    warpgroups: int              # consumer warpgroups per CTA, 64 value columns each
+    warpgroups: int              # value blocks per CTA, 64 value columns each
     v_ctas: int = 1              # CTAs per value head, each owning warpgroups·64 columns
     slots: list = field(default_factory=list)
     depth: int = 1
     stage_bytes: int = 0
+    # K split: k_split warpgroups share one value block, each owning K / k_split rows of the
+    # state (see `_plan_k_split`); 1 = one warpgroup holds all K rows
+    k_split: int = 1
+    split_values: set = field(default_factory=set)    # tiles held as K / k_split row slices
+    exchanges: dict = field(default_factory=dict)     # partial product -> slot it meets in
+
+    @property
+    def consumer_warpgroups(self) -> int:
+        return self.warpgroups * self.k_split
 
     @property
     def ring_bytes(self) -> int:
@@ -162,7 +172,7 @@ class RegisterScanPlan:
 
     @property
     def block_threads(self) -> int:
-        return (self.warpgroups + 1) * WG_THREADS
+        return (self.consumer_warpgroups + 1) * WG_THREADS
 
     @property
     def grid(self) -> list:
@@ -182,6 +192,17 @@ class RegisterScanPlan:
         return out
 
 
+def slice_start(layout: SmemLayout, kind: str, part, extent: int):
+    """Byte offset in a K-major wgmma B tile at which warpgroup ``part`` of a K-split scan
+    starts: ``kind`` "k", its slice of ``extent`` K rows (whole swizzle panels, `_plan_k_split`
+    checks); "n", its ``extent`` N rows (one swizzle row each). ``part`` may be an `IntVal`."""
+    if kind == "k":
+        return part * ((extent // layout.panel_cols) * layout.panel_bytes)
+    if kind == "n":
+        return part * (extent * layout.swizzle)
+    raise ValueError(f"slice kind {kind!r}: 'k' or 'n'")
+
+
 class NoMatch(Exception):
     """Why a kernel does not fit the register-resident scan."""
 
@@ -194,11 +215,12 @@ def _source(v):
 
 
 def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT,
-          warpgroups: int = 1) -> RegisterScanPlan:
+          warpgroups: int = 1, k_split: int = 1) -> RegisterScanPlan:
     """The plan of ``group`` on this path; raises `NoMatch` with the reason when it does not fit.
-    ``warpgroups``: consumer warpgroups per CTA (the value columns are split over
-    V / (64·warpgroups) CTAs per head). One is the default: a 256-thread CTA lets ptxas give the
-    consumers 232 registers, a 384-thread one caps them at 168 (spills)."""
+    ``warpgroups``: value blocks per CTA, one consumer warpgroup each (the value columns are
+    split over V / (64·warpgroups) CTAs per head). ``k_split``: consumer warpgroups sharing one
+    value block, each owning K / k_split state rows (`_plan_k_split`; taken where the scan
+    allows it, else 1)."""
     if target is None or not all(getattr(target, c) for c in ("has_wgmma", "has_tma", "has_setmaxnreg")):
         raise NoMatch("the chip lacks wgmma, TMA or setmaxnreg")
     if group.kind != "tile" or group.parallel or len(group.scans) != 1:
@@ -298,7 +320,79 @@ def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT,
     plan.depth = 2 if 2 * off + 32 <= smem_limit else 1
     if plan.smem_bytes > smem_limit:
         raise NoMatch(f"a ring stage of {off} bytes does not fit in shared memory")
+    if k_split > 1 and plan.warpgroups == 1:
+        try:
+            _plan_k_split(plan, carried, k_split)
+        except NoMatch:
+            plan.k_split, plan.split_values, plan.exchanges = 1, set(), {}
     return plan
+
+
+def _plan_k_split(plan: RegisterScanPlan, carried, k: int) -> None:
+    """Split the state's K rows over ``k`` warpgroups of one value block (raises `NoMatch` when
+    the scan does not allow it). The carried value is held as row slices; a product whose right
+    operand is a slice is a partial sum over the warpgroup's K rows (`exchanges`: the
+    warpgroups add their partials through shared memory, each writing into the part of the
+    product's ring tile that only its own wgmma read); a product of a whole tile whose result
+    has the state's shape computes only the warpgroup's rows (its N columns); other tiles are
+    whole in every warpgroup. Each warpgroup's products are 1/k of the unsplit ones, but the
+    warpgroups share the SM's tensor cores, so this pays only where one warpgroup leaves them
+    idle; measured slower on the H200 at K = 128 (LowerOptions.scan_k_split)."""
+    K = plan.K
+    if K % (8 * k):
+        raise NoMatch(f"K = {K} does not split into {k} slices of a multiple of 8")
+    split = {carried}
+    whole = set()
+    exchanges = {}
+    uses: dict = {}
+    body = plan.scan.body
+    for n in body.nodes:
+        if n.op in _PASS_THROUGH or n.op == "kda.pipeline_release":
+            continue
+        for o in n.operands:
+            src = _source(o)
+            if src.owner is not None and src.owner.op in _RING_LOADS:
+                uses[src.owner] = uses.get(src.owner, 0) + 1
+
+    def cls(v):
+        return "split" if v in split else ("whole" if v in whole else None)
+
+    for n in body.nodes:
+        op = n.op
+        if op in _PASS_THROUGH and n.operands[0] in split | whole:
+            (split if n.operands[0] in split else whole).add(n.results[0])
+        elif op == "kda.dot":
+            lhs, rhs = n.operands
+            slot = next(s for s in plan.slots if s.node is _source(lhs).owner)
+            res = n.results[0]
+            if rhs in split:
+                lay, M = slot.layout, res.shape[0]
+                local = K // k
+                if uses.get(slot.node) != 1:
+                    raise NoMatch(f"{slot.tensor} is read by more than one product")
+                if slot.transposed or local % lay.panel_cols or lay.num_panels % k:
+                    raise NoMatch(f"{slot.tensor}: its K slices are not whole swizzle panels")
+                if M * V_BLOCK * 4 > slot.nbytes // k:
+                    raise NoMatch(f"the partial sums of {slot.tensor}'s product do not fit "
+                                  "in its K slice")
+                exchanges[n] = slot
+                whole.add(res)
+            elif tuple(res.shape) == tuple(carried.shape):
+                if res.shape[0] % (8 * k):
+                    raise NoMatch(f"product rows {res.shape[0]} do not split into {k}")
+                split.add(res)
+            else:
+                whole.add(res)
+        elif op in _ELEMENTWISE:
+            kinds = {cls(o) for o in n.operands} - {None}
+            if len(kinds) > 1:
+                raise NoMatch(f"{op} mixes state slices and whole tiles")
+            (split if kinds == {"split"} else whole).add(n.results[0])
+    if body.nodes[-1].operands[0] not in split:
+        raise NoMatch("the yielded value is not held as state slices")
+    if not exchanges:
+        raise NoMatch("no product sums over the state's rows")
+    plan.k_split, plan.split_values, plan.exchanges = k, split, exchanges
 
 
 def _elementwise_source(v, slot_of):
@@ -335,17 +429,19 @@ class _DynBarrier:
 
 
 class Frag:
-    """A [R, V-block] tile as wgmma accumulator registers (column n = row interleave8(n))."""
+    """A [R, V-block] tile as wgmma accumulator registers (column n = row interleave8(n)).
+    ``row0``: None for a whole tile; for a state slice of a K-split scan, the first tile row
+    this warpgroup holds (``rows`` of them)."""
 
-    def __init__(self, rows: int, values: list):
-        self.rows, self.values = rows, values
+    def __init__(self, rows: int, values: list, row0=None):
+        self.rows, self.values, self.row0 = rows, values, row0
 
 
 class _Pending:
     """An issued wgmma group whose registers are valid only after a wait."""
 
-    def __init__(self, rows: int, values: list):
-        self.rows, self.values = rows, values
+    def __init__(self, rows: int, values: list, row0=None):
+        self.rows, self.values, self.row0 = rows, values, row0
 
 
 class RegisterScanEmitter(TileKernelEmitter):
@@ -394,7 +490,7 @@ class RegisterScanEmitter(TileKernelEmitter):
     def emit_mlir(self, builder, name: str, count_cost: bool = True) -> None:
         rp = self.rplan
         cost = self.cost = CostCounter() if count_cost else NullCounter()
-        nconsumer = rp.warpgroups * WG_THREADS
+        nconsumer = rp.consumer_warpgroups * WG_THREADS
         with builder.kernel(name, self.params(), (rp.block_threads, 1, 1)) as p:
             with B.use(MlirBackend(cost=cost)):
                 i32 = IntVal(thread_idx("x")).value.type
@@ -439,8 +535,8 @@ class RegisterScanEmitter(TileKernelEmitter):
                 # serialises every wgmma in it (C7520)
                 role = IntVal(shfl_idx((tid // WG_THREADS).value, 0))
                 self.role = role
-                B.if_then(B.icmp("ge", role, rp.warpgroups), producer)
-                B.if_then(B.icmp("lt", role, rp.warpgroups), consumer)
+                B.if_then(B.icmp("ge", role, rp.consumer_warpgroups), producer)
+                B.if_then(B.icmp("lt", role, rp.consumer_warpgroups), consumer)
         set_launch_bounds(builder, name, min_blocks_per_sm=1)
 
     def _bind(self, p, coords):
@@ -509,10 +605,15 @@ class RegisterScanEmitter(TileKernelEmitter):
     # -- consumers ---------------------------------------------------------------------------
     def consumer_body(self, tid) -> None:
         rp, geo = self.rplan, self.geo
-        self.wg = self.role
+        k = rp.k_split
+        self.wg = self.role // k if k > 1 else self.role      # value block of this warpgroup
+        self.kpart = self.role % k if k > 1 else 0            # its K slice (K-split scans)
+        self.tid_wg = tid % WG_THREADS
         self.warp = (tid // 32) % 4
         self.lane = tid % 32
         self.v0 = self.cta_v0 + self.wg * V_BLOCK
+        self.k_local = rp.K // k
+        self.row0 = self.kpart * self.k_local if k > 1 else None
         scan = rp.scan
         # values defined outside the scan (scalars, the initial state)
         for n in self.group.nodes:
@@ -531,12 +632,16 @@ class RegisterScanEmitter(TileKernelEmitter):
             with self.cost.chunk_step():
                 bar.mbarrier_wait(self._full(stage), phase)
                 self.cost.event("mbarrier.wait")
-                out = self._step(body, c, stage, Frag(rp.K, list(carried)))
+                out = self._step(body, c, stage, Frag(self.k_local, list(carried), self.row0))
+                if rp.exchanges:
+                    # the partial sums were written (generic proxy) into ring tiles TMA refills
+                    bar.fence_proxy_async_shared()
+                    self.cost.event("fence.proxy.async")
                 bar.mbarrier_arrive(self._empty(stage))
                 self.cost.event("mbarrier.arrive")
             return out.values
         final = B.for_range(0, geo.nchunks, 1, step, init.values, trips=CHUNKS)
-        result = Frag(rp.K, list(final))
+        result = Frag(self.k_local, list(final), self.row0)
         after = False
         for n in self.group.nodes:
             if n is scan:
@@ -549,10 +654,11 @@ class RegisterScanEmitter(TileKernelEmitter):
         n = v.owner
         if n is not None and n.op == "kda.load_state":
             mem = self.env[n.operands[0]]
-            ptr, offsets = self._lane_addresses(mem, geo.state_row(), rp.K)
-            return Frag(rp.K, [B.load(ptr, o, mem.elt) for o in offsets])
+            ptr, offsets = self._lane_addresses(mem, geo.state_row(), self.k_local, self.row0)
+            return Frag(self.k_local, [B.load(ptr, o, mem.elt) for o in offsets], self.row0)
         if n is not None and n.op == "kda.constant":
-            return Frag(rp.K, [B.f(float(n.attrs["value"]))] * (rp.K // 2))
+            return Frag(self.k_local, [B.f(float(n.attrs["value"]))] * (self.k_local // 2),
+                        self.row0)
         raise LoweringError(f"register scan: initial state from {n.op if n else v}")
 
     def _coord(self, i):
@@ -562,13 +668,14 @@ class RegisterScanEmitter(TileKernelEmitter):
         m = self.warp * 16 + g + 8 * ((i // 2) % 2)
         return t + (8 * (i // 4) + 4 * (i % 2)), self.v0 + m
 
-    def _lane_addresses(self, mem, row, rows) -> tuple:
+    def _lane_addresses(self, mem, row, rows, row0=None) -> tuple:
         """(pointer, constant element offsets) of this lane's registers of an [rows, V] tile
-        at ``row`` of ``mem``: one address per lane, the rest immediates (hoisting one address
-        per register would cost two registers each)."""
+        at ``row`` of ``mem`` (from tile row ``row0`` for a state slice): one address per lane,
+        the rest immediates (hoisting one address per register would cost two registers
+        each)."""
         sr, sc = (1, mem.tail[-2]) if mem.transposed else (mem.tail[-1], 1)
         g, t = lane_group(self.lane), lane_in_group(self.lane)
-        lane = t * sr + (self.v0 + self.warp * 16 + g) * sc
+        lane = (t + (row0 if row0 is not None else 0)) * sr + (self.v0 + self.warp * 16 + g) * sc
         ptr = B.gep(mem.ptr, B.wide(row) * mem.inner + B.wide(lane), mem.elt)
         offsets = []
         for i in range(rows // 2):
@@ -578,11 +685,23 @@ class RegisterScanEmitter(TileKernelEmitter):
 
     def _store(self, frag: Frag, mem, row) -> None:
         frag = self._ready(frag)
-        ptr, offsets = self._lane_addresses(mem, row, frag.rows)
-        for o, x in zip(offsets, frag.values):
-            if mem.round is not None:
-                x = B.round_to(x, mem.round)
-            B.store(ptr, o, x, mem.elt)
+        ptr, offsets = self._lane_addresses(mem, row, frag.rows, frag.row0)
+        pairs = list(zip(offsets, frag.values))
+
+        def store(part):
+            for o, x in part:
+                if mem.round is not None:
+                    x = B.round_to(x, mem.round)
+                B.store(ptr, o, x, mem.elt)
+        k = self.rplan.k_split
+        if frag.row0 is not None or k == 1:
+            store(pairs)
+            return
+        # a whole tile every warpgroup of the value block holds: each stores 1/k of its rows
+        share = len(pairs) // k
+        for part in range(k):
+            B.if_then(B.icmp("eq", self.kpart, part),
+                      lambda part=part: store(pairs[part * share:(part + 1) * share]))
 
     # -- one chunk step ------------------------------------------------------------------------
     def _step(self, body, c, stage, carried: Frag) -> Frag:
@@ -630,20 +749,24 @@ class RegisterScanEmitter(TileKernelEmitter):
             if self._fused.get(id(n)) is not None:
                 env[r] = self._fused.pop(id(n))
                 return
-            rows = r.shape[0]
-            ops = [self._elementwise_operand(o, rows) for o in n.operands]
+            rows, row0 = r.shape[0], None
+            for o in n.operands:
+                x = env.get(o)
+                if isinstance(x, (Frag, _Pending)):
+                    rows, row0 = x.rows, x.row0        # a state slice stays one
+            ops = [self._elementwise_operand(o, rows, row0) for o in n.operands]
             f = {"kda.add": B.add, "kda.sub": B.sub, "kda.mul": B.mul}.get(op)
             if op == "kda.neg":
                 vals = [B.neg(a) for a in ops[0]]
             else:
                 vals = [f(a, b) for a, b in zip(*ops)]
-            env[r] = Frag(rows, vals)
+            env[r] = Frag(rows, vals, row0)
         elif op == "kda.store_chunk":
             self._store_chunk(n)
         else:
             raise LoweringError(f"register scan: {op}")
 
-    def _elementwise_operand(self, v, rows) -> list:
+    def _elementwise_operand(self, v, rows, row0=None) -> list:
         x = self.env[v]
         if isinstance(x, (Frag, _Pending)):
             return self._ready(x).values
@@ -651,7 +774,7 @@ class RegisterScanEmitter(TileKernelEmitter):
         if kind == "scalar":
             return [obj] * (rows // 2)
         if kind == "ring":
-            return self._read_ring(obj, rows).values
+            return self._read_ring(obj, rows, row0).values
         if kind == "broadcast":
             src = obj.operands[0]
             if len(src.shape) == 0:
@@ -660,6 +783,8 @@ class RegisterScanEmitter(TileKernelEmitter):
                 return [s] * (rows // 2)
             _, slot = self.env[src]
             first = self._tile_offset(slot, self._stage_now) // ELEM_BYTES[slot.elt]
+            if row0 is not None:
+                first = row0 + first
             cache, out = {}, []
             for i in range(rows // 2):
                 key = (i // 4, i % 2)           # registers of one column share the value
@@ -670,12 +795,14 @@ class RegisterScanEmitter(TileKernelEmitter):
             return out
         raise LoweringError(f"register scan: operand {kind}")
 
-    def _read_ring(self, slot: RingSlot, rows) -> Frag:
+    def _read_ring(self, slot: RingSlot, rows, row0=None) -> Frag:
         """The fragment of a ring tile read element-wise (masked past the sequence end for
-        token tiles)."""
+        token tiles); rows from ``row0`` for a state slice."""
         geo = self.geo
         cols = slot.cols_loaded
         g, t = lane_group(self.lane), lane_in_group(self.lane)
+        if row0 is not None:
+            t = t + row0
         col0 = self.v0 - self.cta_v0 if slot.v_cols else self.v0
         first = self._tile_offset(slot, self._stage_now) // ELEM_BYTES[slot.elt]
         ptr = B.gep(self.smem_base, first + t * cols + col0 + self.warp * 16 + g, slot.elt)
@@ -686,14 +813,14 @@ class RegisterScanEmitter(TileKernelEmitter):
             if slot.kind == "token":
                 x = B.sel(B.icmp("lt", self._c * geo.C + (t + r), geo.seqlen), x, B.f(0.0))
             vals.append(x)
-        return Frag(rows, vals)
+        return Frag(rows, vals, row0)
 
     def _ready(self, x):
         if isinstance(x, _Pending):
             wgmma.wgmma_wait(self.target, 0)
             self.cost.event("wgmma.wait")
             vals = wgmma.fence_accumulators(x.values)
-            done = Frag(x.rows, vals)
+            done = Frag(x.rows, vals, x.row0)
             for k, v in list(self.env.items()):
                 if v is x:
                     self.env[k] = done
@@ -701,24 +828,31 @@ class RegisterScanEmitter(TileKernelEmitter):
         return x
 
     def _dot(self, n) -> None:
-        env = self.env
+        env, rp = self.env, self.rplan
         lhs, rhs = n.operands
         slot = env[lhs][1]
         X = self._ready(env[rhs])
         M = n.results[0].shape[0]
-        Kd = rhs.shape[0]
-        # add(Y, dot) with Y ready: accumulate onto Y
+        Kd = X.rows
+        partial = n in rp.exchanges             # X is a state slice: a sum over its K rows
+        sliced = n.results[0] in rp.split_values  # only this warpgroup's rows of the result
+        rows, row0 = (M // rp.k_split, self.row0) if sliced else (M, None)
+        # add(Y, dot) with Y ready: accumulate onto Y (not a partial sum: Y would count twice)
         init, fuse = None, None
         users = [u for u, _ in n.results[0].uses]
-        if len(users) == 1 and users[0].op == "kda.add":
+        if len(users) == 1 and users[0].op == "kda.add" and not partial:
             other = [o for o in users[0].operands if o is not n.results[0]]
             y = env.get(other[0]) if other else None
             if isinstance(y, (Frag, _Pending)):
                 init, fuse = self._ready(y).values, users[0]
-        acc = list(init) if init is not None else [B.f(0.0)] * (M // 2)
+        acc = list(init) if init is not None else [B.f(0.0)] * (rows // 2)
         lay = slot.layout
-        base32 = shared_addr32(byte_gep(self.smem_base, self._tile_offset(slot, self._stage_now),
-                                        shared_ptr_type()))
+        base = self._tile_offset(slot, self._stage_now)
+        base32 = shared_addr32(byte_gep(self.smem_base, base, shared_ptr_type()))
+        if partial:
+            base32 = base32 + slice_start(lay, "k", self.kpart, self.k_local)
+        elif sliced:
+            base32 = base32 + slice_start(lay, "n", self.kpart, rows)
         # every A register is written before the fence: a register written between the fence
         # and the wgmma that reads it makes ptxas insert a wait before each wgmma (C7517)
         a_regs = [[tf32_bits(X.values[acc_reg_for_tf32_a(kb, j)]) for j in range(4)]
@@ -730,15 +864,47 @@ class RegisterScanEmitter(TileKernelEmitter):
             descs.append(wgmma.make_descriptor(base32 + start, lbo, sbo, SWIZZLE))
         wgmma.wgmma_fence(self.target)
         for a, desc in zip(a_regs, descs):
-            acc = wgmma.wgmma_tf32_rs(self.target, acc, a, desc, M)
+            acc = wgmma.wgmma_tf32_rs(self.target, acc, a, desc, rows)
             self.cost.event("wgmma")
         wgmma.wgmma_commit(self.target)
         self.cost.event("wgmma.commit")
-        pending = _Pending(M, acc)
+        pending = _Pending(rows, acc, row0)
         env[n.results[0]] = pending
+        if partial:
+            env[n.results[0]] = self._exchange(self._ready(pending), slot, base)
         if fuse is not None:
             self._fused[id(fuse)] = pending
         self._flush_early()
+
+    def _exchange(self, part: Frag, slot: RingSlot, base: int) -> Frag:
+        """The whole product from this warpgroup's partial sum and the other slices' partials:
+        each warpgroup writes its registers into the K slice of the product's ring tile that
+        only its own (completed) wgmma read, in register-major order (conflict-free: a
+        register's 128 lanes are consecutive words), meets the others at a named barrier,
+        and adds theirs. Every warpgroup adds the same partials (in slice order), so all hold
+        bit-identical values."""
+        k, n = self.rplan.k_split, len(part.values)
+        words = slot.nbytes // k // 4          # one slice of the tile, in f32 words
+        first = base // 4 + self.tid_wg
+
+        def at(p, i):
+            return p * words + i * WG_THREADS + first
+        own = self.kpart * words + first
+        for i, x in enumerate(part.values):
+            B.store(self.smem_base, own + i * WG_THREADS, x, "f32")
+        bar.named_barrier_sync(EXCHANGE_BARRIER, k * WG_THREADS)
+        self.cost.event("bar.sync")
+        out = []
+        for i in range(n):
+            if k == 2:     # own + other: the same sum in both (addition commutes exactly)
+                out.append(B.add(part.values[i], B.load(self.smem_base, at(1 - self.kpart, i))))
+                continue
+            total = None
+            for p in range(k):
+                x = B.load(self.smem_base, at(p, i), "f32")
+                total = x if total is None else B.add(total, x)
+            out.append(total)
+        return Frag(part.rows, out)
 
     def _store_chunk(self, n) -> None:
         self._store(self.env[n.operands[2]], self.env[n.operands[0]], self.geo.chunk_row(self._c))
