@@ -57,6 +57,8 @@ def main(argv=None) -> int:
                     help="loads a thread issues together in the tile loops (ablation)")
     ap.add_argument("--scan-k-split", type=int, default=None,
                     help="warpgroups sharing a register scan's value block (K split; ablation)")
+    ap.add_argument("--programs", default=None,
+                    help="only these programs (comma-separated, e.g. kda_fwd)")
     ap.add_argument("--configs", default=None,
                     help="only the variants of these benchmark configs (comma-separated)")
     args = ap.parse_args(argv)
@@ -64,6 +66,8 @@ def main(argv=None) -> int:
     from kdagen.runtime.bundle import variant_name
     variants = bench_variants(args.ops.split(","),
                               args.configs.split(",") if args.configs else None)
+    if args.programs:
+        variants = [v for v in variants if v[0] in args.programs.split(",")]
     for program, options in variants:
         start = time.time()
         lower = {"pipeline": args.pipeline} | ({"dot": args.lower} if args.lower != "fma" else {})

@@ -154,7 +154,7 @@ def test_register_scan_kernel_assembles_for_sm90a(tmp_path, k_split):
     from kdagen.target import TARGETS
     t = TARGETS["sm_90a"]
     mod = driver.build_module("kda_fwd", {}, pipeline="chip", chip="sm_90a")
-    opts = LowerOptions(path="native", dot="bf16x3", scan_k_split=k_split)
+    opts = LowerOptions(path="native", dot="bf16x3", scan_k_split=k_split, scan_tma_stores=False)
     ks = [k for k in lower_program(mod, t, options=opts) if k.path == "sm90-register-scan"]
     assert len(ks) == 1
     ptx = driver.ptx_of(ks[0].module, t, ks[0].name)
@@ -219,3 +219,90 @@ def test_k128_scans_split_the_state_rows_over_two_warpgroups(program):
         assert rp.scan.body.nodes[-1].operands[0] in rp.split_values
     _, _, plans64 = _plans(program, k_split=2, head_k_dim=64, head_v_dim=64)
     assert plans64 and all(rp.k_split == 1 and rp.block_threads == 256 for rp in plans64.values())
+
+
+@pytest.mark.parametrize("program", ["kda_fwd", "kda_bwd", "gdn_fwd", "gdn_bwd"])
+def test_carried_checkpoints_are_staged_for_tma_stores(program):
+    """Every serial scan stores its per-chunk checkpoint of the carried value (S_c forward,
+    dS_c reverse) through one 128B-swizzled staging tile after the ring, with its own store
+    tensor map (box: one 32-column panel of the K rows); nothing else is staged."""
+    _, _, plans = _plans(program)
+    assert plans
+    for rp in plans.values():
+        carried = rp.scan.body.args[1]
+        ckpt = [n for n in rp.scan.body.nodes
+                if n.op == "kda.store_chunk" and n.operands[2] is carried]
+        assert [st.node for st in rp.stores] == ckpt and len(ckpt) == 1
+        st = rp.stores[0]
+        assert st.offset % 1024 == 0 and st.offset >= rp.ring_bytes + 16 * rp.depth
+        assert rp.smem_bytes == st.offset + st.nbytes <= 227 * 1024
+        assert (st.rows, st.cols, st.nbytes) == (rp.K, rp.V // rp.v_ctas, rp.K * st.cols * 4)
+        spec = rp.tensor_maps()[st.param]
+        assert spec == {"tensor": st.tensor, "dtype": "f32", "flatten": 2,
+                        "box": [1, rp.K, 32], "swizzle": 128}
+
+
+def test_staged_checkpoint_offsets_are_a_permutation_of_the_staging_tile():
+    """The staging writes (one pointer per swizzle phase, 8-row groups as immediates) put the
+    128 threads' 64 registers of S [128, 64] on distinct words covering the whole tile, each at
+    the address the 128B-swizzled layout (what the TMA store reads) gives its (row, column)."""
+    from kdagen.codegen.common.layouts import SmemLayout, lane_group, lane_in_group
+    from kdagen.codegen.lower.register_scan import SWIZZLE
+    lay = SmemLayout(128, 64, 4, SWIZZLE)
+    seen = {}
+    for tid in range(128):
+        warp, lane = tid // 32, tid % 32
+        g, t = lane_group(lane), lane_in_group(lane)
+        for i in range(64):
+            h, q, j = i % 2, (i // 2) % 2, i // 4
+            row, col = t + 8 * j + 4 * h, warp * 16 + g + 8 * q
+            got = lay.byte_offset(t + 4 * h, warp * 16 + g + 8 * q) + 8 * j * lay.row_pitch
+            assert got == lay.byte_offset(row, col)
+            seen[got] = (row, col)
+    assert sorted(seen) == list(range(0, 128 * 64 * 4, 4))
+
+
+@pytest.mark.skipif(shutil.which("ptxas") is None, reason="needs ptxas")
+def test_staged_checkpoint_kernel_assembles_without_spills(tmp_path):
+    import subprocess
+
+    from kdagen import driver
+    from kdagen.codegen.lower.kernel import lower_program
+    from kdagen.codegen.lower.options import LowerOptions
+    from kdagen.target import TARGETS
+    t = TARGETS["sm_90a"]
+    mod = driver.build_module("kda_fwd", {}, pipeline="chip", chip="sm_90a")
+    ks = [k for k in lower_program(mod, t, options=LowerOptions(path="native"))
+          if k.path == "sm90-register-scan"]
+    ptx = driver.ptx_of(ks[0].module, t, ks[0].name)
+    # two panel copies per step from thread 0 only, no branch; S's 64 registers go to shared
+    # memory, the global stores left are v' (32) and the final state (64)
+    assert ptx.count("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group") == 2
+    assert ptx.count("st.shared.b32") == 64 and ptx.count("st.global.b32") == 32 + 64
+    assert "cp.async.bulk.wait_group.read" in ptx and "bar.sync \t2, 128;" in ptx
+    counts = ks[0].cost["counts"]
+    assert counts["tma.store"] == 2 and counts["st.global"] == 32
+    (tmp_path / "k.ptx").write_text(ptx)
+    r = subprocess.run(["ptxas", "-arch=sm_90a", "-v", str(tmp_path / "k.ptx"), "-o",
+                        str(tmp_path / "k.cubin")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "0 bytes spill stores" in r.stderr and "C7517" not in r.stderr
+
+
+@pytest.mark.parametrize("program", ["kda_bwd", "gdn_bwd"])
+def test_reads_of_the_carried_value_go_before_the_first_product(program):
+    """The reverse scan's decay of dS (dS ⊙ 2^g) reads only the carried value and a ring vector:
+    it is emitted before the step's first product (emitted after it, it reads registers a wgmma
+    of the previous step wrote while one is in flight, and ptxas serialises: C7517); nothing
+    that reads a product result moves."""
+    from kdagen.codegen.lower.register_scan import _reads_of_carried_first
+    _, groups, plans = _plans(program)
+    reverse = [rp for rp in plans.values() if rp.scan.attrs.get("reverse")][0]
+    body = reverse.scan.body
+    carried = body.args[1]
+    first = _reads_of_carried_first(body.nodes[:-1], carried)
+    moved = [n for n in first if n.op.startswith("kda.") and n.op in
+             ("kda.add", "kda.sub", "kda.mul", "kda.neg")]
+    assert moved and all(carried in n.operands for n in moved)
+    products = {r for n in body.nodes if n.op == "kda.dot" for r in n.results}
+    assert not any(o in products for n in first for o in n.operands)

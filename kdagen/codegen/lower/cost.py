@@ -68,6 +68,7 @@ EVENTS = {
     "mbarrier.arrive": "mbarrier arrivals",
     "fence.proxy.async": "generic-to-async proxy fences",
     "tma.load": "TMA tensor copies issued",
+    "tma.store": "TMA tensor stores issued (shared to global)",
     "wgmma": "wgmma.mma_async instructions",
     "wgmma.commit": "wgmma commit groups",
     "wgmma.wait": "wgmma wait_group",

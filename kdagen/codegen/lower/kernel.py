@@ -185,7 +185,8 @@ def _register_scan_plans(program: Program, groups: list, target: Target | None,
         try:
             rp = register_scan.match(program, g, target,
                                      (target.smem_per_block or 0) - opts.smem_reserve,
-                                     opts.scan_warpgroups, opts.scan_k_split)
+                                     opts.scan_warpgroups, opts.scan_k_split,
+                                     opts.scan_tma_stores)
         except register_scan.NoMatch:
             continue
         if any(readers.get(ws, set()) - {g.index} for ws in rp.workspace_storage()):

@@ -34,6 +34,9 @@ class LowerOptions:
     # reverse step — both warpgroups share the SM's tensor cores (one warpgroup's TF32 step is
     # already at their throughput), so the split only adds the exchange
     scan_k_split: int = 1
+    # checkpoints of a register scan's carried value through a shared staging tile and TMA
+    # stores (register_scan.StoreSlot); False: per-thread global stores (ablation)
+    scan_tma_stores: bool = True
     # consumer warpgroups of a chunk-parallel kernel on the native sm_90a path: the tile loops
     # run on all of their threads (more warps per scheduler to hide latency) and each
     # warpgroup computes a slice of every wgmma product's N columns

@@ -133,6 +133,20 @@ def tma_load_tile(target: Target, tile: SmemTile, tmap: ir.Value, coords: list,
     return lay.size_bytes
 
 
+def tma_store(target: Target, src: ir.Value, tmap: ir.Value, coords_inner_first: list,
+              predicate: ir.Value | None = None) -> None:
+    """``cp.async.bulk.tensor.{r}d.global.shared::cta.tile.bulk_group``: copy the box at shared
+    pointer ``src`` to the tensor at ``coords_inner_first`` (innermost first). Issue from one
+    thread after every writer of the box ran `barrier.fence_proxy_async_shared` and the threads
+    synchronised; then `tma_store_commit`, and `tma_store_wait` before the box is rewritten.
+    ``predicate`` (i1): issue only where true (one thread, without a branch)."""
+    target.require("has_tma", "TMA (cp.async.bulk.tensor)")
+    if not 1 <= len(coords_inner_first) <= 5:
+        raise ValueError("TMA copies have 1..5 coordinates")
+    nvvm.cp_async_bulk_tensor_global_shared_cta(tmap, src, [as_i32(c) for c in coords_inner_first],
+                                                predicate=predicate)
+
+
 def tma_store_commit(target: Target) -> None:
     target.require("has_tma", "TMA (cp.async.bulk.tensor)")
     nvvm.cp_async_bulk_commit_group()
