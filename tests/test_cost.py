@@ -128,8 +128,12 @@ def test_kda_fwd_kernels_have_a_report(kda_fwd_cost):
         assert rep["estimate"]["is_estimate"] and rep["estimate"]["us"] > 0
     assert "unknown_trip_loops" not in scan
     assert chunk["counts"]["bar.sync"] > 0
-    # the register-resident state scan: no barrier and no shared-memory store in its step
-    assert "bar.sync" not in scan["counts"] and "st.shared" not in scan["counts"]
+    # the register-resident state scan: its step's only barriers and shared stores stage the
+    # checkpoint S_c for its TMA store (two named barriers, S's K·64/128 registers per thread,
+    # one copy per 32-column panel of the CTA's 64 value columns)
+    K = OPTS["head_k_dim"]
+    assert scan["counts"]["bar.sync"] == 2 and scan["counts"]["st.shared"] == K * 64 // 128
+    assert scan["counts"]["tma.store"] == 2
     # the state scan loads the initial state and stores the final one outside the chunk loop
     assert scan["once_per_cta"]["st.global"] > 0
     text = kda_fwd_cost.output("cost")
