@@ -287,3 +287,33 @@ def test_staged_checkpoint_kernel_assembles_without_spills(tmp_path):
                         str(tmp_path / "k.cubin")], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "0 bytes spill stores" in r.stderr and "C7517" not in r.stderr
+
+
+@pytest.mark.parametrize("program", ["kda_fwd", "kda_bwd", "gdn_bwd"])
+def test_step_schedule_issues_products_early(program):
+    """schedule_step: a topological order of the step in which the reads of the carried value
+    come before any product (no C7517 wait) and, in the reverse scan, the product that does not
+    depend on the first one (qdᵀ·do) is issued before anything waits for the first (kr·dS), so
+    the two overlap; the third accumulates onto the second after the first's result is used."""
+    from kdagen.codegen.lower.register_scan import schedule_step
+    _, _, plans = _plans(program)
+    for rp in plans.values():
+        body = rp.scan.body
+        nodes, carried = body.nodes[:-1], body.args[1]
+        order = schedule_step(nodes, carried)
+        assert sorted(map(id, order)) == sorted(map(id, nodes))
+        pos = {id(n): i for i, n in enumerate(order)}
+        producer = {r: n for n in nodes for r in n.results}
+        for n in order:
+            for o in n.operands:
+                if o in producer:
+                    assert pos[id(producer[o])] < pos[id(n)]
+        dots = [n for n in order if n.op == "kda.dot"]
+        reads = [n for n in order if n.op in ("kda.mul", "kda.add", "kda.sub")
+                 and carried in n.operands]
+        assert reads and all(pos[id(r)] < pos[id(dots[0])] for r in reads)
+        if rp.scan.attrs.get("reverse"):
+            assert len(dots) == 3
+            first = dots[0]
+            waiting = [n for n in order if first.results[0] in n.operands]   # + dv' (a ring tile)
+            assert waiting and pos[id(dots[1])] < min(pos[id(n)] for n in waiting)

@@ -5,6 +5,10 @@ The stages are data: an ordered list of pass-pipeline pieces, the chip filled in
 """
 from __future__ import annotations
 
+import hashlib
+import os
+from collections import OrderedDict
+
 from .._mlir import gpu, ir, passmanager
 from kdagen.target import Target
 
@@ -32,12 +36,26 @@ def lowering_pipeline(target: Target) -> str:
     return f"builtin.module({stages})"
 
 
+#: PTX of modules lowered in this process, by (pipeline, module text) digest: the same kernel
+#: lowered twice (several emits of one variant, tests) costs LLVM's NVPTX backend once (tens of
+#: seconds for a large kernel). ``KDAGEN_PTX_MEMO=0`` turns it off (determinism checks).
+_MEMO: "OrderedDict[str, str]" = OrderedDict()
+MEMO_ENTRIES = 256
+
+
 def lower_to_ptx(module: ir.Module, target: Target) -> str:
     """Lower a GPU container module for ``target`` and return the PTX of its gpu.module."""
     with module.context:
-        work = ir.Module.parse(str(module))
+        text = str(module)
+        pipeline = lowering_pipeline(target)
+        use_memo = os.environ.get("KDAGEN_PTX_MEMO", "1") != "0"
+        key = hashlib.sha256(f"{pipeline}\n{text}".encode()).hexdigest()
+        if use_memo and key in _MEMO:
+            _MEMO.move_to_end(key)
+            return _MEMO[key]
+        work = ir.Module.parse(text)
         try:
-            passmanager.PassManager.parse(lowering_pipeline(target)).run(work.operation)
+            passmanager.PassManager.parse(pipeline).run(work.operation)
         except ir.MLIRError as err:
             raise LoweringError(f"lowering to PTX for {target.chip} failed: {err}") from err
         binaries = [op for op in work.body.operations if op.operation.name == "gpu.binary"]
@@ -45,4 +63,9 @@ def lower_to_ptx(module: ir.Module, target: Target) -> str:
             raise LoweringError(f"expected one gpu.binary after lowering, found {len(binaries)}")
         objects = binaries[0].attributes["objects"]
         ptx = gpu.ObjectAttr(objects[0]).object
-    return ptx.decode() if isinstance(ptx, bytes) else ptx
+    ptx = ptx.decode() if isinstance(ptx, bytes) else ptx
+    if use_memo:
+        _MEMO[key] = ptx
+        while len(_MEMO) > MEMO_ENTRIES:
+            _MEMO.popitem(last=False)
+    return ptx

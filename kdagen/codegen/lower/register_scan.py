@@ -242,6 +242,89 @@ def slice_start(layout: SmemLayout, kind: str, part, extent: int):
     raise ValueError(f"slice kind {kind!r}: 'k' or 'n'")
 
 
+_DECLARATIONS = ("kda.load", "kda.load_chunk", "kda.pipeline_wait", "kda.pipeline_release",
+                 "kda.convert", "kda.assume_range", "kda.broadcast", "kda.constant")
+
+
+def schedule_step(nodes: list, carried, skip=()) -> list:
+    """The emission order of a scan step's nodes (``skip``: already emitted), a list schedule
+    that issues each product as early as its operands allow, so independent products overlap
+    and waits come late:
+
+    1. declarations (ring reads, broadcasts: they emit nothing);
+    2. element-wise ops reading only the carried value and declarations, before any product
+       (after one is issued they would read registers a wgmma of the previous step wrote while
+       one is in flight, and ptxas serialises: C7517);
+    3. then, repeatedly, the first node in program order that waits for no in-flight product
+       — a product whose right operand is ready (its accumulator may be an in-flight product:
+       wgmma chains them), an add fused into a product, element-wise ops and stores of ready
+       values — else the first node that does wait.
+    """
+    done = set(skip)
+    order = [n for n in nodes if n.op in _DECLARATIONS and n not in done]
+    done.update(order)
+    producer = {r: n for n in nodes for r in n.results}
+    regs = {carried} | {r for n in nodes if n.op in ("kda.dot", *_ELEMENTWISE) for r in n.results}
+    fused = {}              # add fused into the product that feeds it -> that product
+    for n in nodes:
+        if n.op == "kda.dot":
+            users = [u for u, _ in n.results[0].uses]
+            if len(users) == 1 and users[0].op == "kda.add":
+                other = [o for o in users[0].operands if o is not n.results[0]]
+                if other and other[0] in regs:
+                    fused[users[0]] = n
+    in_flight = {}          # value held by an issued, unwaited product -> its issue number
+    uses = {}
+    for n in nodes:
+        for o in n.operands:
+            uses[o] = uses.get(o, 0) + 1
+
+    def ready(n):
+        return all(producer.get(o) is None or producer[o] in done for o in n.operands)
+
+    def awaited(n):
+        """The in-flight values ``n`` must wait for."""
+        if n in fused:
+            return []
+        if n.op == "kda.dot":
+            out = [n.operands[1]] if n.operands[1] in in_flight else []
+            add = next((a for a, d in fused.items() if d is n), None)
+            if add is not None:      # its accumulator: chained if the only use, else waited
+                y = [o for o in add.operands if o is not n.results[0]][0]
+                if y in in_flight and uses.get(y, 0) > 1:
+                    out.append(y)
+            return out
+        return [o for o in n.operands if o in in_flight]
+
+    def emit(n):
+        wait = awaited(n)
+        order.append(n)
+        done.add(n)
+        if wait:                    # products complete in issue order
+            last = max(in_flight[v] for v in wait)
+            for v in [v for v, i in in_flight.items() if i <= last]:
+                del in_flight[v]
+        if n.op == "kda.dot" or n in fused:
+            for r in n.results:
+                in_flight[r] = len(order)
+
+    first = [n for n in nodes if n not in done and n.op in _ELEMENTWISE
+             and all(o is carried or producer.get(o) in done for o in n.operands)
+             and carried in n.operands]
+    for n in first:
+        emit(n)
+    while True:
+        rest = [n for n in nodes if n not in done and ready(n)]
+        if not rest:
+            break
+        free = [n for n in rest if not awaited(n)]
+        emit(free[0] if free else rest[0])
+    left = [n for n in nodes if n not in done]
+    if left:
+        raise LoweringError(f"register scan: cannot order {[n.op for n in left]}")
+    return order
+
+
 class NoMatch(Exception):
     """Why a kernel does not fit the register-resident scan."""
 
@@ -502,10 +585,11 @@ class Frag:
 
 
 class _Pending:
-    """An issued wgmma group whose registers are valid only after a wait."""
+    """An issued wgmma group (``group``: its commit number) whose registers are valid only
+    after a wait."""
 
-    def __init__(self, rows: int, values: list, row0=None):
-        self.rows, self.values, self.row0 = rows, values, row0
+    def __init__(self, rows: int, values: list, row0=None, group: int = 0):
+        self.rows, self.values, self.row0, self.group = rows, values, row0, group
 
 
 class RegisterScanEmitter(TileKernelEmitter):
@@ -693,6 +777,7 @@ class RegisterScanEmitter(TileKernelEmitter):
         self.store_maps = {st.param: tma.tensormap_pointer(self.target, self.p[st.param])
                            for st in rp.stores}
         self.elected = B.icmp("eq", tid, 0)
+        self._groups = self._completed = 0      # wgmma groups committed / known complete
 
         def step(it, *carried):
             c = self._chunk(it)
@@ -786,9 +871,10 @@ class RegisterScanEmitter(TileKernelEmitter):
         early = [n for n in nodes if n.op == "kda.store_chunk" and n.operands[2] is body.args[1]]
         self._early = list(early)
         self._flush_early()
-        for n in nodes:
-            if n not in early:
-                self._node(n)
+        order = schedule_step(nodes, body.args[1], early) if self.opts.scan_schedule == "early" \
+            else [n for n in nodes if n not in early]
+        for n in order:
+            self._node(n)
         self._flush_early()
         return self._ready(env[body.nodes[-1].operands[0]])
 
@@ -933,8 +1019,11 @@ class RegisterScanEmitter(TileKernelEmitter):
 
     def _ready(self, x):
         if isinstance(x, _Pending):
-            wgmma.wgmma_wait(self.target, 0)
-            self.cost.event("wgmma.wait")
+            if x.group > self._completed:
+                # groups complete in order: wait until at most the later ones are in flight
+                wgmma.wgmma_wait(self.target, self._groups - x.group)
+                self.cost.event("wgmma.wait")
+                self._completed = x.group
             vals = wgmma.fence_accumulators(x.values)
             done = Frag(x.rows, vals, x.row0)
             for k, v in list(self.env.items()):
@@ -959,7 +1048,11 @@ class RegisterScanEmitter(TileKernelEmitter):
         if len(users) == 1 and users[0].op == "kda.add" and not partial:
             other = [o for o in users[0].operands if o is not n.results[0]]
             y = env.get(other[0]) if other else None
-            if isinstance(y, (Frag, _Pending)):
+            if isinstance(y, _Pending) and len(other[0].uses) == 1:
+                # accumulate onto an in-flight product (its only use): wgmma orders the two
+                # on the shared accumulator, no wait
+                init, fuse = y.values, users[0]
+            elif isinstance(y, (Frag, _Pending)):
                 init, fuse = self._ready(y).values, users[0]
         acc = list(init) if init is not None else [B.f(0.0)] * (rows // 2)
         lay = slot.layout
@@ -984,7 +1077,8 @@ class RegisterScanEmitter(TileKernelEmitter):
             self.cost.event("wgmma")
         wgmma.wgmma_commit(self.target)
         self.cost.event("wgmma.commit")
-        pending = _Pending(rows, acc, row0)
+        self._groups += 1
+        pending = _Pending(rows, acc, row0, self._groups)
         env[n.results[0]] = pending
         if partial:
             env[n.results[0]] = self._exchange(self._ready(pending), slot, base)
