@@ -178,3 +178,32 @@ def test_gpu_manifest_references_run_on_cpu(tmp_path):
             if arg["kind"] == "tensormap":
                 assert arg["encode"]["boxDim"] == list(reversed(arg["box"]))
         assert entry["ptxas"]["spills"] == 0
+
+
+def test_ptx_memo_returns_the_lowering_of_the_same_module(monkeypatch):
+    """lower_to_ptx memoises by (pipeline, module text): a second lowering of an equal module
+    is the memo's PTX without running the pipeline, the same text as a real lowering
+    (KDAGEN_PTX_MEMO=0); another target is another entry."""
+    from kdagen.codegen import to_ptx
+    runs = []
+    real = to_ptx.passmanager.PassManager.parse
+
+    def counting(text):
+        runs.append(text)
+        return real(text)
+    monkeypatch.setattr(to_ptx.passmanager.PassManager, "parse", staticmethod(counting))
+    to_ptx._MEMO.clear()
+    target = get_target("sm_120a")
+    builder = GpuModuleBuilder()
+    tk.build_suite(builder, target)
+    first = lower_to_ptx(builder.module, target)
+    again = lower_to_ptx(builder.module, target)
+    assert again == first and len(runs) == 1
+    monkeypatch.setenv("KDAGEN_PTX_MEMO", "0")
+    assert lower_to_ptx(builder.module, target) == first and len(runs) == 2
+    monkeypatch.delenv("KDAGEN_PTX_MEMO")
+    other = get_target("sm_100a")
+    builder2 = GpuModuleBuilder()
+    tk.build_suite(builder2, other)
+    lower_to_ptx(builder2.module, other)
+    assert len(runs) == 3 and len(to_ptx._MEMO) == 2
