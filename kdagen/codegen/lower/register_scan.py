@@ -864,7 +864,6 @@ class RegisterScanEmitter(TileKernelEmitter):
         env[body.args[0]] = c
         env[body.args[1]] = carried
         self._c, self._stage_now = c, stage
-        self._late_stores = []
         nodes = body.nodes[:-1]
         # checkpoints of the carried value go first: stored after the first product is issued,
         # ptxas waits for that product before the stores (C7517) and nothing overlaps
