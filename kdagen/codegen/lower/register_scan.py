@@ -884,15 +884,14 @@ class RegisterScanEmitter(TileKernelEmitter):
                                        or self.env[n.operands[0]].round):
                 self._store_staged(n, st)
             else:
-                self._store(self.env[n.operands[2]], self.env[n.operands[0]],
-                            self.geo.chunk_row(self._c))
+                self._store_chunk(n)
         self._early = []
 
     def _store_staged(self, n, st: StoreSlot) -> None:
-        """The checkpoint through its staging tile and a TMA store (`StoreSlot`): consumer
-        thread 0 waits until the previous step's copy has read the tile, the consumers write
-        their registers (swizzled: at most 2-way bank conflicts) and fence them for the async
-        proxy, thread 0 issues one copy per 32-column panel."""
+        """The checkpoint through its staging tile and a TMA store (`StoreSlot`): the consumers
+        wait until the previous step's copy has read the tile (only thread 0 has one in
+        flight), write their registers (swizzled: at most 2-way bank conflicts) and fence them
+        for the async proxy; thread 0 issues one copy per 32-column panel."""
         rp, geo = self.rplan, self.geo
         frag = self._ready(self.env[n.operands[2]])
         nconsumer = rp.consumer_warpgroups * WG_THREADS
