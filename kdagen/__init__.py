@@ -2,20 +2,27 @@
 
 ``kdagen.chunk_kda`` and ``kdagen.chunk_gated_delta_rule`` (FLA drop-ins, :mod:`kdagen.api`)
 are imported on first use, so ``import kdagen`` itself imports neither torch nor MLIR.
+Gates: ``kdagen.define_gate`` (a new gate in a few DSL lines), ``kdagen.load_gates(PATH)`` (the
+gates of a user's file), ``kdagen.Gate``; pass one as ``gate=`` to either op.
 """
 from kdagen.version import __version__
 
-__all__ = ["__version__", "chunk_kda", "chunk_gated_delta_rule"]
+__all__ = ["__version__", "chunk_kda", "chunk_gated_delta_rule", "define_gate", "load_gates",
+           "Gate"]
 
-_LAZY = {"chunk_kda": "kdagen.api", "chunk_gated_delta_rule": "kdagen.api"}
+_LAZY = {"chunk_kda": ("kdagen.api", "chunk_kda"),
+         "chunk_gated_delta_rule": ("kdagen.api", "chunk_gated_delta_rule"),
+         "define_gate": ("kdagen.ir.gates", "define_gate"),
+         "load_gates": ("kdagen.ir.gates", "load_gate_file"),
+         "Gate": ("kdagen.ir.gates", "Gate")}
 
 
 def __getattr__(name):
-    module = _LAZY.get(name)
-    if module is None:
+    where = _LAZY.get(name)
+    if where is None:
         raise AttributeError(f"module 'kdagen' has no attribute {name!r}")
     import importlib
-    value = getattr(importlib.import_module(module), name)
+    value = getattr(importlib.import_module(where[0]), where[1])
     globals()[name] = value
     return value
 

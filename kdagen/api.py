@@ -125,7 +125,19 @@ def _warn_if_head_first(q) -> None:
 def _call(family, q, k, v, g, beta, *, scale, initial_state, output_final_state,
           use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
           safe_gate, lower_bound, cu_seqlens, A_log, dt_bias, chunk_size, state_v_first,
-          return_intermediate_states):
+          return_intermediate_states, gate=None, gate_params=None, gate_options=None):
+    if gate is not None:
+        return _call_gated(
+            family, q, k, v, g, beta, scale=scale, initial_state=initial_state,
+            output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+            use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+            allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, lower_bound=lower_bound,
+            cu_seqlens=cu_seqlens, A_log=A_log, dt_bias=dt_bias, chunk_size=chunk_size,
+            state_v_first=state_v_first, return_intermediate_states=return_intermediate_states,
+            gate=gate, gate_params=gate_params, gate_options=gate_options)
+    if gate_params is not None or gate_options is not None:
+        raise KdagenInputError("gate_params/gate_options: given without gate=; pass the gate "
+                               "they belong to")
     _check_chunk_size(family, chunk_size)
     _warn_if_head_first(q)
     cu_seqlens = _as_cu_seqlens(cu_seqlens, q)
@@ -180,6 +192,109 @@ def _call(family, q, k, v, g, beta, *, scale, initial_state, output_final_state,
     return (o, ht, h) if return_intermediate_states else (o, ht)
 
 
+def _resolve_gate(family: str, gate):
+    """A gate name or Gate object -> the registered Gate (a Gate object is registered under
+    its name, so the ops, which take names, find it)."""
+    from kdagen.ir import gates as gate_lib
+    if isinstance(gate, gate_lib.Gate):
+        have = gate_lib.GATES.get(gate.name)
+        if have is not gate:
+            if have is not None and have.builtin:
+                raise KdagenInputError(f"gate: {gate.name!r} is a built-in gate's name; name "
+                                       f"yours differently")
+            gate_lib.GATES[gate.name] = gate
+    elif not isinstance(gate, str):
+        raise KdagenInputError(f"gate: expected a gate name or a kdagen.ir.gates.Gate, got "
+                               f"{type(gate).__name__}")
+    return ops._registered_gate(family, gate if isinstance(gate, str) else gate.name)
+
+
+def _gate_param_tensors(gobj, gate_params, A_log, dt_bias, HV: int, K: int) -> list:
+    given = dict(gate_params or {})
+    if not isinstance(gate_params, (dict, type(None))):
+        raise KdagenInputError(f"gate_params: expected a dict name -> tensor, got "
+                               f"{type(gate_params).__name__}")
+    for name, x in (("A_log", A_log), ("dt_bias", dt_bias)):
+        if x is None:
+            continue
+        if name not in gobj.params:
+            raise KdagenInputError(f"{name}: gate {gobj.name!r} has no parameter {name!r} "
+                                   f"(its parameters: {list(gobj.params) or 'none'})")
+        if name in given:
+            raise KdagenInputError(f"{name}: given twice (as {name}= and in gate_params)")
+        given[name] = x
+    unknown = sorted(set(given) - set(gobj.params))
+    missing = [p for p in gobj.params if p not in given]
+    if unknown or missing:
+        raise KdagenInputError(
+            f"gate_params: gate {gobj.name!r} takes parameters {dict(gobj.params)}; "
+            + (f"missing {missing}" if missing else "")
+            + ("; " if missing and unknown else "") + (f"unknown {unknown}" if unknown else ""))
+    out = []
+    for pname, kind in gobj.params.items():
+        x = given[pname]
+        if not isinstance(x, torch.Tensor):
+            raise KdagenInputError(f"gate_params[{pname!r}]: expected a torch.Tensor, got "
+                                   f"{type(x).__name__}")
+        if not x.is_floating_point():
+            raise KdagenInputError(f"gate_params[{pname!r}]: expected a floating-point tensor, "
+                                   f"got {x.dtype}")
+        want = HV if kind == "scalar" else HV * K
+        if x.numel() != want:
+            raise KdagenInputError(
+                f"gate_params[{pname!r}]: a per-head {kind} parameter has "
+                f"{'[HV]' if kind == 'scalar' else '[HV, K]'} = "
+                f"{[HV] if kind == 'scalar' else [HV, K]} elements, got shape {list(x.shape)}")
+        x = x.reshape(HV) if kind == "scalar" else x.reshape(HV, K)
+        out.append(_dense(x.float()))     # autograd casts the gradient back to x's dtype
+    return out
+
+
+def _call_gated(family, q, k, v, g, beta, *, scale, initial_state, output_final_state,
+                use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+                allow_neg_eigval, safe_gate, lower_bound, cu_seqlens, A_log, dt_bias, chunk_size,
+                state_v_first, return_intermediate_states, gate, gate_params, gate_options):
+    import json
+    for flag, value in (("use_gate_in_kernel", use_gate_in_kernel), ("safe_gate", safe_gate),
+                        ("lower_bound", lower_bound is not None)):
+        if value:
+            raise KdagenInputError(f"{flag}: not used with gate= (the gate takes the raw g and "
+                                   f"its own parameters and options); drop it")
+    if return_intermediate_states:
+        raise KdagenInputError("return_intermediate_states: not available with gate= yet; "
+                               "call without it")
+    _check_chunk_size(family, chunk_size)
+    _warn_if_head_first(q)
+    gobj = _resolve_gate(family, gate)
+    if gate_options is not None and not isinstance(gate_options, dict):
+        raise KdagenInputError(f"gate_options: expected a dict, got {type(gate_options).__name__}")
+    try:
+        gobj.resolve_options(dict(gate_options or {}))
+    except ValueError as err:
+        raise KdagenInputError(f"gate_options: {err}") from None
+    cu_seqlens = _as_cu_seqlens(cu_seqlens, q)
+    q, k, v, g, beta = (_dense(x) for x in (q, k, v, g, beta))
+    initial_state = _initial_state(initial_state, state_v_first)
+    sizes = validate_inputs(
+        family, q, k, v, g, beta, initial_state=initial_state, cu_seqlens=cu_seqlens,
+        allowed_dtypes=ops.SUPPORTED_DTYPES, supported_head_dims=ops.SUPPORTED_HEAD_DIMS,
+        require_contiguous=True, check_values=_read_values(q, cu_seqlens))
+    params = _gate_param_tensors(gobj, gate_params, _as_head_vector(A_log, sizes.HV), dt_bias,
+                                 sizes.HV, sizes.K)
+    if scale is None:
+        scale = sizes.K ** -0.5
+    elif isinstance(scale, torch.Tensor):
+        raise KdagenInputError("scale: expected a Python float, got a tensor; pass float(scale)")
+    op = ops.kda_gated_fwd if family == "kda" else ops.gdn_gated_fwd
+    o, ht = op(q, k, v, g, beta, params, initial_state, cu_seqlens, float(scale),
+               bool(output_final_state), bool(use_qk_l2norm_in_kernel),
+               bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval), gobj.name,
+               json.dumps(dict(gate_options or {}), sort_keys=True))
+    if state_v_first and output_final_state:
+        ht = ht.transpose(-1, -2).contiguous()
+    return o, (ht if output_final_state else None)
+
+
 def _require_inference(flag: str, *tensors) -> None:
     """FLA's inference-only outputs bypass autograd: refuse them where a gradient is wanted."""
     if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
@@ -212,6 +327,9 @@ def chunk_kda(
     A_log: torch.Tensor | None = None,
     dt_bias: torch.Tensor | None = None,
     chunk_size: int = 64,
+    gate: Any = None,
+    gate_params: dict | None = None,
+    gate_options: dict | None = None,
     **fla_kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Kimi Delta Attention, chunked: FLA's ``chunk_kda`` (same arguments, in FLA's order, and
@@ -240,6 +358,13 @@ def chunk_kda(
     - ``chunk_size``: FLA's values (32 or 64) are accepted; kdagen chooses its own chunk size
       (the result does not depend on it). FLA's tuning keywords ``chunk_indices``,
       ``cu_seqlens_cpu``, ``disable_recompute`` are accepted and ignored.
+    - ``gate`` (kdagen's own): any registered gate (a name, or a
+      :class:`kdagen.ir.gates.Gate`; a user's gate file is loaded with
+      :func:`kdagen.load_gates`). g is then its raw input, ``gate_params`` maps each of the
+      gate's parameters to a tensor (a per-head scalar ``[HV]``, a per-channel one
+      ``[HV, K]``/``[HV * K]``; ``A_log=``/``dt_bias=`` fill the parameters of those names),
+      ``gate_options`` sets its options. Gradients reach every parameter. It replaces
+      ``use_gate_in_kernel``/``safe_gate``/``lower_bound``.
 
     Returns ``(o, final_state)``: o ``[B, T, HV, V]`` in v's dtype, final_state float32
     ``[N, HV, K, V]`` (``[N, HV, V, K]`` with ``state_v_first``) with ``output_final_state``,
@@ -255,7 +380,8 @@ def chunk_kda(
                  allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, lower_bound=lower_bound,
                  cu_seqlens=cu_seqlens, A_log=A_log, dt_bias=dt_bias, chunk_size=chunk_size,
                  state_v_first=state_v_first,
-                 return_intermediate_states=return_intermediate_states)
+                 return_intermediate_states=return_intermediate_states,
+                 gate=gate, gate_params=gate_params, gate_options=gate_options)
 
 
 def chunk_gated_delta_rule(
@@ -280,6 +406,9 @@ def chunk_gated_delta_rule(
     lower_bound: float | None = None,
     chunk_size: int = 64,
     return_intermediate_states: bool = False,
+    gate: Any = None,
+    gate_params: dict | None = None,
+    gate_options: dict | None = None,
     **fla_kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Gated DeltaNet, chunked: FLA's ``chunk_gated_delta_rule`` (same arguments, in FLA's
@@ -290,7 +419,8 @@ def chunk_gated_delta_rule(
     ``use_gate_in_kernel`` takes a raw gate (with ``A_log`` ``[HV]``, ``dt_bias`` ``[HV]`` or
     None, optionally ``safe_gate`` + ``lower_bound``). ``chunk_size``: FLA's values (16, 32,
     64) are accepted, the result does not depend on it. Strides, dtypes, ``state_v_first`` and
-    ``cu_seqlens`` as in :func:`chunk_kda`.
+    ``cu_seqlens`` as in :func:`chunk_kda`; ``gate``/``gate_params``/``gate_options`` as in
+    :func:`chunk_kda`, with GDN gates (a per-head scalar g; parameters ``[HV]``).
 
     Returns ``(o [B, T, HV, V] in v's dtype, final_state float32 [N, HV, K, V] or None)``.
     """
@@ -303,4 +433,5 @@ def chunk_gated_delta_rule(
                  allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, lower_bound=lower_bound,
                  cu_seqlens=cu_seqlens, A_log=A_log, dt_bias=dt_bias, chunk_size=chunk_size,
                  state_v_first=state_v_first,
-                 return_intermediate_states=return_intermediate_states)
+                 return_intermediate_states=return_intermediate_states,
+                 gate=gate, gate_params=gate_params, gate_options=gate_options)

@@ -43,7 +43,8 @@ from kdagen.runtime import backends
 from kdagen.runtime.backends import OutSpec
 from kdagen.validation import KdagenInputError, validate_inputs
 
-__all__ = ["kda_fwd", "kda_bwd", "gdn_fwd", "gdn_bwd", "program_options", "gate_name",
+__all__ = ["kda_fwd", "kda_bwd", "gdn_fwd", "gdn_bwd", "kda_gated_fwd", "kda_gated_bwd",
+           "gdn_gated_fwd", "gdn_gated_bwd", "gated_program_options", "program_options", "gate_name",
            "SUPPORTED_HEAD_DIMS", "SUPPORTED_DTYPES", "OPS"]
 
 SUPPORTED_HEAD_DIMS = (64, 128)
@@ -345,6 +346,210 @@ def _define(family: str):
 kda_fwd, kda_bwd = _define("kda")
 gdn_fwd, gdn_bwd = _define("gdn")
 
+
+# --------------------------------------------------------------------------------------
+# ops with any registered gate: kdagen::{kda,gdn}_gated_{fwd,bwd}
+# --------------------------------------------------------------------------------------
+
+
+def _registered_gate(family: str, gate: str):
+    from kdagen.ir.gates import get_gate
+    try:
+        gobj = get_gate(gate)
+    except ValueError as err:
+        raise KdagenInputError(f"gate: {err}; define it with kdagen.ir.gates.define_gate or "
+                               f"load its file with kdagen.load_gates(PATH)") from None
+    if gobj.family != family:
+        raise KdagenInputError(f"gate: {gate!r} is a {gobj.family.upper()} gate; "
+                               f"{'chunk_kda' if family == 'kda' else 'chunk_gated_delta_rule'} "
+                               f"needs a {family.upper()} gate")
+    return gobj
+
+
+def gated_program_options(family: str, q: Tensor, v: Tensor, g: Tensor, beta: Tensor, *,
+                          gate: str, gate_options: str, use_initial_state: bool, varlen: bool,
+                          output_final_state: bool, use_qk_l2norm_in_kernel: bool,
+                          use_beta_sigmoid_in_kernel: bool, allow_neg_eigval: bool) -> dict:
+    """The program options of a call with gate ``gate`` (options as JSON): a user's gate
+    carries its digest (``gate_digest``), so its compiled kernels are keyed by its source."""
+    import json
+    gobj = _registered_gate(family, gate)
+    opts = program_options(
+        family, q, v, g=g, beta=beta, use_initial_state=use_initial_state, varlen=varlen,
+        output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+        use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+        allow_neg_eigval=allow_neg_eigval, safe_gate=False, lower_bound=None)
+    opts["gate"] = gobj.name
+    for name, value in sorted(json.loads(gate_options or "{}").items()):
+        if name not in gobj.options:
+            raise KdagenInputError(f"gate_options: gate {gate!r} has no option {name!r}; its "
+                                   f"options are {sorted(gobj.options) or 'none'}")
+        opts[name] = value
+    if not gobj.builtin:
+        opts["gate_digest"] = gobj.digest
+    return opts
+
+
+def _check_gate_params(gobj, sizes, params, device) -> None:
+    if len(params) != len(gobj.params):
+        raise KdagenInputError(f"gate_params: gate {gobj.name!r} takes {len(gobj.params)} "
+                               f"parameter tensor(s) {list(gobj.params)}, got {len(params)}")
+    for (pname, kind), x in zip(gobj.params.items(), params):
+        want = (sizes.HV,) if kind == "scalar" else (sizes.HV, sizes.K)
+        if not isinstance(x, Tensor):
+            raise KdagenInputError(f"gate_params[{pname!r}]: expected a torch.Tensor, got "
+                                   f"{type(x).__name__}")
+        if tuple(x.shape) != want:
+            raise KdagenInputError(
+                f"gate_params[{pname!r}]: a per-head {kind} parameter of gate {gobj.name!r} "
+                f"has shape {list(want)} ({'[HV]' if kind == 'scalar' else '[HV, K]'}), got "
+                f"{list(x.shape)}")
+        if x.dtype != torch.float32:
+            raise KdagenInputError(f"gate_params[{pname!r}]: expected float32, got {x.dtype}; "
+                                   f"call .float()")
+        if x.device != device:
+            raise KdagenInputError(f"gate_params[{pname!r}]: expected device {device} (same as "
+                                   f"q), got {x.device}")
+        if not x.is_contiguous():
+            raise KdagenInputError(f"gate_params[{pname!r}]: expected a contiguous tensor; "
+                                   f"call .contiguous()")
+
+
+def _gated_setup(family, q, k, v, g, beta, gate_params, initial_state, cu_seqlens, scale,
+                 output_final_state, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel,
+                 allow_neg_eigval, gate, gate_options):
+    gobj = _registered_gate(family, gate)
+    sizes = _check(family, q, k, v, g, beta, None, None, initial_state, cu_seqlens, False,
+                   False, None)
+    _check_gate_params(gobj, sizes, gate_params, q.device)
+    opts = gated_program_options(
+        family, q, v, g, beta, gate=gate, gate_options=gate_options,
+        use_initial_state=initial_state is not None, varlen=cu_seqlens is not None,
+        output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+        use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval)
+    inputs = {"q": q, "k": k, "v": v, gobj.input_name: g,
+              ("beta_raw" if use_beta_sigmoid_in_kernel else "beta"): beta, "scale": float(scale)}
+    inputs.update(zip(gobj.params, gate_params))
+    if initial_state is not None:
+        inputs["initial_state"] = initial_state
+    if cu_seqlens is not None:
+        inputs["cu_seqlens"] = cu_seqlens
+    return gobj, sizes, opts, inputs
+
+
+def _gated_fwd_impl(family, q, k, v, g, beta, gate_params, initial_state, cu_seqlens, scale,
+                    output_final_state, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel,
+                    allow_neg_eigval, gate, gate_options):
+    gobj, sizes, opts, inputs = _gated_setup(
+        family, q, k, v, g, beta, gate_params, initial_state, cu_seqlens, scale,
+        output_final_state, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel,
+        allow_neg_eigval, gate, gate_options)
+    outputs = {"o": OutSpec(tuple(v.shape), v.dtype)}
+    if output_final_state:
+        outputs["final_state"] = OutSpec((sizes.N, sizes.HV, sizes.K, sizes.V), torch.float32)
+    res = backends.get_executor(q.device).run(f"{family}_fwd", opts, inputs, outputs)
+    return res["o"], (res["final_state"] if output_final_state else _empty(q))
+
+
+def _gated_bwd_impl(family, do, dht, q, k, v, g, beta, gate_params, initial_state, cu_seqlens,
+                    scale, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel,
+                    allow_neg_eigval, gate, gate_options):
+    gobj, sizes, opts, inputs = _gated_setup(
+        family, q, k, v, g, beta, gate_params, initial_state, cu_seqlens, scale, dht is not None,
+        use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, gate,
+        gate_options)
+    _check_cotangent("do", do, tuple(v.shape), q.device)
+    if dht is not None:
+        _check_cotangent("dht", dht, (sizes.N, sizes.HV, sizes.K, sizes.V), q.device)
+    inputs["do"] = do
+    if dht is not None:
+        inputs["dht"] = dht
+    gname = "d" + gobj.input_name
+    bname = "dbeta_raw" if use_beta_sigmoid_in_kernel else "dbeta"
+    outputs = {"dq": OutSpec(tuple(q.shape), q.dtype), "dk": OutSpec(tuple(k.shape), k.dtype),
+               "dv": OutSpec(tuple(v.shape), v.dtype), gname: OutSpec(tuple(g.shape), g.dtype),
+               bname: OutSpec(tuple(beta.shape), beta.dtype)}
+    for pname, x in zip(gobj.params, gate_params):
+        outputs["d" + pname] = OutSpec(tuple(x.shape), x.dtype)
+    if initial_state is not None:
+        outputs["dh0"] = OutSpec(tuple(initial_state.shape), initial_state.dtype)
+    res = backends.get_executor(q.device).run(f"{family}_bwd", opts, inputs, outputs)
+    return (res["dq"], res["dk"], res["dv"], res[gname], res[bname],
+            [res["d" + pname] for pname in gobj.params],
+            res["dh0"] if initial_state is not None else _empty(q))
+
+
+def _define_gated(family: str):
+    def fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, gate_params: list[Tensor],
+            initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor], scale: float,
+            output_final_state: bool, use_qk_l2norm_in_kernel: bool,
+            use_beta_sigmoid_in_kernel: bool, allow_neg_eigval: bool, gate: str,
+            gate_options: str) -> tuple[Tensor, Tensor]:
+        return _gated_fwd_impl(family, q, k, v, g, beta, gate_params, initial_state, cu_seqlens,
+                               scale, output_final_state, use_qk_l2norm_in_kernel,
+                               use_beta_sigmoid_in_kernel, allow_neg_eigval, gate, gate_options)
+
+    def bwd(do: Tensor, dht: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, g: Tensor,
+            beta: Tensor, gate_params: list[Tensor], initial_state: Optional[Tensor],
+            cu_seqlens: Optional[Tensor], scale: float, use_qk_l2norm_in_kernel: bool,
+            use_beta_sigmoid_in_kernel: bool, allow_neg_eigval: bool, gate: str,
+            gate_options: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, list[Tensor], Tensor]:
+        return _gated_bwd_impl(family, do, dht, q, k, v, g, beta, gate_params, initial_state,
+                               cu_seqlens, scale, use_qk_l2norm_in_kernel,
+                               use_beta_sigmoid_in_kernel, allow_neg_eigval, gate, gate_options)
+
+    fwd.__name__ = fwd.__qualname__ = f"{family}_gated_fwd"
+    bwd.__name__ = bwd.__qualname__ = f"{family}_gated_bwd"
+    fwd.__doc__ = f"{family.upper()} forward with any registered gate: (o, final_state)."
+    bwd.__doc__ = (f"{family.upper()} backward with any registered gate: (dq, dk, dv, dg, dbeta, "
+                   f"[d param for each gate parameter], dh0).")
+    fwd_op = torch.library.custom_op(f"kdagen::{family}_gated_fwd", mutates_args=())(fwd)
+    bwd_op = torch.library.custom_op(f"kdagen::{family}_gated_bwd", mutates_args=())(bwd)
+
+    @fwd_op.register_fake
+    def _(q, k, v, g, beta, gate_params, initial_state, cu_seqlens, scale, output_final_state,
+          *rest):
+        return _fwd_fake(family, q, k, v, g, beta, None, None, initial_state, cu_seqlens, scale,
+                         output_final_state)
+
+    @bwd_op.register_fake
+    def _(do, dht, q, k, v, g, beta, gate_params, initial_state, cu_seqlens, *rest):
+        return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
+                g.new_empty(g.shape), beta.new_empty(beta.shape),
+                [x.new_empty(x.shape) for x in gate_params],
+                initial_state.new_empty(initial_state.shape) if initial_state is not None
+                else _empty(q))
+
+    def setup_context(ctx, inputs, output):
+        (q, k, v, g, beta, gate_params, initial_state, cu_seqlens, scale, output_final_state,
+         *flags) = inputs
+        ctx.save_for_backward(q, k, v, g, beta, initial_state, cu_seqlens, *gate_params)
+        ctx.output_final_state = output_final_state
+        ctx.flags = (scale, *flags)
+
+    def backward(ctx, grad_o, grad_ht):
+        q, k, v, g, beta, initial_state, cu_seqlens, *gate_params = ctx.saved_tensors
+        do = torch.zeros_like(v) if grad_o is None else grad_o.contiguous()
+        dht = None
+        if ctx.output_final_state:
+            N = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else q.shape[0]
+            dht = (grad_ht.contiguous() if grad_ht is not None else
+                   q.new_zeros((N, v.shape[2], q.shape[3], v.shape[3]), dtype=torch.float32))
+        dq, dk, dv, dg, dbeta, dparams, dh0 = bwd_op(
+            do, dht, q, k, v, g, beta, list(gate_params), initial_state, cu_seqlens, *ctx.flags)
+        return (dq, dk, dv, dg, dbeta, list(dparams),
+                dh0 if initial_state is not None else None,
+                None, None, None, None, None, None, None, None)   # cu_seqlens, scale, flags
+
+    fwd_op.register_autograd(backward, setup_context=setup_context)
+    return fwd_op, bwd_op
+
+
+kda_gated_fwd, kda_gated_bwd = _define_gated("kda")
+gdn_gated_fwd, gdn_gated_bwd = _define_gated("gdn")
+
 #: every op, by qualified name (``kdagen::kda_fwd``, ...)
 OPS = {"kdagen::kda_fwd": kda_fwd, "kdagen::kda_bwd": kda_bwd,
-       "kdagen::gdn_fwd": gdn_fwd, "kdagen::gdn_bwd": gdn_bwd}
+       "kdagen::gdn_fwd": gdn_fwd, "kdagen::gdn_bwd": gdn_bwd,
+       "kdagen::kda_gated_fwd": kda_gated_fwd, "kdagen::kda_gated_bwd": kda_gated_bwd,
+       "kdagen::gdn_gated_fwd": gdn_gated_fwd, "kdagen::gdn_gated_bwd": gdn_gated_bwd}

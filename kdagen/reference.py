@@ -329,7 +329,19 @@ def chunked_gated_delta(
 
 def _run(op, q, k, v, g, beta, *, scale, initial_state, output_final_state,
          use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
-         allow_neg_eigval, safe_gate, lower_bound, cu_seqlens, A_log, dt_bias, chunk_size):
+         allow_neg_eigval, safe_gate, lower_bound, cu_seqlens, A_log, dt_bias, chunk_size,
+         gate=None, gate_params=None, gate_options=None):
+    if gate is not None:
+        return _run_gated(op, q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                          output_final_state=output_final_state,
+                          use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                          use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+                          allow_neg_eigval=allow_neg_eigval, cu_seqlens=cu_seqlens,
+                          chunk_size=chunk_size, gate=gate,
+                          gate_params={**({"A_log": A_log} if A_log is not None else {}),
+                                       **({"dt_bias": dt_bias} if dt_bias is not None else {}),
+                                       **dict(gate_params or {})},
+                          gate_options=gate_options)
     sizes = validate_inputs(
         op, q, k, v, g, beta,
         initial_state=initial_state, cu_seqlens=cu_seqlens, A_log=A_log, dt_bias=dt_bias,
@@ -359,6 +371,29 @@ def _run(op, q, k, v, g, beta, *, scale, initial_state, output_final_state,
                                chunk_size=chunk_size)
 
 
+def _run_gated(op, q, k, v, g, beta, *, scale, initial_state, output_final_state,
+               use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, cu_seqlens,
+               chunk_size, gate, gate_params, gate_options):
+    """Any gate (:class:`kdagen.ir.gates.Gate` or a registered name) evaluated in float64 by
+    :meth:`Gate.torch` (clamps included, as the kernels apply them)."""
+    from kdagen.ir.gates import get_gate
+    gobj = get_gate(gate)
+    sizes = validate_inputs(op, q, k, v, g, beta, initial_state=initial_state,
+                            cu_seqlens=cu_seqlens, require_contiguous=False)
+    if scale is None:
+        scale = sizes.K ** -0.5
+    if use_qk_l2norm_in_kernel:
+        q, k = l2norm(q), l2norm(k)
+    if use_beta_sigmoid_in_kernel:
+        beta = beta_sigmoid(beta, allow_neg_eigval)
+    g = gobj.torch(g.to(F64), {n: x.to(F64) for n, x in dict(gate_params or {}).items()},
+                   **dict(gate_options or {}))
+    if chunk_size is None:
+        return recurrent_gated_delta(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
+    return chunked_gated_delta(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
+                               chunk_size=chunk_size)
+
+
 def chunk_kda(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -378,6 +413,9 @@ def chunk_kda(
     A_log: torch.Tensor | None = None,
     dt_bias: torch.Tensor | None = None,
     chunk_size: int | None = None,
+    gate: Any = None,
+    gate_params: dict | None = None,
+    gate_options: dict | None = None,
     **fla_kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Float64 reference of FLA's ``chunk_kda`` (same argument names and defaults).
@@ -394,6 +432,9 @@ def chunk_kda(
     - ``use_qk_l2norm_in_kernel``: L2-normalise q and k (eps 1e-6 inside the sqrt).
     - ``scale`` defaults to ``K ** -0.5``.
     - ``chunk_size``: ``None`` runs the per-token recurrence, an int the chunked reference.
+    - ``gate``: any gate (a name or a :class:`kdagen.ir.gates.Gate`); g is its raw input,
+      ``gate_params`` (and ``A_log``/``dt_bias``) its parameters, ``gate_options`` its options,
+      evaluated by :meth:`Gate.torch` (``use_gate_in_kernel``/``safe_gate`` are then unused).
     - FLA-only tuning keywords (``chunk_indices``, ``cu_seqlens_cpu``, ``disable_recompute``)
       are accepted and ignored; any other unknown keyword is a ``TypeError``.
 
@@ -406,6 +447,7 @@ def chunk_kda(
         use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
         allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, lower_bound=lower_bound,
         cu_seqlens=cu_seqlens, A_log=A_log, dt_bias=dt_bias, chunk_size=chunk_size,
+        gate=gate, gate_params=gate_params, gate_options=gate_options,
     )
 
 
@@ -429,6 +471,9 @@ def chunk_gated_delta_rule(
     lower_bound: float | None = None,
     use_beta_sigmoid_in_kernel: bool = False,
     allow_neg_eigval: bool = False,
+    gate: Any = None,
+    gate_params: dict | None = None,
+    gate_options: dict | None = None,
     **fla_kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Float64 reference of FLA's ``chunk_gated_delta_rule`` (GDN, scalar gate per head).
@@ -442,6 +487,7 @@ def chunk_gated_delta_rule(
       (both ``[HV]``) are then required, ``lower_bound`` ∈ [-5, 0) with ``safe_gate``.
     - ``use_beta_sigmoid_in_kernel``: ``beta`` is raw, turned into ``sigmoid(beta)``
       (``2 * sigmoid(beta)`` with ``allow_neg_eigval``).
+    - ``gate``/``gate_params``/``gate_options``: any GDN gate, as in :func:`chunk_kda`.
 
     Gates are clamped to their enforced ranges as in :func:`chunk_kda` (module docstring).
     ``chunk_size=None`` runs the per-token recurrence, an int the chunked reference. Returns
@@ -454,6 +500,7 @@ def chunk_gated_delta_rule(
         use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
         allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, lower_bound=lower_bound,
         cu_seqlens=cu_seqlens, A_log=A_log, dt_bias=dt_bias, chunk_size=chunk_size,
+        gate=gate, gate_params=gate_params, gate_options=gate_options,
     )
 
 

@@ -52,6 +52,8 @@ DEFAULT_OPTIONS = {
     "output_chunk_states": (False, "forward: write chunk_states [chunks, HV, K, V], the state "
                                    "at the start of every chunk (FLA's return_intermediate_states)"),
     "varlen": (False, "sequences given by cu_seqlens (B = 1)"),
+    "gate_digest": (None, "a user gate's digest (Gate.digest): the program is built only if the "
+                          "registered gate still has it; keys compiled kernels by the gate's source"),
 }
 
 _CHUNKS = (16, 32, 64, 128)
@@ -77,6 +79,11 @@ def _resolve(family: str, options: dict) -> tuple[dict, Gate, dict]:
                 f"unknown option {k!r}; options are {sorted(opts)} plus the gate's "
                 f"{sorted(gate.options) or '(none)'}")
     opts["gate"] = gate.name
+    if opts["gate_digest"] is not None and opts["gate_digest"] != gate.digest:
+        raise ProgramOptionError(
+            f"gate_digest: {opts['gate_digest']!r} is not the digest of the registered gate "
+            f"{gate.name!r} ({gate.digest}): the gate was edited since; compile it again (or "
+            f"load the gate file the kernels were emitted from)")
 
     def check(name, allowed):
         if opts[name] not in allowed:
@@ -126,6 +133,8 @@ def _delta_rule_fwd(family: str, name: str, options: dict) -> ir.Module:
                  output_final_state=opt["output_final_state"], varlen=opt["varlen"])
     if opt["output_chunk_states"]:
         attrs["output_chunk_states"] = True
+    if opt["gate_digest"] is not None:
+        attrs["gate_digest"] = opt["gate_digest"]
     p = ProgramBuilder(name, attrs)
 
     # ---- arguments (FLA names) --------------------------------------------------------
