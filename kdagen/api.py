@@ -250,11 +250,29 @@ def _gate_param_tensors(gobj, gate_params, A_log, dt_bias, HV: int, K: int) -> l
     return out
 
 
+def _json_value(x) -> str:
+    if isinstance(x, bool):
+        return "true" if x else "false"
+    if x is None:
+        return "null"
+    if isinstance(x, (int, float)):
+        return repr(float(x)) if isinstance(x, float) else str(int(x))
+    if isinstance(x, str):
+        return '"' + x.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    raise KdagenInputError(f"gate_options: values must be numbers, booleans, strings or None, "
+                           f"got {type(x).__name__}")
+
+
+def _options_json(options) -> str:
+    """Gate options as the ops' JSON text, sorted (json.dumps is not traceable by dynamo)."""
+    items = sorted(dict(options or {}).items())
+    return "{" + ", ".join(f'"{k}": {_json_value(v)}' for k, v in items) + "}"
+
+
 def _call_gated(family, q, k, v, g, beta, *, scale, initial_state, output_final_state,
                 use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
                 allow_neg_eigval, safe_gate, lower_bound, cu_seqlens, A_log, dt_bias, chunk_size,
                 state_v_first, return_intermediate_states, gate, gate_params, gate_options):
-    import json
     for flag, value in (("use_gate_in_kernel", use_gate_in_kernel), ("safe_gate", safe_gate),
                         ("lower_bound", lower_bound is not None)):
         if value:
@@ -289,7 +307,7 @@ def _call_gated(family, q, k, v, g, beta, *, scale, initial_state, output_final_
     o, ht = op(q, k, v, g, beta, params, initial_state, cu_seqlens, float(scale),
                bool(output_final_state), bool(use_qk_l2norm_in_kernel),
                bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval), gobj.name,
-               json.dumps(dict(gate_options or {}), sort_keys=True))
+               _options_json(gate_options))
     if state_v_first and output_final_state:
         ht = ht.transpose(-1, -2).contiguous()
     return o, (ht if output_final_state else None)

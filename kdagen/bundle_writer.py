@@ -23,6 +23,7 @@ holding exactly the new bundle, the kernel files of the earlier one removed
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -32,7 +33,8 @@ from kdagen.codegen.lower.emitter import workspace_specs
 from kdagen.codegen.lower.kernel import native_path
 from kdagen.codegen.lower.options import LowerOptions
 from kdagen.codegen.lower.program import read_program
-from kdagen.driver import DEFAULT_LOWERING, Compilation
+from kdagen.codegen.backend_pool import compile_jobs
+from kdagen.driver import DEFAULT_LOWERING, Compilation, run_backends
 from kdagen.runtime.bundle import (LOWERED, MANIFEST, BundleFiles, KernelEntry, Manifest,
                                    read_manifest, variant_name)
 from kdagen.table import chip_rank
@@ -120,7 +122,9 @@ def write_bundle(out_dir, programs_with_options, targets, *, lower_options=None,
     ``{"program", "options", "lower", "name"}``. ``lower_options`` applies to every item
     (item values win).
     ``targets``: chip names or `Target`s. Returns the ``lowered.json`` content plus a
-    ``"report"`` list (kernel, chip, registers, spills, storage, bytes).
+    ``"report"`` list (kernel, chip, registers, spills, storage, bytes) and ``"timing"``
+    (seconds: ``passes``, ``lowering`` (to gpu/nvvm), ``llvm`` and ``ptxas`` summed over
+    kernels, ``backend_wall`` (those two in ``workers`` processes), ``total``).
 
     ``replace``: write a new bundle in place of the folder's earlier one (its kernel files
     not in the new manifest are removed) instead of extending it.
@@ -130,8 +134,10 @@ def write_bundle(out_dir, programs_with_options, targets, *, lower_options=None,
 
     ``progress``: optional ``progress(event, **info)`` callback: ``"steps"`` (``total``: the
     number of (variant, chip) steps), ``"lowering"`` (``program``, ``variant``, ``chip``, at the
-    start of a step), ``"lowered"`` (``count``: kernels of the step), ``"kernel"`` (``row``:
-    its report row, after each kernel is written) and ``"step_done"``.
+    start of a step's passes and lowering), ``"backend"`` (``count``: every kernel's PTX and
+    cubin now run, in worker processes), then per step ``"lowered"`` (``count``: kernels of the
+    step), ``"kernel"`` (``row``: its report row, with ``llvm_s``/``ptxas_s``, after each
+    kernel is written) and ``"step_done"``.
 
     Kernel names are ``<prefix>__k<i>_<label>`` where the prefix is the variant name with the
     tags of the lowering each kernel actually took: a variant asking for the native path
@@ -139,6 +145,9 @@ def write_bundle(out_dir, programs_with_options, targets, *, lower_options=None,
     kernels (chips without a native path, global reduction kernels) get the name the same
     kernel has in a portable variant.
     """
+    wall = time.perf_counter()
+    timing = dict(passes=0.0, lowering=0.0, llvm=0.0, ptxas=0.0, backend_wall=0.0,
+                  workers=compile_jobs())
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tgts = [t if isinstance(t, Target) else get_target(t) for t in targets]
@@ -162,17 +171,19 @@ def write_bundle(out_dir, programs_with_options, targets, *, lower_options=None,
         else {"variants": {}}
     with files:
         report = _write_variants(out, files, manifest, lowered, programs_with_options, tgts,
-                                 lower_options, ptxas, verbose, pipeline, progress, dump_dir)
+                                 lower_options, ptxas, verbose, pipeline, progress, dump_dir,
+                                 timing)
         manifest.kernels.sort(key=lambda e: (e.name, chip_rank(e.chip)))
         files.write(LOWERED, json.dumps(lowered, indent=2, sort_keys=True, default=str) + "\n")
         files.write_readme()
         files.write(MANIFEST, manifest.to_json())
     files.commit()
-    return {**lowered, "report": report}
+    timing["total"] = time.perf_counter() - wall
+    return {**lowered, "report": report, "timing": timing}
 
 
 def _write_variants(out, files, manifest, lowered, programs_with_options, tgts, lower_options,
-                    ptxas, verbose, pipeline, progress, dump_dir) -> list[dict]:
+                    ptxas, verbose, pipeline, progress, dump_dir, timing) -> list[dict]:
     report = []
     base_lower = {}
     if lower_options is not None:
@@ -181,6 +192,7 @@ def _write_variants(out, files, manifest, lowered, programs_with_options, tgts, 
     items = [_normalise(item) for item in programs_with_options]
     notify = progress or (lambda event, **info: None)
     notify("steps", total=len(items) * len(tgts))
+    pending = []       # (compilation, target, program, options, variant, spec) after lowering
     for program, options, lower, vname in items:
         lower = {**base_lower, **lower}
         item_pipeline = lower.pop("pipeline", pipeline)
@@ -212,48 +224,62 @@ def _write_variants(out, files, manifest, lowered, programs_with_options, tgts, 
             if item_pipeline != "chip":
                 shared = comp.module
             spec["chip_workspaces"][target.chip] = workspace_specs(prog)
-            notify("lowered", count=len(comp.kernels))
-            comp.run_backend()
-            names = []
-            for k in comp.kernels:
-                stem = f"{k.name}.{target.chip}"
-                files.write(f"{stem}.ptx", comp.ptx[k.name])
-                entry = KernelEntry(name=k.name, chip=target.chip, path=k.path,
-                                    ptx_file=f"{stem}.ptx", params=k.param_dicts(),
-                                    launch=dict(k.launch), cost=k.cost)
-                row = dict(kernel=k.name, chip=target.chip, path=k.path, program=program,
-                           variant=vname, options=dict(options),
-                           short=k.name.split("__", 1)[-1], storage=k.storage,
-                           tile_bytes=k.launch.get("tile_bytes", 0),
-                           dynamic_shared_memory=k.launch.get("dynamic_shared_memory", 0))
-                if k.cost is not None:
-                    row.update(cost_us=k.cost["estimate"]["us"], cost_unit=k.cost["unit"])
-                res = comp.assembled.get(k.name)
-                if res is not None:
-                    if not res.ok:
-                        raise RuntimeError(f"ptxas failed for {k.name} on {target.chip}:\n{res.log}")
-                    if res.cubin:
-                        files.write(f"{stem}.cubin", res.cubin)
-                        entry.cubin_file = f"{stem}.cubin"
-                    r = res.resources.get(k.name)
-                    if r is not None:
-                        entry.resources = asdict(r)
-                        row.update(registers=r.registers, spill_stores=r.spill_stores,
-                                   spill_loads=r.spill_loads, stack_bytes=r.stack_bytes)
-                manifest.kernels = [e for e in manifest.kernels
-                                    if not (e.name == k.name and e.chip == target.chip)]
-                manifest.kernels.append(entry)
-                names.append(k.name)
-                report.append(row)
-                if verbose:
-                    print(row, flush=True)
-                notify("kernel", row=row)
-            if dump_dir is not None:
-                comp.dump(Path(dump_dir) / f"{vname}.{target.chip}")
-            spec["chips"][target.chip] = names
-            notify("step_done")
-            spec["kernels"] = names
+            pending.append((comp, target, program, options, vname, spec))
         lowered["variants"][vname] = spec
+    # every kernel's PTX and cubin at once: LLVM and ptxas spread over worker processes
+    notify("backend", count=sum(len(p[0].kernels) for p in pending))
+    start = time.perf_counter()
+    run_backends([p[0] for p in pending])
+    timing["backend_wall"] = time.perf_counter() - start
+    for comp, *_ in pending:
+        timing["passes"] += comp.seconds.get("passes", 0.0)
+        timing["lowering"] += comp.seconds.get("lowering", 0.0)
+        timing["llvm"] += sum(s[0] for s in comp.backend_seconds.values())
+        timing["ptxas"] += sum(s[1] for s in comp.backend_seconds.values())
+    for comp, target, program, options, vname, spec in pending:
+        notify("lowered", count=len(comp.kernels))
+        names = []
+        for k in comp.kernels:
+            stem = f"{k.name}.{target.chip}"
+            files.write(f"{stem}.ptx", comp.ptx[k.name])
+            entry = KernelEntry(name=k.name, chip=target.chip, path=k.path,
+                                ptx_file=f"{stem}.ptx", params=k.param_dicts(),
+                                launch=dict(k.launch), cost=k.cost)
+            row = dict(kernel=k.name, chip=target.chip, path=k.path, program=program,
+                       variant=vname, options=dict(options),
+                       short=k.name.split("__", 1)[-1], storage=k.storage,
+                       tile_bytes=k.launch.get("tile_bytes", 0),
+                       dynamic_shared_memory=k.launch.get("dynamic_shared_memory", 0))
+            if k.cost is not None:
+                row.update(cost_us=k.cost["estimate"]["us"], cost_unit=k.cost["unit"])
+            if k.name in comp.backend_seconds:
+                row.update(llvm_s=round(comp.backend_seconds[k.name][0], 2),
+                           ptxas_s=round(comp.backend_seconds[k.name][1], 2))
+            res = comp.assembled.get(k.name)
+            if res is not None:
+                if not res.ok:
+                    raise RuntimeError(f"ptxas failed for {k.name} on {target.chip}:\n{res.log}")
+                if res.cubin:
+                    files.write(f"{stem}.cubin", res.cubin)
+                    entry.cubin_file = f"{stem}.cubin"
+                r = res.resources.get(k.name)
+                if r is not None:
+                    entry.resources = asdict(r)
+                    row.update(registers=r.registers, spill_stores=r.spill_stores,
+                               spill_loads=r.spill_loads, stack_bytes=r.stack_bytes)
+            manifest.kernels = [e for e in manifest.kernels
+                                if not (e.name == k.name and e.chip == target.chip)]
+            manifest.kernels.append(entry)
+            names.append(k.name)
+            report.append(row)
+            if verbose:
+                print(row, flush=True)
+            notify("kernel", row=row)
+        if dump_dir is not None:
+            comp.dump(Path(dump_dir) / f"{vname}.{target.chip}")
+        spec["chips"][target.chip] = names
+        notify("step_done")
+        spec["kernels"] = names
     return report
 
 

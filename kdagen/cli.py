@@ -69,6 +69,9 @@ class _CliProgress:
         elif event == "lowering":
             verb = "assembling" if self.check else "lowering"
             self.bar.status(f"{verb} {info['program']} for {info['chip']}")
+        elif event == "backend":
+            from kdagen.codegen.backend_pool import compile_jobs
+            self.bar.status(f"PTX + ptxas for {info['count']} kernels ({compile_jobs()} workers)")
         elif event == "lowered":
             self.bar.begin_step(info["count"])
         elif event == "kernel" and self.check:
@@ -127,6 +130,26 @@ def _emit_table(rows: list[dict], verbose: bool) -> str:
     return format_table(headers, table, max_width=TABLE_WIDTH, shrink=2)
 
 
+def _timing_line(t: dict) -> str:
+    return (f"time: passes {t['passes']:.1f} s, lowering {t['lowering']:.1f} s, PTX (LLVM) "
+            f"{t['llvm']:.1f} s + ptxas {t['ptxas']:.1f} s of work in {t['workers']} "
+            f"worker(s): {t['backend_wall']:.1f} s; total {t['total']:.1f} s")
+
+
+def _load_gate_files(files) -> list:
+    """Load the user's gate files (``--gates``); their gates, in order."""
+    if not files:
+        return []
+    from .ir.gates import GateFileError, load_gate_file
+    out = []
+    for path in files:
+        try:
+            out.extend(load_gate_file(path))
+        except GateFileError as err:
+            raise click.ClickException(f"--gates: {err}")
+    return out
+
+
 def _cost_cell(row: dict) -> str:
     if "cost_us" not in row:
         return "-"
@@ -145,8 +168,12 @@ def _cost_cell(row: dict) -> str:
 @click.option("--head-dim", "head_dims", default="128", show_default=True, type=_HeadDims(),
               help="Head dimension K = V; several, comma-separated (64,128), go into one "
                    "bundle as one variant each.")
-@click.option("--gate", default=None, help="Gate name (see `kdagen list`); default softplus "
-              "(KDA) / gdn_softplus (GDN).")
+@click.option("--gate", default=None, help="Gate name (see `kdagen list`), or several "
+              "comma-separated (one bundle holds each gate's kernels); default softplus (KDA) / "
+              "gdn_softplus (GDN).")
+@click.option("--gates", "gate_files", multiple=True, type=click.Path(dir_okay=False),
+              help="A Python file of gates (define_gate) to load first; repeatable. "
+                   "See examples/gates/.")
 @click.option("--path", "path", default="native", show_default=True,
               type=click.Choice(["native", "portable"]),
               help="native: each chip's own path where kdagen has one (sm_90a: TMA producer "
@@ -161,7 +188,7 @@ def _cost_cell(row: dict) -> str:
 @click.option("--dump-stages", "dump_dir", default=None, type=click.Path(file_okay=False),
               help="Also write every stage of every compilation (kda, each pass, gpu, ptx, "
                    "ptxas's report) to DIR/<variant>.<chip>/ (`kdagen show --stage` prints one).")
-def emit(out_dir, op, targets, head_dims, gate, path, verbose, quiet, dump_dir):
+def emit(out_dir, op, targets, head_dims, gate, gate_files, path, verbose, quiet, dump_dir):
     """Generate kernels for each chip into a bundle (manifest.json + .ptx/.cubin).
 
     The bundle replaces the one an earlier emit left in the folder (its kernel files that the
@@ -171,7 +198,13 @@ def emit(out_dir, op, targets, head_dims, gate, path, verbose, quiet, dump_dir):
     from .emit import _resource_cells, emit_bundle, emit_programs, gate_cumsum_names
     from .table import chip_rank
     targets = sorted(targets, key=lambda t: chip_rank(t.chip))
+    loaded = _load_gate_files(gate_files)
+    if gate is None and loaded:
+        gate = ",".join(g.name for g in loaded)
+    if gate is not None and op == "all":
+        op = "all"
     progress = _CliProgress("kdagen emit", enabled=not quiet)
+    timing: dict = {}
     try:
         if op == "gate-cumsum":
             emitted = emit_bundle(out_dir, targets, head_dim=head_dims, progress=progress)
@@ -183,8 +216,15 @@ def emit(out_dir, op, targets, head_dims, gate, path, verbose, quiet, dump_dir):
         else:
             ops = ["kda", "gdn"] if op == "all" else [op]
             try:
+                if gate is not None and op == "all":
+                    from .ir.gates import get_gate
+                    try:
+                        ops = sorted({get_gate(n.strip()).family for n in gate.split(",")})
+                    except ValueError as err:
+                        raise click.ClickException(f"--gate: {err}")
                 rows = emit_programs(out_dir, targets, ops, head_dim=head_dims, gate=gate,
-                                     path=path, progress=progress, dump_dir=dump_dir)
+                                     path=path, progress=progress, dump_dir=dump_dir,
+                                     timing=timing)
             except ValueError as err:
                 raise click.ClickException(str(err))
             failed = []
@@ -194,6 +234,8 @@ def emit(out_dir, op, targets, head_dims, gate, path, verbose, quiet, dump_dir):
         click.echo(f"ptxas failed for {item.entry.name} on {item.entry.chip}:\n{item.log}",
                    err=True)
     click.echo(_emit_table(rows, verbose))
+    if timing and not quiet:
+        click.echo(_timing_line(timing), err=True)
     variants = len({r.get("variant", r["kernel"]) for r in rows})
     click.echo(f"wrote {plural(len(rows), 'kernel')} ({plural(variants, 'variant')}) to {out_dir}")
     if not verbose:
@@ -237,15 +279,26 @@ def check(bundle_dir, verbose, quiet):
 @click.option("--options", "options", is_flag=True,
               help="List the program options (`kdagen show --option KEY=VALUE`) and the gates' "
                    "options instead.")
-def list_cmd(options):
+@click.option("--gates", "gate_files", multiple=True, type=click.Path(dir_okay=False),
+              help="Also load the gates of this Python file (repeatable).")
+def list_cmd(options, gate_files):
     """List the programs and gates kdagen knows."""
     from .ir import programs, gates
+    loaded = {g.name for g in _load_gate_files(gate_files)}
     if options:
         click.echo(_program_options_text())
         return
     click.echo(format_table(["program", "description"], [list(r) for r in programs.list_programs()]))
     click.echo()
-    click.echo(format_table(["gate", "description"], [list(r) for r in gates.list_gates()]))
+    rows = []
+    for name, gate in gates.GATES.items():
+        lo, hi = gate.output_range()
+        params = ", ".join(f"{p} [{'HV' if k == 'scalar' else 'HV, K'}]"
+                           for p, k in gate.params.items()) or "-"
+        origin = "built-in" if gate.builtin else ("file" if name in loaded else "user")
+        rows.append([name, gate.family, f"[{lo:g}, {hi:g}]", params, origin, gate.description])
+    click.echo(format_table(["gate", "family", "declared range", "parameters", "from",
+                             "description"], rows, max_width=TABLE_WIDTH, shrink=5))
 
 
 def _program_option_rows() -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
@@ -336,8 +389,10 @@ def _run_passes(module, passes, dump_before, dump_after, time_passes, keep_stage
 @click.option("--option", "options", multiple=True, metavar="KEY=VALUE",
               help="Program option, e.g. --option chunk_size=64 --option gate=lower_bound "
                    "(the keys: below).")
+@click.option("--gates", "gate_files", multiple=True, type=click.Path(dir_okay=False),
+              help="Load the gates of this Python file first (then --option gate=NAME).")
 @_pipeline_options
-def show(program, stage, arch, options, dump_before, dump_after, time_passes):
+def show(program, stage, arch, options, gate_files, dump_before, dump_after, time_passes):
     """Print a program at a stage of its compilation (MLIR, PTX, ptxas's report).
 
     The stages are those of `kdagen emit` (the chip's pipeline, then the default lowering: the
@@ -351,6 +406,7 @@ def show(program, stage, arch, options, dump_before, dump_after, time_passes):
     if program not in known:
         raise click.ClickException(f"unknown program {program!r}; choose one of "
                                    f"{', '.join(known)} (`kdagen list` describes them)")
+    _load_gate_files(gate_files)
     try:
         comp = Compilation(program, _parse_options(options), arch, lower=DEFAULT_LOWERING,
                            dump_before=dump_before, dump_after=dump_after,
@@ -374,6 +430,60 @@ def show(program, stage, arch, options, dump_before, dump_after, time_passes):
     if time_passes and comp.pass_run is not None:
         click.echo(comp.pass_run.format_timings(), err=True)
     click.echo(comp.output(wanted))
+
+
+@main.command()
+@click.argument("program")
+@click.option("--gates", "gate_files", multiple=True, type=click.Path(dir_okay=False),
+              help="Load the gates of this Python file first (repeatable).")
+@click.option("--gate", default=None, help="The gate (default: the program's default gate).")
+@click.option("--arch", default="sm_90a", show_default=True,
+              help="Chip whose pipeline to run (the report names its kernels).")
+@click.option("--option", "options", multiple=True, metavar="KEY=VALUE",
+              help="Program option (as `kdagen show`).")
+def stability(program, gate_files, gate, arch, options):
+    """Every exponential of PROGRAM's kernels: its proven bound, its guard and why.
+
+    After the chip's whole pipeline (kda-stable-reassociate proves every exp2 and decay
+    product in range, or stops with a diagnostic naming the exponential and what to declare).
+    One section per kernel; each exponential with |exponent| <= its bound (an fp32 exp2 is
+    exact to its rounding for |x| <= 126), the guard it needed and the proof."""
+    from .driver import Compilation
+    from .ir import programs
+    from .ir.stability import stability_rows
+    from .passes.base import PipelineSyntaxError
+    from .passes.pipeline import PassFailure
+    from .target import UnknownTargetError
+    known = [name for name, _ in programs.list_programs()]
+    if program not in known:
+        raise click.ClickException(f"unknown program {program!r}; choose one of "
+                                   f"{', '.join(known)}")
+    _load_gate_files(gate_files)
+    opts = _parse_options(options)
+    if gate is not None:
+        opts["gate"] = gate
+    try:
+        comp = Compilation(program, opts, arch, keep_stages=False).run_passes()
+    except UnknownTargetError as err:
+        raise click.ClickException(f"--arch: {err}")
+    except (PassFailure, PipelineSyntaxError, ValueError, TypeError, KeyError) as err:
+        raise click.ClickException(str(err))
+    rows = stability_rows(comp.module)
+    gate_name = comp.options.get("gate") or ("softplus" if program.startswith("kda")
+                                             else "gdn_softplus")
+    from .ir.gates import get_gate
+    lo, hi = get_gate(gate_name).output_range(**{k: v for k, v in opts.items()
+                                                  if k in get_gate(gate_name).options})
+    click.echo(f"{program} with gate {gate_name} (declared range [{lo:g}, {hi:g}]) for {arch}: "
+               f"{len(rows)} exponentials, all proven within fp32 range")
+    kernel = None
+    for r in rows:
+        if r.kernel != kernel:
+            kernel = r.kernel
+            click.echo(f"\nkernel {kernel}:")
+        click.echo(f"  {r.op:<13} {r.value:<16} [{r.shape}]  |exponent| <= {r.bound:g}  "
+                   f"guard: {r.guard}")
+        click.echo(f"      why: {r.proof}")
 
 
 @main.command()

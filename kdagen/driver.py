@@ -23,11 +23,14 @@ kernel per scan, chunks in sequence), or any pipeline text.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kdagen._mlir import ir
 from kdagen.codegen import ptxas as ptxas_mod
+from kdagen.codegen import to_ptx
+from kdagen.codegen.backend_pool import BackendJob, LibdeviceCallError, run_backend_jobs
 from kdagen.codegen.lower.cost_model import format_reports
 from kdagen.codegen.lower.kernel import lower_program
 from kdagen.codegen.lower.options import LowerOptions
@@ -41,7 +44,7 @@ from kdagen.passes.registry import parse_pipeline
 from kdagen.target import Target, get_target
 
 __all__ = ["Compilation", "DEFAULT_LOWERING", "BACKEND_STAGES", "build_module", "pipeline_passes",
-           "ptx_of", "assemble_ptx", "LibdeviceCallError"]
+           "ptx_of", "assemble_ptx", "run_backends", "LibdeviceCallError"]
 
 # What `kdagen emit`, the runtime's compile-on-demand and the API bundles use: the chip's full
 # pass pipeline (partitioned chunk-parallel + state kernels, warp-specialisation annotations),
@@ -51,10 +54,6 @@ DEFAULT_LOWERING = {"path": "native", "dot": "bf16x3", "pipeline": "chip"}
 
 #: the stages after the passes
 BACKEND_STAGES = ("gpu", "cost", "ptx", "cubin")
-
-
-class LibdeviceCallError(RuntimeError):
-    """The PTX calls libdevice (``__nv_*``), which ptxas cannot resolve."""
 
 
 def pipeline_passes(pipeline: str, chip: str) -> list[ModulePass]:
@@ -119,6 +118,8 @@ class Compilation:
     ptx: dict = field(default_factory=dict, init=False)
     assembled: dict = field(default_factory=dict, init=False)
     pass_run: object = field(default=None, init=False)
+    backend_seconds: dict = field(default_factory=dict, init=False)   # kernel -> (LLVM s, ptxas s)
+    seconds: dict = field(default_factory=dict, init=False)   # "passes", "lowering": wall seconds
     _done: str | None = field(default=None, init=False)
 
     def __post_init__(self):
@@ -150,12 +151,12 @@ class Compilation:
             self._front(until)
         if until in BACKEND_STAGES:
             self._gpu()
-            if until != "gpu":
-                self._cost()
-            if until in ("ptx", "cubin"):
-                self._ptx()
             if until == "cubin":
-                self._cubin()
+                run_backends([self])
+            elif until != "gpu":
+                self._cost()
+                if until == "ptx":
+                    self._ptx()
         return self
 
     def run_passes(self) -> "Compilation":
@@ -166,13 +167,18 @@ class Compilation:
 
     def run_backend(self) -> "Compilation":
         """The ``cost``, ``ptx`` and ``cubin`` stages of the kernels that ``run("gpu")``
-        lowered."""
-        self._cost()
-        self._ptx()
-        self._cubin()
+        lowered (kernels in parallel worker processes where that pays, :func:`run_backends`)."""
+        run_backends([self])
         return self
 
     def _front(self, until: str) -> None:
+        start = time.perf_counter()
+        try:
+            self._front_stages(until)
+        finally:
+            self.seconds["passes"] = self.seconds.get("passes", 0.0) + time.perf_counter() - start
+
+    def _front_stages(self, until: str) -> None:
         self.module = build_program(self.program, **self.options)
         self._record("kda", lambda: print_module(self.module))
         passes = self._passes
@@ -190,7 +196,9 @@ class Compilation:
 
     def _gpu(self) -> None:
         opts = self.lower_options
+        start = time.perf_counter()
         self.kernels = lower_program(self.module, self.target, name=self.name, options=opts)
+        self.seconds["lowering"] = time.perf_counter() - start
         if self.name_kernels is not None:
             self.name_kernels(self.kernels)
         self._record("gpu", lambda: _join((k.name, str(k.module)) for k in self.kernels))
@@ -205,19 +213,50 @@ class Compilation:
             self.ptx[k.name] = ptx_of(k.module, self.target, k.name)
         self._record("ptx", lambda: _join(self.ptx.items()))
 
-    def _cubin(self) -> None:
+    def _ptxas_exe(self) -> str | None:
         exe = self.ptxas
         if exe is None:
             try:
                 exe = ptxas_mod.find_ptxas()
             except ptxas_mod.PtxasNotFound:
                 exe = False
+        return exe or None
+
+    def _cubin(self) -> None:
+        exe = self._ptxas_exe()
         for k in self.kernels:
-            res = assemble_ptx(self.ptx[k.name], self.chip, exe or None)
+            res = assemble_ptx(self.ptx[k.name], self.chip, exe)
             if res is not None:
                 self.assembled[k.name] = res
+        self._record_cubin()
+
+    def _record_cubin(self) -> None:
         self._record("cubin", lambda: _join((n, r.log) for n, r in self.assembled.items())
                      if self.assembled else "// ptxas not found: no cubin\n")
+
+    def backend_jobs(self) -> list[BackendJob]:
+        """The ``ptx`` + ``cubin`` work of each lowered kernel (:func:`run_backends`)."""
+        exe = self._ptxas_exe()
+        jobs = []
+        for k in self.kernels:
+            k.builder.verify()
+            text = str(k.module)
+            jobs.append(BackendJob(k.name, self.chip, text, exe,
+                                   ptx=to_ptx.memo_lookup(text, self.target)))
+        return jobs
+
+    def accept_backend(self, jobs, results) -> None:
+        """Take the results of :meth:`backend_jobs` (in order) as the ``ptx``/``cubin`` stages."""
+        self.backend_seconds = {}
+        for job, res in zip(jobs, results):
+            if job.ptx is None:
+                to_ptx.memo_store(job.text, self.target, res.ptx)
+            self.ptx[job.name] = res.ptx
+            if res.assembled is not None:
+                self.assembled[job.name] = res.assembled
+            self.backend_seconds[job.name] = (res.llvm_s, res.ptxas_s)
+        self._record("ptx", lambda: _join(self.ptx.items()))
+        self._record_cubin()
 
     def _record(self, name: str, text) -> None:
         if self.keep_stages:
@@ -242,6 +281,23 @@ class Compilation:
             path.write_text(s.text)
             paths.append(path)
         return paths
+
+
+def run_backends(compilations, workers: int | None = None) -> None:
+    """The ``cost``, ``ptx`` and ``cubin`` stages of several compilations (each after
+    ``run("gpu")``), their kernels pooled over worker processes
+    (:mod:`kdagen.codegen.backend_pool`; ``workers``: default ``$KDAGEN_COMPILE_JOBS`` or the
+    CPUs). Each compilation's ``backend_seconds`` then holds (LLVM, ptxas) seconds per kernel."""
+    per_comp = []
+    for comp in compilations:
+        comp._cost()
+        per_comp.append(comp.backend_jobs())
+    flat = [job for jobs in per_comp for job in jobs]
+    results = run_backend_jobs(flat, workers)
+    at = 0
+    for comp, jobs in zip(compilations, per_comp):
+        comp.accept_backend(jobs, results[at:at + len(jobs)])
+        at += len(jobs)
 
 
 def _join(items) -> str:

@@ -134,28 +134,43 @@ def _resource_cells(entry: KernelEntry) -> dict:
             if k in res}
 
 
-def program_variants(ops: list[str], head_dim, gate: str | None) -> list[tuple[str, dict]]:
+def program_variants(ops: list[str], head_dim, gate) -> list[tuple[str, dict]]:
     """(program, options) for each requested op: forward and backward, K = V = head_dim for
-    each head dim of ``head_dim`` (one or several)."""
+    each head dim of ``head_dim`` (one or several). ``gate``: None (each op's default gate), a
+    gate name, or several (a list or comma-separated): each gate's programs go to the ops of
+    its family, so one bundle holds kernels for several gates. A user's gate carries its
+    digest (``gate_digest``): the bundle's kernels are then tied to that version of it."""
     dims = head_dim_list(head_dim)
-    out = []
     for op in ops:
         if op not in OPS:
             raise ValueError(f"op: unknown op {op!r}; choose from {', '.join(OPS)} or all")
-        family_gate = gate or DEFAULT_GATES[op]
-        if get_gate(family_gate).family != op:
-            raise ValueError(f"gate: {family_gate!r} is not a {op.upper()} gate; "
-                             "see `kdagen list` for the gates of each op")
+    names = gate.split(",") if isinstance(gate, str) else list(gate or [])
+    names = [n.strip() for n in names if n.strip()]
+    if not names:
+        chosen = [(op, get_gate(DEFAULT_GATES[op])) for op in ops]
+    else:
+        chosen = []
+        for name in names:
+            gobj = get_gate(name)
+            if gobj.family not in ops:
+                raise ValueError(f"gate: {name!r} is a {gobj.family.upper()} gate; emit it with "
+                                 f"--op {gobj.family} or --op all (see `kdagen list` for the "
+                                 f"gates of each op)")
+            chosen.append((gobj.family, gobj))
+    out = []
+    for op, gobj in chosen:
         for dim in dims:
-            options = dict(head_k_dim=dim, head_v_dim=dim, gate=family_gate)
+            options = dict(head_k_dim=dim, head_v_dim=dim, gate=gobj.name)
+            if not gobj.builtin:
+                options["gate_digest"] = gobj.digest
             out.extend((program, dict(options)) for program in OPS[op])
     return out
 
 
 def emit_programs(out_dir: str | Path, targets: list[Target], ops: list[str], head_dim=128,
-                  gate: str | None = None, verbose: bool = False,
+                  gate=None, verbose: bool = False,
                   path: str = "native", progress=None, replace: bool = True,
-                  dump_dir=None) -> list[dict]:
+                  dump_dir=None, timing: dict | None = None) -> list[dict]:
     """Lower the programs of ``ops`` for every target into the bundle ``out_dir``; returns the
     per-kernel report rows (kernel, chip, path, program, variant, registers, spills, shared
     memory). ``path``: "native" (the chip's own path where kdagen has one, else portable) or
@@ -163,9 +178,12 @@ def emit_programs(out_dir: str | Path, targets: list[Target], ops: list[str], he
     variant per program and head dim). ``replace``: the new bundle takes the place of the
     folder's earlier one (its stale kernel files removed); else it is extended.
     ``progress``, ``dump_dir`` (every stage of every compilation): see
-    :func:`kdagen.bundle_writer.write_bundle`."""
+    :func:`kdagen.bundle_writer.write_bundle`; ``timing`` (a dict) receives its seconds per
+    stage."""
     lowering = dict(DEFAULT_LOWERING, path=path)
     result = write_bundle(out_dir, program_variants(ops, head_dim, gate), targets, verbose=verbose,
                           lower_options=lowering, progress=progress, replace=replace,
                           dump_dir=dump_dir)
+    if timing is not None:
+        timing.update(result["timing"])
     return result["report"]

@@ -43,6 +43,30 @@ _MEMO: "OrderedDict[str, str]" = OrderedDict()
 MEMO_ENTRIES = 256
 
 
+def _memo_key(text: str, target: Target) -> str:
+    return hashlib.sha256(f"{lowering_pipeline(target)}\n{text}".encode()).hexdigest()
+
+
+def memo_lookup(text: str, target: Target) -> str | None:
+    """The PTX of a module text lowered in this process before (None if not, or memo off)."""
+    if os.environ.get("KDAGEN_PTX_MEMO", "1") == "0":
+        return None
+    key = _memo_key(text, target)
+    if key in _MEMO:
+        _MEMO.move_to_end(key)
+        return _MEMO[key]
+    return None
+
+
+def memo_store(text: str, target: Target, ptx: str) -> None:
+    """Remember PTX lowered elsewhere (a worker process) for a module text."""
+    if os.environ.get("KDAGEN_PTX_MEMO", "1") == "0":
+        return
+    _MEMO[_memo_key(text, target)] = ptx
+    while len(_MEMO) > MEMO_ENTRIES:
+        _MEMO.popitem(last=False)
+
+
 def lower_to_ptx(module: ir.Module, target: Target) -> str:
     """Lower a GPU container module for ``target`` and return the PTX of its gpu.module."""
     with module.context:
