@@ -15,7 +15,8 @@ and beta; fp32 parameters and initial state; K = V = 128), backpropagates random
 compares o, the final state and every gradient (parameters included) with autograd of
 ``kdagen.reference`` on the same inputs in float64 (the gate evaluated by ``Gate.torch``).
 Prints one line per tensor: rel_err, the bf16 floor (the reference rounded to the output
-dtype), the goal (2e-3 for bf16 tensors, 1e-3 for fp32 ones) and the status. Exit 1 on a miss.
+dtype), the goal (2e-3 for bf16 tensors, 1e-3 for fp32 ones; a bf16 tensor whose error is
+within 5% of its rounding floor passes as "at floor") and the status. Exit 1 on a miss.
 """
 from __future__ import annotations
 
@@ -79,8 +80,12 @@ def check_gate(gate, module, decay, T=512, H=2, seed=0):
         floor = R.rel_err(want.to(out.dtype).to(torch.float64), want)
         goal = GOAL.get(out.dtype, 2.0e-3)
         finite = bool(torch.isfinite(out).all())
-        status = "ok" if finite and err <= goal else ("NONFINITE" if not finite else "over goal")
-        ok &= status == "ok"
+        # a bf16 tensor's goal is the larger of 2e-3 and its rounding floor (+5%): no kernel
+        # can beat the error of rounding the exact result to bf16
+        at_floor = err <= 1.05 * floor
+        status = ("NONFINITE" if not finite else "ok" if err <= goal else
+                  "ok (at floor)" if at_floor else "over goal")
+        ok &= status.startswith("ok")
         lines.append((name, err, floor, goal, status))
     return ok, lines
 

@@ -42,6 +42,18 @@ from ..ir.transforms import dce, walk
 from .base import ModulePass, PassError, register_pass
 from .exponent_range import Range, RangeAnalysis
 
+def _chunk(op) -> int:
+    """The chunk size of the program ``op`` is in (the within-chunk cumsum spans that many
+    tokens), from the module's ``kda.chunk_size``; 64 when not found."""
+    o = op
+    while o is not None:
+        if "kda.chunk_size" in o.attributes:
+            return int(ir.IntegerAttr(o.attributes["kda.chunk_size"]).value)
+        parent = o.parent
+        o = parent.operation if parent is not None and hasattr(parent, "operation") else parent
+    return 64
+
+
 def _owner(value: ir.Value):
     if isinstance(value, ir.BlockArgument):
         return None
@@ -210,7 +222,9 @@ class StableReassociatePass(ModulePass):
             raise PassError(
                 f"kda.exp2 at {op.location}: argument bound {arg} exceeds ±{_fmt(limit)} and no "
                 f"bounded form applies (used by {', '.join(users) or 'nothing'}); declare a "
-                "tighter gate range or write the product in relative form")
+                "tighter gate range (a decaying gate, range (lo, 0] with any lo, always "
+                f"compiles; a gate that may grow needs |g| <= {_fmt(limit * 0.6931471805599453 / max(1, _chunk(op)))} "
+                f"per token at chunk size {_chunk(op)}) or write the product in relative form")
         proof = f"argument in {arg}"
         bound = max(abs(arg.hi), abs(arg.lo))
         if arg.lo < -limit:
