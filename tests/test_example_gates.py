@@ -127,3 +127,25 @@ def test_parameter_names_that_collide_with_program_arguments_are_refused():
         gates.define_gate("bad_gate", register=False)(lambda g_raw, beta: -beta * g_raw)
     with pytest.raises(ValueError, match="range"):
         gates.define_gate("bad_range", range=(0.0, -1.0), register=False)
+
+
+def test_gate_files_and_their_torch_reference_need_no_compiler():
+    """A GPU machine that runs bundles has no MLIR: gate files must load and evaluate there."""
+    import subprocess
+    import sys
+    code = (
+        "import sys, importlib.abc\n"
+        "class Block(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name.startswith('numba_cuda_mlir'): raise ModuleNotFoundError(name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import torch\n"
+        "from kdagen.ir.gates import load_gate_file\n"
+        f"(g,) = load_gate_file({str(EXAMPLES / 'kda_channel_rate.py')!r})\n"
+        "x = torch.randn(1, 4, 2, 8, dtype=torch.float64)\n"
+        "p = {'rate': torch.zeros(2, 8, dtype=torch.float64), 'sharpness': torch.zeros(2, 8, dtype=torch.float64)}\n"
+        "print(g.torch(x, p).shape, g.digest)\n"
+        "assert not any(m.startswith('numba_cuda_mlir') for m in sys.modules)\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert "torch.Size([1, 4, 2, 8])" in res.stdout
