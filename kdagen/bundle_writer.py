@@ -33,8 +33,8 @@ from kdagen.codegen.lower.emitter import workspace_specs
 from kdagen.codegen.lower.kernel import native_path
 from kdagen.codegen.lower.options import LowerOptions
 from kdagen.codegen.lower.program import read_program
-from kdagen.codegen.backend_pool import compile_jobs
-from kdagen.driver import DEFAULT_LOWERING, Compilation, run_backends
+from kdagen.codegen.backend_pool import BackendPool, compile_jobs
+from kdagen.driver import DEFAULT_LOWERING, Compilation, finish_backends, submit_backend
 from kdagen.runtime.bundle import (LOWERED, MANIFEST, BundleFiles, KernelEntry, Manifest,
                                    read_manifest, variant_name)
 from kdagen.table import chip_rank
@@ -124,7 +124,8 @@ def write_bundle(out_dir, programs_with_options, targets, *, lower_options=None,
     ``targets``: chip names or `Target`s. Returns the ``lowered.json`` content plus a
     ``"report"`` list (kernel, chip, registers, spills, storage, bytes) and ``"timing"``
     (seconds: ``passes``, ``lowering`` (to gpu/nvvm), ``llvm`` and ``ptxas`` summed over
-    kernels, ``backend_wall`` (those two in ``workers`` processes), ``total``).
+    kernels (in ``workers`` processes, started as each kernel is lowered, so they overlap the
+    front stages), ``backend_wall`` (the wait for them after the last lowering), ``total``).
 
     ``replace``: write a new bundle in place of the folder's earlier one (its kernel files
     not in the new manifest are removed) instead of extending it.
@@ -169,10 +170,10 @@ def write_bundle(out_dir, programs_with_options, targets, *, lower_options=None,
     lowered_path = out / LOWERED
     lowered = json.loads(lowered_path.read_text()) if lowered_path.is_file() and not replace \
         else {"variants": {}}
-    with files:
+    with files, BackendPool() as pool:
         report = _write_variants(out, files, manifest, lowered, programs_with_options, tgts,
                                  lower_options, ptxas, verbose, pipeline, progress, dump_dir,
-                                 timing)
+                                 timing, pool)
         manifest.kernels.sort(key=lambda e: (e.name, chip_rank(e.chip)))
         files.write(LOWERED, json.dumps(lowered, indent=2, sort_keys=True, default=str) + "\n")
         files.write_readme()
@@ -183,7 +184,7 @@ def write_bundle(out_dir, programs_with_options, targets, *, lower_options=None,
 
 
 def _write_variants(out, files, manifest, lowered, programs_with_options, tgts, lower_options,
-                    ptxas, verbose, pipeline, progress, dump_dir, timing) -> list[dict]:
+                    ptxas, verbose, pipeline, progress, dump_dir, timing, pool) -> list[dict]:
     report = []
     base_lower = {}
     if lower_options is not None:
@@ -193,6 +194,7 @@ def _write_variants(out, files, manifest, lowered, programs_with_options, tgts, 
     notify = progress or (lambda event, **info: None)
     notify("steps", total=len(items) * len(tgts))
     pending = []       # (compilation, target, program, options, variant, spec) after lowering
+    submitted = []     # their backends, started on the pool as each one is lowered
     for program, options, lower, vname in items:
         lower = {**base_lower, **lower}
         item_pipeline = lower.pop("pipeline", pipeline)
@@ -225,11 +227,12 @@ def _write_variants(out, files, manifest, lowered, programs_with_options, tgts, 
                 shared = comp.module
             spec["chip_workspaces"][target.chip] = workspace_specs(prog)
             pending.append((comp, target, program, options, vname, spec))
+            submitted.append(submit_backend(comp, pool))
         lowered["variants"][vname] = spec
     # every kernel's PTX and cubin at once: LLVM and ptxas spread over worker processes
     notify("backend", count=sum(len(p[0].kernels) for p in pending))
     start = time.perf_counter()
-    run_backends([p[0] for p in pending])
+    finish_backends(pool, submitted)
     timing["backend_wall"] = time.perf_counter() - start
     for comp, *_ in pending:
         timing["passes"] += comp.seconds.get("passes", 0.0)

@@ -30,7 +30,7 @@ from pathlib import Path
 from kdagen._mlir import ir
 from kdagen.codegen import ptxas as ptxas_mod
 from kdagen.codegen import to_ptx
-from kdagen.codegen.backend_pool import BackendJob, LibdeviceCallError, run_backend_jobs
+from kdagen.codegen.backend_pool import BackendJob, BackendPool, LibdeviceCallError
 from kdagen.codegen.lower.cost_model import format_reports
 from kdagen.codegen.lower.kernel import lower_program
 from kdagen.codegen.lower.options import LowerOptions
@@ -44,7 +44,8 @@ from kdagen.passes.registry import parse_pipeline
 from kdagen.target import Target, get_target
 
 __all__ = ["Compilation", "DEFAULT_LOWERING", "BACKEND_STAGES", "build_module", "pipeline_passes",
-           "ptx_of", "assemble_ptx", "run_backends", "LibdeviceCallError"]
+           "ptx_of", "assemble_ptx", "run_backends", "submit_backend", "finish_backends",
+           "LibdeviceCallError"]
 
 # What `kdagen emit`, the runtime's compile-on-demand and the API bundles use: the chip's full
 # pass pipeline (partitioned chunk-parallel + state kernels, warp-specialisation annotations),
@@ -288,14 +289,26 @@ def run_backends(compilations, workers: int | None = None) -> None:
     ``run("gpu")``), their kernels pooled over worker processes
     (:mod:`kdagen.codegen.backend_pool`; ``workers``: default ``$KDAGEN_COMPILE_JOBS`` or the
     CPUs). Each compilation's ``backend_seconds`` then holds (LLVM, ptxas) seconds per kernel."""
-    per_comp = []
-    for comp in compilations:
-        comp._cost()
-        per_comp.append(comp.backend_jobs())
-    flat = [job for jobs in per_comp for job in jobs]
-    results = run_backend_jobs(flat, workers)
+    with BackendPool(workers) as pool:
+        submitted = [submit_backend(comp, pool) for comp in compilations]
+        finish_backends(pool, submitted)
+
+
+def submit_backend(comp: "Compilation", pool: BackendPool):
+    """Start ``comp``'s ``cost``/``ptx``/``cubin`` stages on ``pool`` (right after its
+    ``run("gpu")``, so they overlap the next compilation's front stages); returns the handle
+    :func:`finish_backends` takes."""
+    comp._cost()
+    jobs = comp.backend_jobs()
+    pool.submit(jobs)
+    return comp, jobs
+
+
+def finish_backends(pool: BackendPool, submitted) -> None:
+    """Wait for the submitted compilations' backends and record their stages."""
+    results = pool.collect()
     at = 0
-    for comp, jobs in zip(compilations, per_comp):
+    for comp, jobs in submitted:
         comp.accept_backend(jobs, results[at:at + len(jobs)])
         at += len(jobs)
 

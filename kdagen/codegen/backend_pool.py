@@ -8,19 +8,23 @@ bytes, so the result does not depend on where it ran (the PTX is byte-identical 
 in-process lowering).
 
 ``KDAGEN_COMPILE_JOBS`` sets the number of workers (default: the CPUs this process may use);
-1 runs everything in this process.
+1 runs everything in this process. A worker is a fresh ``python -m kdagen.codegen.backend_pool``
+per large kernel (``python -c`` of :func:`_worker_main`: the job in and the result out,
+pickled over its pipes).
 """
 from __future__ import annotations
 
-import multiprocessing
 import os
+import pickle
+import subprocess
+import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from kdagen.codegen import ptxas as ptxas_mod
 
-__all__ = ["BackendJob", "BackendResult", "compile_jobs", "run_backend_jobs",
+__all__ = ["BackendJob", "BackendResult", "BackendPool", "compile_jobs", "run_backend_jobs",
            "LibdeviceCallError"]
 
 
@@ -47,8 +51,9 @@ class BackendResult:
     ptxas_s: float      # seconds in ptxas
 
 
-#: module text (bytes) the jobs other than the largest must hold for a pool to pay off
-POOL_MIN_TEXT = 2_000_000
+#: a module this large (text bytes) is lowered in a worker process: its LLVM time (seconds)
+#: dwarfs a worker's start (~2 s to import MLIR); smaller ones stay in this process
+BIG_TEXT = 1_000_000
 
 
 def compile_jobs() -> int:
@@ -84,20 +89,84 @@ def lower_text(job: BackendJob) -> BackendResult:
     return BackendResult(ptx, assembled, t1 - t0, time.perf_counter() - t1)
 
 
+def lower_in_subprocess(job: BackendJob) -> BackendResult:
+    """:func:`lower_text` in a fresh Python process (:func:`_worker_main`,
+    the job and its result pickled over pipes). Not multiprocessing: its spawn would import the
+    caller's ``__main__`` again (a user's script, a notebook, stdin) in every worker."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    proc = subprocess.run([sys.executable, "-c", _WORKER],
+                          input=pickle.dumps(job), capture_output=True, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"kdagen: the backend worker for {job.name} ({job.chip}) failed:\n"
+                           f"{proc.stderr.decode(errors='replace')[-4000:]}")
+    result = pickle.loads(proc.stdout)
+    if isinstance(result, BaseException):
+        raise result
+    return result
+
+
+_WORKER = "from kdagen.codegen.backend_pool import _worker_main; _worker_main()"
+
+
+def _worker_main() -> None:
+    job = pickle.loads(sys.stdin.buffer.read())
+    try:
+        result = lower_text(job)
+    except Exception as err:       # handed back and raised in the parent
+        result = err
+    sys.stdout.buffer.write(pickle.dumps(result))
+
+
+class BackendPool:
+    """Backend jobs submitted as their kernels are lowered, so LLVM runs while the next
+    program's passes and lowering do: a job of a large module (``BIG_TEXT`` bytes or more) goes
+    to a worker process at once (the pool starts with the first); the small ones run in this
+    process when the results are collected, beside the workers. One worker, or no large job:
+    no process is started. ``collect()`` returns every submitted job's result, in order."""
+
+    def __init__(self, workers: int | None = None):
+        self.workers = compile_jobs() if workers is None else max(1, int(workers))
+        self._pool = None
+        self._items: list = []          # (job, future or None)
+
+    def submit(self, jobs) -> None:
+        for job in jobs:
+            future = None
+            if self.workers > 1 and job.ptx is None and len(job.text) >= BIG_TEXT:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(max_workers=self.workers)
+                future = self._pool.submit(lower_in_subprocess, job)
+            self._items.append((job, future))
+
+    def collect(self) -> list[BackendResult]:
+        try:
+            # this process takes the small jobs while the workers run the large ones
+            local = {i: lower_text(job) for i, (job, fut) in enumerate(self._items) if fut is None}
+            return [local[i] if fut is None else fut.result()
+                    for i, (job, fut) in enumerate(self._items)]
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
 def run_backend_jobs(jobs: list[BackendJob], workers: int | None = None) -> list[BackendResult]:
-    """Results in the order of ``jobs``. With more than one worker and job, the jobs run in a
-    pool of spawned processes, the largest modules first (the makespan is set by the largest
-    kernel, so it should start first)."""
-    workers = compile_jobs() if workers is None else max(1, int(workers))
-    sizes = sorted((len(j.text) for j in jobs if j.ptx is None), reverse=True)
-    # a worker process costs ~2 s to start (MLIR import): worth it only beside a big job
-    if workers == 1 or len(sizes) <= 1 or sum(sizes[1:]) < POOL_MIN_TEXT:
-        return [lower_text(job) for job in jobs]
+    """Results in the order of ``jobs`` (a :class:`BackendPool`, the largest submitted first)."""
     order = sorted(range(len(jobs)), key=lambda i: -(0 if jobs[i].ptx else len(jobs[i].text)))
-    results: list[BackendResult | None] = [None] * len(jobs)
-    context = multiprocessing.get_context("spawn")     # no fork of a process holding MLIR state
-    with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=context) as pool:
-        futures = {i: pool.submit(lower_text, jobs[i]) for i in order}
-        for i, fut in futures.items():
-            results[i] = fut.result()
-    return results
+    with BackendPool(workers) as pool:
+        pool.submit([jobs[i] for i in order])
+        results = pool.collect()
+    out: list[BackendResult | None] = [None] * len(jobs)
+    for i, res in zip(order, results):
+        out[i] = res
+    return out
+
