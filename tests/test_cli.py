@@ -162,7 +162,7 @@ def test_emit_programs_every_op_chip_and_head_dim(tmp_path, op, head_dim):
 def test_emit_rejects_a_gate_of_the_other_op(tmp_path):
     result = run("emit", "-o", str(tmp_path), "--op", "gdn", "--gate", "lower_bound")
     assert result.exit_code == 1
-    assert "not a GDN gate" in result.output
+    assert "'lower_bound' is a KDA gate" in result.output and "--op kda" in result.output
 
 
 # --- progress, table width, names that say the path taken, chip order -------------------------

@@ -71,7 +71,16 @@ def test_op_schemas():
         assert bwd.endswith("-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)"), bwd
         # nothing is mutated or aliased
         assert "!" not in fwd and "!" not in bwd and "(a" not in fwd
-    assert set(ops.OPS) == {"kdagen::kda_fwd", "kdagen::kda_bwd", "kdagen::gdn_fwd", "kdagen::gdn_bwd"}
+        # the ops of any registered gate: its parameters as a tensor list, the gate by name
+        gated_fwd = str(getattr(torch.ops.kdagen, f"{family}_gated_fwd").default._schema)
+        gated_bwd = str(getattr(torch.ops.kdagen, f"{family}_gated_bwd").default._schema)
+        assert gated_fwd.startswith(f"kdagen::{family}_gated_fwd(Tensor q, Tensor k, Tensor v, Tensor g, "
+                                    "Tensor beta, Tensor[] gate_params, "), gated_fwd
+        assert "str gate, str gate_options)" in gated_fwd and gated_fwd.endswith("-> (Tensor, Tensor)")
+        assert gated_bwd.endswith("-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor[], Tensor)"), gated_bwd
+        assert "!" not in gated_fwd and "!" not in gated_bwd
+    assert set(ops.OPS) == {f"kdagen::{family}{gated}_{step}" for family in ("kda", "gdn")
+                            for gated in ("", "_gated") for step in ("fwd", "bwd")}
 
 
 # ------------------------------------------------------------------------------------------

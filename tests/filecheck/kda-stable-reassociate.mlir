@@ -38,7 +38,7 @@ module {
 // -----
 
 // An exp2 of an unbounded value (a load with no declared range) stops the pass.
-// ERR: Error: pass 'kda-stable-reassociate' failed: kda.exp2 at loc("e"): argument bound [-inf, inf] exceeds {{.*}}126 and no bounded form applies (used by kda.store_state); declare a tighter gate range or write the product in relative form
+// ERR: Error: pass 'kda-stable-reassociate' failed: kda.exp2 at loc("e"): argument bound [-inf, inf] exceeds {{.*}}126 and no bounded form applies (used by kda.store_state); declare a tighter gate range (a decaying gate, range (lo, 0] with any lo, always compiles; a gate that may grow needs |g| <= {{.*}} per token at chunk size 64) or write the product in relative form
 module {
   func.func @unbounded(%x: memref<?x4xf32> {kda.layout = "head", kda.name = "x", kda.role = "input"}, %y: memref<?x?x4xf32> {kda.layout = "state", kda.name = "y", kda.role = "output"}) {
     %x_h = "kda.load_head"(%x) {name = "x"} : (memref<?x4xf32>) -> tensor<4xf32>
