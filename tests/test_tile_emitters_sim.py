@@ -40,7 +40,8 @@ def _lower(C, rng, scale=0.3):
     return x
 
 
-@pytest.mark.parametrize("C,nthreads", [(64, 128), (32, 128), (64, 64), (48, 128)])
+# 256 and 512: the consumer threads of 2 and 4 warpgroups (LowerOptions.chunk_warpgroups)
+@pytest.mark.parametrize("C,nthreads", [(64, 128), (32, 128), (64, 64), (48, 128), (64, 256), (64, 512)])
 def test_blocked_tril_inverse_matches_float64(C, nthreads):
     rng = np.random.default_rng(C + nthreads)
     x = _lower(C, rng)
@@ -82,7 +83,8 @@ def test_blocked_inverse_reads_a_lazy_operand():
 
 
 @pytest.mark.parametrize("shape,nthreads", [((64, 128), 128), ((64, 64), 128), ((3, 50), 128),
-                                            ((2, 64), 128), ((7,), 128), ((96, 16), 128)])
+                                            ((2, 64), 128), ((7,), 128), ((96, 16), 128),
+                                            ((64, 128), 512), ((3, 50), 512)])
 def test_batched_materialize_copies_every_element(shape, nthreads):
     rng = np.random.default_rng(1)
     x = rng.standard_normal(shape).astype(np.float32)
@@ -93,19 +95,21 @@ def test_batched_materialize_copies_every_element(shape, nthreads):
     np.testing.assert_array_equal(got["y"], x * 2)
 
 
-@pytest.mark.parametrize("reverse", [False, True])
-def test_cumsum_matches_numpy(reverse):
+@pytest.mark.parametrize("reverse,nthreads", [(False, 128), (True, 128), (False, 512)])
+def test_cumsum_matches_numpy(reverse, nthreads):
     rng = np.random.default_rng(2)
     x = rng.standard_normal((64, 128)).astype(np.float32)
-    got, _ = _run(128, {"x": (64, 128), "y": (64, 128)}, {"x": x},
+    got, _ = _run(nthreads, {"x": (64, 128), "y": (64, 128)}, {"x": x},
                   lambda th, r: T_.emit_cumsum(th, r["y"], r["x"], reverse))
     ref = np.flip(np.cumsum(np.flip(x, 0), 0, dtype=np.float32), 0) if reverse \
         else np.cumsum(x, 0, dtype=np.float32)
     np.testing.assert_allclose(got["y"], ref, rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("shape,dims", [((64, 128), [0]), ((64, 128), [1]), ((64, 37), [1])])
-def test_reduce_sum_matches_numpy(shape, dims):
+@pytest.mark.parametrize("shape,dims,nthreads", [((64, 128), [0], 128), ((64, 128), [1], 128),
+                                                 ((64, 37), [1], 128), ((64, 128), [0, 1], 128),
+                                                 ((64, 128), [0, 1], 512), ((64, 128), [1], 512)])
+def test_reduce_sum_matches_numpy(shape, dims, nthreads):
     rng = np.random.default_rng(4)
     x = rng.standard_normal(shape).astype(np.float32)
     out_shape = tuple(s for d, s in enumerate(shape) if d not in dims)
@@ -113,7 +117,8 @@ def test_reduce_sum_matches_numpy(shape, dims):
     def emit(th, r):
         red = T_.ReduceScratch(r["red"])
         T_.emit_reduce_sum(th, r["y"], r["x"], dims, red)
-    got, _ = _run(128, {"x": shape, "y": out_shape, "red": (16,)}, {"x": x}, emit)
+    # 16 slots: one per warp of up to 512 threads (REDUCE_SLOTS_BYTES)
+    got, _ = _run(nthreads, {"x": shape, "y": out_shape, "red": (16,)}, {"x": x}, emit)
     np.testing.assert_allclose(got["y"], x.sum(axis=tuple(dims)), rtol=1e-5, atol=1e-5)
 
 

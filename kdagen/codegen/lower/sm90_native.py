@@ -61,13 +61,27 @@ from .program import walk
 
 PATH_NAME = "sm90-native"
 WG_THREADS = 128
-#: consumer warpgroups a chunk-parallel kernel may run (LowerOptions.chunk_warpgroups); with
-#: 2, the launch budget is 168 registers x 384 threads, the producer keeps 40 and each
-#: consumer thread gets CONSUMER_REGISTERS (128 * 40 + 256 * 232 = 384 * 168)
-CONSUMER_WARPGROUPS = (1, 2)
+#: consumer warpgroups a chunk-parallel kernel may run (LowerOptions.chunk_warpgroups): every
+#: product's N columns split evenly over them, so a power of two
+CONSUMER_WARPGROUPS = (1, 2, 4)
 PRODUCER_THREADS = 128
 PRODUCER_REGISTERS = 40
 CONSUMER_REGISTERS = 232
+REGISTER_FILE = 65536            # 32-bit registers per SM (one CTA per SM on this path)
+
+
+def register_split(warpgroups: int) -> tuple[int, int]:
+    """(producer, consumer) ``setmaxnreg`` counts for ``warpgroups`` consumer warpgroups.
+
+    The CTA enters with ``.maxntid`` x the entry count ptxas derives from the launch bounds
+    (65536 / threads, rounded down to 8); ``setmaxnreg.inc`` only redistributes what the
+    producer gave back, so producer + consumers must stay within that (2 warpgroups: entry
+    168 x 384 = 128 x 40 + 256 x 232). With 4 the producer keeps the minimum, 24."""
+    threads = WG_THREADS * warpgroups + PRODUCER_THREADS
+    entry = min(255, REGISTER_FILE // threads) // 8 * 8
+    producer = PRODUCER_REGISTERS if warpgroups <= 2 else 24
+    consumer = (entry * threads - PRODUCER_THREADS * producer) // (WG_THREADS * warpgroups) // 8 * 8
+    return producer, min(CONSUMER_REGISTERS, consumer)
 CONSUMER_BARRIER = 1            # named barrier id of the consumer warpgroup (0 = whole CTA)
 WGMMA_M = 64
 
@@ -363,8 +377,10 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
                 bar.sync_threads()
                 cost.event("bar.sync")
 
+                producer_regs, consumer_regs = register_split(self.warpgroups)
+
                 def producer():
-                    regalloc.release_registers(self.target, PRODUCER_REGISTERS)
+                    regalloc.release_registers(self.target, producer_regs)
                     if lay.slots:
                         def elected():
                             with cost.role("producer"):
@@ -372,7 +388,7 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
                         B.if_then(B.icmp("eq", tid, consumers), elected)
 
                 def consumer():
-                    regalloc.claim_registers(self.target, CONSUMER_REGISTERS)
+                    regalloc.claim_registers(self.target, consumer_regs)
                     self.body(p, coords, base)
 
                 B.if_then(B.icmp("ge", tid, consumers), producer)
