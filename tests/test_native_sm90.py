@@ -99,27 +99,35 @@ def test_native_emitter_refuses_other_chips(kda_fwd_native):
                               get_target("sm_120a"), NativeLayout())
 
 
-def test_two_consumer_warpgroups_split_every_wgmma_over_n():
-    """chunk_warpgroups=2: chunk-parallel kernels launch 384 threads (2 consumer warpgroups +
-    the producer), the tile loops stride over 256 threads, each warpgroup issues wgmma on half
-    of N (n32 for the [64, 64] products of K = V = 64), the launch budget is 168 registers and
-    ptxas assembles it without spills; the serial scan keeps its own layout."""
+@pytest.mark.parametrize("warpgroups,threads,regs,n_split", [(2, 384, 232, 32), (4, 640, 112, 16)])
+def test_consumer_warpgroups_split_every_wgmma_over_n(warpgroups, threads, regs, n_split):
+    """chunk_warpgroups=W: chunk-parallel kernels launch 128 (W + 1) threads (W consumer
+    warpgroups + the producer), the tile loops stride over 128 W threads, each warpgroup issues
+    wgmma on N / W columns (n32 / n16 for the [64, 64] products of K = V = 64), the consumers
+    claim what the producer gives back within the entry budget (register_split), and ptxas
+    assembles it without spills; the serial scan keeps its own layout."""
     pytest.importorskip("kdagen._mlir")
     import re
 
+    from kdagen.codegen.lower.sm90_native import register_split
     from kdagen.driver import DEFAULT_LOWERING, Compilation
+    producer, consumer = register_split(warpgroups)
+    assert consumer == regs
+    entry = min(255, 65536 // threads) // 8 * 8
+    assert 128 * producer + 128 * warpgroups * consumer <= entry * threads
     c = Compilation("kda_fwd", dict(head_k_dim=64, head_v_dim=64, gate="lower_bound"), "sm_90a",
-                    lower=dict(DEFAULT_LOWERING, chunk_warpgroups=2)).run("ptx")
+                    lower=dict(DEFAULT_LOWERING, chunk_warpgroups=warpgroups)).run("ptx")
     chunk = next(k for k in c.kernels if k.launch.get("parallel_chunks"))
     scan = next(k for k in c.kernels if k.launch.get("kind") == "tile"
                 and not k.launch.get("parallel_chunks"))
-    assert chunk.launch["block"] == [384, 1, 1] and scan.launch["block"] == [256, 1, 1]
+    assert chunk.launch["block"] == [threads, 1, 1] and scan.launch["block"] == [256, 1, 1]
     ptx = c.ptx[chunk.name]
-    assert ".maxntid 384, 1, 1" in ptx
-    assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+232", ptx)
-    assert re.search(r"bar\.sync\s+1, 256", ptx)      # the consumers' named barrier
+    assert f".maxntid {threads}, 1, 1" in ptx
+    assert re.search(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{regs}", ptx)
+    assert re.search(rf"setmaxnreg\.dec\.sync\.aligned\.u32\s+{producer}", ptx)
+    assert re.search(rf"bar\.sync\s+1, {128 * warpgroups}", ptx)      # the consumers' named barrier
     shapes = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)", ptx))
-    assert shapes == {"m64n32k16"}, shapes
+    assert shapes == {f"m64n{n_split}k16"}, shapes
     from kdagen.codegen import ptxas
     try:
         ptxas.find_ptxas()
@@ -128,7 +136,7 @@ def test_two_consumer_warpgroups_split_every_wgmma_over_n():
     res = ptxas.assemble(ptx, "sm_90a")
     assert res.ok, res.log
     (r,) = [v for k, v in res.resources.items() if k == chunk.name]
-    assert r.spills == 0 and r.registers <= 168, res.log
+    assert r.spills == 0 and r.registers <= entry, res.log
 
 
 def test_chunk_warpgroups_out_of_range_is_an_actionable_error():
