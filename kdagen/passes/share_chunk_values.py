@@ -1,0 +1,205 @@
+"""``kda-share-chunk-values``: a chunk-parallel kernel loads what an earlier one computed.
+
+After ``kda-partition`` a program can compute one chunk quantity in several chunk-parallel
+kernels. The backward is the case in point: its prologue kernel computes the inverse
+(I + Akk)⁻¹, w and u for the forward recompute, and the two kernels after the scans (dq; dk,
+dv, dg, dβ) compute the same decay products, inverse, w and u again from the inputs. In the
+tile lowering a matrix product or a triangular inverse costs far more than streaming its fp32
+result back (16–32 KB per chunk through the producer's TMA ring), so the earliest kernel that
+computes such a value stores it into a per-chunk workspace (or the one it already stores it
+to) and the later kernels load it.
+
+Two ops compute the same value when they have the same name, attributes and result types and
+their operands are the same values: the chunk index, a value defined outside the kernels, or
+results of ops that compute the same value (value numbering across the kernel bodies). Only
+values computed from memory nobody writes qualify (the program's inputs, constants, scalars):
+a workspace may be written between two kernels, so a value read from one never matches.
+
+What is shared: results of matrix and solve ops (``kda.dot``, ``decay_dot``, ``decay_matmul``,
+``tril_inv``, ``tril_solve``), the work that dominates a chunk kernel; the elementwise work
+feeding them stays recomputed where something else still uses it. A shared value is loaded
+only where the kernel still needs it after the others are loaded (w replaces its own inverse
+unless the kernel uses the inverse elsewhere). Workspaces keep the value's element type (fp32),
+so a loaded value is bit for bit the recomputed one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .._mlir import ir
+from ..ir.accessors import program_func
+from ..ir.dialect import ops_with
+from ..ir.transforms import SIDE_EFFECT_OPS, dce
+from .base import ModulePass, register_pass
+from .partition import CHUNK_STORES, _attributes, _shape, _value_name, hbm_bytes_per_token
+
+SHARED_OPS = ops_with(kind=("matrix", "solve"))
+PURE_OPS = ops_with(effect="pure")
+READ_OPS = ops_with(effect="read")
+WRITE_OPS = ops_with(effect=("write", "global"))
+
+
+def _parallel_scans(func) -> list:
+    return [op.operation for op in func.regions[0].blocks[0].operations
+            if op.operation.name == "kda.scan" and "parallel" in op.operation.attributes
+            and ir.BoolAttr(op.operation.attributes["parallel"]).value]
+
+
+def _body(scan) -> list:
+    return [op.operation for op in scan.regions[0].blocks[0].operations]
+
+
+def _attr_key(op) -> tuple:
+    return tuple(sorted((name, str(attr)) for name, attr in _attributes(op).items()))
+
+
+class _Numbering:
+    """Value numbers of the values of kernel bodies: equal numbers, equal values."""
+
+    def __init__(self, written: set):
+        self.written = written        # memrefs some op of the program writes
+
+    def of_scan(self, scan) -> dict:
+        block = scan.regions[0].blocks[0]
+        chunk = block.arguments[0]
+        numbers: dict = {}
+
+        def number(v):
+            if v == chunk:
+                return ("chunk",)
+            if isinstance(v, ir.BlockArgument):
+                return None if v.owner == block else ("outer", v)
+            owner = v.owner.operation if hasattr(v.owner, "operation") else v.owner
+            if owner.parent != scan:
+                return ("outer", v)
+            return numbers.get(v)
+
+        for op in _body(scan):
+            if op.name in PURE_OPS:
+                ok = True
+            elif op.name in READ_OPS:
+                # a read of memory no op writes (an input) gives the same tile every time
+                ok = not any(v in self.written for v in op.operands if _is_memref(v))
+            else:
+                ok = False
+            operands = tuple(number(v) for v in op.operands)
+            if not ok or any(n is None for n in operands):
+                continue
+            head = (op.name, _attr_key(op), tuple(str(r.type) for r in op.results), operands)
+            for i, r in enumerate(op.results):
+                numbers[r] = (head, i)
+        return numbers
+
+
+def _is_memref(v) -> bool:
+    return isinstance(v.type, ir.MemRefType)
+
+
+def _written_memrefs(func) -> set:
+    out = set()
+
+    def visit(block):
+        for op in block.operations:
+            op = op.operation
+            if op.name in WRITE_OPS:
+                out.add(op.operands[0])
+            for region in op.regions:
+                for b in region.blocks:
+                    visit(b)
+
+    visit(func.regions[0].blocks[0])
+    return out
+
+
+def _still_needed(scan, candidates: set) -> list:
+    """The candidates that the kernel's effects still reach once every candidate is a load
+    (a candidate's own operands are no longer needed through it)."""
+    defining = {r: op for op in _body(scan) for r in op.results}
+    reached, seen = [], set()
+    stack = [op for op in _body(scan) if op.name in SIDE_EFFECT_OPS]
+    while stack:
+        op = stack.pop()
+        for v in op.operands:
+            src = defining.get(v)
+            if src is None or src in seen:
+                continue
+            seen.add(src)
+            if src in candidates:
+                reached.append(src)
+            else:
+                stack.append(src)
+    order = {op: i for i, op in enumerate(_body(scan))}
+    return sorted(reached, key=order.__getitem__)
+
+
+@register_pass
+@dataclass
+class ShareChunkValuesPass(ModulePass):
+    name = "kda-share-chunk-values"
+    summary = "later chunk-parallel kernels load the matrix results an earlier one computed"
+
+    def run(self, module: ir.Module) -> None:
+        with module.context, ir.Location.unknown():
+            func = program_func(module)
+            scans = _parallel_scans(func)
+            if len(scans) < 2:
+                return
+            numbering = _Numbering(_written_memrefs(func))
+            first: dict = {}            # value number -> (kernel, value) where first computed
+            workspaces = {ir.StringAttr(op.operation.attributes["name"]).value
+                          for op in func.regions[0].blocks[0].operations
+                          if op.operation.name == "kda.workspace"}
+            for scan in scans:
+                numbers = numbering.of_scan(scan)
+                candidates = {op for op in _body(scan) if op.name in SHARED_OPS
+                              and numbers.get(op.results[0]) in first}
+                changed = set()
+                for op in _still_needed(scan, candidates):
+                    source_scan, value = first[numbers[op.results[0]]]
+                    ws = self._workspace_of(source_scan, value, workspaces)
+                    loaded = ir.Operation.create(
+                        "kda.load_chunk", results=[value.type],
+                        operands=[ws, scan.regions[0].blocks[0].arguments[0]],
+                        attributes={"name": ir.StringAttr.get(_store_name(source_scan, ws))},
+                        loc=op.location, ip=ir.InsertionPoint(op)).results[0]
+                    op.results[0].replace_all_uses_with(loaded)
+                    changed.update((scan, source_scan))
+                for v, n in numbers.items():
+                    first.setdefault(n, (scan, v))
+                if changed:
+                    dce(scan)
+                for s in changed:
+                    s.attributes["kda.hbm_bytes_per_token"] = ir.FloatAttr.get(
+                        ir.F64Type.get(), hbm_bytes_per_token(s))
+
+    @staticmethod
+    def _workspace_of(scan, value, names: set):
+        """The workspace ``scan`` stores ``value`` to: the one it already stores it to, else a
+        new fp32 (the value's type) chunk workspace and a store before the kernel's yield."""
+        for op in _body(scan):
+            if op.name in CHUNK_STORES and op.operands[2] == value:
+                return op.operands[0]
+        owner = value.owner.operation if hasattr(value.owner, "operation") else value.owner
+        base = _value_name(value) or owner.name[4:]
+        name, i = f"{base}_ws", 1
+        while name in names:
+            name, i = f"{base}{i}_ws", i + 1
+        names.add(name)
+        dyn = ir.ShapedType.get_dynamic_size()
+        mem_t = ir.MemRefType.get([dyn, dyn] + _shape(value.type),
+                                  ir.ShapedType(value.type).element_type)
+        ws = ir.Operation.create("kda.workspace", results=[mem_t], attributes={
+            "name": ir.StringAttr.get(name), "layout": ir.StringAttr.get("chunk")},
+            loc=ir.Location.name(name), ip=ir.InsertionPoint(scan)).results[0]
+        yield_op = _body(scan)[-1]
+        ir.Operation.create("kda.store_chunk", results=[], operands=[
+            ws, scan.regions[0].blocks[0].arguments[0], value],
+            attributes={"name": ir.StringAttr.get(name[:-3])}, ip=ir.InsertionPoint(yield_op))
+        return ws
+
+
+def _store_name(scan, ws) -> str:
+    for op in _body(scan):
+        if op.name in CHUNK_STORES and op.operands[0] == ws:
+            return ir.StringAttr(op.attributes["name"]).value
+    raise AssertionError("a shared workspace without its store")

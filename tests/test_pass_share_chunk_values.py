@@ -1,0 +1,85 @@
+"""kda-share-chunk-values: the backward's later chunk kernels load the inverse, w and u that its
+prologue computed (golden kernel contents), and the program computes the same gradients before
+and after the pass (the float64 interpreter: equal up to the order of a few additions, as the
+loaded values are the recomputed ones; rows past a sequence end load as 0 and are never
+stored)."""
+import pytest
+import torch
+
+from kdagen import interpreter
+from kdagen.ir.dialect import print_module
+from kdagen.ir.programs import build_program
+from kdagen.ir.testing import make_case
+from kdagen.passes.pipeline import run_pipeline
+from kdagen.passes.registry import parse_pipeline
+from kdagen.reference import rel_err
+
+BEFORE = "kda-stable-reassociate,kda-partition{workspace_dtype=fp32}"
+AFTER = BEFORE + ",kda-share-chunk-values"
+
+
+def _kernels(module) -> dict:
+    """kernel name -> the text of its scan body."""
+    text = print_module(module)
+    out, start = {}, 0
+    for part in text.split('kda.kernel = "')[1:]:
+        name = part.split('"', 1)[0]
+        body = text[start:text.index(f'kda.kernel = "{name}"')]
+        out[name] = body[body.rfind('"kda.scan"'):]
+        start = text.index(f'kda.kernel = "{name}"') + 1
+    return out
+
+
+def _backward_inputs(family, case):
+    fwd = build_program(f"{family}_fwd", **case.options)
+    res = interpreter.run(fwd, case.inputs)
+    gen = torch.Generator().manual_seed(3)
+    x = dict(case.inputs, do=torch.randn(res["o"].shape, generator=gen, dtype=torch.float64))
+    if "final_state" in res:
+        x["dht"] = torch.randn(res["final_state"].shape, generator=gen, dtype=torch.float64)
+    return x
+
+
+@pytest.mark.parametrize("family,spec", [
+    ("kda", dict(gate="softplus", lengths=[1, 70, 64], H=1, HV=2)),
+    ("kda", dict(gate="lower_bound", lower_bound=-5.0, B=1, T=130, H=1, HV=1)),
+    ("gdn", dict(gate="gdn_softplus", lengths=[64, 3, 100], H=1, HV=2)),
+])
+def test_sharing_computes_the_same_gradients(family, spec):
+    case = make_case(family, seed=11, **spec)
+    x = _backward_inputs(family, case)
+    before = build_program(f"{family}_bwd", **case.options)
+    run_pipeline(before, parse_pipeline(BEFORE))
+    after = build_program(f"{family}_bwd", **case.options)
+    run_pipeline(after, parse_pipeline(AFTER))
+    assert str(after) != str(before)
+    ref, got = interpreter.run(before, x), interpreter.run(after, x)
+    assert set(got) == set(ref)
+    for key in ref:
+        assert rel_err(got[key], ref[key]) <= 1e-14, key
+
+
+def test_backward_kernels_after_the_scans_no_longer_invert():
+    module = build_program("kda_bwd")                 # K = V = 128, C = 64
+    run_pipeline(module, parse_pipeline(AFTER))
+    kernels = _kernels(module)
+    assert "kda.tril_inv" in kernels["kda_bwd0_chunk"]
+    for name in ("kda_bwd1_chunk", "kda_bwd1_out"):
+        assert "kda.tril_inv" not in kernels[name], name
+        assert '"kda.load_chunk"(%w_ws' in kernels[name] and '"kda.load_chunk"(%u_ws' in kernels[name]
+    # the dk kernel still needs the inverse and the decay product itself: loaded, not recomputed
+    assert '{name = "Akk_inv"}' in kernels["kda_bwd1_out"]
+    assert kernels["kda_bwd1_out"].count('"kda.decay_dot"') == 0
+    # the prologue stores them once, in fp32
+    assert kernels["kda_bwd0_chunk"].count('{name = "Akk_inv"}') == 1
+    assert 'name = "Akk_inv_ws"} : () -> memref<?x?x64x64xf32>' in print_module(module)
+
+
+def test_forward_has_nothing_to_share():
+    """The forward's out kernel needs only cheap chunk values (q·k decay products it alone
+    computes): the pass leaves it as it is."""
+    module = build_program("kda_fwd")
+    run_pipeline(module, parse_pipeline(BEFORE))
+    text = str(module)
+    run_pipeline(module, parse_pipeline("kda-share-chunk-values"))
+    assert str(module) == text
