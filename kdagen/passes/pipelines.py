@@ -13,8 +13,10 @@ from .base import ModulePass
 from .registry import parse_pipeline
 
 #: the passes every chip runs after kda-bind-target
-PIPELINE = ["verify", "kda-stable-reassociate", "kda-partition", "kda-share-chunk-values",
-            "kda-warp-specialize", "verify"]
+#: (kda-share-chunk-values is not among them yet: on the H200 its backward kernels give wrong dk
+#: on the sm_90a native path, and a workspace it shares with a register scan takes that scan
+#: off the register path; see the pass's module docstring)
+PIPELINE = ["verify", "kda-stable-reassociate", "kda-partition", "kda-warp-specialize", "verify"]
 
 PIPELINES: dict[str, list[str]] = {
     chip: [f"kda-bind-target{{chip={chip}}}", *PIPELINE] for chip in TARGETS}
