@@ -136,9 +136,11 @@ def test_emit_programs_every_op_chip_and_head_dim(tmp_path, op, head_dim):
             for instruction in ("wgmma.mma_async", "cp.async.bulk.tensor", "setmaxnreg",
                                 "mbarrier.try_wait"):
                 assert instruction in ptx, (kernel["name"], instruction)
-            # serial scans: one consumer warpgroup + the producer; chunk-parallel kernels: two
-            # consumer warpgroups (the default chunk_warpgroups) + the producer
-            threads = 384 if kernel["launch"].get("parallel_chunks") else 256
+            # serial scans: one consumer warpgroup + the producer; chunk-parallel kernels (the
+            # default chunk_warpgroups "auto"): four consumer warpgroups + the producer where
+            # tile buffers spill to the global scratch, else two
+            spills = kernel["launch"]["storage"] in ("hybrid", "global")
+            threads = (640 if spills else 384) if kernel["launch"].get("parallel_chunks") else 256
             assert kernel["launch"]["block"][0] == threads and kernel["launch"]["tensor_maps"]
         else:
             assert kernel["path"].startswith("portable"), (kernel["name"], kernel["path"])

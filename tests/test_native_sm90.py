@@ -52,7 +52,9 @@ def test_native_plan_tmas_the_chunk_tiles(kda_fwd_native):
     program, kernels = kda_fwd_native
     chunk = kernels[0]
     launch = chunk.launch
-    # two consumer warpgroups (the default chunk_warpgroups) and the producer
+    # two consumer warpgroups (chunk_warpgroups "auto": the tile buffers fit in shared
+    # memory) and the producer
+    assert launch["storage"] == "smem"
     assert launch["path"] == "sm90-native" and launch["block"] == [384, 1, 1]
     # q, k, v, g_raw are [C, 64] bf16 boxes; beta (2 bytes per token) stays a global load
     assert sorted(launch["ring"]["tma_loads"]) == ["g_raw", "k", "v"]     # q is read by the out kernel only
@@ -143,6 +145,27 @@ def test_chunk_warpgroups_out_of_range_is_an_actionable_error():
     pytest.importorskip("kdagen._mlir")
     from kdagen.codegen.lower.plan import LoweringError
     from kdagen.driver import DEFAULT_LOWERING, Compilation
-    with pytest.raises(LoweringError, match="chunk_warpgroups=3"):
+    with pytest.raises(LoweringError, match="chunk_warpgroups=3: .* 1, 2, 4 or 'auto'"):
         Compilation("kda_fwd", dict(head_k_dim=64, head_v_dim=64), "sm_90a",
                     lower=dict(DEFAULT_LOWERING, chunk_warpgroups=3)).run("gpu")
+
+
+def test_auto_warpgroups_follow_the_storage():
+    """chunk_warpgroups "auto": 4 consumer warpgroups for a chunk-parallel kernel whose tile
+    buffers spill to the global scratch (the backward's dq and dk kernels at K = V = 128), 2
+    for one that fits in shared memory (the forward's chunk kernel); serial scans keep one."""
+    pytest.importorskip("kdagen._mlir")
+    from kdagen.codegen.lower.sm90_native import chunk_warpgroups
+    from kdagen.driver import DEFAULT_LOWERING, Compilation
+    assert chunk_warpgroups("auto", "hybrid") == 4 and chunk_warpgroups("auto", "smem") == 2
+    assert chunk_warpgroups(1, "hybrid") == 1
+    c = Compilation("kda_bwd", dict(head_k_dim=128, head_v_dim=128), "sm_90a",
+                    lower=DEFAULT_LOWERING).run("gpu")
+    seen = set()
+    for k in c.kernels:
+        if k.launch.get("path") != "sm90-native" or not k.launch.get("parallel_chunks"):
+            continue
+        want = 640 if k.launch["storage"] in ("hybrid", "global") else 384
+        assert k.launch["block"] == [want, 1, 1], (k.name, k.launch["storage"])
+        seen.add(want)
+    assert seen == {384, 640}

@@ -44,10 +44,11 @@ class LowerOptions:
     # tensor cores busy, so overlapping them gains nothing and the reads hoisted before the
     # first product delay it
     scan_schedule: str = "program"
-    # consumer warpgroups of a chunk-parallel kernel on the native sm_90a path: the tile loops
-    # run on all of their threads (more warps per scheduler to hide latency) and each
-    # warpgroup computes a slice of every wgmma product's N columns
-    chunk_warpgroups: int = 2
+    # consumer warpgroups of a chunk-parallel kernel on the native sm_90a path (1, 2, 4 or
+    # "auto": 4 where tile buffers spill to the global scratch, else 2; sm90_native.
+    # chunk_warpgroups): the tile loops run on all of their threads (more warps per scheduler
+    # to hide latency) and each warpgroup computes a slice of every wgmma product's N columns
+    chunk_warpgroups: int | str = "auto"
     # the unit-lower inverse (kda.tril_inv): "blocked" (16x16 diagonal blocks in registers,
     # block products) or "columns" (forward substitution, one thread per column; ablation)
     tril_inv: str = "blocked"
