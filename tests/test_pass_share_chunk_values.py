@@ -66,7 +66,9 @@ def test_backward_kernels_after_the_scans_no_longer_invert():
     assert "kda.tril_inv" in kernels["kda_bwd0_chunk"]
     for name in ("kda_bwd1_chunk", "kda_bwd1_out"):
         assert "kda.tril_inv" not in kernels[name], name
-        assert '"kda.load_chunk"(%w_ws' in kernels[name] and '"kda.load_chunk"(%u_ws' in kernels[name]
+        # w and u from workspaces of their own, not the w_ws / u_ws the recompute scan reads
+        assert '"kda.load_chunk"(%w1_ws' in kernels[name] and '"kda.load_chunk"(%u1_ws' in kernels[name]
+        assert '"kda.load_chunk"(%w_ws' not in kernels[name]
     # the dk kernel still needs the inverse and the decay product itself: loaded, not recomputed
     assert '{name = "Akk_inv"}' in kernels["kda_bwd1_out"]
     assert kernels["kda_bwd1_out"].count('"kda.decay_dot"') == 0

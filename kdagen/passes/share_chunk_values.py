@@ -6,8 +6,8 @@ kernels. The backward is the case in point: its prologue kernel computes the inv
 dv, dg, dβ) compute the same decay products, inverse, w and u again from the inputs. In the
 tile lowering a matrix product or a triangular inverse costs far more than streaming its fp32
 result back (16–32 KB per chunk through the producer's TMA ring), so the earliest kernel that
-computes such a value stores it into a per-chunk workspace (or the one it already stores it
-to) and the later kernels load it.
+computes such a value stores it into a per-chunk workspace of its own and the later kernels
+load it.
 
 Two ops compute the same value when they have the same name, attributes and result types and
 their operands are the same values: the chunk index, a value defined outside the kernels, or
@@ -155,6 +155,7 @@ class ShareChunkValuesPass(ModulePass):
                 return
             numbering = _Numbering(_written_memrefs(func))
             first: dict = {}            # value number -> (kernel, value) where first computed
+            made: dict = {}             # value -> the workspace made to share it
             workspaces = {ir.StringAttr(op.operation.attributes["name"]).value
                           for op in func.regions[0].blocks[0].operations
                           if op.operation.name == "kda.workspace"}
@@ -165,7 +166,7 @@ class ShareChunkValuesPass(ModulePass):
                 changed = set()
                 for op in _still_needed(scan, candidates):
                     source_scan, value = first[numbers[op.results[0]]]
-                    ws = self._workspace_of(source_scan, value, workspaces)
+                    ws = self._workspace_of(source_scan, value, workspaces, made)
                     loaded = ir.Operation.create(
                         "kda.load_chunk", results=[value.type],
                         operands=[ws, scan.regions[0].blocks[0].arguments[0]],
@@ -182,12 +183,13 @@ class ShareChunkValuesPass(ModulePass):
                         ir.F64Type.get(), hbm_bytes_per_token(s))
 
     @staticmethod
-    def _workspace_of(scan, value, names: set):
-        """The workspace ``scan`` stores ``value`` to: the one it already stores it to, else a
-        new fp32 (the value's type) chunk workspace and a store before the kernel's yield."""
-        for op in _body(scan):
-            if op.name in CHUNK_STORES and op.operands[2] == value:
-                return op.operands[0]
+    def _workspace_of(scan, value, names: set, made: dict):
+        """The workspace ``scan`` stores ``value`` to for sharing: a chunk workspace of the
+        value's own type (fp32) and a store before the kernel's yield, made once per value.
+        Never a workspace the kernel already stores: other kernels read those, and a register
+        scan among them chooses how they are laid out (transposed, TF32-rounded)."""
+        if value in made:
+            return made[value]
         owner = value.owner.operation if hasattr(value.owner, "operation") else value.owner
         base = _value_name(value) or owner.name[4:]
         name, i = f"{base}_ws", 1
@@ -204,6 +206,7 @@ class ShareChunkValuesPass(ModulePass):
         ir.Operation.create("kda.store_chunk", results=[], operands=[
             ws, scan.regions[0].blocks[0].arguments[0], value],
             attributes={"name": ir.StringAttr.get(name[:-3])}, ip=ir.InsertionPoint(yield_op))
+        made[value] = ws
         return ws
 
 

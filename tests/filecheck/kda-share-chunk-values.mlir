@@ -1,23 +1,27 @@
 // RUN: kdagen opt %s -p 'kda-share-chunk-values' | filecheck %s
 
 // Two chunk-parallel kernels compute A = k kᵀ, its inverse and w = A⁻¹ k from the input k.
-// The first already stores w; the second uses w and, elsewhere, the inverse. The second loads
-// both: w from the workspace the first stores it to, the inverse from a new fp32 workspace the
-// first now stores. A, once only the inverse used it, is no longer computed there.
+// The first already stores w (for another kernel: its layout is that kernel's choice); the
+// second uses w and, elsewhere, the inverse. The first now also stores both into fp32
+// workspaces of their own, and the second loads them; A, once only the inverse used it, is no
+// longer computed there.
 // CHECK-LABEL: func.func @twice
 // CHECK:         %[[WS:.*]] = "kda.workspace"() {layout = "chunk", name = "w_ws"}
-// CHECK-NEXT:    %[[AWS:.*]] = "kda.workspace"() {layout = "chunk", name = "Ainv_ws"} : () -> memref<?x?x2x2xf32>
-// CHECK-NEXT:    "kda.scan"() ({
+// CHECK-DAG:     %[[AWS:.*]] = "kda.workspace"() {layout = "chunk", name = "Ainv_ws"} : () -> memref<?x?x2x2xf32>
+// CHECK-DAG:     %[[WS1:.*]] = "kda.workspace"() {layout = "chunk", name = "w1_ws"} : () -> memref<?x?x2x4xf32>
+// CHECK:         "kda.scan"() ({
 // CHECK:           %[[AI:.*]] = "kda.tril_inv"
-// CHECK:           "kda.store_chunk"(%[[WS]], %{{.*}}, %{{.*}}) {name = "w"}
-// CHECK-NEXT:      "kda.store_chunk"(%[[AWS]], %{{.*}}, %[[AI]]) {name = "Ainv"}
-// CHECK-NEXT:      gpu.yield
+// CHECK-NEXT:      %[[W:.*]] = "kda.dot"(%[[AI]]
+// CHECK-NEXT:      "kda.store_chunk"(%[[WS]], %{{.*}}, %[[W]]) {name = "w"}
+// CHECK-DAG:       "kda.store_chunk"(%[[AWS]], %{{.*}}, %[[AI]]) {name = "Ainv"}
+// CHECK-DAG:       "kda.store_chunk"(%[[WS1]], %{{.*}}, %[[W]]) {name = "w1"}
+// CHECK:           gpu.yield
 // CHECK:         kda.kernel = "twice_chunk"
 // CHECK:         "kda.scan"() ({
 // CHECK-NEXT:    ^bb0(%[[C:.*]]: index):
 // CHECK-NOT:       "kda.tril_inv"
 // CHECK-DAG:       %[[AL:.*]] = "kda.load_chunk"(%[[AWS]], %[[C]]) {name = "Ainv"}
-// CHECK-DAG:       %[[WL:.*]] = "kda.load_chunk"(%[[WS]], %[[C]]) {name = "w"}
+// CHECK-DAG:       %[[WL:.*]] = "kda.load_chunk"(%[[WS1]], %[[C]]) {name = "w1"}
 // CHECK-NOT:       "kda.tril_inv"
 // CHECK:           "kda.add"(%[[WL]], %{{.*}})
 // CHECK:           "kda.dot"(%[[AL]], %{{.*}})
