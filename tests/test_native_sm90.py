@@ -169,3 +169,15 @@ def test_auto_warpgroups_follow_the_storage():
         assert k.launch["block"] == [want, 1, 1], (k.name, k.launch["storage"])
         seen.add(want)
     assert seen == {384, 640}
+
+
+def test_check_bundle_parses_lowering_options_by_type():
+    """tools/check_bundle.py --lower KEY=VALUE: a number for an option whose default is a word
+    (chunk_warpgroups "auto") stays a number, so ``--lower chunk_warpgroups=2`` is the 2 the
+    lowering accepts."""
+    from tools.check_bundle import _lower_option
+    assert _lower_option("chunk_warpgroups=2") == ("chunk_warpgroups", 2)
+    assert _lower_option("chunk_warpgroups=auto") == ("chunk_warpgroups", "auto")
+    assert _lower_option("tril_inv=columns") == ("tril_inv", "columns")
+    assert _lower_option("load_batch=4") == ("load_batch", 4)
+    assert _lower_option("register_scan=false") == ("register_scan", False)

@@ -92,6 +92,8 @@ def _lower_option(text: str) -> tuple:
         raise SystemExit(f"--lower {text}: not KEY=VALUE of a LowerOptions field")
     if isinstance(default, bool):
         return key, value.lower() in ("1", "true", "yes")
+    if isinstance(default, str) and value.isdigit():
+        return key, int(value)          # an option that takes a word or a number ("auto" | 4)
     return key, type(default)(value)
 
 
