@@ -23,13 +23,16 @@ unless the kernel uses the inverse elsewhere). Workspaces keep the value's eleme
 so a loaded value is the recomputed one.
 
 Not in the chip pipelines yet (``kdagen opt -p kda-share-chunk-values`` runs it). Measured on
-the H200 (kda_bwd, K = V = 128, B1_T8k_H16) the dq kernel drops from 3.31 to 2.53 ms, but
-two problems stand: (1) the GPU check of the native sm_90a kernels gives dk errors of 4e-2 to
-0.4 in every backward variant (dq, dv, dbeta correct; the interpreter and the CTA simulator of
-the portable lowering agree with the unshared program), so a lowering path mishandles what the
-dk kernel now loads; (2) reusing the workspaces w and u, which the recompute scan reads, takes
-that scan off the register-resident path (26 µs per step instead of 1.6), since the register
-scan wants its operand workspaces stored transposed.
+the H200 (kda_bwd, K = V = 128, B1_T8k_H16, its first version) the dq kernel drops from 3.31
+to 2.53 ms, but the GPU check of the native sm_90a kernels gave dk errors of 4e-2 to 0.4 in
+every backward variant, with 2 and with 4 consumer warpgroups (dq, dv, dβ and dh0 correct; the
+interpreter and the CTA simulator of the portable lowering agree with the unshared program):
+a native lowering path mishandles what the dk kernel now loads; dk depends, unlike the
+others, on v' = u − w·S recomputed there from the loaded w and u. That first version also
+shared the w and u workspaces that the recompute scan reads, which took that scan off the
+register-resident path (26 µs per step instead of 1.6: a register scan wants its operand
+workspaces stored transposed); this one shares through workspaces of its own, and its GPU
+check has not run yet.
 """
 from __future__ import annotations
 
@@ -40,7 +43,7 @@ from ..ir.accessors import program_func
 from ..ir.dialect import ops_with
 from ..ir.transforms import SIDE_EFFECT_OPS, dce
 from .base import ModulePass, register_pass
-from .partition import CHUNK_STORES, _attributes, _shape, _value_name, hbm_bytes_per_token
+from .partition import _attributes, _shape, _value_name, hbm_bytes_per_token
 
 SHARED_OPS = ops_with(kind=("matrix", "solve"))
 PURE_OPS = ops_with(effect="pure")
@@ -155,7 +158,7 @@ class ShareChunkValuesPass(ModulePass):
                 return
             numbering = _Numbering(_written_memrefs(func))
             first: dict = {}            # value number -> (kernel, value) where first computed
-            made: dict = {}             # value -> the workspace made to share it
+            made: dict = {}             # value -> (workspace, tile name) made to share it
             workspaces = {ir.StringAttr(op.operation.attributes["name"]).value
                           for op in func.regions[0].blocks[0].operations
                           if op.operation.name == "kda.workspace"}
@@ -166,11 +169,11 @@ class ShareChunkValuesPass(ModulePass):
                 changed = set()
                 for op in _still_needed(scan, candidates):
                     source_scan, value = first[numbers[op.results[0]]]
-                    ws = self._workspace_of(source_scan, value, workspaces, made)
+                    ws, name = self._workspace_of(source_scan, value, workspaces, made)
                     loaded = ir.Operation.create(
                         "kda.load_chunk", results=[value.type],
                         operands=[ws, scan.regions[0].blocks[0].arguments[0]],
-                        attributes={"name": ir.StringAttr.get(_store_name(source_scan, ws))},
+                        attributes={"name": ir.StringAttr.get(name)},
                         loc=op.location, ip=ir.InsertionPoint(op)).results[0]
                     op.results[0].replace_all_uses_with(loaded)
                     changed.update((scan, source_scan))
@@ -184,7 +187,7 @@ class ShareChunkValuesPass(ModulePass):
 
     @staticmethod
     def _workspace_of(scan, value, names: set, made: dict):
-        """The workspace ``scan`` stores ``value`` to for sharing: a chunk workspace of the
+        """(workspace, tile name) ``scan`` stores ``value`` to for sharing: a chunk workspace of the
         value's own type (fp32) and a store before the kernel's yield, made once per value.
         Never a workspace the kernel already stores: other kernels read those, and a register
         scan among them chooses how they are laid out (transposed, TF32-rounded)."""
@@ -206,12 +209,5 @@ class ShareChunkValuesPass(ModulePass):
         ir.Operation.create("kda.store_chunk", results=[], operands=[
             ws, scan.regions[0].blocks[0].arguments[0], value],
             attributes={"name": ir.StringAttr.get(name[:-3])}, ip=ir.InsertionPoint(yield_op))
-        made[value] = ws
-        return ws
-
-
-def _store_name(scan, ws) -> str:
-    for op in _body(scan):
-        if op.name in CHUNK_STORES and op.operands[0] == ws:
-            return ir.StringAttr(op.attributes["name"]).value
-    raise AssertionError("a shared workspace without its store")
+        made[value] = ws, name[:-3]
+        return made[value]
