@@ -85,3 +85,19 @@ def test_forward_has_nothing_to_share():
     text = str(module)
     run_pipeline(module, parse_pipeline("kda-share-chunk-values"))
     assert str(module) == text
+
+
+def test_shared_workspaces_have_names_of_their_own():
+    """The runtime allocates workspaces by name: a shared value must not land in a buffer that
+    another workspace of the program (kda-partition names the forward recompute's and the
+    reverse scan's copies of w both ``w_ws``) also means."""
+    import re
+    before = build_program("kda_bwd")
+    run_pipeline(before, parse_pipeline(BEFORE))
+    after = build_program("kda_bwd")
+    run_pipeline(after, parse_pipeline(AFTER))
+    names = lambda m: re.findall(r'"kda.workspace"\(\) \{layout = "chunk", name = "(\w+)"\}',
+                                  print_module(m))
+    new = [n for n in names(after) if n not in names(before)]
+    assert {"Akk_inv_ws", "w1_ws", "u1_ws"} <= set(new)
+    assert len(new) == len(set(new)) and not set(new) & set(names(before))

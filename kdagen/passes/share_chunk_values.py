@@ -24,15 +24,16 @@ so a loaded value is the recomputed one.
 
 Not in the chip pipelines yet (``kdagen opt -p kda-share-chunk-values`` runs it). Measured on
 the H200 (kda_bwd, K = V = 128, B1_T8k_H16, its first version) the dq kernel drops from 3.31
-to 2.53 ms, but the GPU check of the native sm_90a kernels gave dk errors of 4e-2 to 0.4 in
-every backward variant, with 2 and with 4 consumer warpgroups (dq, dv, dβ and dh0 correct; the
-interpreter and the CTA simulator of the portable lowering agree with the unshared program):
-a native lowering path mishandles what the dk kernel now loads; dk depends, unlike the
-others, on v' = u − w·S recomputed there from the loaded w and u. That first version also
-shared the w and u workspaces that the recompute scan reads, which took that scan off the
-register-resident path (26 µs per step instead of 1.6: a register scan wants its operand
-workspaces stored transposed); this one shares through workspaces of its own, and its GPU
-check has not run yet.
+to 2.53 ms, but the GPU check of that version gave dk errors of 4e-2 to 0.4 in every backward
+variant (dq, dv, dβ, dh0 correct). The likely cause, found after the device time was spent:
+it let the dk kernel load w and u from the prologue's workspaces ``w_ws`` / ``u_ws``, and
+``kda-partition`` names the reverse scan's copy of w ``w_ws`` too; the runtime (and the
+simulator) allocate workspaces by name, so both are one buffer, which the dq kernel overwrites
+with w laid out for the reverse register scan (transposed, TF32-rounded) before the dk kernel
+reads it as rows. dk alone depends on v' = u − w·S recomputed in the dk kernel. Reusing those
+workspaces also took the recompute scan off the register-resident path (26 µs per step instead
+of 1.6). This version shares only through workspaces of its own, under names no other
+workspace of the program has; its GPU check has not run yet.
 """
 from __future__ import annotations
 
