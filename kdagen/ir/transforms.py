@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from .dialect import ops_with
 
-__all__ = ["cse", "dce", "walk", "PURE_TILE_OPS", "SIDE_EFFECT_OPS"]
+__all__ = ["attr_key", "cse", "dce", "walk", "PURE_TILE_OPS", "SIDE_EFFECT_OPS"]
 
 # ops that compute a tile from their operands and attributes only (no memory access)
 PURE_TILE_OPS = ops_with(effect="pure")
@@ -33,7 +33,8 @@ def walk(root) -> list:
     return out
 
 
-def _attr_key(op):
+def attr_key(op) -> tuple:
+    """An op's attributes as a sorted, hashable tuple of (name, printed value)."""
     names = [na.name if hasattr(na, "name") else na for na in op.attributes]
     return tuple(sorted((n, str(op.attributes[n])) for n in names))
 
@@ -53,7 +54,7 @@ def cse(root) -> int:
                     block_cse(b, local)
             if op.name not in PURE_TILE_OPS or len(op.regions):
                 continue
-            key = (op.name, tuple(op.operands), _attr_key(op), tuple(str(r.type) for r in op.results))
+            key = (op.name, tuple(op.operands), attr_key(op), tuple(str(r.type) for r in op.results))
             hit = local.get(key)
             if hit is None:
                 local[key] = list(op.results)

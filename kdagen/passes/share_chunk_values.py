@@ -42,9 +42,9 @@ from dataclasses import dataclass
 from .._mlir import ir
 from ..ir.accessors import program_func
 from ..ir.dialect import ops_with
-from ..ir.transforms import SIDE_EFFECT_OPS, dce
+from ..ir.transforms import SIDE_EFFECT_OPS, attr_key, dce, walk
 from .base import ModulePass, register_pass
-from .partition import _attributes, _shape, _value_name, hbm_bytes_per_token
+from .partition import _shape, _value_name, hbm_bytes_per_token
 
 SHARED_OPS = ops_with(kind=("matrix", "solve"))
 PURE_OPS = ops_with(effect="pure")
@@ -60,10 +60,6 @@ def _parallel_scans(func) -> list:
 
 def _body(scan) -> list:
     return [op.operation for op in scan.regions[0].blocks[0].operations]
-
-
-def _attr_key(op) -> tuple:
-    return tuple(sorted((name, str(attr)) for name, attr in _attributes(op).items()))
 
 
 class _Numbering:
@@ -98,7 +94,7 @@ class _Numbering:
             operands = tuple(number(v) for v in op.operands)
             if not ok or any(n is None for n in operands):
                 continue
-            head = (op.name, _attr_key(op), tuple(str(r.type) for r in op.results), operands)
+            head = (op.name, attr_key(op), tuple(str(r.type) for r in op.results), operands)
             for i, r in enumerate(op.results):
                 numbers[r] = (head, i)
         return numbers
@@ -109,19 +105,7 @@ def _is_memref(v) -> bool:
 
 
 def _written_memrefs(func) -> set:
-    out = set()
-
-    def visit(block):
-        for op in block.operations:
-            op = op.operation
-            if op.name in WRITE_OPS:
-                out.add(op.operands[0])
-            for region in op.regions:
-                for b in region.blocks:
-                    visit(b)
-
-    visit(func.regions[0].blocks[0])
-    return out
+    return {op.operands[0] for op in walk(func) if op.name in WRITE_OPS}
 
 
 def _still_needed(scan, candidates: set) -> list:
