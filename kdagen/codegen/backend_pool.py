@@ -8,16 +8,21 @@ bytes, so the result does not depend on where it ran (the PTX is byte-identical 
 in-process lowering).
 
 ``KDAGEN_COMPILE_JOBS`` sets the number of workers (default: the CPUs this process may use);
-1 runs everything in this process. A worker is a fresh ``python -m kdagen.codegen.backend_pool``
-per large kernel (``python -c`` of :func:`_worker_main`: the job in and the result out,
-pickled over its pipes).
+1 runs everything in this process. A worker is a ``python -c`` of :func:`_worker_main` that
+lives as long as its pool and takes one large kernel after another (importing MLIR costs ~2 s
+a process): each job goes in and its result comes out pickled over the worker's pipes, framed
+by an 8-byte length.
 """
 from __future__ import annotations
 
 import os
 import pickle
+import queue
+import struct
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -89,32 +94,79 @@ def lower_text(job: BackendJob) -> BackendResult:
     return BackendResult(ptx, assembled, t1 - t0, time.perf_counter() - t1)
 
 
-def lower_in_subprocess(job: BackendJob) -> BackendResult:
-    """:func:`lower_text` in a fresh Python process (:func:`_worker_main`,
-    the job and its result pickled over pipes). Not multiprocessing: its spawn would import the
-    caller's ``__main__`` again (a user's script, a notebook, stdin) in every worker."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    proc = subprocess.run([sys.executable, "-c", _WORKER],
-                          input=pickle.dumps(job), capture_output=True, env=env)
-    if proc.returncode != 0:
-        raise RuntimeError(f"kdagen: the backend worker for {job.name} ({job.chip}) failed:\n"
-                           f"{proc.stderr.decode(errors='replace')[-4000:]}")
-    result = pickle.loads(proc.stdout)
-    if isinstance(result, BaseException):
-        raise result
-    return result
+class _Worker:
+    """A backend worker process: one job at a time through its pipes, for as long as it lives.
+    Not multiprocessing: its spawn would import the caller's ``__main__`` again (a user's
+    script, a notebook, stdin) in every worker."""
+
+    def __init__(self):
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        # stderr to a file: a pipe nobody drains could fill and block the worker
+        self._stderr = tempfile.TemporaryFile()
+        self._proc = subprocess.Popen([sys.executable, "-c", _WORKER], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, stderr=self._stderr, env=env)
+
+    def run(self, job: BackendJob) -> BackendResult:
+        data = pickle.dumps(job)
+        try:
+            self._proc.stdin.write(struct.pack("<Q", len(data)) + data)
+            self._proc.stdin.flush()
+            result = pickle.loads(_read_frame(self._proc.stdout))
+        except (OSError, EOFError, pickle.UnpicklingError):
+            self._proc.kill()
+            self._proc.wait()
+            self._stderr.seek(0)
+            tail = self._stderr.read().decode(errors="replace")[-4000:]
+            raise RuntimeError(f"kdagen: the backend worker for {job.name} ({job.chip}) failed "
+                               f"(exit {self._proc.returncode}):\n{tail}") from None
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            try:
+                self._proc.stdin.close()          # end of jobs: the worker exits
+                self._proc.wait(timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                self._proc.kill()
+                self._proc.wait()
+        self._stderr.close()
+
+
+def _read_frame(stream) -> bytes:
+    header = stream.read(8)
+    if len(header) < 8:
+        raise EOFError("no frame")
+    (size,) = struct.unpack("<Q", header)
+    data = stream.read(size)
+    if len(data) < size:
+        raise EOFError("truncated frame")
+    return data
 
 
 _WORKER = "from kdagen.codegen.backend_pool import _worker_main; _worker_main()"
 
 
 def _worker_main() -> None:
-    job = pickle.loads(sys.stdin.buffer.read())
-    try:
-        result = lower_text(job)
-    except Exception as err:       # handed back and raised in the parent
-        result = err
-    sys.stdout.buffer.write(pickle.dumps(result))
+    """Jobs from stdin until it closes, each result (or its exception) back on stdout."""
+    stdin = sys.stdin.buffer
+    # frames go to a private copy of stdout; anything else printed (by Python or by native
+    # code writing to fd 1) goes to stderr instead of corrupting them
+    stdout = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    while True:
+        try:
+            job = pickle.loads(_read_frame(stdin))
+        except EOFError:
+            return
+        try:
+            result = lower_text(job)
+        except Exception as err:       # handed back and raised in the parent
+            result = err
+        data = pickle.dumps(result)
+        stdout.write(struct.pack("<Q", len(data)) + data)
+        stdout.flush()
 
 
 class BackendPool:
@@ -128,6 +180,21 @@ class BackendPool:
         self.workers = compile_jobs() if workers is None else max(1, int(workers))
         self._pool = None
         self._items: list = []          # (job, future or None)
+        self._idle: "queue.SimpleQueue[_Worker]" = queue.SimpleQueue()
+        self._started: list[_Worker] = []
+        self._lock = threading.Lock()
+
+    def _run_in_worker(self, job: BackendJob) -> BackendResult:
+        # at most ``workers`` threads run this, so at most that many processes start
+        try:
+            worker = self._idle.get_nowait()
+        except queue.Empty:
+            worker = _Worker()
+            with self._lock:
+                self._started.append(worker)
+        result = worker.run(job)        # a failed worker is dead: not handed back
+        self._idle.put(worker)
+        return result
 
     def submit(self, jobs) -> None:
         for job in jobs:
@@ -135,7 +202,7 @@ class BackendPool:
             if self.workers > 1 and job.ptx is None and len(job.text) >= BIG_TEXT:
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(max_workers=self.workers)
-                future = self._pool.submit(lower_in_subprocess, job)
+                future = self._pool.submit(self._run_in_worker, job)
             self._items.append((job, future))
 
     def collect(self) -> list[BackendResult]:
@@ -151,6 +218,10 @@ class BackendPool:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+        with self._lock:
+            started, self._started = self._started, []
+        for worker in started:
+            worker.close()
 
     def __enter__(self):
         return self

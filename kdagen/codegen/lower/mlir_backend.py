@@ -273,6 +273,13 @@ class MlirBackend:
     def gep(self, ptr, index, elt="f32"):
         if isinstance(index, int) and index == 0:
             return ptr
+        if isinstance(index, self.ints.IntVal):
+            # the variable part as one pointer (shared by every element of a fragment), the
+            # constant as an immediate offset: no per-element index sum for LLVM to reduce
+            var, const = index.split_const()
+            if const:
+                base = self.gep(ptr, var, elt)
+                return self.llvm.getelementptr(ptr.type, base, [], [const], self._elem(elt), 0)
         if isinstance(index, W64):
             iv = index.value
         elif isinstance(index, int) and not (-2**31 <= index < 2**31):
