@@ -152,17 +152,19 @@ def test_chunk_warpgroups_out_of_range_is_an_actionable_error():
 
 def test_auto_warpgroups_follow_the_storage():
     """chunk_warpgroups "auto": 4 consumer warpgroups for a chunk-parallel kernel whose tile
-    buffers spill to the global scratch (the backward's dq and dk kernels at K = V = 128), 2
-    for one that fits in shared memory (the forward's chunk kernel); serial scans keep one."""
+    buffers spill to the global scratch (the forward's output kernel, the backward's chunk
+    kernels at K = V = 128), 2 for one that fits in shared memory (the forward's prologue);
+    serial scans keep one."""
     pytest.importorskip("kdagen._mlir")
     from kdagen.codegen.lower.sm90_native import chunk_warpgroups
     from kdagen.driver import DEFAULT_LOWERING, Compilation
     assert chunk_warpgroups("auto", "hybrid") == 4 and chunk_warpgroups("auto", "smem") == 2
     assert chunk_warpgroups(1, "hybrid") == 1
-    c = Compilation("kda_bwd", dict(head_k_dim=128, head_v_dim=128), "sm_90a",
-                    lower=DEFAULT_LOWERING).run("gpu")
+    kernels = [k for program in ("kda_fwd", "kda_bwd")
+               for k in Compilation(program, dict(head_k_dim=128, head_v_dim=128), "sm_90a",
+                                    lower=DEFAULT_LOWERING).run("gpu").kernels]
     seen = set()
-    for k in c.kernels:
+    for k in kernels:
         if k.launch.get("path") != "sm90-native" or not k.launch.get("parallel_chunks"):
             continue
         want = 640 if k.launch["storage"] in ("hybrid", "global") else 384

@@ -13,9 +13,8 @@ from .base import ModulePass
 from .registry import parse_pipeline
 
 #: the passes every chip runs after kda-bind-target
-#: (kda-share-chunk-values is not among them yet: on the H200 the backward kernels of its first
-#: version gave wrong dk on the sm_90a native path; see the pass's module docstring)
-PIPELINE = ["verify", "kda-stable-reassociate", "kda-partition", "kda-warp-specialize", "verify"]
+PIPELINE = ["verify", "kda-stable-reassociate", "kda-partition", "kda-share-chunk-values",
+            "kda-warp-specialize", "verify"]
 
 PIPELINES: dict[str, list[str]] = {
     chip: [f"kda-bind-target{{chip={chip}}}", *PIPELINE] for chip in TARGETS}

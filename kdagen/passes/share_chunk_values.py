@@ -22,18 +22,18 @@ only where the kernel still needs it after the others are loaded (w replaces its
 unless the kernel uses the inverse elsewhere). Workspaces keep the value's element type (fp32),
 so a loaded value is the recomputed one.
 
-Not in the chip pipelines yet (``kdagen opt -p kda-share-chunk-values`` runs it). Measured on
-the H200 (kda_bwd, K = V = 128, B1_T8k_H16, its first version) the dq kernel drops from 3.31
-to 2.53 ms, but the GPU check of that version gave dk errors of 4e-2 to 0.4 in every backward
-variant (dq, dv, dβ, dh0 correct). The likely cause, found after the device time was spent:
-it let the dk kernel load w and u from the prologue's workspaces ``w_ws`` / ``u_ws``, and
-``kda-partition`` names the reverse scan's copy of w ``w_ws`` too; the runtime (and the
-simulator) allocate workspaces by name, so both are one buffer, which the dq kernel overwrites
-with w laid out for the reverse register scan (transposed, TF32-rounded) before the dk kernel
-reads it as rows. dk alone depends on v' = u − w·S recomputed in the dk kernel. Reusing those
-workspaces also took the recompute scan off the register-resident path (26 µs per step instead
-of 1.6). This version shares only through workspaces of its own, under names no other
-workspace of the program has; its GPU check has not run yet.
+In every chip's pipeline, after ``kda-partition``. Measured on the H200 (kda_bwd, K = V = 128,
+B1_T8k_H16, same process as FLA; ``bench/results/h200_bench_kernels_affine_ints_share.log``):
+the dq kernel 2.87 -> 1.92 ms, the dk/dv/dg kernel 5.33 -> 4.94 ms, the prologue 0.81 ->
+0.96 ms (it stores the shared values), forward+backward 11.56 -> 10.38 ms; the GPU check of the
+backward variants 152/152 within the bars
+(``bench/results/h200_gpu_check_share_chunk_values_own_workspaces.log``).
+
+A first version let the dk kernel load w and u from the prologue's workspaces ``w_ws`` /
+``u_ws``; ``kda-partition`` names the reverse scan's copy of w ``w_ws`` too, and the runtime
+allocates workspaces by name, so the dq kernel's transposed TF32 copy overwrote the w the dk
+kernel read (dk errors 4e-2 to 0.4 on the H200). Shared values therefore go to workspaces of
+their own, under names no other workspace of the program has.
 """
 from __future__ import annotations
 
