@@ -313,3 +313,33 @@ def test_full_pipeline_numerics(chip):
     ref = interpreter.run(m, _rounded(case.inputs), dtype=torch.float64, round_storage=True)
     assert rel_err(out["o"], ref["o"]) < ROUND_TOL
     assert rel_err(out["final_state"], ref["final_state"]) < 5e-5
+
+
+@pytest.mark.parametrize("remat_ops", [0, 8])
+def test_backward_remat_of_scratch_values(remat_ops):
+    """Values whose buffers would go to the global scratch are re-evaluated where used when
+    cheap (LowerOptions.remat_ops); the kernels agree with the reference either way, and
+    re-evaluation leaves fewer buffers."""
+    from kdagen.codegen.lower.kernel import LowerOptions, prepare
+    from kdagen.codegen.lower.program import read_program
+    from kdagen.target import get_target
+    case = make_case("kda", gate="softplus", H=1, HV=1, K=64, V=64, chunk_size=16,
+                     lengths=[20], seed=7)
+    m = stable_module("kda_bwd", **case.options)
+    g = torch.Generator().manual_seed(8)
+    sz = case.sizes
+    inputs = dict(case.inputs)
+    inputs["do"] = torch.randn(sz["B"], sz["T"], sz["HV"], sz["V"], generator=g, dtype=torch.float64)
+    inputs["dht"] = torch.randn(sz["N"], sz["HV"], sz["K"], sz["V"], generator=g, dtype=torch.float64)
+    opts = LowerOptions(storage="global", remat_ops=remat_ops)
+    out = simulate(m, inputs, options=opts)
+    ref = interpreter.run(m, _rounded(inputs), dtype=torch.float64)
+    for k, v in out.items():
+        tol = F32_TOL if BWD_F32.get(k, "bf16") == "f32" else ROUND_TOL
+        assert rel_err(v, ref[k]) < tol, (k, rel_err(v, ref[k]))
+    program = read_program(m)
+    counts = {o: sum(len(pk.plan.unique_buffers()) for pk in
+                     prepare(program, get_target("sm_90a"), "x",
+                             LowerOptions(storage="global", remat_ops=o)) if pk.plan)
+              for o in (0, 8)}
+    assert counts[8] < counts[0], counts

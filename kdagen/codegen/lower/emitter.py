@@ -50,7 +50,7 @@ from .mlir_backend import MlirBackend, W64
 from .options import LowerOptions
 from .plan import MATRIX_OPS, STORE_OPS, KernelGroup, LoweringError
 from .program import Program, Value, walk
-from .storage import StoragePlan, buffer_strides
+from .storage import GLOBAL_ALIGN, StoragePlan, buffer_strides
 
 __all__ = ["TileKernelEmitter", "GlobalKernelEmitter", "Geometry", "MemRef", "mem_info",
            "workspace_specs", "REDUCE_SLOTS_BYTES"]
@@ -248,7 +248,9 @@ class TileKernelEmitter:
 
     def pool_base(self, space: str) -> int:
         reduce_here = (space == "smem") == self.uses_smem
-        return REDUCE_SLOTS_BYTES if reduce_here else 0
+        if not reduce_here:
+            return 0
+        return REDUCE_SLOTS_BYTES if space == "smem" else GLOBAL_ALIGN
 
     @property
     def smem_bytes(self) -> int:
@@ -256,7 +258,10 @@ class TileKernelEmitter:
 
     @property
     def scratch_bytes(self) -> int:
-        return self.pool_base("global") + self.plan.global_bytes if self.uses_global else 0
+        if not self.uses_global:
+            return 0
+        n = self.pool_base("global") + self.plan.global_bytes
+        return -(-n // GLOBAL_ALIGN) * GLOBAL_ALIGN
 
     @property
     def scratch_elems(self) -> int:
@@ -322,7 +327,7 @@ class TileKernelEmitter:
     def bufref(self, v: Value) -> T_.BufRef:
         b = self.plan.buffers[v]
         return T_.BufRef(self.pools[b.space], (self.pool_base(b.space) + b.offset) // 4,
-                         tuple(v.shape), buffer_strides(tuple(v.shape)))
+                         tuple(v.shape), buffer_strides(tuple(v.shape), b.space))
 
     def node(self, n) -> None:
         op = n.op

@@ -19,7 +19,7 @@ from .emitter import REDUCE_SLOTS_BYTES, GlobalKernelEmitter, TileKernelEmitter
 from .options import LowerOptions
 from .plan import KernelGroup, LoweringError, group_kernels
 from .program import Program, read_program, walk
-from .storage import StoragePlan, plan_storage
+from .storage import StoragePlan, plan_storage, remat_candidates
 
 __all__ = ["LoweredKernel", "lower_program", "LowerOptions", "prepare", "PreparedKernel"]
 
@@ -107,40 +107,18 @@ def prepare(program: Program, target: Target | None, prefix: str,
             launch.update(kind="global", order=g.index, storage="none", scratch_bytes_per_cta=0)
             out.append(PreparedKernel(kname, g, em, "none", launch))
             continue
-        budget = (target.smem_per_block if target is not None else 227 * 1024) - opts.smem_reserve
-        native = None
         nat = native_path(target) if opts.path == "native" else None
-        if nat is not None:
-            precision = opts.dot if opts.dot in T_.MMA_PRECISIONS else "bf16x3"
-            # tiles streamed into the ring are read from it (no fp32 copy); the ring may keep
-            # fewer loads than planned for when it must leave room: plan again until both agree
-            ring = frozenset(s.node for s in nat.tma_candidates(program, g))
-            for _ in range(len(ring) + 1):
-                plan = plan_storage(program, g, ring_loads=ring)
-                native = nat.plan_native(program, g, budget - REDUCE_SLOTS_BYTES,
-                                         plan.total_bytes, precision, ring)
-                kept = frozenset(s.node for s in native.slots)
-                if kept == ring:
-                    break
-                ring = kept
-            else:
-                raise LoweringError(f"{kname}: the native ring and the storage plan do not settle")
-            budget -= native.bytes + 1024       # the native region starts 1024-aligned
-        else:
-            plan = plan_storage(program, g)
-        need = REDUCE_SLOTS_BYTES + plan.total_bytes
-        storage = opts.storage
-        if storage == "auto":
-            storage = "smem" if need <= budget else "hybrid"
-        if storage == "smem" and need > budget:
-            raise LoweringError(f"{kname}: {need} bytes of tile storage exceed the shared-memory "
-                                f"budget {budget}")
-        plan.pack(storage, budget - REDUCE_SLOTS_BYTES)
-        if storage == "hybrid" and plan.global_bytes == 0:
-            storage = "smem"            # everything fitted: keep the (within-budget) offsets
-        elif storage == "hybrid" and plan.smem_bytes == 0:
-            plan.pack("global")
-            storage = "global"
+        keep_lazy = frozenset()
+        # values whose buffers land in the global scratch and are cheap to recompute are
+        # re-evaluated where used instead (storage.remat_candidates); plan again until no
+        # new one appears
+        for _ in range(4):
+            plan, native, storage, budget, need = _plan_group(program, g, target, opts, nat,
+                                                              kname, keep_lazy)
+            more = remat_candidates(plan, opts.remat_ops) - keep_lazy
+            if not more:
+                break
+            keep_lazy |= more
         if native is not None:
             used = (REDUCE_SLOTS_BYTES + plan.smem_bytes) if storage in ("smem", "hybrid") else 0
             native.base = -(-used // 1024) * 1024
@@ -165,6 +143,48 @@ def prepare(program: Program, target: Target | None, prefix: str,
                           wgmma_precision=native.precision)
         out.append(PreparedKernel(kname, g, em, storage, launch, plan))
     return out
+
+
+def _plan_group(program: Program, g, target: Target | None, opts: LowerOptions, nat,
+                kname: str, keep_lazy: frozenset):
+    """Storage plan (packed), native layout (or None), storage kind, shared-memory budget
+    left for the tile buffers and the bytes they need, for one tile kernel."""
+    budget = (target.smem_per_block if target is not None else 227 * 1024) - opts.smem_reserve
+    native = None
+    if nat is not None:
+        precision = opts.dot if opts.dot in T_.MMA_PRECISIONS else "bf16x3"
+        single = nat.single_read_operands(g)
+        # tiles streamed into the ring are read from it (no fp32 copy); the ring may keep
+        # fewer loads than planned for when it must leave room: plan again until both agree
+        ring = frozenset(s.node for s in nat.tma_candidates(program, g))
+        for _ in range(len(ring) + 1):
+            plan = plan_storage(program, g, ring_loads=ring, single_read=single,
+                                keep_lazy=keep_lazy)
+            native = nat.plan_native(program, g, budget - REDUCE_SLOTS_BYTES,
+                                     plan.total_bytes, precision, ring)
+            kept = frozenset(s.node for s in native.slots)
+            if kept == ring:
+                break
+            ring = kept
+        else:
+            raise LoweringError(f"{kname}: the native ring and the storage plan do not settle")
+        budget -= native.bytes + 1024       # the native region starts 1024-aligned
+    else:
+        plan = plan_storage(program, g, keep_lazy=keep_lazy)
+    need = REDUCE_SLOTS_BYTES + plan.total_bytes
+    storage = opts.storage
+    if storage == "auto":
+        storage = "smem" if need <= budget else "hybrid"
+    if storage == "smem" and need > budget:
+        raise LoweringError(f"{kname}: {need} bytes of tile storage exceed the shared-memory "
+                            f"budget {budget}")
+    plan.pack(storage, budget - REDUCE_SLOTS_BYTES)
+    if storage == "hybrid" and plan.global_bytes == 0:
+        storage = "smem"            # everything fitted: keep the (within-budget) offsets
+    elif storage == "hybrid" and plan.smem_bytes == 0:
+        plan.pack("global")
+        storage = "global"
+    return plan, native, storage, budget, need
 
 
 def _register_scan_plans(program: Program, groups: list, target: Target | None,

@@ -55,3 +55,7 @@ class LowerOptions:
     # element loops and row folds of the tile lowering issue the loads of this many elements
     # (rows) before using them (kdagen.codegen.lower.tiles.foreach_batched / fold_batched)
     load_batch: int = 8
+    # tile values whose buffers would land in the global scratch are re-evaluated at each
+    # consumer when their expression takes at most this many instructions from what stays
+    # stored (kdagen.codegen.lower.storage.remat_candidates); 0 = always materialise
+    remat_ops: int = 8

@@ -265,6 +265,22 @@ def _staging_bytes(n, precision: str) -> int:
     return parts * (la.size_bytes + lb.size_bytes)
 
 
+def single_read_operands(group) -> frozenset:
+    """(node, operand) pairs that this path reads about once per element: a wgmma product
+    stages its A operand once, and its B operand once per 64 rows of the result (M = 64: once;
+    kda.dot's operands are 0 = lhs, 1 = rhs)."""
+    out = set()
+    for n in group.nodes:
+        for m in [n, *(walk(n.body) if n.body is not None else [])]:
+            dims = _wgmma_dot_dims(m)
+            if dims is None:
+                continue
+            out.add((m, 0))
+            if dims[0] <= WGMMA_M:
+                out.add((m, 1))
+    return frozenset(out)
+
+
 def tma_candidates(program, group) -> list:
     """The producer loads (marked by kda-warp-specialize) of a one-scan kernel that TMA can
     express, as slots (not yet placed)."""
@@ -531,15 +547,22 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
             return super().matrix(n, out)
         a = self.env[n.operands[0]]
         b = self.env[n.operands[1]]
-        if n.attrs.get("transpose_lhs"):
+        a_tr, b_tr = bool(n.attrs.get("transpose_lhs")), bool(n.attrs.get("transpose_rhs"))
+        if a_tr:
             a = T_.transpose(a)
-        if n.attrs.get("transpose_rhs"):
+        if b_tr:
             b = T_.transpose(b)
-        self.dot_wgmma(out, a, b)
+        # the operands' tiles are row-major where they are stored: read A along K unless it
+        # is a transposed view, B along N unless it is one (coalesced global reads)
+        self.dot_wgmma(out, a, b, a_along_k=not a_tr, b_along_k=b_tr)
 
     # -- wgmma -------------------------------------------------------------------------------
-    def dot_wgmma(self, out, a, b) -> None:
-        """out[M, N] = a[M, K] @ b[K, N] with wgmma on bf16 (hi [+ lo]) staging tiles."""
+    def dot_wgmma(self, out, a, b, a_along_k: bool = True, b_along_k: bool = False) -> None:
+        """out[M, N] = a[M, K] @ b[K, N] with wgmma on bf16 (hi [+ lo]) staging tiles.
+        ``a_along_k`` / ``b_along_k``: consecutive threads stage consecutive K elements of an
+        operand (its tile is contiguous along K where stored), else consecutive M / N
+        elements (8 of them, then the next K pair: whole 32-byte sectors of a row-major tile
+        and at most a few shared-memory bank conflicts on the K-major staging stores)."""
         M, N = out.shape
         K = a.shape[1]
         la, lb, parts = _staging_layouts(N, K, self.layout.precision)
@@ -550,14 +573,26 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
         b_tiles = [SmemTile(self.smem_base, off + i * lb.size_bytes, lb) for i in range(parts)]
         th = self.th
 
-        def stage(tiles, rows, value):
+        def stage(tiles, rows, value, along_k=True):
             """tiles[p][r, 2c:2c+2] = part p of (value(r, 2c), value(r, 2c + 1))."""
+            if along_k or rows % 8 or (ks // 2) % 4:
+                shape = (rows, ks // 2)
+
+                def rc(idx):
+                    return idx
+            else:
+                shape = (ks // 8, rows // 8, 4, 8)
+
+                def rc(idx):
+                    chi, rhi, clo, rlo = idx
+                    return T_.addk(rhi * 8, 0) + rlo, T_.addk(chi * 4, 0) + clo
+
             def read(idx):
-                r, c2 = idx
+                r, c2 = rc(idx)
                 return value(r, c2 * 2), value(r, c2 * 2 + 1)
 
             def write(idx, pair):
-                r, c2 = idx
+                r, c2 = rc(idx)
                 x0, x1 = pair
                 tiles[0].store(pack_f32x2(x0, x1), r, c2 * 2)
                 if parts == 2:
@@ -566,7 +601,7 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
                     tiles[1].store(pack_f32x2(l0, l1), r, c2 * 2)
                 self.cost.event("cvt.bf16x2", parts)
                 self.cost.event("st.shared.staging", parts)
-            T_.foreach_batched(th, (rows, ks // 2), read, write)
+            T_.foreach_batched(th, shape, read, write)
 
         nk = K // ks
         # each consumer warpgroup computes N / warpgroups of the columns, reading its rows of
@@ -590,9 +625,10 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
             acc = AccFragment.filled(wgmma.wgmma_acc_layout(Nw), 0.0)
             for kk in range(nk):
                 k0 = kk * ks
-                stage(a_tiles, WGMMA_M, lambda r, c: a.read([T_.addk(r, m0), T_.addk(c, k0)]))
+                stage(a_tiles, WGMMA_M, lambda r, c: a.read([T_.addk(r, m0), T_.addk(c, k0)]),
+                      a_along_k)
                 if nk > 1 or m0 == 0:
-                    stage(b_tiles, N, lambda r, c: b.read([T_.addk(c, k0), r]))
+                    stage(b_tiles, N, lambda r, c: b.read([T_.addk(c, k0), r]), b_along_k)
                 bar.fence_proxy_async_shared()
                 self.cost.event("fence.proxy.async")
                 B.barrier()

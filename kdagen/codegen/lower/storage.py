@@ -24,7 +24,13 @@ from .plan import (EXPR_OPS, LOAD_OPS, MATRIX_OPS, MULTI_READ, NOOP_OPS, STORE_O
                    KernelGroup, LoweringError)
 from .program import Block, Node, Program, Value, walk
 
-__all__ = ["StoragePlan", "plan_storage", "buffer_strides", "buffer_elems"]
+__all__ = ["StoragePlan", "plan_storage", "remat_candidates", "expr_ops", "buffer_strides",
+           "buffer_elems", "GLOBAL_ALIGN"]
+
+
+#: byte alignment of buffers in the global scratch (whole 128-byte lines; the per-CTA
+#: scratch size is a multiple of it too)
+GLOBAL_ALIGN = 128
 
 
 @dataclass(eq=False)
@@ -49,6 +55,7 @@ class StoragePlan:
     yield_copy: dict              # (scan, i) -> "skip" | "copy"
     smem_bytes: int = 0           # after pack(): bytes of each pool
     global_bytes: int = 0
+    single_read: frozenset = frozenset()   # plan_storage's argument
 
     def mode(self, v: Value) -> str:
         return self.modes.get(v, "none")
@@ -65,7 +72,7 @@ class StoragePlan:
         if storage in ("smem", "global"):
             for b in bufs:
                 b.space = storage
-            total = _first_fit(bufs, align)
+            total = _first_fit(bufs, align, GLOBAL_ALIGN if storage == "global" else 1)
             self.smem_bytes, self.global_bytes = (total, 0) if storage == "smem" else (0, total)
             return
         if storage != "hybrid":
@@ -75,7 +82,7 @@ class StoragePlan:
         for b in sorted(bufs, key=lambda b: (-b.density, b.start, -b.nbytes)):
             for space in ("smem", "global"):
                 cap = smem_capacity if space == "smem" else None
-                off = _fit(b, placed[space], cap)
+                off = _fit(b, placed[space], cap, GLOBAL_ALIGN if space == "global" else 1)
                 if off is not None:
                     b.space, b.offset = space, off
                     placed[space].append(b)
@@ -90,9 +97,16 @@ def _is_widening_convert(n: Node) -> bool:
 
 
 def plan_storage(program: Program, group: KernelGroup, align: int = 16,
-                 ring_loads: frozenset = frozenset()) -> StoragePlan:
+                 ring_loads: frozenset = frozenset(), single_read: frozenset = frozenset(),
+                 keep_lazy: frozenset = frozenset()) -> StoragePlan:
     """``ring_loads``: load nodes whose tiles a native path streams into a shared-memory ring
-    (mode ``ring``: cheap to read, no buffer, valid for the chunk step that loaded them)."""
+    (mode ``ring``: cheap to read, no buffer, valid for the chunk step that loaded them).
+    ``single_read``: (node, operand index) pairs of matrix ops that read each element of that
+    operand about once (a native path's wgmma products stage each operand into shared memory
+    once): such an operand needs no buffer of its own. ``keep_lazy``: values to re-evaluate at
+    each consumer instead of materialising (:func:`remat_candidates`: values whose buffers
+    landed in the global scratch and are cheap to recompute); cross-block uses, reads of a
+    workspace written in the kernel and yield hazards still get a buffer."""
     nodes = group.nodes
     # every node of the kernel (function level + scan bodies), program order
     knodes: list[Node] = []
@@ -141,16 +155,31 @@ def plan_storage(program: Program, group: KernelGroup, align: int = 16,
             else:
                 raise LoweringError(f"{n.op}: unexpected tile result")
     # pass 2: materialise expressions that must be
+    def reads_written(v: Value) -> bool:
+        """Whether evaluating v where it is used loads a workspace this kernel writes."""
+        if modes.get(v) not in ("lazy", "view") or v.owner is None:
+            return False
+        if v.owner.op in LOAD_OPS and v.owner.operands[0] in written:
+            return True
+        return any(reads_written(o) for o in v.owner.operands if o.kind == "tile")
+
     def needs_buffer(v: Value) -> bool:
         cons = consumers(v)
         users = {u for u, _ in cons}
-        if len(users) != 1:
-            return len(users) > 1
+        if not users:
+            return False
+        if len(users) > 1:
+            if v not in keep_lazy:
+                return True
+            if any(u.block is not v.block or u.op in ("gpu.yield", "kda.scan") for u in users):
+                return True
+            return reads_written(v)
         (u,) = users
         if u.block is not v.block:
             return True
-        if u.op in MULTI_READ:
-            return True
+        if u.op in MULTI_READ and not all((u, i) in single_read for uu, i in cons if uu is u):
+            if v not in keep_lazy or reads_written(v):
+                return True
         if v.owner is not None and v.owner.op in LOAD_OPS and v.owner.operands[0] in written:
             return True
         if u.op == "gpu.yield":
@@ -240,7 +269,7 @@ def plan_storage(program: Program, group: KernelGroup, align: int = 16,
             for b in leaves(o, set()):
                 owner_block = b.value.block if b.value.carried is None else b.value.carried[0].block
                 b.end = max(b.end, use_position(n, owner_block))
-                b.density += weight * _read_factor(n, i)
+                b.density += weight * (1.0 if (n, i) in single_read else _read_factor(n, i))
         if n.op in ("kda.tril_inv", "kda.tril_solve") and n.results[0] in buffers:
             buffers[n.results[0]].density += weight * n.results[0].shape[0] / 2
     # scan results are views of the carried buffers: extend those by the results' uses
@@ -252,7 +281,57 @@ def plan_storage(program: Program, group: KernelGroup, align: int = 16,
                 yield_copy[(n, i)] = "skip" if v is n.body.args[1 + i] else "copy"
 
     total = _first_fit(list({id(b): b for b in buffers.values()}.values()), align)
-    return StoragePlan(modes, buffers, carried, total, positions, written, yield_copy)
+    return StoragePlan(modes, buffers, carried, total, positions, written, yield_copy,
+                       single_read=single_read)
+
+
+# ops counted by :func:`expr_ops` (the rest count 1): multi-instruction special functions
+_OP_WEIGHT = {"kda.exp2": 2, "kda.log2": 2, "kda.rsqrt": 2, "kda.div": 3, "kda.sigmoid": 4,
+              "kda.softplus": 6}
+
+
+def expr_ops(v: Value, modes: dict, own: bool = True) -> int:
+    """Instructions (roughly) to evaluate v at one index from what is stored: views are free,
+    buffers/ring/constants are leaves, a global load counts 1. ``own=False``: v itself is
+    evaluated as its expression even if it has a buffer now."""
+    m = modes.get(v)
+    if own and m in ("const", "param", "buffer", "carried", "ring"):
+        return 0
+    n = v.owner
+    if n is None or v.kind != "tile":
+        return 0
+    cost = 0 if (n.op in VIEW_OPS or (n.op == "kda.convert" and _is_widening_convert(n))) \
+        else _OP_WEIGHT.get(n.op, 1)
+    return cost + sum(expr_ops(o, modes) for o in n.operands if o.kind == "tile")
+
+
+def remat_candidates(plan: StoragePlan, max_ops: int) -> frozenset:
+    """Values whose buffers the last pack put in the global scratch and that are cheaper to
+    re-evaluate at each consumer than to write and read back through L2: expressions of at
+    most ``max_ops`` instructions (:func:`expr_ops`) from what stays stored, read element-wise
+    by consumers in their own block (a consumer that reads each element many times — a
+    contraction off the tensor-core staging, a broadcast — only re-reads loads and views)."""
+    if max_ops <= 0:
+        return frozenset()
+    out = set()
+    for v, b in plan.buffers.items():
+        if b.space != "global" or plan.modes.get(v) != "buffer" or v.owner is None:
+            continue
+        n = v.owner
+        if n.op in MATRIX_OPS or n.op in STORE_OPS:
+            continue
+        cost = expr_ops(v, plan.modes, own=False)
+        if cost > max_ops:
+            continue
+        cons = [(u, i) for u, i in v.uses if u.op not in NOOP_OPS]
+        if not cons or any(u.block is not v.block or u.op in ("gpu.yield", "kda.scan")
+                           for u, _ in cons):
+            continue
+        if cost > 1 and any(u.op in MULTI_READ and (u, i) not in plan.single_read
+                            for u, i in cons):
+            continue
+        out.add(v)
+    return frozenset(out)
 
 
 def _read_factor(n: Node, i: int) -> float:
@@ -305,13 +384,15 @@ def _yield_hazard(v: Value, i: int, scan: Node, modes: dict) -> bool:
     return visit(v, True)
 
 
-def buffer_strides(shape: tuple) -> tuple:
-    """Element strides of a buffer of ``shape``: row-major, rows of 2-D+ tiles padded by one
-    element (an odd pitch: column-wise reads by a warp hit 32 different banks)."""
+def buffer_strides(shape: tuple, space: str = "smem") -> tuple:
+    """Element strides of a buffer of ``shape``: row-major; in shared memory the rows of 2-D+
+    tiles are padded by one element (an odd pitch: column-wise reads by a warp hit 32
+    different banks), in the global scratch they are not (a warp's 32 consecutive floats of a
+    row then fill 4 whole 32-byte sectors instead of straddling 5)."""
     if not shape:
         return ()
     strides = [1]
-    acc = shape[-1] + (1 if len(shape) >= 2 else 0)
+    acc = shape[-1] + (1 if len(shape) >= 2 and space == "smem" else 0)
     for d in reversed(shape[:-1]):
         strides.insert(0, acc)
         acc *= d
@@ -329,27 +410,27 @@ def _nbytes(v: Value, align: int) -> int:
     return -(-n // align) * align
 
 
-def _fit(b, placed: list, capacity: int | None):
-    """First-fit offset for b among the placed buffers that are live at the same time, or
-    None when it would end past ``capacity``."""
+def _fit(b, placed: list, capacity: int | None, offset_align: int = 1):
+    """First-fit offset (a multiple of ``offset_align``) for b among the placed buffers that
+    are live at the same time, or None when it would end past ``capacity``."""
     live = sorted((p for p in placed if not (p.end < b.start or p.start > b.end)),
                   key=lambda p: p.offset)
     off = 0
     for p in live:
         if off + b.nbytes <= p.offset:
             break
-        off = max(off, p.offset + p.nbytes)
+        off = -(-max(off, p.offset + p.nbytes) // offset_align) * offset_align
     if capacity is not None and off + b.nbytes > capacity:
         return None
     return off
 
 
-def _first_fit(bufs: list, align: int) -> int:
+def _first_fit(bufs: list, align: int, offset_align: int = 1) -> int:
     bufs = sorted(bufs, key=lambda b: (b.start, -b.nbytes))
     placed: list = []
     total = 0
     for b in bufs:
-        b.offset = _fit(b, placed, None)
+        b.offset = _fit(b, placed, None, offset_align)
         placed.append(b)
         total = max(total, b.offset + b.nbytes)
     return total
