@@ -193,3 +193,23 @@ def test_batched_element_loop_counts_one_round_per_batch(batch):
     c = counter.get("consumer", "kernel")
     assert c["ld.global"] == 64 and c["st.shared"] == 64
     assert c["global_rounds"] == 64 // batch and c["loop_iters"] == 64 // batch
+
+
+def test_the_report_breaks_the_counts_down_by_program_op(kda_fwd_cost):
+    """Each chunk kernel's report names the ops its consumer instructions come from; the
+    per-op counts add up to no more than the kernel's (events outside any op, such as the
+    ring waits, are not attributed), and the decay product with its exact diagonal blocks
+    (elementwise exponentials) is where most of the prologue's ex2 go."""
+    kernels = {k.name: k for k in kda_fwd_cost.kernels}
+    rep = kernels["kda_fwd__k0_scan0"].cost
+    rows = rep["by_op"]
+    assert rows and len(rows) <= cost_model.BY_OP_TOP
+    assert [r["instructions"] for r in rows] == sorted((r["instructions"] for r in rows),
+                                                       reverse=True)
+    for key in ("ld.shared", "ex2", "alu.f32"):
+        assert sum(r["counts"].get(key, 0) for r in rows) <= rep["counts"][key] + 1e-6
+    ex2 = {r["op"]: r["counts"].get("ex2", 0) for r in rows}
+    top = max(ex2, key=ex2.get)
+    assert top.startswith("decay_dot"), ex2
+    assert ex2[top] > rep["counts"]["ex2"] / 2
+    assert "where the instructions go" in kda_fwd_cost.output("cost")

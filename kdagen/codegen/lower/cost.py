@@ -47,7 +47,7 @@ from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-__all__ = ["CostCounter", "NullCounter", "CHUNKS", "EVENTS"]
+__all__ = ["CostCounter", "NullCounter", "CHUNKS", "EVENTS", "INSTRUCTION_EVENTS", "op_breakdown"]
 
 #: ``trips`` marker of the dynamic chunk loop: its body is the per-chunk-step region
 CHUNKS = "chunks"
@@ -103,6 +103,9 @@ class CostCounter:
         self._role = "consumer"
         self._region = "kernel"
         self._frames = [_Frame(1.0, False)]
+        # consumer counts per kda op of the program (:meth:`op`), all regions together
+        self.by_op: dict[str, Counter] = {}
+        self._op: str | None = None
 
     # -- feeding -------------------------------------------------------------------------
     def event(self, kind: str, n: float = 1) -> None:
@@ -111,6 +114,21 @@ class CostCounter:
             raise ValueError(f"unknown cost event {kind!r}")
         c = self.counts.setdefault((self._role, self._region), Counter())
         c[kind] += n * self._frames[-1].weight
+        if self._op is not None and self._role == "consumer":
+            self.by_op.setdefault(self._op, Counter())[kind] += n * self._frames[-1].weight
+
+    @contextmanager
+    def op(self, label: str):
+        """Events emitted for one op of the program (``label``), also tallied per op
+        (:attr:`by_op`); nested calls keep the outermost label."""
+        if self._op is not None:
+            yield
+            return
+        self._op = label
+        try:
+            yield
+        finally:
+            self._op = None
 
     def load(self, space: str, n: float = 1) -> None:
         """A load from ``space`` ("global" or "shared"): counted and marked for the rounds."""
@@ -199,6 +217,25 @@ class CostCounter:
 
     def roles(self) -> list[str]:
         return sorted({r for r, _ in self.counts})
+
+
+#: events that are instructions a thread issues (what :func:`op_breakdown` ranks ops by)
+INSTRUCTION_EVENTS = ("ld.global", "st.global", "ld.shared", "st.shared", "st.shared.staging",
+                      "bar.sync", "wgmma", "mma.sync", "fma", "alu.f32", "ex2", "lg2", "rcp",
+                      "sqrt", "div", "shfl", "cvt.bf16x2", "cvt.tf32")
+
+
+def op_breakdown(counter: CostCounter, top: int | None = None) -> list[dict]:
+    """The consumer's counts per program op, the ops with the most instructions first:
+    ``[{"op": label, "instructions": n, "counts": {...}}]`` (``top``: keep that many)."""
+    rows = []
+    for label, c in counter.by_op.items():
+        counts = _clean(c)
+        n = sum(counts.get(k, 0) for k in INSTRUCTION_EVENTS)
+        if n:
+            rows.append({"op": label, "instructions": round(n, 1), "counts": counts})
+    rows.sort(key=lambda r: -r["instructions"])
+    return rows[:top] if top else rows
 
 
 class NullCounter(CostCounter):

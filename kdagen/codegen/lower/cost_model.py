@@ -45,7 +45,13 @@ Use it to compare lowerings and to see where a step's time goes, not as a timing
 """
 from __future__ import annotations
 
-from .cost import CostCounter
+from .cost import CostCounter, op_breakdown
+
+#: ops listed in a report's breakdown (those with the most instructions)
+BY_OP_TOP = 12
+#: the counts each op's row of the breakdown shows
+BY_OP_COLUMNS = ("ld.global", "st.global", "ld.shared", "st.shared", "bar.sync", "fma",
+                 "alu.f32", "ex2", "mma.sync", "wgmma")
 
 __all__ = ["CLOCK_GHZ", "GLOBAL_ROUND_CYCLES", "GLOBAL_ROUND_HBM_CYCLES",
            "GLOBAL_ROUND_HOISTED_CYCLES", "SHARED_ROUND_CYCLES", "WGMMA_CYCLES", "estimate",
@@ -102,6 +108,9 @@ def kernel_report(counter: CostCounter, serial: bool) -> dict:
         out["producer"] = producer
     if counter.unknown:
         out["unknown_trip_loops"] = list(dict.fromkeys(counter.unknown))
+    ops = op_breakdown(counter, top=BY_OP_TOP)
+    if ops:
+        out["by_op"] = ops
     return out
 
 
@@ -128,6 +137,14 @@ def format_report(name: str, report: dict) -> str:
         lines.append("  producer thread: " + ", ".join(f"{k} {_num(v)}" for k, v in p.items()))
     for u in report.get("unknown_trip_loops", []):
         lines.append(f"  unknown trip count (counted once): {u}")
+    if report.get("by_op"):
+        lines.append("  where the instructions go (per consumer thread, prologue and chunk "
+                     "step together; ops with the most first):")
+        lines.append(f"    {'op':44s} {'instr':>8s} " + " ".join(f"{k:>9s}" for k in BY_OP_COLUMNS))
+        for row in report["by_op"]:
+            c = row["counts"]
+            lines.append(f"    {row['op'][:44]:44s} {_num(row['instructions']):>8s} "
+                         + " ".join(f"{_num(c.get(k, 0)):>9s}" for k in BY_OP_COLUMNS))
     t = e["terms_us"]
     lines.append(f"  ESTIMATE (static model, not a measurement): {e['us']:g} us per "
                  f"{report['unit']} (global rounds {t['global_rounds']:g} + shared rounds "

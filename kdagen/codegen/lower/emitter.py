@@ -187,6 +187,16 @@ class Geometry:
 # ------------------------------------------------------------------------------------------
 
 
+def op_label(n) -> str:
+    """How the cost report names a program op: ``kind %result [shape]`` (or the memref
+    name of a store)."""
+    if n.results:
+        r = n.results[0]
+        return f"{n.kind} %{r.name} {list(r.shape)}" if getattr(r, "name", None) else n.kind
+    name = n.attrs.get("name")
+    return f"{n.kind} {name}" if name else n.kind
+
+
 class TileKernelEmitter:
     def __init__(self, program: Program, group: KernelGroup, plan: StoragePlan, storage: str,
                  opts: LowerOptions):
@@ -330,9 +340,13 @@ class TileKernelEmitter:
                          tuple(v.shape), buffer_strides(tuple(v.shape), b.space))
 
     def node(self, n) -> None:
-        op = n.op
-        if op == "kda.scan":
+        if n.op == "kda.scan":
             return self.scan(n)
+        with self.cost.op(op_label(n)):
+            self._node(n)
+
+    def _node(self, n) -> None:
+        op = n.op
         # a fresh thread index per op: its addressing is not hoisted out of the chunk loop
         self.th = T_.Threads(B.fresh_tid(), self.opts.nthreads, self.opts.load_batch)
         if op == "kda.workspace":
