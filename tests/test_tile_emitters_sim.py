@@ -95,7 +95,9 @@ def test_batched_materialize_copies_every_element(shape, nthreads):
     np.testing.assert_array_equal(got["y"], x * 2)
 
 
-@pytest.mark.parametrize("reverse,nthreads", [(False, 128), (True, 128), (False, 512)])
+# 128 threads: one per column; 256 / 512: every thread, 2 / 4 row segments per column
+@pytest.mark.parametrize("reverse,nthreads", [(False, 128), (True, 128), (False, 512),
+                                              (True, 512), (True, 256)])
 def test_cumsum_matches_numpy(reverse, nthreads):
     rng = np.random.default_rng(2)
     x = rng.standard_normal((64, 128)).astype(np.float32)
@@ -108,7 +110,8 @@ def test_cumsum_matches_numpy(reverse, nthreads):
 
 @pytest.mark.parametrize("shape,dims,nthreads", [((64, 128), [0], 128), ((64, 128), [1], 128),
                                                  ((64, 37), [1], 128), ((64, 128), [0, 1], 128),
-                                                 ((64, 128), [0, 1], 512), ((64, 128), [1], 512)])
+                                                 ((64, 128), [0, 1], 512), ((64, 128), [1], 512),
+                                                 ((128, 128), [1], 512), ((64, 64), [1], 256)])
 def test_reduce_sum_matches_numpy(shape, dims, nthreads):
     rng = np.random.default_rng(4)
     x = rng.standard_normal(shape).astype(np.float32)

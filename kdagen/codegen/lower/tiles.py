@@ -699,9 +699,16 @@ def emit_decay_matmul_mma_exact_diagonal(th: Threads, out: BufRef, w: Ref, x: Re
 
 
 def emit_cumsum(th: Threads, out: BufRef, x: Ref, reverse: bool) -> None:
-    """Inclusive cumulative sum over dim 0 (reverse: suffix sums): one thread per column,
+    """Inclusive cumulative sum over dim 0 (reverse: suffix sums). Where the threads are a
+    multiple of the columns: :func:`emit_cumsum_segmented`; else one thread per column,
     sequential over the rows."""
     rows = x.shape[0]
+    cols = numel(tuple(x.shape[1:]))
+    segments = th.count // cols if cols and th.count % cols == 0 else 1
+    while segments > 1 and (rows % segments or rows // segments < 4):
+        segments //= 2
+    if segments > 1 and (segments & (segments - 1)) == 0:
+        return emit_cumsum_segmented(th, out, x, reverse, segments)
 
     def column(cidx):
         def row_of(r):
@@ -714,6 +721,53 @@ def emit_cumsum(th: Threads, out: BufRef, x: Ref, reverse: bool) -> None:
         fold_batched(rows, lambda r: x.read([row_of(r)] + list(cidx)), add, [B.f(0.0)], th.batch)
 
     foreach(th, tuple(x.shape[1:]), column)
+
+
+def emit_cumsum_segmented(th: Threads, out: BufRef, x: Ref, reverse: bool,
+                          segments: int) -> None:
+    """The cumulative sum over dim 0 with every thread busy: thread t takes column t % cols
+    (a warp's reads stay coalesced) and segment t // cols of the rows; it scans its segment
+    into ``out``, then (after a barrier) adds the totals of the segments before it (after
+    it, reversed), read from their end rows of ``out``. Each element of ``x`` is evaluated
+    once; the segment offsets cost one more read and write of ``out``."""
+    rows = x.shape[0]
+    col_shape = tuple(x.shape[1:])
+    cols = numel(col_shape)
+    seg = rows // segments
+    cidx = unravel(th.tid % cols, col_shape)
+    part = th.tid // cols
+    start = part * seg
+
+    def row_of(r):
+        return start + ((seg - 1) - r if reverse else r)
+
+    def add(acc, r, x_r):
+        v = B.add(acc[0], x_r)
+        out.write([row_of(r)] + list(cidx), v)
+        return [v]
+    fold_batched(seg, lambda r: x.read([row_of(r)] + list(cidx)), add, [B.f(0.0)], th.batch)
+    B.barrier()
+    zero = B.f(0.0)
+    offset = zero
+    for q in range(segments):
+        end = q * seg if reverse else q * seg + seg - 1      # where segment q's total is
+        before = B.icmp("gt", part, q) if not reverse else B.icmp("lt", part, q)
+        offset = B.add(offset, B.sel(before, out.read([end] + list(cidx)), zero))
+    B.barrier()          # every total is read before any row is shifted
+
+    def shift(acc, r, v):
+        out.write([start + r] + list(cidx), B.add(v, offset))
+        return acc
+    fold_batched(seg, lambda r: out.read([start + r] + list(cidx)), shift, [zero], th.batch)
+
+
+def _lanes_per_output(count: int, n_out: int, n_red: int) -> int:
+    """Lanes that share one output of a reduction (a power of two dividing a warp and the
+    reduced size), as many as keep whole warps busy: 1 when that is one lane per output."""
+    for lanes in (32, 16, 8, 4, 2):
+        if n_red % lanes == 0 and n_out * lanes <= count and (n_out * lanes) % 32 == 0:
+            return lanes
+    return 1
 
 
 @dataclass
@@ -741,6 +795,29 @@ def emit_reduce_sum(th: Threads, out: BufRef, x: Ref, dims, red: ReduceScratch) 
         materialize(th, FnRef(out_shape, lambda o: x.read(full_index(o, [0] * len(dims)))), out)
         return
     if n_out >= 32 or n_red <= 64:
+        lanes = _lanes_per_output(th.count, n_out, n_red)
+        if lanes > 1:
+            # ``lanes`` neighbouring lanes per output, each folding every lanes-th element
+            # (coalesced along the reduced dim), then butterfly shuffles within the group
+            lane = th.tid % lanes
+            oidx = unravel(th.tid // lanes, out_shape)
+
+            def grouped():
+                (acc,) = fold_batched(
+                    n_red // lanes,
+                    lambda t: x.read(full_index(oidx, unravel(t * lanes + lane, red_shape))),
+                    lambda acc, t, v: [B.add(acc[0], v)], [B.f(0.0)], th.batch)
+                m = lanes // 2
+                while m:
+                    acc = B.add(acc, B.shfl_xor(acc, m))
+                    m //= 2
+                B.if_then(B.icmp("eq", lane, 0), lambda: out.write(oidx, acc))
+            if n_out * lanes == th.count:
+                grouped()
+            else:           # whole warps idle past the outputs: the shuffles stay converged
+                B.if_then(B.icmp("lt", th.tid, n_out * lanes), grouped)
+            return
+
         def one(oidx):
             (acc,) = fold_batched(n_red, lambda r: x.read(full_index(oidx, unravel(r, red_shape))),
                                   lambda acc, r, v: [B.add(acc[0], v)], [B.f(0.0)], th.batch)
