@@ -136,3 +136,48 @@ def test_column_inverse_when_asked_or_when_the_tile_does_not_block():
         ref = np.linalg.inv(np.tril(x.astype(np.float64), -1) + np.eye(C))
         assert np.linalg.norm(got["out"] - ref) / np.linalg.norm(ref) < 1e-5
         assert barriers == 1
+
+
+def _decay_reference(lhs, rhs, g, diagonal, transpose=False, w=None):
+    """float64 decay_dot (w None) / decay_matmul of the exact-diagonal emitters."""
+    rhs, g = rhs.astype(np.float64), g.astype(np.float64)
+    C = g.shape[0]
+    E = np.exp2(np.clip(g[:, None, :] - g[None, :, :], -126, None))   # [i, j, d]
+    mask = np.tril(np.ones((C, C)), diagonal)
+    if w is None:
+        return np.einsum("id,jd,ijd->ij", lhs.astype(np.float64), rhs, E) * mask
+    w = w.astype(np.float64) * mask
+    if not transpose:
+        return np.einsum("ij,jd,ijd->id", w, rhs, E)
+    return np.einsum("ij,id,ijd->jd", w, rhs, E)
+
+
+# 512 / 256 threads over 4 diagonal blocks: 128 / 64 per block (pairs below the diagonal
+# split evenly, the diagonal on count / 16 threads); 128 over 4 blocks: 32 per block
+@pytest.mark.parametrize("nthreads", [512, 256, 128])
+@pytest.mark.parametrize("diagonal", [0, -1])
+def test_exact_diagonal_decay_products_match_float64(nthreads, diagonal):
+    rng = np.random.default_rng(11)
+    C, D = 64, 32
+    lhs = rng.standard_normal((C, D)).astype(np.float32)
+    rhs = rng.standard_normal((C, D)).astype(np.float32)
+    w = rng.standard_normal((C, C)).astype(np.float32)
+    # a steep decaying gate: cumulative sums of increments down to -8 per row (log2 units)
+    g = np.cumsum(-rng.uniform(0, 8, (C, D)), 0).astype(np.float32)
+    shapes = {"lhs": (C, D), "rhs": (C, D), "g": (C, D), "w": (C, C), "dot": (C, C),
+              "mm": (C, D), "mmt": (C, D)}
+
+    def emit(th, r):
+        T_.emit_decay_dot_mma_exact_diagonal(th, r["dot"], r["lhs"], r["rhs"], r["g"],
+                                             diagonal, -126.0, 16, "bf16x3")
+        B.barrier()
+        for key, tr in (("mm", False), ("mmt", True)):
+            T_.emit_decay_matmul_mma_exact_diagonal(th, r[key], r["w"], r["rhs"], r["g"],
+                                                    diagonal, tr, -126.0, 16, "bf16x3")
+            B.barrier()
+    got, _ = _run(nthreads, shapes, {"lhs": lhs, "rhs": rhs, "g": g, "w": w}, emit)
+    for key, ref in (("dot", _decay_reference(lhs, rhs, g, diagonal)),
+                     ("mm", _decay_reference(None, rhs, g, diagonal, False, w)),
+                     ("mmt", _decay_reference(None, rhs, g, diagonal, True, w))):
+        err = np.abs(got[key] - ref).max() / np.abs(ref).max()
+        assert err < 2e-5, (key, err)

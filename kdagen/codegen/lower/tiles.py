@@ -586,6 +586,69 @@ def _per_diagonal_block(th: Threads, S: int, rows: int, body) -> None:
     B.barrier()
 
 
+def _pair_jobs_fit(S: int, count: int) -> bool:
+    """Whether :func:`_decay_dot_diagonal_pairs` splits an S x S block evenly over ``count``
+    threads: S even, count / S threads for the diagonal, the rest an equal share of the
+    S (S - 1) / 2 pairs below it."""
+    return (S % 2 == 0 and count >= S and count % S == 0
+            and (S * (S - 1) // 2) % (count - count // S) == 0
+            and S % (count // S) == 0)
+
+
+def _decay_dot_diagonal_pairs(th: Threads, out: BufRef, lhs: Ref, rhs: Ref, g: Ref, bs, S: int,
+                              diagonal: int, clamp_min) -> None:
+    """decay_dot's diagonal S x S block from ``bs``: out[i, j] = sum_d lhs[i, d] rhs[j, d]
+    2^(g[i, d] - g[j, d]) for j < i (+ the diagonal, without exponentials, when
+    ``diagonal`` = 0), zeros above. Only the pairs the mask keeps are summed: the S (S - 1) / 2
+    pairs below the diagonal are folded into an (S / 2) x (S - 1) rectangle (rows a and
+    S - 1 - a share one: a + (S - 1 - a) = S - 1 pairs) and split evenly over all but
+    count / S threads; those take the diagonal (no exponentials, twice the pairs each).
+    Each thread also writes the zero mirrored above the diagonal of each of its pairs."""
+    count = th.count
+    n_diag = count // S
+    n_low = count - n_diag
+    per_low = (S * (S - 1) // 2) // n_low
+    per_diag = S // n_diag
+    D = lhs.shape[1]
+    t = th.tid
+    zero = B.f(0.0)
+
+    def pair_sum(i, j, with_exp):
+        def load(d):
+            vals = [lhs.read([addk(bs, 0) + i, d]), rhs.read([addk(bs, 0) + j, d])]
+            if with_exp:
+                vals += [g.read([addk(bs, 0) + i, d]), g.read([addk(bs, 0) + j, d])]
+            return vals
+
+        def fold(acc, d, v):
+            prod = B.mul(v[0], v[1])
+            if not with_exp:
+                return [B.add(acc[0], prod)]
+            return [B.fma(prod, B.exp2_clamped(B.sub(v[2], v[3]), clamp_min), acc[0])]
+        (acc,) = fold_batched(D, load, fold, [zero], th.batch)
+        return acc
+
+    def lower():
+        for m in range(per_low):
+            e = t + m * n_low
+            a, b = e // (S - 1), e % (S - 1)
+            first = B.icmp("lt", b, a)           # row a's pairs, else row S - 1 - a's
+            i = B.isel(first, a, (S - 1) - a)
+            j = B.isel(first, b, b - a)
+            v = pair_sum(i, j, True)
+            out.write([addk(bs, 0) + i, addk(bs, 0) + j], v)
+            out.write([addk(bs, 0) + j, addk(bs, 0) + i], zero)
+
+    def on_diagonal():
+        for m in range(per_diag):
+            i = (t - n_low) * per_diag + m
+            v = pair_sum(i, i, False) if diagonal >= 0 else zero
+            out.write([addk(bs, 0) + i, addk(bs, 0) + i], v)
+
+    B.if_then(B.icmp("lt", t, n_low), lower)
+    B.if_then(B.icmp("ge", t, n_low), on_diagonal)
+
+
 def emit_decay_dot_mma_exact_diagonal(th: Threads, out: BufRef, lhs: Ref, rhs: Ref, g: Ref,
                                       diagonal: int, clamp_min, subblock: int,
                                       precision: str) -> None:
@@ -599,6 +662,9 @@ def emit_decay_dot_mma_exact_diagonal(th: Threads, out: BufRef, lhs: Ref, rhs: R
     zero = B.f(0.0)
 
     def diagonal_block(bs, sub):
+        if _pair_jobs_fit(S, sub.count):
+            return _decay_dot_diagonal_pairs(sub, out, lhs, rhs, g, bs, S, diagonal, clamp_min)
+
         def combine(acc, rv, cv, pre, i, j, d):
             return B.fma(B.mul(rv[0], cv[0]), B.exp2_clamped(B.sub(rv[1], cv[1]), clamp_min), acc)
         contraction(sub, _BlockOut(out, (S, S), bs, bs), D,
@@ -627,6 +693,39 @@ def emit_decay_dot_mma_exact_diagonal(th: Threads, out: BufRef, lhs: Ref, rhs: R
     mma_contraction(th, out, D, a_elem, b_elem, precision, epilogue=epilogue, b_per_atom=True)
 
 
+def _decay_matmul_diagonal_block(th: Threads, out: BufRef, w: Ref, x: Ref, g: Ref, bs, S: int,
+                                 diagonal: int, transpose_w: bool, clamp_min) -> None:
+    """The in-block terms of decay_matmul for the S rows from ``bs``, a column per thread:
+    the thread loads its column of x and g for the block once and sums, for each output
+    row, only the partners the mask keeps (the triangle is static: about half the S x S
+    pairs), each with its own relative exponent (none for the pair on the diagonal, whose
+    factor is exactly 1). Not transposed: out[i, d] = sum_{k <= i + diagonal} w[i, k] x[k, d]
+    2^(g[i, d] - g[k, d]); transposed: out[j, d] = sum_{k >= j - diagonal} w[k, j] x[k, d]
+    2^(g[k, d] - g[j, d])."""
+    D = out.shape[1]
+
+    def column(idx):
+        d = idx[0]
+        xs = [x.read([addk(bs, k), d]) for k in range(S)]
+        gs = [g.read([addk(bs, k), d]) for k in range(S)]
+        for i in range(S):
+            partners = (range(max(0, i - diagonal), S) if transpose_w
+                        else range(0, min(S, i + diagonal + 1)))
+            acc = B.f(0.0)
+            for k in partners:
+                wv = w.read([addk(bs, k), addk(bs, i)] if transpose_w
+                            else [addk(bs, i), addk(bs, k)])
+                t = B.mul(wv, xs[k])
+                if k == i:
+                    acc = B.add(acc, t)
+                    continue
+                arg = B.sub(gs[k], gs[i]) if transpose_w else B.sub(gs[i], gs[k])
+                acc = B.fma(t, B.exp2_clamped(arg, clamp_min), acc)
+            out.write([addk(bs, i), d], acc)
+
+    foreach(th, (D,), column)
+
+
 def emit_decay_matmul_mma_exact_diagonal(th: Threads, out: BufRef, w: Ref, x: Ref, g: Ref,
                                          diagonal: int, transpose_w: bool, clamp_min,
                                          subblock: int, precision: str) -> None:
@@ -638,17 +737,11 @@ def emit_decay_matmul_mma_exact_diagonal(th: Threads, out: BufRef, w: Ref, x: Re
     S = subblock
     C, D = w.shape[0], out.shape[1]
     zero = B.f(0.0)
+    def diagonal_block(bs, sub):
+        _decay_matmul_diagonal_block(sub, out, w, x, g, bs, S, diagonal, transpose_w, clamp_min)
+
     if not transpose_w:
         # out[i, d] = 2^(g[i] - r) sum_{j < bs} w[i, j] (x[j, d] 2^(r - g[j])) + in-block terms
-        def diagonal_block(bs, sub):
-            def combine(acc, rv, cv, pre, i, d, k):
-                ok = B.icmp("le", k, addk(i, diagonal))
-                e = B.exp2_clamped(B.sub(pre[0], cv[1]), clamp_min)
-                return B.add(acc, B.sel(ok, B.mul(B.mul(rv[0], cv[0]), e), zero))
-            contraction(sub, _BlockOut(out, (S, D), bs, 0), S,
-                        lambda i, k: [w.read([bs + i, bs + k])],
-                        lambda k, d: [x.read([bs + k, d]), g.read([bs + k, d])],
-                        combine, pre_fn=lambda i, d: [g.read([bs + i, d])])
 
         def a_elem(i, j):
             return w.read([i, j])
@@ -665,15 +758,6 @@ def emit_decay_matmul_mma_exact_diagonal(th: Threads, out: BufRef, w: Ref, x: Re
             return B.add(v, out.read([i, d]))
     else:
         # out[j, d] = 2^(r - g[j]) sum_{i > be} w[i, j] (x[i, d] 2^(g[i] - r)) + in-block terms
-        def diagonal_block(bs, sub):
-            def combine(acc, rv, cv, pre, j, d, k):
-                ok = B.icmp("le", j, addk(k, diagonal))
-                e = B.exp2_clamped(B.sub(cv[1], pre[0]), clamp_min)
-                return B.add(acc, B.sel(ok, B.mul(B.mul(rv[0], cv[0]), e), zero))
-            contraction(sub, _BlockOut(out, (S, D), bs, 0), S,
-                        lambda j, k: [w.read([bs + k, bs + j])],
-                        lambda k, d: [x.read([bs + k, d]), g.read([bs + k, d])],
-                        combine, pre_fn=lambda j, d: [g.read([bs + j, d])])
 
         def a_elem(j, i):
             return w.read([i, j])
