@@ -156,7 +156,8 @@ def _decay_reference(lhs, rhs, g, diagonal, transpose=False, w=None):
 # split evenly, the diagonal on count / 16 threads); 128 over 4 blocks: 32 per block
 @pytest.mark.parametrize("nthreads", [512, 256, 128])
 @pytest.mark.parametrize("diagonal", [0, -1])
-def test_exact_diagonal_decay_products_match_float64(nthreads, diagonal):
+@pytest.mark.parametrize("triangle", [False, True])
+def test_exact_diagonal_decay_products_match_float64(nthreads, diagonal, triangle):
     rng = np.random.default_rng(11)
     C, D = 64, 32
     lhs = rng.standard_normal((C, D)).astype(np.float32)
@@ -173,7 +174,8 @@ def test_exact_diagonal_decay_products_match_float64(nthreads, diagonal):
         B.barrier()
         for key, tr in (("mm", False), ("mmt", True)):
             T_.emit_decay_matmul_mma_exact_diagonal(th, r[key], r["w"], r["rhs"], r["g"],
-                                                    diagonal, tr, -126.0, 16, "bf16x3")
+                                                    diagonal, tr, -126.0, 16, "bf16x3",
+                                                    triangle=triangle)
             B.barrier()
     got, _ = _run(nthreads, shapes, {"lhs": lhs, "rhs": rhs, "g": g, "w": w}, emit)
     for key, ref in (("dot", _decay_reference(lhs, rhs, g, diagonal)),

@@ -693,52 +693,98 @@ def emit_decay_dot_mma_exact_diagonal(th: Threads, out: BufRef, lhs: Ref, rhs: R
     mma_contraction(th, out, D, a_elem, b_elem, precision, epilogue=epilogue, b_per_atom=True)
 
 
+# partners of decay_matmul's diagonal block held in registers at a time (x and g each): the
+# whole 16-row block (32 values) made the backward's dk kernel spill at 96 registers
+_DIAGONAL_PARTNERS_HELD = 8
+
+
 def _decay_matmul_diagonal_block(th: Threads, out: BufRef, w: Ref, x: Ref, g: Ref, bs, S: int,
                                  diagonal: int, transpose_w: bool, clamp_min) -> None:
     """The in-block terms of decay_matmul for the S rows from ``bs``, a column per thread:
-    the thread loads its column of x and g for the block once and sums, for each output
-    row, only the partners the mask keeps (the triangle is static: about half the S x S
-    pairs), each with its own relative exponent (none for the pair on the diagonal, whose
-    factor is exactly 1). Not transposed: out[i, d] = sum_{k <= i + diagonal} w[i, k] x[k, d]
-    2^(g[i, d] - g[k, d]); transposed: out[j, d] = sum_{k >= j - diagonal} w[k, j] x[k, d]
-    2^(g[k, d] - g[j, d])."""
+    the thread loads its column of x and g for a part of the block's partners at a time
+    (:data:`_DIAGONAL_PARTNERS_HELD`) and sums, for each output row, only the partners the
+    mask keeps (the triangle is static: about half the S x S pairs), each with its own
+    relative exponent (none for the pair on the diagonal, whose factor is exactly 1); a row
+    with partners in a later part adds to what the earlier part wrote. Not transposed:
+    out[i, d] = sum_{k <= i + diagonal} w[i, k] x[k, d] 2^(g[i, d] - g[k, d]); transposed:
+    out[j, d] = sum_{k >= j - diagonal} w[k, j] x[k, d] 2^(g[k, d] - g[j, d])."""
     D = out.shape[1]
+    held = min(S, _DIAGONAL_PARTNERS_HELD)
+
+    def partners_of(i):
+        return (range(max(0, i - diagonal), S) if transpose_w
+                else range(0, min(S, i + diagonal + 1)))
 
     def column(idx):
         d = idx[0]
-        xs = [x.read([addk(bs, k), d]) for k in range(S)]
-        gs = [g.read([addk(bs, k), d]) for k in range(S)]
-        for i in range(S):
-            partners = (range(max(0, i - diagonal), S) if transpose_w
-                        else range(0, min(S, i + diagonal + 1)))
-            acc = B.f(0.0)
-            for k in partners:
-                wv = w.read([addk(bs, k), addk(bs, i)] if transpose_w
-                            else [addk(bs, i), addk(bs, k)])
-                t = B.mul(wv, xs[k])
-                if k == i:
-                    acc = B.add(acc, t)
+        written = set()
+        for k0 in range(0, S, held):
+            part = range(k0, min(S, k0 + held))
+            xs = {k: x.read([addk(bs, k), d]) for k in part}
+            gs = {k: g.read([addk(bs, k), d]) for k in part}
+            for i in range(S):
+                partners = [k for k in partners_of(i) if k in xs]
+                if not partners:
                     continue
-                arg = B.sub(gs[k], gs[i]) if transpose_w else B.sub(gs[i], gs[k])
-                acc = B.fma(t, B.exp2_clamped(arg, clamp_min), acc)
-            out.write([addk(bs, i), d], acc)
+                acc = out.read([addk(bs, i), d]) if i in written else B.f(0.0)
+                gi = None
+                for k in partners:
+                    wv = w.read([addk(bs, k), addk(bs, i)] if transpose_w
+                                else [addk(bs, i), addk(bs, k)])
+                    t = B.mul(wv, xs[k])
+                    if k == i:
+                        acc = B.add(acc, t)
+                        continue
+                    if gi is None:
+                        gi = gs[i] if i in gs else g.read([addk(bs, i), d])
+                    arg = B.sub(gs[k], gi) if transpose_w else B.sub(gi, gs[k])
+                    acc = B.fma(t, B.exp2_clamped(arg, clamp_min), acc)
+                out.write([addk(bs, i), d], acc)
+                written.add(i)
+        for i in range(S):
+            if i not in written:            # no partner at all (the strict diagonal's first row)
+                out.write([addk(bs, i), d], B.f(0.0))
 
     foreach(th, (D,), column)
 
 
 def emit_decay_matmul_mma_exact_diagonal(th: Threads, out: BufRef, w: Ref, x: Ref, g: Ref,
                                          diagonal: int, transpose_w: bool, clamp_min,
-                                         subblock: int, precision: str) -> None:
+                                         subblock: int, precision: str,
+                                         triangle: bool = False) -> None:
     """decay_matmul(w, x, g, g) with E[i, j, d] = 2^(g[i, d] - g[j, d]) (j <= i + diagonal).
     The S partners inside the output row's block: register-tiled sums with relative exponents
     (one thread group per block). The partners outside it go through tensor cores, factored
     at a reference row r between the two (not transposed: the block's first row, every partner
-    j earlier; transposed: its last row, every partner i later), so both factors are <= 1."""
+    j earlier; transposed: its last row, every partner i later), so both factors are <= 1.
+    ``triangle``: the in-block sums over the static triangle only
+    (:func:`_decay_matmul_diagonal_block`)."""
     S = subblock
     C, D = w.shape[0], out.shape[1]
     zero = B.f(0.0)
+
     def diagonal_block(bs, sub):
-        _decay_matmul_diagonal_block(sub, out, w, x, g, bs, S, diagonal, transpose_w, clamp_min)
+        if triangle:
+            return _decay_matmul_diagonal_block(sub, out, w, x, g, bs, S, diagonal,
+                                                transpose_w, clamp_min)
+        # register-tiled over the whole S x S block, the mask as a select: twice the
+        # exponentials of the triangle, but fewer registers live (the triangle made the
+        # backward's dk kernel spill at its 112-register consumer budget)
+        if transpose_w:
+            def combine(acc, rv, cv, pre, j, d, k):
+                ok = B.icmp("le", j, addk(k, diagonal))
+                e = B.exp2_clamped(B.sub(cv[1], pre[0]), clamp_min)
+                return B.add(acc, B.sel(ok, B.mul(B.mul(rv[0], cv[0]), e), zero))
+            w_elem = lambda j, k: [w.read([bs + k, bs + j])]  # noqa: E731
+        else:
+            def combine(acc, rv, cv, pre, i, d, k):
+                ok = B.icmp("le", k, addk(i, diagonal))
+                e = B.exp2_clamped(B.sub(pre[0], cv[1]), clamp_min)
+                return B.add(acc, B.sel(ok, B.mul(B.mul(rv[0], cv[0]), e), zero))
+            w_elem = lambda i, k: [w.read([bs + i, bs + k])]  # noqa: E731
+        contraction(sub, _BlockOut(out, (S, D), bs, 0), S, w_elem,
+                    lambda k, d: [x.read([bs + k, d]), g.read([bs + k, d])],
+                    combine, pre_fn=lambda r, d: [g.read([bs + r, d])])
 
     if not transpose_w:
         # out[i, d] = 2^(g[i] - r) sum_{j < bs} w[i, j] (x[j, d] 2^(r - g[j])) + in-block terms
