@@ -156,15 +156,24 @@ def _decay_reference(lhs, rhs, g, diagonal, transpose=False, w=None):
 # split evenly, the diagonal on count / 16 threads); 128 over 4 blocks: 32 per block
 @pytest.mark.parametrize("nthreads", [512, 256, 128])
 @pytest.mark.parametrize("diagonal", [0, -1])
-@pytest.mark.parametrize("triangle", [False, True])
-def test_exact_diagonal_decay_products_match_float64(nthreads, diagonal, triangle):
+@pytest.mark.parametrize("path", ["factored", "exact", "exact-triangle"])
+def test_exact_diagonal_decay_products_match_float64(nthreads, diagonal, path, monkeypatch):
+    """Both run-time paths: the diagonal blocks factored like the rest (a gentle gate) and the
+    exact in-block sums (a steep gate; the span bound forced below every span, so the test
+    does not depend on where the random spans fall)."""
     rng = np.random.default_rng(11)
     C, D = 64, 32
     lhs = rng.standard_normal((C, D)).astype(np.float32)
     rhs = rng.standard_normal((C, D)).astype(np.float32)
     w = rng.standard_normal((C, C)).astype(np.float32)
-    # a steep decaying gate: cumulative sums of increments down to -8 per row (log2 units)
-    g = np.cumsum(-rng.uniform(0, 8, (C, D)), 0).astype(np.float32)
+    # cumulative sums of decaying increments (log2 units): down to -8 per row (a 16-row block
+    # falls by up to 128: steep), or -3 per row (at most 45 per block: factorable)
+    steepest = 3.0 if path == "factored" else 8.0
+    g = np.cumsum(-rng.uniform(0, steepest, (C, D)), 0).astype(np.float32)
+    monkeypatch.setattr(T_, "FACTORED_SPAN_MAX", 64.0 if path == "factored" else -1.0)
+    triangle = path == "exact-triangle"
+    spans = g[::16] - g[15::16]
+    assert (spans.max() <= 64.0) == (path == "factored")
     shapes = {"lhs": (C, D), "rhs": (C, D), "g": (C, D), "w": (C, C), "dot": (C, C),
               "mm": (C, D), "mmt": (C, D)}
 

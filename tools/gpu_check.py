@@ -52,6 +52,9 @@ def _cases(spec: dict, quick: bool) -> list[dict]:
         cases = [dict(label=f"B{b}_T{t}", B=b, T=t, decay="moderate") for b, t in shapes]
         cases.append(dict(label="B1_T200 strong", B=1, T=200, decay="strong"))
         cases.append(dict(label="B1_T1000 weak", B=1, T=1000, decay="weak"))
+        # gates falling by far more than 64 (log2) across 16 tokens: the decay products'
+        # diagonal blocks take their exact fallback (tiles.FACTORED_SPAN_MAX) in every chunk
+        cases.append(dict(label="B1_T200 steep", B=1, T=200, decay="steep"))
         cases.append(dict(label="B1_T200 out-of-range", B=1, T=200, decay="extreme"))
     if quick:
         cases = cases[:2]
@@ -75,7 +78,8 @@ def _inputs(spec: dict, case: dict, device, seed: int) -> tuple[dict, dict]:
     else:
         B, T = case["B"], case["T"]
         cu, N = None, case["B"]
-    strong = case["decay"] == "strong"
+    steep = case["decay"] == "steep"
+    strong = case["decay"] == "strong" or steep
     gate = attrs.get("gate", "")
 
     def rnd(*s, scale=1.0):
@@ -87,7 +91,7 @@ def _inputs(spec: dict, case: dict, device, seed: int) -> tuple[dict, dict]:
     weak = case["decay"] == "weak"
     if "g" in names:
         lb = (attrs.get("gate_options") or {}).get("lower_bound")
-        span = -(lb if lb is not None else (-5.0 if strong else -1.0))
+        span = -(lb if lb is not None else (-20.0 if steep else -5.0 if strong else -1.0))
         x["g"] = -torch.rand(*gshape, generator=g, dtype=torch.float64) * (0.01 if weak else span)
     elif weak:
         # g ~ -0.005 per token (PERF.md §4: weak decay exposes state-path rounding):
@@ -101,7 +105,7 @@ def _inputs(spec: dict, case: dict, device, seed: int) -> tuple[dict, dict]:
         if "lower_bound" in gate:
             x["g_raw"] = rnd(*gshape) + (6.0 if strong else 0.0)
         else:
-            x["g_raw"] = rnd(*gshape) - (3.0 if strong else 1.0)
+            x["g_raw"] = rnd(*gshape) + (1.0 if steep else -3.0 if strong else -1.0)
         if "A_log" in names:
             x["A_log"] = torch.full((HV,), math.log(16.0), dtype=torch.float64) if strong else rnd(HV, scale=0.5)
         if "dt_bias" in names:

@@ -11,7 +11,7 @@ mbarrier protocol used by the TMA emitters (sm90/tma.py):
 """
 from __future__ import annotations
 
-from ..._mlir import ir, nvvm
+from ..._mlir import ir, llvm, nvvm
 from .ints import as_i32
 from .smem import SmemRegion
 
@@ -29,6 +29,18 @@ def named_barrier_sync(barrier_id: int, num_threads: int) -> None:
     """``bar.sync id, n``: wait until ``num_threads`` threads (multiple of 32) have arrived."""
     _check_named(barrier_id, num_threads)
     nvvm.barrier(barrier_id=as_i32(barrier_id), number_of_threads=as_i32(num_threads))
+
+
+def barrier_popc(flag: ir.Value, barrier_id: int = 0, num_threads: int | None = None) -> ir.Value:
+    """``bar.red.popc.u32``: a barrier (the CTA's for id 0 without a count, else the named
+    group's) that returns to every thread how many of the arriving threads had ``flag`` (i32)
+    nonzero."""
+    if num_threads is not None:
+        _check_named(barrier_id, num_threads)
+    group = f"{barrier_id}" if num_threads is None else f"{barrier_id}, {num_threads}"
+    asm = ("{ .reg .pred p; setp.ne.u32 p, $1, 0; "
+           f"bar.red.popc.u32 $0, {group}, p; }}")
+    return llvm.inline_asm(_i32(), [flag], asm, "=r,r", has_side_effects=True)
 
 
 def _check_named(barrier_id: int, num_threads: int) -> None:

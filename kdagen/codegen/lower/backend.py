@@ -152,12 +152,20 @@ def for_range(lo, hi, step, body, iter_args=None, trips=None):
     return current().for_range(lo, hi, step, body, list(iter_args or []), trips)
 
 
-def if_then(cond, body):
-    return current().if_then(cond, body)
+def if_then(cond, body, cold: bool = False):
+    """``body`` where ``cond`` holds. ``cold``: a fallback expected not to run (the cost
+    report counts it at weight 0); it changes no code."""
+    return current().if_then(cond, body, cold)
 
 
 def barrier():
     return current().barrier()
+
+
+def barrier_count(flag):
+    """A barrier that also counts the threads whose int-like ``flag`` is nonzero (bar.red.popc
+    over the same threads as :func:`barrier`): the same int-like on every thread."""
+    return current().barrier_count(flag)
 
 
 def shfl_xor(x, mask: int):

@@ -170,6 +170,17 @@ class CostCounter:
             self._flush(frame)
 
     @contextmanager
+    def cold(self):
+        """Code emitted but expected not to run (a fallback behind a uniform branch): its
+        events are counted at weight 0."""
+        frame = _Frame(0.0, True)
+        self._frames.append(frame)
+        try:
+            yield
+        finally:
+            self._frames.pop()
+
+    @contextmanager
     def chunk_step(self):
         """The per-chunk-step region (one chunk of the scan), weight 1."""
         saved, saved_frames = self._region, self._frames

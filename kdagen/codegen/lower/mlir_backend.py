@@ -223,14 +223,18 @@ class MlirBackend:
             scf.yield_([raw(v) for v in (out or [])])
         return [wrap(v) for v in loop.results] if iter_args else []
 
-    def if_then(self, cond, body):
+    def if_then(self, cond, body, cold=False):
         if isinstance(cond, bool):
             if cond:
                 body()
             return
         branch = self.scf.IfOp(cond)
         with self.ir.InsertionPoint(branch.then_block):
-            body()
+            if cold:
+                with self.cost.cold():
+                    body()
+            else:
+                body()
             self.scf.yield_([])
 
     def barrier(self):
@@ -240,6 +244,12 @@ class MlirBackend:
         else:
             from kdagen.codegen.common.barrier import named_barrier_sync
             named_barrier_sync(*self.named_barrier)
+
+    def barrier_count(self, flag):
+        self.cost.barrier()
+        from kdagen.codegen.common.barrier import barrier_popc
+        barrier_id, threads = self.named_barrier if self.named_barrier else (0, None)
+        return self.ints.IntVal(barrier_popc(self.ints.as_i32(flag), barrier_id, threads))
 
     def uniform(self, x):
         return x

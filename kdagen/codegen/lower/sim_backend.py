@@ -188,7 +188,7 @@ class SimBackend:
             args = [np.where(active, np.asarray(o), np.asarray(a)) for o, a in zip(out or [], args)]
         return args
 
-    def if_then(self, cond, body):
+    def if_then(self, cond, body, cold=False):
         c = self._arr(cond, bool) & self.mask
         if not c.any():
             return
@@ -211,6 +211,11 @@ class SimBackend:
             raise SimError("barrier in divergent code (some threads would never arrive)")
         self.epoch += 1
         self.stats["barriers"] += 1
+
+    def barrier_count(self, flag):
+        self.barrier()
+        flag = np.broadcast_to(np.asarray(flag), self.lanes.shape)
+        return np.full(self.lanes.shape, int(np.count_nonzero(flag)), np.int64)
 
     def shfl_xor(self, x, mask):
         if not self.mask.all():

@@ -649,14 +649,49 @@ def _decay_dot_diagonal_pairs(th: Threads, out: BufRef, lhs: Ref, rhs: Ref, g: R
     B.if_then(B.icmp("ge", t, n_low), on_diagonal)
 
 
+# A diagonal block whose gate falls by at most this much (log2 units, in every column) across
+# its rows is factored like the blocks left of it, at the block's first (last) row: the two
+# factors then lie within 2^(+-64), far from fp32's range limits (2^(+-126)) even after the
+# products' sums, and each keeps its relative precision
+FACTORED_SPAN_MAX = 64.0
+
+
+def _steep_diagonal_blocks(th: Threads, g: Ref, S: int, rows: int):
+    """How many threads found an S-row diagonal block of ``g`` (non-increasing down the rows)
+    that falls by more than :data:`FACTORED_SPAN_MAX` in some column: the span checks split
+    across the threads, one counting barrier; the same int-like on every thread."""
+    D = g.shape[1]
+    n = (rows // S) * D
+    steep = 0
+    for m in range(-(-n // th.count)):
+        e = th.tid + m * th.count
+        if (m + 1) * th.count > n:
+            e = B.isel(B.icmp("lt", e, n), e, 0)    # past the end: re-check item 0
+        bs, d = (e // D) * S, e % D
+        span = B.sub(g.read([bs, d]), g.read([addk(bs, S - 1), d]))
+        flag = B.isel(B.fle(span, B.f(FACTORED_SPAN_MAX)), 0, 1)   # NaN: steep
+        steep = flag if m == 0 else B.isel(B.icmp("ne", flag, 0), 1, steep)
+    return B.barrier_count(steep)
+
+
+def _if_factorable(th: Threads, g: Ref, S: int, rows: int, factored, exact) -> None:
+    """``factored()`` where every diagonal block of ``g`` is gentle enough, else ``exact()``
+    (the cold fallback for steep gates): a uniform branch."""
+    steep = _steep_diagonal_blocks(th, g, S, rows)
+    B.if_then(B.icmp("eq", steep, 0), factored)
+    B.if_then(B.icmp("ne", steep, 0), exact, cold=True)
+
+
 def emit_decay_dot_mma_exact_diagonal(th: Threads, out: BufRef, lhs: Ref, rhs: Ref, g: Ref,
                                       diagonal: int, clamp_min, subblock: int,
                                       precision: str) -> None:
-    """decay_dot(lhs, rhs, g, g) for a gate too steep to factor inside a block. The diagonal
-    S x S blocks are register-tiled sums with relative exponents (one thread group per block);
-    the columns left of the row block go through tensor cores factored at r = g[first row of
-    the block]: g[i] <= r <= g[j] there, so 2^(g[i] - r) and 2^(r - g[j]) are both <= 1 for
-    any decaying gate."""
+    """decay_dot(lhs, rhs, g, g) for a gate that may be too steep to factor inside a block.
+    Tensor cores take the columns left of the row block factored at r = g[first row of the
+    block]: g[i] <= r <= g[j] there, so 2^(g[i] - r) and 2^(r - g[j]) are both <= 1 for any
+    decaying gate. Where every diagonal block's gate span is small
+    (:func:`_steep_diagonal_blocks`, checked at run time) the diagonal blocks join the
+    same product with the same reference; else they are sums with relative exponents (one
+    thread group per block)."""
     S = subblock
     M, D = lhs.shape
     zero = B.f(0.0)
@@ -673,24 +708,33 @@ def emit_decay_dot_mma_exact_diagonal(th: Threads, out: BufRef, lhs: Ref, rhs: R
                     combine,
                     epilogue=lambda i, j, v: B.sel(B.icmp("le", j, addk(i, diagonal)), v, zero))
 
-    _per_diagonal_block(th, S, M, diagonal_block)
-
     def a_elem(i, d):
         bs = (i // S) * S
         return B.mul(lhs.read([i, d]), B.exp2_clamped(B.sub(g.read([i, d]), g.read([bs, d])),
                                                      clamp_min))
 
-    def b_elem(d, j, rb):
-        bs = (rb // S) * S
-        v = B.mul(rhs.read([j, d]), B.exp2_clamped(B.sub(g.read([bs, d]), g.read([j, d])),
-                                                  clamp_min))
-        return B.sel(B.icmp("lt", j, bs), v, zero)
+    def product(in_block: bool):
+        def b_elem(d, j, rb):
+            bs = (rb // S) * S
+            v = B.mul(rhs.read([j, d]), B.exp2_clamped(B.sub(g.read([bs, d]), g.read([j, d])),
+                                                      clamp_min))
+            # later rows' factors may overflow: selected away, not multiplied by a zero
+            return B.sel(B.icmp("lt", j, addk(bs, S) if in_block else bs), v, zero)
 
-    def epilogue(i, j, v):
-        below = B.sel(B.icmp("le", j, addk(i, diagonal)), v, zero)
-        return B.sel(B.icmp("eq", i // S, j // S), out.read([i, j]), below)
+        def epilogue(i, j, v):
+            below = B.sel(B.icmp("le", j, addk(i, diagonal)), v, zero)
+            if in_block:
+                return below
+            return B.sel(B.icmp("eq", i // S, j // S), out.read([i, j]), below)
 
-    mma_contraction(th, out, D, a_elem, b_elem, precision, epilogue=epilogue, b_per_atom=True)
+        mma_contraction(th, out, D, a_elem, b_elem, precision, epilogue=epilogue,
+                        b_per_atom=True)
+
+    def exact():
+        _per_diagonal_block(th, S, M, diagonal_block)
+        product(False)
+
+    _if_factorable(th, g, S, M, lambda: product(True), exact)
 
 
 # partners of decay_matmul's diagonal block held in registers at a time (x and g each): the
@@ -753,10 +797,12 @@ def emit_decay_matmul_mma_exact_diagonal(th: Threads, out: BufRef, w: Ref, x: Re
                                          subblock: int, precision: str,
                                          triangle: bool = False) -> None:
     """decay_matmul(w, x, g, g) with E[i, j, d] = 2^(g[i, d] - g[j, d]) (j <= i + diagonal).
-    The S partners inside the output row's block: register-tiled sums with relative exponents
-    (one thread group per block). The partners outside it go through tensor cores, factored
-    at a reference row r between the two (not transposed: the block's first row, every partner
-    j earlier; transposed: its last row, every partner i later), so both factors are <= 1.
+    The partners outside the output row's block go through tensor cores, factored at a
+    reference row r between the two (not transposed: the block's first row, every partner j
+    earlier; transposed: its last row, every partner i later), so both factors are <= 1. The
+    S partners inside it join the same product where every diagonal block's gate span is
+    small (:func:`_steep_diagonal_blocks`, checked at run time); else they are
+    register-tiled sums with relative exponents (one thread group per block).
     ``triangle``: the in-block sums over the static triangle only
     (:func:`_decay_matmul_diagonal_block`)."""
     S = subblock
@@ -786,41 +832,52 @@ def emit_decay_matmul_mma_exact_diagonal(th: Threads, out: BufRef, w: Ref, x: Re
                     lambda k, d: [x.read([bs + k, d]), g.read([bs + k, d])],
                     combine, pre_fn=lambda r, d: [g.read([bs + r, d])])
 
-    if not transpose_w:
-        # out[i, d] = 2^(g[i] - r) sum_{j < bs} w[i, j] (x[j, d] 2^(r - g[j])) + in-block terms
+    def product(in_block: bool):
+        if not transpose_w:
+            # out[i, d] = 2^(g[i] - r) sum_{j < bs} w[i, j] (x[j, d] 2^(r - g[j]))
+            # (+ the in-block partners j <= i + diagonal when they are factored too)
+            def a_elem(i, j):
+                v = w.read([i, j])
+                return B.sel(B.icmp("le", j, addk(i, diagonal)), v, zero) if in_block else v
 
-        def a_elem(i, j):
-            return w.read([i, j])
+            def b_elem(j, d, rb):
+                bs = (rb // S) * S
+                v = B.mul(x.read([j, d]), B.exp2_clamped(B.sub(g.read([bs, d]), g.read([j, d])),
+                                                        clamp_min))
+                # later rows' factors may overflow: selected away, not multiplied by a zero
+                return B.sel(B.icmp("lt", j, addk(bs, S) if in_block else bs), v, zero)
 
-        def b_elem(j, d, rb):
-            bs = (rb // S) * S
-            v = B.mul(x.read([j, d]), B.exp2_clamped(B.sub(g.read([bs, d]), g.read([j, d])),
-                                                    clamp_min))
-            return B.sel(B.icmp("lt", j, bs), v, zero)
+            def epilogue(i, d, v):
+                bs = (i // S) * S
+                v = B.mul(v, B.exp2_clamped(B.sub(g.read([i, d]), g.read([bs, d])), clamp_min))
+                return v if in_block else B.add(v, out.read([i, d]))
+        else:
+            # out[j, d] = 2^(r - g[j]) sum_{i > be} w[i, j] (x[i, d] 2^(g[i] - r))
+            # (+ the in-block partners i >= j - diagonal when they are factored too)
+            def a_elem(j, i):
+                v = w.read([i, j])
+                return B.sel(B.icmp("le", j, addk(i, diagonal)), v, zero) if in_block else v
 
-        def epilogue(i, d, v):
-            bs = (i // S) * S
-            v = B.mul(v, B.exp2_clamped(B.sub(g.read([i, d]), g.read([bs, d])), clamp_min))
-            return B.add(v, out.read([i, d]))
-    else:
-        # out[j, d] = 2^(r - g[j]) sum_{i > be} w[i, j] (x[i, d] 2^(g[i] - r)) + in-block terms
+            def b_elem(i, d, rb):
+                bs = (rb // S) * S
+                be = bs + (S - 1)
+                v = B.mul(x.read([i, d]), B.exp2_clamped(B.sub(g.read([i, d]), g.read([be, d])),
+                                                        clamp_min))
+                return B.sel(B.icmp("ge", i, bs) if in_block else B.icmp("gt", i, be), v, zero)
 
-        def a_elem(j, i):
-            return w.read([i, j])
+            def epilogue(j, d, v):
+                be = (j // S) * S + (S - 1)
+                v = B.mul(v, B.exp2_clamped(B.sub(g.read([be, d]), g.read([j, d])), clamp_min))
+                return v if in_block else B.add(v, out.read([j, d]))
 
-        def b_elem(i, d, rb):
-            be = (rb // S) * S + (S - 1)
-            v = B.mul(x.read([i, d]), B.exp2_clamped(B.sub(g.read([i, d]), g.read([be, d])),
-                                                    clamp_min))
-            return B.sel(B.icmp("gt", i, be), v, zero)
+        mma_contraction(th, out, C, a_elem, b_elem, precision, epilogue=epilogue,
+                        b_per_atom=True)
 
-        def epilogue(j, d, v):
-            be = (j // S) * S + (S - 1)
-            v = B.mul(v, B.exp2_clamped(B.sub(g.read([be, d]), g.read([j, d])), clamp_min))
-            return B.add(v, out.read([j, d]))
+    def exact():
+        _per_diagonal_block(th, S, C, diagonal_block)
+        product(False)
 
-    _per_diagonal_block(th, S, C, diagonal_block)
-    mma_contraction(th, out, C, a_elem, b_elem, precision, epilogue=epilogue, b_per_atom=True)
+    _if_factorable(th, g, S, C, lambda: product(True), exact)
 
 
 # ------------------------------------------------------------------------------------------
