@@ -682,6 +682,16 @@ def _if_factorable(th: Threads, g: Ref, S: int, rows: int, factored, exact) -> N
     B.if_then(B.icmp("ne", steep, 0), exact, cold=True)
 
 
+def _factored_from_block_start(val, g: Ref, j, d, rb, S: int, in_block: bool, clamp_min):
+    """A product operand ``val`` of row j scaled to the reference of row block ``rb`` (its
+    first row bs): val 2^(g[bs, d] - g[j, d]) for the rows before the block (and the block's
+    own rows when ``in_block``), zero after them: later rows' factors may overflow, so they
+    are selected away, not multiplied by a zero."""
+    bs = (rb // S) * S
+    v = B.mul(val, B.exp2_clamped(B.sub(g.read([bs, d]), g.read([j, d])), clamp_min))
+    return B.sel(B.icmp("lt", j, addk(bs, S) if in_block else bs), v, B.f(0.0))
+
+
 def emit_decay_dot_mma_exact_diagonal(th: Threads, out: BufRef, lhs: Ref, rhs: Ref, g: Ref,
                                       diagonal: int, clamp_min, subblock: int,
                                       precision: str) -> None:
@@ -715,11 +725,8 @@ def emit_decay_dot_mma_exact_diagonal(th: Threads, out: BufRef, lhs: Ref, rhs: R
 
     def product(in_block: bool):
         def b_elem(d, j, rb):
-            bs = (rb // S) * S
-            v = B.mul(rhs.read([j, d]), B.exp2_clamped(B.sub(g.read([bs, d]), g.read([j, d])),
-                                                      clamp_min))
-            # later rows' factors may overflow: selected away, not multiplied by a zero
-            return B.sel(B.icmp("lt", j, addk(bs, S) if in_block else bs), v, zero)
+            return _factored_from_block_start(rhs.read([j, d]), g, j, d, rb, S, in_block,
+                                              clamp_min)
 
         def epilogue(i, j, v):
             below = B.sel(B.icmp("le", j, addk(i, diagonal)), v, zero)
@@ -841,11 +848,8 @@ def emit_decay_matmul_mma_exact_diagonal(th: Threads, out: BufRef, w: Ref, x: Re
                 return B.sel(B.icmp("le", j, addk(i, diagonal)), v, zero) if in_block else v
 
             def b_elem(j, d, rb):
-                bs = (rb // S) * S
-                v = B.mul(x.read([j, d]), B.exp2_clamped(B.sub(g.read([bs, d]), g.read([j, d])),
-                                                        clamp_min))
-                # later rows' factors may overflow: selected away, not multiplied by a zero
-                return B.sel(B.icmp("lt", j, addk(bs, S) if in_block else bs), v, zero)
+                return _factored_from_block_start(x.read([j, d]), g, j, d, rb, S, in_block,
+                                                  clamp_min)
 
             def epilogue(i, d, v):
                 bs = (i // S) * S
