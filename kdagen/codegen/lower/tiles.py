@@ -656,10 +656,12 @@ def _decay_dot_diagonal_pairs(th: Threads, out: BufRef, lhs: Ref, rhs: Ref, g: R
 FACTORED_SPAN_MAX = 64.0
 
 
-def _steep_diagonal_blocks(th: Threads, g: Ref, S: int, rows: int):
+def steep_diagonal_blocks(th: Threads, g: Ref, S: int, rows: int):
     """How many threads found an S-row diagonal block of ``g`` (non-increasing down the rows)
     that falls by more than :data:`FACTORED_SPAN_MAX` in some column: the span checks split
-    across the threads, one counting barrier; the same int-like on every thread."""
+    across the threads, one counting barrier; the same int-like on every thread. A kernel
+    with several decay products over the same gate computes it once and passes it to each
+    (their ``steep`` argument, as :func:`factorable`'s predicates)."""
     D = g.shape[1]
     n = (rows // S) * D
     steep = 0
@@ -674,12 +676,22 @@ def _steep_diagonal_blocks(th: Threads, g: Ref, S: int, rows: int):
     return B.barrier_count(steep)
 
 
-def _if_factorable(th: Threads, g: Ref, S: int, rows: int, factored, exact) -> None:
+def _if_factorable(th: Threads, g: Ref, S: int, rows: int, factored, exact,
+                   steep=None) -> None:
     """``factored()`` where every diagonal block of ``g`` is gentle enough, else ``exact()``
-    (the cold fallback for steep gates): a uniform branch."""
-    steep = _steep_diagonal_blocks(th, g, S, rows)
-    B.if_then(B.icmp("eq", steep, 0), factored)
-    B.if_then(B.icmp("ne", steep, 0), exact, cold=True)
+    (the cold fallback for steep gates): a uniform branch. ``steep``: the predicates of
+    :func:`factorable` where the caller has them already."""
+    gentle, steep = steep if steep is not None else factorable(th, g, S, rows)
+    B.if_then(gentle, factored)
+    B.if_then(steep, exact, cold=True)
+
+
+def factorable(th: Threads, g: Ref, S: int, rows: int):
+    """The two uniform predicates (every diagonal block gentle, some block steep) of
+    :func:`steep_diagonal_blocks`: kept as predicates, not the count, since a kernel that
+    shares them across its decay products holds them live from the first to the last."""
+    steep = steep_diagonal_blocks(th, g, S, rows)
+    return B.icmp("eq", steep, 0), B.icmp("ne", steep, 0)
 
 
 def _factored_from_block_start(val, g: Ref, j, d, rb, S: int, in_block: bool, clamp_min):
@@ -694,12 +706,12 @@ def _factored_from_block_start(val, g: Ref, j, d, rb, S: int, in_block: bool, cl
 
 def emit_decay_dot_mma_exact_diagonal(th: Threads, out: BufRef, lhs: Ref, rhs: Ref, g: Ref,
                                       diagonal: int, clamp_min, subblock: int,
-                                      precision: str) -> None:
+                                      precision: str, steep=None) -> None:
     """decay_dot(lhs, rhs, g, g) for a gate that may be too steep to factor inside a block.
     Tensor cores take the columns left of the row block factored at r = g[first row of the
     block]: g[i] <= r <= g[j] there, so 2^(g[i] - r) and 2^(r - g[j]) are both <= 1 for any
     decaying gate. Where every diagonal block's gate span is small
-    (:func:`_steep_diagonal_blocks`, checked at run time) the diagonal blocks join the
+    (:func:`steep_diagonal_blocks`, checked at run time) the diagonal blocks join the
     same product with the same reference; else they are sums with relative exponents (one
     thread group per block)."""
     S = subblock
@@ -741,7 +753,7 @@ def emit_decay_dot_mma_exact_diagonal(th: Threads, out: BufRef, lhs: Ref, rhs: R
         _per_diagonal_block(th, S, M, diagonal_block)
         product(False)
 
-    _if_factorable(th, g, S, M, lambda: product(True), exact)
+    _if_factorable(th, g, S, M, lambda: product(True), exact, steep)
 
 
 # partners of decay_matmul's diagonal block held in registers at a time (x and g each): the
@@ -802,13 +814,13 @@ def _decay_matmul_diagonal_block(th: Threads, out: BufRef, w: Ref, x: Ref, g: Re
 def emit_decay_matmul_mma_exact_diagonal(th: Threads, out: BufRef, w: Ref, x: Ref, g: Ref,
                                          diagonal: int, transpose_w: bool, clamp_min,
                                          subblock: int, precision: str,
-                                         triangle: bool = False) -> None:
+                                         triangle: bool = False, steep=None) -> None:
     """decay_matmul(w, x, g, g) with E[i, j, d] = 2^(g[i, d] - g[j, d]) (j <= i + diagonal).
     The partners outside the output row's block go through tensor cores, factored at a
     reference row r between the two (not transposed: the block's first row, every partner j
     earlier; transposed: its last row, every partner i later), so both factors are <= 1. The
     S partners inside it join the same product where every diagonal block's gate span is
-    small (:func:`_steep_diagonal_blocks`, checked at run time); else they are
+    small (:func:`steep_diagonal_blocks`, checked at run time); else they are
     register-tiled sums with relative exponents (one thread group per block).
     ``triangle``: the in-block sums over the static triangle only
     (:func:`_decay_matmul_diagonal_block`)."""
@@ -881,7 +893,7 @@ def emit_decay_matmul_mma_exact_diagonal(th: Threads, out: BufRef, w: Ref, x: Re
         _per_diagonal_block(th, S, C, diagonal_block)
         product(False)
 
-    _if_factorable(th, g, S, C, lambda: product(True), exact)
+    _if_factorable(th, g, S, C, lambda: product(True), exact, steep)
 
 
 # ------------------------------------------------------------------------------------------
