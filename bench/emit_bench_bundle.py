@@ -55,6 +55,9 @@ def main(argv=None) -> int:
                     help="the unit-lower inverse's lowering (ablation)")
     ap.add_argument("--load-batch", type=int, default=None,
                     help="loads a thread issues together in the tile loops (ablation)")
+    ap.add_argument("--remat-ops", type=int, default=None,
+                    help="re-evaluate scratch-bound tile values of at most this many "
+                         "instructions at each consumer (0: always materialise; ablation)")
     ap.add_argument("--scan-k-split", type=int, default=None,
                     help="warpgroups sharing a register scan's value block (K split; ablation)")
     ap.add_argument("--programs", default=None,
@@ -81,6 +84,8 @@ def main(argv=None) -> int:
             lower["chunk_warpgroups"] = args.chunk_warpgroups
         if args.load_batch is not None:
             lower["load_batch"] = args.load_batch
+        if args.remat_ops is not None:
+            lower["remat_ops"] = args.remat_ops
         if args.tril_inv is not None:
             lower["tril_inv"] = args.tril_inv
         if args.no_register_scan:
