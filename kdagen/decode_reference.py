@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from kdagen.reference import F64
+from kdagen.reference import F64, _recurrent_core
 
 __all__ = ["decode_pool_step"]
 
@@ -94,19 +94,18 @@ def decode_pool_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
             read = int(idx[n, a - 1])
         if read < 0:
             continue                                   # skipped sequence
-        S = pool[read].clone()                         # [HV, K, V]
+        S = pool[read].unsqueeze(0)                    # [1, HV, K, V]
         for t in range(s, e):
-            S = S * torch.exp(g[b, t]).unsqueeze(-1)
-            err = v[b, t] - torch.einsum("hkv,hk->hv", S, k[b, t])
-            S = S + beta[b, t][:, None, None] * k[b, t].unsqueeze(-1) * err.unsqueeze(-2)
-            o[b, t] = torch.einsum("hkv,hk->hv", S, q[b, t]) * scale
+            one = [x[b:b + 1, t:t + 1] for x in (q, k, v, g, beta)]
+            o_t, S = _recurrent_core(*one, S, scale=scale)  # the reference's token update
+            o[b, t] = o_t[0, 0]
             if idx.dim() == 2:
                 if t - s >= idx.shape[1]:
                     raise ValueError(f"ssm_state_indices: sequence {n} has {e - s} tokens, "
                                      f"more than its {idx.shape[1]} slots")
                 write = int(idx[n, t - s])
                 if write >= 0:
-                    pool[write] = S
+                    pool[write] = S[0]
         if idx.dim() == 1:
-            pool[read] = S
+            pool[read] = S[0]
     return o, pool
