@@ -318,8 +318,6 @@ class TileKernelEmitter:
         ``smem_base``: the shared scratch pointer (smem storage)."""
         self.coords = coords
         self.env = {}
-        self.steep_counts = {}
-        self.gate_checks_used = 0
         nt = self.opts.nthreads
         need_off = any(m.op in ("kda.load_chunk", "kda.store_chunk", "kda.sum_chunks")
                        for n in self.group.nodes
@@ -336,7 +334,7 @@ class TileKernelEmitter:
             self.pools["global"] = T_.Scratch(B.gep(p["scratch"], cta * self.scratch_elems), "global")
         red_pool = self.pools["smem" if self.uses_smem else "global"]
         self.red = T_.ReduceScratch(T_.BufRef(red_pool, 0, (REDUCE_WARP_SLOTS,), (1,)))
-        self.gate_check_slots = T_.BufRef(red_pool, REDUCE_WARP_SLOTS, (GATE_CHECK_SLOTS,), (1,))
+        self.init_gate_checks(T_.BufRef(red_pool, REDUCE_WARP_SLOTS, (GATE_CHECK_SLOTS,), (1,)))
         self.bind_memrefs(p)
         for n in self.group.nodes:
             self.node(n)
@@ -381,27 +379,36 @@ class TileKernelEmitter:
             ref = out
         self.env[r] = ref
 
-    def steep_count(self, g: Value, g_ref: T_.Ref, S: int, rows: int):
+    def init_gate_checks(self, slots: T_.BufRef | None) -> None:
+        """Gate checks of the decay products (:meth:`gate_check`): ``slots``, shared words
+        that hand a check from a region's first product to the later ones (None: no hand-off,
+        every product checks)."""
+        self.gate_check_slots = slots
+        self.gate_check_slot = {}         # (gate value, S, rows) -> its word, kernel-wide
+        self.gates_checked = set()        # keys whose word the current region has written
+
+    def gate_check(self, g: Value, g_ref: T_.Ref, S: int, rows: int):
         """The run-time check of gate ``g``'s diagonal blocks
         (:func:`~kdagen.codegen.lower.tiles.factorable`) once per gate value in each region
         (kernel body, chunk step): the decay products of a kernel mostly share one gate, and
         each check costs a counting barrier. The first product of the region checks and
-        leaves the result in a shared word (every op ends at a barrier, so the later ones
-        see it); they read it back instead of holding it in registers across the ops
+        leaves the result in its gate's shared word (every op ends at a barrier, so the later
+        ones see it); they read it back instead of holding it in registers across the ops
         between (a register more made the backward's dk kernel spill)."""
         key = (g, S, rows)
-        slots = getattr(self, "gate_check_slots", None)
-        if key in self.steep_counts:
-            slot = self.steep_counts[key]
-            flag = slots.read([slot])
+        slot = self.gate_check_slot.get(key)
+        if key in self.gates_checked:
+            flag = self.gate_check_slots.read([slot])
             return B.fle(flag, B.f(0.5)), B.fle(B.f(0.5), flag)
         gentle, steep = T_.factorable(self.th, g_ref, S, rows)
-        used = self.gate_checks_used
-        if slots is not None and used < GATE_CHECK_SLOTS:
+        if slot is None and self.gate_check_slots is not None \
+                and len(self.gate_check_slot) < GATE_CHECK_SLOTS:
+            slot = self.gate_check_slot[key] = len(self.gate_check_slot)
+        if slot is not None:
             flag = B.sel(gentle, B.f(0.0), B.f(1.0))           # 1.0: some block is steep
-            B.if_then(B.icmp("eq", self.th.tid, 0), lambda: slots.write([used], flag))
-            self.steep_counts[key] = used
-            self.gate_checks_used += 1
+            B.if_then(B.icmp("eq", self.th.tid, 0),
+                      lambda: self.gate_check_slots.write([slot], flag))
+            self.gates_checked.add(key)
         return gentle, steep
 
     # -- scans ---------------------------------------------------------------------------
@@ -421,7 +428,7 @@ class TileKernelEmitter:
             c = (geo.nchunks - 1) - s if reverse else s
             it = s if it is None else it
             # values computed in the step's region don't dominate other regions
-            outer_steep, self.steep_counts = self.steep_counts, {}
+            outer_checked, self.gates_checked = self.gates_checked, set()
             self.step_begin(it)
             self.env[body.args[0]] = c
             for a, ref in zip(body.args[1:], carried):
@@ -440,7 +447,7 @@ class TileKernelEmitter:
             if copied:
                 B.barrier()
             self.step_end(it)
-            self.steep_counts = outer_steep
+            self.gates_checked = outer_checked
             return []
 
         if self.group.parallel:
@@ -586,12 +593,12 @@ class TileKernelEmitter:
                 S, out.shape[0] if k == "decay_dot" else ops[0].shape[0], th.count, diagonal,
                 n.operands[2] is n.operands[3]) and out.shape[0] == ops[0].shape[0] == (
                 out.shape[1] if k == "decay_dot" else ops[0].shape[1])   # square [C, C] blocks
-            steep = (self.steep_count(n.operands[2], ops[2], S, ops[0].shape[0])
-                     if mma and exact else None)
+            gate_check = (self.gate_check(n.operands[2], ops[2], S, ops[0].shape[0])
+                          if mma and exact else None)
             if k == "decay_dot" and mma and exact:
                 T_.emit_decay_dot_mma_exact_diagonal(th, out, ops[0], ops[1], ops[2], diagonal,
                                                      a.get("clamp_min"), S, self.opts.dot,
-                                                     steep=steep)
+                                                     gate_check=gate_check)
             elif k == "decay_dot" and mma and not a.get("exact_diagonal") and S >= 16 and S % 16 == 0:
                 T_.emit_decay_dot_mma(th, out, *ops, diagonal, a.get("clamp_min"), S,
                                       self.opts.dot)
@@ -601,7 +608,7 @@ class TileKernelEmitter:
                 T_.emit_decay_matmul_mma_exact_diagonal(th, out, ops[0], ops[1], ops[2], diagonal,
                                                         bool(a.get("transpose")),
                                                         a.get("clamp_min"), S, self.opts.dot,
-                                                        steep=steep)
+                                                        gate_check=gate_check)
             else:
                 T_.emit_decay_matmul(th, out, *ops, diagonal, bool(a.get("transpose")),
                                      a.get("clamp_min"))

@@ -690,7 +690,7 @@ class RegisterScanEmitter(TileKernelEmitter):
     def _bind(self, p, coords):
         self.p = p
         self.env = {}
-        self.steep_counts = {}
+        self.init_gate_checks(None)
         self.geo = Geometry(self.program, p, coords, need_chunk_off=True)
         self.bind_memrefs(p)
 

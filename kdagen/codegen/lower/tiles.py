@@ -659,9 +659,7 @@ FACTORED_SPAN_MAX = 64.0
 def steep_diagonal_blocks(th: Threads, g: Ref, S: int, rows: int):
     """How many threads found an S-row diagonal block of ``g`` (non-increasing down the rows)
     that falls by more than :data:`FACTORED_SPAN_MAX` in some column: the span checks split
-    across the threads, one counting barrier; the same int-like on every thread. A kernel
-    with several decay products over the same gate computes it once and passes it to each
-    (their ``steep`` argument, as :func:`factorable`'s predicates)."""
+    across the threads, one counting barrier; the same int-like on every thread."""
     D = g.shape[1]
     n = (rows // S) * D
     steep = 0
@@ -676,22 +674,29 @@ def steep_diagonal_blocks(th: Threads, g: Ref, S: int, rows: int):
     return B.barrier_count(steep)
 
 
-def _if_factorable(th: Threads, g: Ref, S: int, rows: int, factored, exact,
-                   steep=None) -> None:
-    """``factored()`` where every diagonal block of ``g`` is gentle enough, else ``exact()``
-    (the cold fallback for steep gates): a uniform branch. ``steep``: the predicates of
-    :func:`factorable` where the caller has them already."""
-    gentle, steep = steep if steep is not None else factorable(th, g, S, rows)
-    B.if_then(gentle, factored)
-    B.if_then(steep, exact, cold=True)
-
-
 def factorable(th: Threads, g: Ref, S: int, rows: int):
-    """The two uniform predicates (every diagonal block gentle, some block steep) of
-    :func:`steep_diagonal_blocks`: kept as predicates, not the count, since a kernel that
-    shares them across its decay products holds them live from the first to the last."""
+    """The gate check of the decay products: the uniform predicates (every diagonal block
+    of ``g`` gentle enough to factor, some block steep) from :func:`steep_diagonal_blocks`.
+    A kernel whose decay products share a gate runs it once and passes it to each (their
+    ``gate_check`` argument)."""
     steep = steep_diagonal_blocks(th, g, S, rows)
     return B.icmp("eq", steep, 0), B.icmp("ne", steep, 0)
+
+
+def _factored_or_exact(th: Threads, g: Ref, S: int, rows: int, product, diagonal_block,
+                       gate_check=None) -> None:
+    """A decay product with exact diagonals: ``product(True)`` (diagonal blocks factored
+    with the rest) where every diagonal block of ``g`` is gentle enough, else the cold
+    fallback for steep gates: the diagonal blocks in relative form (``diagonal_block``, one
+    thread group per block), then ``product(False)`` for the rest. A uniform branch;
+    ``gate_check``: :func:`factorable`'s predicates where the caller has them already."""
+    gentle, steep = gate_check if gate_check is not None else factorable(th, g, S, rows)
+
+    def exact():
+        _per_diagonal_block(th, S, rows, diagonal_block)
+        product(False)
+    B.if_then(gentle, lambda: product(True))
+    B.if_then(steep, exact, cold=True)
 
 
 def _factored_from_block_start(val, g: Ref, j, d, rb, S: int, in_block: bool, clamp_min):
@@ -706,7 +711,7 @@ def _factored_from_block_start(val, g: Ref, j, d, rb, S: int, in_block: bool, cl
 
 def emit_decay_dot_mma_exact_diagonal(th: Threads, out: BufRef, lhs: Ref, rhs: Ref, g: Ref,
                                       diagonal: int, clamp_min, subblock: int,
-                                      precision: str, steep=None) -> None:
+                                      precision: str, gate_check=None) -> None:
     """decay_dot(lhs, rhs, g, g) for a gate that may be too steep to factor inside a block.
     Tensor cores take the columns left of the row block factored at r = g[first row of the
     block]: g[i] <= r <= g[j] there, so 2^(g[i] - r) and 2^(r - g[j]) are both <= 1 for any
@@ -749,11 +754,7 @@ def emit_decay_dot_mma_exact_diagonal(th: Threads, out: BufRef, lhs: Ref, rhs: R
         mma_contraction(th, out, D, a_elem, b_elem, precision, epilogue=epilogue,
                         b_per_atom=True)
 
-    def exact():
-        _per_diagonal_block(th, S, M, diagonal_block)
-        product(False)
-
-    _if_factorable(th, g, S, M, lambda: product(True), exact, steep)
+    _factored_or_exact(th, g, S, M, product, diagonal_block, gate_check)
 
 
 # partners of decay_matmul's diagonal block held in registers at a time (x and g each): the
@@ -814,7 +815,8 @@ def _decay_matmul_diagonal_block(th: Threads, out: BufRef, w: Ref, x: Ref, g: Re
 def emit_decay_matmul_mma_exact_diagonal(th: Threads, out: BufRef, w: Ref, x: Ref, g: Ref,
                                          diagonal: int, transpose_w: bool, clamp_min,
                                          subblock: int, precision: str,
-                                         triangle: bool = False, steep=None) -> None:
+                                         triangle: bool = False,
+                                         gate_check=None) -> None:
     """decay_matmul(w, x, g, g) with E[i, j, d] = 2^(g[i, d] - g[j, d]) (j <= i + diagonal).
     The partners outside the output row's block go through tensor cores, factored at a
     reference row r between the two (not transposed: the block's first row, every partner j
@@ -889,11 +891,7 @@ def emit_decay_matmul_mma_exact_diagonal(th: Threads, out: BufRef, w: Ref, x: Re
         mma_contraction(th, out, C, a_elem, b_elem, precision, epilogue=epilogue,
                         b_per_atom=True)
 
-    def exact():
-        _per_diagonal_block(th, S, C, diagonal_block)
-        product(False)
-
-    _if_factorable(th, g, S, C, lambda: product(True), exact, steep)
+    _factored_or_exact(th, g, S, C, product, diagonal_block, gate_check)
 
 
 # ------------------------------------------------------------------------------------------
