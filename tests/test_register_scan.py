@@ -4,6 +4,7 @@ interleave8_rows tensor-map view), which kernels take it, its workspace contract
 emitted PTX assembles. Numerics on the GPU: tools/gpu_check.py on a native bundle."""
 from __future__ import annotations
 
+import re
 import shutil
 
 import numpy as np
@@ -158,7 +159,13 @@ def test_register_scan_kernel_assembles_for_sm90a(tmp_path, k_split):
     ks = [k for k in lower_program(mod, t, options=opts) if k.path == "sm90-register-scan"]
     assert len(ks) == 1
     ptx = driver.ptx_of(ks[0].module, t, ks[0].name)
-    assert "cvt.rna.tf32.f32" in ptx and "cp.async.bulk.tensor.5d" in ptx
+    assert "cp.async.bulk.tensor.5d" in ptx
+    # A operands rounded to TF32 by one add of half a TF32 ulp to the bits (the tensor core
+    # drops the low 13 bits), not by cvt.rna, which ptxas emulates in four instructions
+    assert "cvt.rna.tf32.f32" not in ptx
+    counts = ks[0].cost["counts"]
+    rounding_adds = re.findall(r"add\.s32\s+%r\d+, %r\d+, 4096;", ptx)
+    assert len(rounding_adds) == counts["cvt.tf32"] > 0
     counts = ks[0].cost["counts"]
     assert counts["wgmma.wait"] == 2
     if k_split == 1:
@@ -317,3 +324,23 @@ def test_step_schedule_issues_products_early(program):
             first = dots[0]
             waiting = [n for n in order if first.results[0] in n.operands]   # + dv' (a ring tile)
             assert waiting and pos[id(dots[1])] < min(pos[id(n)] for n in waiting)
+
+
+def test_descriptor_series_matches_encoding_each_address():
+    """`wgmma.make_descriptors` adds each block's offset to the address field computed once;
+    that equals encoding each address anew (`descriptor_bits`) for every CTA-local shared
+    address of sm_90 (below 228 KB), including addresses carrying cluster bits above bit 18,
+    which both forms mask off. Checked on the integer arithmetic the emitted code performs."""
+    from kdagen.codegen.sm90.wgmma import descriptor_bits
+    rng = np.random.default_rng(3)
+    lbo, sbo, swz = 16, 1024, 128
+    const = descriptor_bits(0, lbo, sbo, swz)
+    for _ in range(2000):
+        local = int(rng.integers(0, 228 * 1024 // 16 - 2048)) * 16
+        cluster = int(rng.integers(0, 16)) << 24
+        base = cluster | local
+        deltas = [int(d) * 16 for d in rng.integers(0, 2048, size=4)]
+        field = (base >> 4) & 0x3FFF
+        for d in deltas:
+            series = const | (field + (d >> 4))
+            assert series == descriptor_bits(base + d, lbo, sbo, swz)

@@ -84,6 +84,25 @@ def tf32_bits(x: ir.Value) -> ir.Value:
     return llvm.inline_asm(_i32(), [x], "cvt.rna.tf32.f32 $0, $1;", "=r,f")
 
 
+#: added to an f32 bit pattern, rounds its magnitude at the TF32 mantissa's last bit, half
+#: away from zero (the carry runs into the exponent where it must)
+TF32_HALF_ULP_BITS = 0x1000
+
+
+def tf32_operand_bits(x: ir.Value) -> ir.Value:
+    """``x`` as the i32 register of a TF32 mma/wgmma operand, rounded like `tf32_bits`
+    (nearest, ties away) in one integer add: the tensor core reads only the top 19 bits of a
+    TF32 operand (sign, exponent, 10 mantissa bits) and drops the other 13, so adding half a
+    TF32 ulp to the bit pattern first makes the dropped part round instead of truncate.
+    ``cvt.rna.tf32.f32`` has no instruction of its own on sm_90: ptxas emulates it with four
+    (the add, a mask, an infinity test and a select), which in the register-resident scans
+    was 512 of the ~1050 instructions of a kda backward reverse step. Only for operands that
+    go straight into a TF32 product: the low bits are left as they are (values stored for
+    anything else take `round_tf32`), and an infinite x turns into a NaN."""
+    bits = llvm.bitcast(_i32(), x)
+    return arith.addi(bits, arith.constant(_i32(), TF32_HALF_ULP_BITS))
+
+
 def round_tf32(x: ir.Value) -> ir.Value:
     """``x`` rounded to TF32 (`tf32_bits`) as an f32 value."""
     return llvm.bitcast(ir.F32Type.get(), tf32_bits(x))

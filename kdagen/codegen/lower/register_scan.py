@@ -6,9 +6,9 @@ chunks. Every [R, V] tile of the step lives the same way, as an accumulator frag
 ``AccLayout(64, R)`` whose column n holds row ``interleave8(n)`` of the tile
 (`kdagen.codegen.common.layouts.interleave8`). A product ``dot(L, X)`` with X such a fragment
 is computed transposed, ``(L·X)ᵀ = Xᵀ·Lᵀ``: A = Xᵀ straight from X's registers (rounded to TF32
-with ``cvt.rna``), B = L from the TMA ring, K-major as TF32 requires, its rows loaded through the
-``interleave8_rows`` tensor-map view so the result again has the interleaved column order — no
-register ever moves between warps and no tile passes through shared memory. ``add(X, dot)``
+by `tf32_operand_bits`, one integer add), B = L from the TMA ring, K-major as TF32 requires, its
+rows loaded through the ``interleave8_rows`` tensor-map view so the result again has the
+interleaved column order — no register ever moves between warps and no tile passes through shared memory. ``add(X, dot)``
 accumulates the product onto X (wgmma's own accumulate); other elementwise ops run on the
 registers; ring tiles read element-wise (u, the decay vector) are read from shared memory at
 the fragment's coordinates; checkpoints are stored from registers.
@@ -17,6 +17,14 @@ Roles: ``warpgroups`` consumer warpgroups (threads 0 .. 128·wg − 1) and one p
 whose elected thread fills a ring of ``depth`` stages with TMA (one 'full' mbarrier with the
 stage's byte count, one 'empty' mbarrier every consumer thread arrives on once its reads of the
 stage are done). No named barrier is needed inside the step: registers carry every hand-off.
+
+Measured on the H200 (kda B1_T8k_H16; bench/results/h200_ncu_hotspots_kda_bwd_k3.txt): the
+backward's reverse step reads 121 KB a step, so its ring has one stage (two do not fit with the
+checkpoint's staging tile), and 37% of its warp samples wait at the step's 'full' barrier: each
+stage is refilled only after the whole step frees it, at ~92 GB/s into one SM. A barrier pair
+per tile, each freed after its last read and given a second stage where it fits, was slower
+(3.72 -> 4.29 us per reverse step, 1.73 -> 2.10 per forward step;
+h200_per_slot_ring_ablation_kda.log): the waits inside the step cost more than the overlap won.
 
 Workspace contract: a tile read as the transposed left operand of a product (``kr`` in
 ``krᵀ·v'``) is stored transposed by the kernel that writes it, and a tile read only as a wgmma
@@ -36,7 +44,7 @@ from kdagen.target import Target
 
 from ..common import barrier as bar
 from ..common import smem as smem_mod
-from ..common.convert import tf32_bits
+from ..common.convert import tf32_operand_bits
 from ..common.shuffle import shfl_idx
 from ..common.ints import IntVal, ival
 from ..common.kernel import Param
@@ -1063,13 +1071,13 @@ class RegisterScanEmitter(TileKernelEmitter):
             base32 = base32 + slice_start(lay, "n", self.kpart, rows)
         # every A register is written before the fence: a register written between the fence
         # and the wgmma that reads it makes ptxas insert a wait before each wgmma (C7517)
-        a_regs = [[tf32_bits(X.values[acc_reg_for_tf32_a(kb, j)]) for j in range(4)]
+        a_regs = [[tf32_operand_bits(X.values[acc_reg_for_tf32_a(kb, j)]) for j in range(4)]
                   for kb in range(Kd // TF32_K)]
         self.cost.event("cvt.tf32", Kd // 2)
-        descs = []
-        for kb in range(Kd // TF32_K):
-            start, lbo, sbo = wgmma.operand_start_and_strides(lay, "b", True, 0, kb * TF32_K)
-            descs.append(wgmma.make_descriptor(base32 + start, lbo, sbo, SWIZZLE))
+        starts = [wgmma.operand_start_and_strides(lay, "b", True, 0, kb * TF32_K)
+                  for kb in range(Kd // TF32_K)]
+        _, lbo, sbo = starts[0]         # the same strides for every k block
+        descs = wgmma.make_descriptors(base32, [st for st, _, _ in starts], lbo, sbo, SWIZZLE)
         wgmma.wgmma_fence(self.target)
         for a, desc in zip(a_regs, descs):
             acc = wgmma.wgmma_tf32_rs(self.target, acc, a, desc, rows)
