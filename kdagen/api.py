@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from kdagen import ops
+from kdagen import cp, ops
 from kdagen.validation import (KdagenInputError, check_cu_seqlens_values, check_fla_kwargs,
                                validate_inputs)
 
@@ -192,6 +192,28 @@ def _call(family, q, k, v, g, beta, *, scale, initial_state, output_final_state,
     return (o, ht, h) if return_intermediate_states else (o, ht)
 
 
+def _call_cp(family, cp_context, q, k, v, g, beta, *, initial_state, output_final_state,
+             cu_seqlens, state_v_first, return_intermediate_states, **rest):
+    """The op under context parallelism (kdagen.cp): this rank's tokens, the states chained
+    over the group."""
+    if cu_seqlens is not None:
+        raise KdagenInputError("cu_seqlens: not with cp_context; the context carries this "
+                               "rank's offsets (build it from the global cu_seqlens)")
+    if return_intermediate_states:
+        raise KdagenInputError("return_intermediate_states: not supported with cp_context")
+    h0 = _initial_state(initial_state, state_v_first)
+
+    def call(q, k, v, g, beta, *, initial_state, output_final_state, cu_seqlens):
+        return _call(family, q, k, v, g, beta, initial_state=initial_state,
+                     output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+                     state_v_first=False, return_intermediate_states=False, **rest)
+    o, ht = cp.cp_call(call, cp_context, q, k, v, g, beta, initial_state=h0,
+                       output_final_state=output_final_state)
+    if state_v_first and ht is not None:
+        ht = ht.transpose(-1, -2).contiguous()
+    return o, ht
+
+
 def _resolve_gate(family: str, gate):
     """A gate name or Gate object -> the registered Gate (a Gate object is registered under
     its name, so the ops, which take names, find it)."""
@@ -348,6 +370,7 @@ def chunk_kda(
     gate: Any = None,
     gate_params: dict | None = None,
     gate_options: dict | None = None,
+    cp_context: Any = None,
     **fla_kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Kimi Delta Attention, chunked: FLA's ``chunk_kda`` (same arguments, in FLA's order, and
@@ -383,6 +406,12 @@ def chunk_kda(
       ``[HV, K]``/``[HV * K]``; ``A_log=``/``dt_bias=`` fill the parameters of those names),
       ``gate_options`` sets its options. Gradients reach every parameter. It replaces
       ``use_gate_in_kernel``/``safe_gate``/``lower_bound``.
+    - ``cp_context``: context parallelism over a ``torch.distributed`` group (a
+      :class:`kdagen.cp.CPContext` from :func:`kdagen.cp.build_cp_context` on the global
+      ``cu_seqlens``): q, k, v, g, beta are this rank's ``[1, T / world_size, ...]`` tokens,
+      ``cu_seqlens`` comes from the context (do not pass it); exact, differentiable, and unlike
+      FLA with ``initial_state`` (global ``[N, HV, K, V]``) and ``output_final_state`` (the
+      state after each of the rank's segments, ``[n_local, HV, K, V]``). See :mod:`kdagen.cp`.
 
     Returns ``(o, final_state)``: o ``[B, T, HV, V]`` in v's dtype, final_state float32
     ``[N, HV, K, V]`` (``[N, HV, V, K]`` with ``state_v_first``) with ``output_final_state``,
@@ -390,6 +419,17 @@ def chunk_kda(
     q, k, v, g, beta, A_log, dt_bias and initial_state.
     """
     check_fla_kwargs("chunk_kda", fla_kwargs)
+    if cp_context is not None:
+        return _call_cp("kda", cp_context, q, k, v, g, beta, scale=scale,
+                        initial_state=initial_state, output_final_state=output_final_state,
+                        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                        use_gate_in_kernel=use_gate_in_kernel,
+                        use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+                        allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate,
+                        lower_bound=lower_bound, cu_seqlens=cu_seqlens, A_log=A_log,
+                        dt_bias=dt_bias, chunk_size=chunk_size, state_v_first=state_v_first,
+                        return_intermediate_states=return_intermediate_states, gate=gate,
+                        gate_params=gate_params, gate_options=gate_options)
     return _call("kda", q, k, v, g, beta, scale=scale, initial_state=initial_state,
                  output_final_state=output_final_state,
                  use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
@@ -427,6 +467,7 @@ def chunk_gated_delta_rule(
     gate: Any = None,
     gate_params: dict | None = None,
     gate_options: dict | None = None,
+    cp_context: Any = None,
     **fla_kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Gated DeltaNet, chunked: FLA's ``chunk_gated_delta_rule`` (same arguments, in FLA's
@@ -443,6 +484,17 @@ def chunk_gated_delta_rule(
     Returns ``(o [B, T, HV, V] in v's dtype, final_state float32 [N, HV, K, V] or None)``.
     """
     check_fla_kwargs("chunk_gated_delta_rule", fla_kwargs)
+    if cp_context is not None:
+        return _call_cp("gdn", cp_context, q, k, v, g, beta, scale=scale,
+                        initial_state=initial_state, output_final_state=output_final_state,
+                        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                        use_gate_in_kernel=use_gate_in_kernel,
+                        use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+                        allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate,
+                        lower_bound=lower_bound, cu_seqlens=cu_seqlens, A_log=A_log,
+                        dt_bias=dt_bias, chunk_size=chunk_size, state_v_first=state_v_first,
+                        return_intermediate_states=return_intermediate_states, gate=gate,
+                        gate_params=gate_params, gate_options=gate_options)
     return _call("gdn", q, k, v, g, beta, scale=scale, initial_state=initial_state,
                  output_final_state=output_final_state,
                  use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
