@@ -110,6 +110,39 @@ def test_estimate_follows_the_documented_constants():
     assert e["us_low"] < e["us"] < e["us_high"] and e["is_estimate"] is True
 
 
+def test_a_one_stage_ring_prices_its_refill():
+    """``ring.refill_bytes`` (a register scan whose ring has one stage) is priced at
+    RING_REFILL_GB_S and shown as its own term; without it the term is 0."""
+    base = {"shared_rounds": 1, "wgmma": 32}
+    e0 = cost_model.estimate(base)
+    e1 = cost_model.estimate({**base, "ring.refill_bytes": 91_000})
+    assert e0["terms_us"]["ring_refill"] == 0
+    assert e1["terms_us"]["ring_refill"] == pytest.approx(91_000 / (cost_model.RING_REFILL_GB_S * 1e3))
+    assert e1["us"] == pytest.approx(e0["us"] + e1["terms_us"]["ring_refill"], abs=0.011)
+
+
+def test_register_scans_count_the_refill_of_a_one_stage_ring():
+    """At K = V = 128 the kda backward's reverse scan reads more per step than two stages
+    hold: its report carries the stage's bytes as refill; the forward-recompute scan has two
+    stages and none."""
+    comp = Compilation("kda_bwd", dict(head_k_dim=128, head_v_dim=128), "sm_90a",
+                       lower=DEFAULT_LOWERING).run("cost")
+    depths = []
+    for k in comp.kernels:
+        if k.path != "sm90-register-scan":
+            continue
+        ring = k.launch["ring"]
+        refill = k.cost["counts"].get("ring.refill_bytes", 0)
+        if ring["depth"] == 1:     # the stage's bytes (its tiles, without their 1 KB padding)
+            slack = 1024 * len(ring["tma_loads"])
+            assert ring["stage_bytes"] - slack < refill <= ring["stage_bytes"], (k.name, refill)
+        else:
+            assert refill == 0, (k.name, ring, refill)
+        assert (k.cost["estimate"]["terms_us"]["ring_refill"] > 0) == (refill > 0)
+        depths.append(ring["depth"])
+    assert sorted(depths) == [1, 2]
+
+
 @pytest.fixture(scope="module")
 def kda_fwd_cost():
     return Compilation("kda_fwd", OPTS, "sm_90a", lower=DEFAULT_LOWERING).run("cost")

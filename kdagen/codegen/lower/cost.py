@@ -69,6 +69,8 @@ EVENTS = {
     "fence.proxy.async": "generic-to-async proxy fences",
     "tma.load": "TMA tensor copies issued",
     "tma.store": "TMA tensor stores issued (shared to global)",
+    "ring.refill_bytes": "bytes a chunk step waits for because its ring has one stage (the "
+                         "step's loads start only once the previous step has freed it)",
     "wgmma": "wgmma.mma_async instructions",
     "wgmma.commit": "wgmma commit groups",
     "wgmma.wait": "wgmma wait_group",

@@ -6,8 +6,8 @@ kernels), and the cost report recorded per kernel (bundle manifest ``cost``, ``k
 The model, per consumer thread (the one warpgroup whose chain decides the time)::
 
     cycles = global_rounds * GLOBAL_ROUND_CYCLES + shared_rounds * SHARED_ROUND_CYCLES
-             + wgmma * WGMMA_CYCLES
-    us     = cycles / (CLOCK_GHZ * 1000)
+             + wgmma * WGMMA_CYCLES + ring_refill_us * CLOCK_GHZ * 1000
+    us     = cycles / (CLOCK_GHZ * 1000)        ring_refill_us = ring.refill_bytes / RING_REFILL
 
 with ``us_low`` / ``us_high`` taking the hoisted and the HBM latency of a global round instead.
 The constants are the H200 figures of the team's PERF.md (§2.3, §6; probes in its
@@ -33,6 +33,11 @@ where noted:
   m64n128k16, two dependent groups, a wait after each) took 0.66 µs on one warpgroup (PERF.md
   §6): 0.66 µs × 1980 MHz / 12 ≈ 109 cycles per instruction, its share of the wait included.
 
+- ``RING_REFILL_GB_S = 91``: how fast a one-stage TMA ring refills (``ring.refill_bytes``, the
+  register scans whose stage does not fit twice): the kda backward's reverse step waits at its
+  'full' barrier for 37% of its warp samples, 1.36 of 3.67 us, for 123 KB
+  (bench/results/h200_ncu_hotspots_kda_bwd_k3.txt, 2026-12-04), ~91 GB/s into one SM.
+
 A round's loads are taken to overlap: ``m2.cu`` (re-run) reads 64 independent scratch values
 per iteration in 2320 cycles, ~7.5 round latencies rather than 64.
 
@@ -54,7 +59,8 @@ BY_OP_COLUMNS = ("ld.global", "st.global", "ld.shared", "st.shared", "bar.sync",
                  "alu.f32", "ex2", "mma.sync", "wgmma")
 
 __all__ = ["CLOCK_GHZ", "GLOBAL_ROUND_CYCLES", "GLOBAL_ROUND_HBM_CYCLES",
-           "GLOBAL_ROUND_HOISTED_CYCLES", "SHARED_ROUND_CYCLES", "WGMMA_CYCLES", "estimate",
+           "GLOBAL_ROUND_HOISTED_CYCLES", "SHARED_ROUND_CYCLES", "WGMMA_CYCLES",
+           "RING_REFILL_GB_S", "estimate",
            "kernel_report", "format_report", "format_reports", "REPORT_EVENTS"]
 
 CLOCK_GHZ = 1.98
@@ -63,6 +69,7 @@ GLOBAL_ROUND_HBM_CYCLES = 720
 GLOBAL_ROUND_HOISTED_CYCLES = 153
 SHARED_ROUND_CYCLES = 39
 WGMMA_CYCLES = 109
+RING_REFILL_GB_S = 91.0
 
 #: the events shown in the text report, in this order (others are in the manifest only)
 REPORT_EVENTS = ("global_rounds", "shared_rounds", "loop_iters", "ld.global", "st.global",
@@ -73,9 +80,10 @@ REPORT_EVENTS = ("global_rounds", "shared_rounds", "loop_iters", "ld.global", "s
 def estimate(counts: dict) -> dict:
     """The model's estimate for one unit of ``counts`` (see the module doc)."""
     g = counts.get("global_rounds", 0)
-    rest = (counts.get("shared_rounds", 0) * SHARED_ROUND_CYCLES
-            + counts.get("wgmma", 0) * WGMMA_CYCLES)
     to_us = 1.0 / (CLOCK_GHZ * 1000.0)
+    refill_us = counts.get("ring.refill_bytes", 0) / (RING_REFILL_GB_S * 1e3)
+    rest = (counts.get("shared_rounds", 0) * SHARED_ROUND_CYCLES
+            + counts.get("wgmma", 0) * WGMMA_CYCLES + refill_us / to_us)
     cycles = g * GLOBAL_ROUND_CYCLES + rest
     return {"us": round(cycles * to_us, 2),
             "us_low": round((g * GLOBAL_ROUND_HOISTED_CYCLES + rest) * to_us, 2),
@@ -84,7 +92,8 @@ def estimate(counts: dict) -> dict:
             "terms_us": {"global_rounds": round(g * GLOBAL_ROUND_CYCLES * to_us, 2),
                          "shared_rounds": round(counts.get("shared_rounds", 0)
                                                 * SHARED_ROUND_CYCLES * to_us, 2),
-                         "wgmma": round(counts.get("wgmma", 0) * WGMMA_CYCLES * to_us, 2)},
+                         "wgmma": round(counts.get("wgmma", 0) * WGMMA_CYCLES * to_us, 2),
+                         "ring_refill": round(refill_us, 2)},
             "is_estimate": True,
             "model": "kdagen.codegen.lower.cost_model (H200 latencies, 1.98 GHz)"}
 
@@ -148,7 +157,9 @@ def format_report(name: str, report: dict) -> str:
     t = e["terms_us"]
     lines.append(f"  ESTIMATE (static model, not a measurement): {e['us']:g} us per "
                  f"{report['unit']} (global rounds {t['global_rounds']:g} + shared rounds "
-                 f"{t['shared_rounds']:g} + wgmma {t['wgmma']:g}); range {e['us_low']:g} "
+                 f"{t['shared_rounds']:g} + wgmma {t['wgmma']:g}"
+                 + (f" + ring refill {t['ring_refill']:g}" if t.get("ring_refill") else "")
+                 + f"); range {e['us_low']:g} "
                  f"(hoisted) .. {e['us_high']:g} (HBM)")
     return f"{name}\n" + "\n".join(lines)
 

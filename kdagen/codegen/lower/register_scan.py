@@ -794,6 +794,8 @@ class RegisterScanEmitter(TileKernelEmitter):
             with self.cost.chunk_step():
                 bar.mbarrier_wait(self._full(stage), phase)
                 self.cost.event("mbarrier.wait")
+                if rp.depth == 1:     # this step's loads started only when the last one ended
+                    self.cost.event("ring.refill_bytes", rp.stage_bytes_tx)
                 out = self._step(body, c, stage, Frag(self.k_local, list(carried), self.row0))
                 if rp.exchanges:
                     # the partial sums were written (generic proxy) into ring tiles TMA refills
