@@ -465,7 +465,7 @@ def test_show_unknown_program_names_the_programs():
     assert result.exit_code == 1
     line = result.output.strip()
     assert line == ("Error: unknown program 'nosuch'; choose one of kda_fwd, kda_bwd, gdn_fwd, "
-                    "gdn_bwd (`kdagen list` describes them)")
+                    "gdn_bwd, kda_decode, gdn_decode (`kdagen list` describes them)")
 
 
 def test_opt_checks_pass_options_when_parsing_the_pipeline(tmp_path):

@@ -71,7 +71,7 @@ def test_every_op_is_in_the_dialect_and_programs_use_them():
 
 def test_list_programs():
     rows = dict(list_programs())
-    assert set(rows) == {"kda_fwd", "kda_bwd", "gdn_fwd", "gdn_bwd"}
+    assert set(rows) == {"kda_fwd", "kda_bwd", "gdn_fwd", "gdn_bwd", "kda_decode", "gdn_decode"}
     assert all(rows.values())
 
 

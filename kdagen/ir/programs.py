@@ -213,6 +213,91 @@ def _delta_rule_fwd(family: str, name: str, options: dict) -> ir.Module:
     return p.finish()
 
 
+def _delta_rule_decode(family: str, name: str, options: dict) -> ir.Module:
+    """The per-token recurrence (DESIGN.md §4) for decoding: the scan steps one token at a
+    time (``chunk_size`` 1), so a sequence of T tokens (1..8 in a decode or speculative verify
+    step) takes T steps from its state; the same arguments as the chunked forward."""
+    if options.get("chunk_size", 1) != 1:
+        raise ProgramOptionError(f"chunk_size: {name} steps one token at a time; leave "
+                                 f"chunk_size unset (1), got {options['chunk_size']!r}")
+    options = {k: v for k, v in options.items() if k not in ("chunk_size",)}
+    if options.get("output_chunk_states"):
+        raise ProgramOptionError(f"output_chunk_states: not an option of {name}")
+    opt, gate, gate_opts = _resolve(family, options)
+    K, V, dt = opt["head_k_dim"], opt["head_v_dim"], opt["dtype"]
+    lo, hi = gate.output_range(**gate_opts)
+    attrs = dict(program=name, family=family, chunk_size=1, head_k_dim=K, head_v_dim=V,
+                 gate=gate.name, gate_options={k: v for k, v in gate_opts.items() if v is not None},
+                 gate_range=[lo, hi], gva_ratio=opt["gva_ratio"], dtype=dt,
+                 gate_dtype=opt["gate_dtype"], beta_dtype=opt["beta_dtype"],
+                 use_qk_l2norm_in_kernel=opt["use_qk_l2norm_in_kernel"],
+                 use_beta_sigmoid_in_kernel=opt["use_beta_sigmoid_in_kernel"],
+                 allow_neg_eigval=opt["allow_neg_eigval"], use_initial_state=opt["use_initial_state"],
+                 output_final_state=opt["output_final_state"], varlen=opt["varlen"])
+    if opt["gate_digest"] is not None:
+        attrs["gate_digest"] = opt["gate_digest"]
+    p = ProgramBuilder(name, attrs)
+    gate_tail = [K] if family == "kda" else []
+    beta_name = "beta_raw" if opt["use_beta_sigmoid_in_kernel"] else "beta"
+    p.input("q", "token", [K], dt, heads="qk")
+    p.input("k", "token", [K], dt, heads="qk")
+    p.input("v", "token", [V], dt, heads="v")
+    p.input(gate.input_name, "token", gate_tail, opt["gate_dtype"], heads="v")
+    p.input(beta_name, "token", [], opt["beta_dtype"], heads="v")
+    for pname, kind in gate.params.items():
+        p.input(pname, "head", [K] if kind == "channel" else [], "fp32")
+    if opt["use_initial_state"]:
+        p.input("initial_state", "state", [K, V], "fp32", grad_name="dh0")
+    if opt["varlen"]:
+        p.input("cu_seqlens", "seqlens", [], "i64")
+    p.scalar_input("scale", default=K ** -0.5)
+    p.output("o", "token", [V], dt, heads="v")
+    if opt["output_final_state"]:
+        p.output("final_state", "state", [K, V], "fp32", grad_name="dht")
+
+    with p.body():
+        scale = p.scalar("scale")
+        params = {pname: p.load_head(pname) for pname in gate.params}
+        S0 = p.load_state("initial_state", name="h0") if opt["use_initial_state"] else zeros((K, V), name="h0")
+        scan = p.scan([S0], names=["S"], name="S_final")
+        with scan as (t, S):
+            # -- token t ([1, ...] tiles; a row past the sequence end reads as 0)
+            qf = p.load("q", t).f32()
+            kf = p.load("k", t).f32()
+            vf = p.load("v", t).f32()
+            beta_in = p.load(beta_name, t).f32()
+            g_in = p.load(gate.input_name, t).f32()
+            qn, kn = (l2norm(qf), l2norm(kf)) if opt["use_qk_l2norm_in_kernel"] else (qf, kf)
+            if opt["use_beta_sigmoid_in_kernel"]:
+                beta = 2.0 * sigmoid(beta_in) if opt["allow_neg_eigval"] else sigmoid(beta_in)
+            else:
+                beta = beta_in
+            valid = p.valid_rows(t)
+            g_valid = where(valid[:, None] if family == "kda" else valid,
+                            gate(g_in, params, **gate_opts), 0.0)
+            if family == "gdn":
+                g_valid = dsl.broadcast_to(g_valid[:, None], (1, K), name="g_k")
+            # -- S = diag(exp g) S;  e = v − Sᵀk;  S += β k ⊗ e;  o = scale Sᵀq
+            S_decayed = S * exp2(last_row(g_valid) * LOG2E)[:, None]
+            err = vf - kn @ S_decayed
+            S_next = S_decayed + (kn * beta[:, None]).T @ err
+            o_t = (qn @ S_next) * scale
+            p.store("o", t, o_t.to(dt))
+            scan.yield_(S_next)
+            name_locals(locals())
+        if opt["output_final_state"]:
+            p.store_state("final_state", scan.results[0])
+    return p.finish()
+
+
+def _kda_decode(**options) -> ir.Module:
+    return _delta_rule_decode("kda", "kda_decode", options)
+
+
+def _gdn_decode(**options) -> ir.Module:
+    return _delta_rule_decode("gdn", "gdn_decode", options)
+
+
 def _kda_fwd(**options) -> ir.Module:
     return _delta_rule_fwd("kda", "kda_fwd", options)
 
@@ -265,6 +350,17 @@ channels alike (broadcast to [C, K] in the chunk). Arguments as kda_fwd with dt_
         "gdn_bwd", _gdn_bwd, "gdn",
         "GDN backward = autodiff(gdn_fwd): dq, dk, dv, dg_raw, dbeta_raw, dA_log, ddt_bias, dh0",
         """Gated DeltaNet backward, derived from gdn_fwd by reverse-mode differentiation."""),
+    "kda_decode": Program(
+        "kda_decode", _kda_decode, "kda",
+        "KDA decode: the per-token recurrence, one scan step per token (inference, no backward)",
+        """Kimi Delta Attention as its per-token recurrence (DESIGN.md §4), for decoding: the scan
+steps one token at a time, so each sequence's T tokens (1..8 in a decode or speculative step;
+varlen through cu_seqlens) advance its state T times. Arguments and outputs as kda_fwd."""),
+    "gdn_decode": Program(
+        "gdn_decode", _gdn_decode, "gdn",
+        "GDN decode: the per-token recurrence, one scan step per token (inference, no backward)",
+        """Gated DeltaNet as its per-token recurrence, for decoding. Arguments and outputs as
+gdn_fwd."""),
 }
 
 

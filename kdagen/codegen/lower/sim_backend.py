@@ -218,8 +218,10 @@ class SimBackend:
         return np.full(self.lanes.shape, int(np.count_nonzero(flag)), np.int64)
 
     def shfl_xor(self, x, mask):
-        if not self.mask.all():
-            raise SimError("shfl.sync with inactive lanes")
+        # a shuffle needs every lane of each warp that runs it: whole warps may sit out
+        m = self.mask.reshape(-1, 32) if self.mask.size % 32 == 0 else self.mask[None]
+        if not (m.all(axis=1) | ~m.any(axis=1)).all():
+            raise SimError("shfl.sync with inactive lanes in a warp that runs it")
         x = self._arr(x, np.float32)
         return x[self.lanes ^ mask]
 

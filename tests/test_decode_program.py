@@ -1,0 +1,142 @@
+"""The decode programs (kdagen.ir.programs: kda_decode, gdn_decode): the per-token recurrence
+in the DSL, one scan step per token. In the float64 interpreter they equal the per-token
+reference (the chunked op's semantics) with every gate form, GVA and varlen with 1..8 tokens
+per sequence; the chip pipelines' passes leave them unchanged; the lowered kernels compute the
+same in the CTA simulator and assemble for every chip."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kdagen import interpreter
+from kdagen import reference as R
+from kdagen._mlir import ir
+from kdagen.ir.programs import ProgramOptionError, build_program
+from kdagen.passes.pipeline import run_pipeline
+from kdagen.passes.pipelines import pipeline_for
+
+F64 = torch.float64
+CHIPS = ("sm_90a", "sm_100a", "sm_120a")
+
+
+def _case(family, *, lengths=None, B=2, T=3, H=1, HV=2, K=64, V=64, gate="softplus",
+          seed=0):
+    """(program options, program inputs, reference call) of one decode step."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape, s=1.0):
+        return (torch.randn(*shape, generator=gen, dtype=F64) * s)
+    varlen = lengths is not None
+    if varlen:
+        B, T = 1, sum(lengths)
+    N = len(lengths) if varlen else B
+    x = {"q": rnd(B, T, H, K), "k": rnd(B, T, H, K), "v": rnd(B, T, HV, V),
+         "initial_state": rnd(N, HV, K, V, s=0.3), "scale": K ** -0.5}
+    opts = dict(head_k_dim=K, head_v_dim=V, gva_ratio=HV // H, varlen=varlen,
+                use_beta_sigmoid_in_kernel=True, use_qk_l2norm_in_kernel=True)
+    ref_kw = dict(use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True)
+    x["beta_raw"] = rnd(B, T, HV)
+    gshape = (B, T, HV, K) if family == "kda" else (B, T, HV)
+    if gate in ("softplus", "gdn_softplus"):
+        x["g_raw"] = rnd(*gshape)
+        x["A_log"] = rnd(HV, s=0.3)
+        x["dt_bias"] = rnd(*((HV, K) if family == "kda" else (HV,)), s=0.3)
+        opts["gate"] = gate
+        ref_kw.update(use_gate_in_kernel=True, A_log=x["A_log"], dt_bias=x["dt_bias"])
+        g = x["g_raw"]
+    else:
+        x["g"] = -torch.rand(*gshape, generator=gen, dtype=F64) * 0.5
+        opts["gate"] = gate
+        g = x["g"]
+    if varlen:
+        x["cu_seqlens"] = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+        ref_kw["cu_seqlens"] = x["cu_seqlens"]
+    fn = R.chunk_kda if family == "kda" else R.chunk_gated_delta_rule
+    o, ht = fn(x["q"], x["k"], x["v"], g, x["beta_raw"], scale=x["scale"],
+               initial_state=x["initial_state"], output_final_state=True, **ref_kw)
+    return opts, x, {"o": o, "final_state": ht}
+
+
+CASES = {
+    "kda_softplus_T3_gva2": dict(family="kda", gate="softplus"),
+    "kda_precomputed_T1": dict(family="kda", gate="precomputed", T=1),
+    "kda_softplus_varlen_1_to_8": dict(family="kda", gate="softplus", lengths=[1, 8, 3, 5]),
+    "gdn_softplus_T2": dict(family="gdn", gate="gdn_softplus", T=2),
+    "gdn_precomputed_varlen": dict(family="gdn", gate="gdn_precomputed", lengths=[2, 1, 7]),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_decode_program_equals_the_per_token_reference(name):
+    spec = dict(CASES[name])
+    family = spec.pop("family")
+    opts, x, ref = _case(family, **spec)
+    out = interpreter.run(build_program(f"{family}_decode", **opts), x, dtype=F64)
+    for k in ("o", "final_state"):
+        assert R.rel_err(out[k], ref[k]) < 1e-12, (k, R.rel_err(out[k], ref[k]))
+
+
+@pytest.mark.parametrize("chip", CHIPS)
+def test_chip_pipeline_leaves_the_decode_program_unchanged(chip):
+    opts, x, ref = _case("kda", gate="softplus", lengths=[1, 8, 3])
+    m = build_program("kda_decode", **opts)
+    before = interpreter.run(m, x, dtype=F64)
+    with m.context, ir.Location.unknown():
+        run_pipeline(m, pipeline_for(chip))
+    after = interpreter.run(m, x, dtype=F64)
+    for k in before:
+        assert R.rel_err(after[k], before[k]) < 1e-10, k
+        assert R.rel_err(after[k], ref[k]) < 1e-12, k
+
+
+def test_decode_rejects_a_chunk_size():
+    with pytest.raises(ProgramOptionError, match="chunk_size"):
+        build_program("kda_decode", chunk_size=64)
+    with pytest.raises(ProgramOptionError, match="output_chunk_states"):
+        build_program("gdn_decode", output_chunk_states=True)
+
+
+@pytest.mark.parametrize("family", ["kda", "gdn"])
+def test_lowered_decode_kernels_compute_the_recurrence_in_the_simulator(family):
+    """The portable lowering of the decode program (after the sm_90a pipeline), run in the
+    lockstep CTA simulator on bf16-rounded inputs, against the interpreter on the same (the
+    sm_90a pipeline: fp32 workspaces; sm_120a keeps its workspaces in bf16)."""
+    from kdagen.codegen.lower.options import LowerOptions
+    from kdagen.codegen.lower.sim import simulate
+    gate = "softplus" if family == "kda" else "gdn_softplus"
+    opts, x, _ = _case(family, gate=gate, lengths=[1, 4, 2])
+    m = build_program(f"{family}_decode", **opts)
+    with m.context, ir.Location.unknown():
+        run_pipeline(m, pipeline_for("sm_90a"))
+    keep = ("A_log", "dt_bias", "initial_state", "cu_seqlens", "scale")
+    xr = {k: (v.to(torch.bfloat16).to(F64) if isinstance(v, torch.Tensor)
+              and v.is_floating_point() and k not in keep else v) for k, v in x.items()}
+    out = simulate(m, xr, options=LowerOptions(dot="fma"))
+    want = interpreter.run(m, xr, dtype=F64)
+    assert R.rel_err(out["final_state"], want["final_state"]) < 2e-5
+    assert R.rel_err(out["o"], want["o"]) < 2.2e-3          # o is stored in bf16
+
+
+@pytest.mark.parametrize("chip", CHIPS)
+def test_decode_kernels_assemble(chip):
+    from kdagen.codegen import ptxas
+    from kdagen.codegen.lower.kernel import lower_program
+    from kdagen.codegen.lower.options import LowerOptions
+    from kdagen.codegen.to_ptx import lower_to_ptx
+    from kdagen.target import get_target
+    try:
+        exe = ptxas.find_ptxas()
+    except ptxas.PtxasNotFound:
+        pytest.skip("ptxas not available")
+    m = build_program("kda_decode", head_k_dim=128, head_v_dim=128, gate="softplus", varlen=True,
+                      gva_ratio=2)
+    with m.context, ir.Location.unknown():
+        run_pipeline(m, pipeline_for(chip))
+    path = "native" if chip == "sm_90a" else "portable"
+    kernels = lower_program(m, get_target(chip), options=LowerOptions(dot="bf16x3", path=path))
+    assert kernels
+    for k in kernels:
+        res = ptxas.assemble(lower_to_ptx(k.module, get_target(chip)), chip, exe)
+        assert res.ok, res.log
+        if chip == "sm_90a":
+            assert res.resources[k.name].spill_stores == 0, k.name
