@@ -220,9 +220,14 @@ def _delta_rule_decode(family: str, name: str, options: dict) -> ir.Module:
     if options.get("chunk_size", 1) != 1:
         raise ProgramOptionError(f"chunk_size: {name} steps one token at a time; leave "
                                  f"chunk_size unset (1), got {options['chunk_size']!r}")
-    options = {k: v for k, v in options.items() if k not in ("chunk_size",)}
+    token_states = options.get("output_token_states", False)
+    if not isinstance(token_states, bool):
+        raise ProgramOptionError(f"output_token_states: expected true or false, got "
+                                 f"{token_states!r}")
+    options = {k: v for k, v in options.items() if k not in ("chunk_size", "output_token_states")}
     if options.get("output_chunk_states"):
-        raise ProgramOptionError(f"output_chunk_states: not an option of {name}")
+        raise ProgramOptionError(f"output_chunk_states: not an option of {name} (its "
+                                 f"output_token_states gives the state after every token)")
     opt, gate, gate_opts = _resolve(family, options)
     K, V, dt = opt["head_k_dim"], opt["head_v_dim"], opt["dtype"]
     lo, hi = gate.output_range(**gate_opts)
@@ -236,6 +241,8 @@ def _delta_rule_decode(family: str, name: str, options: dict) -> ir.Module:
                  output_final_state=opt["output_final_state"], varlen=opt["varlen"])
     if opt["gate_digest"] is not None:
         attrs["gate_digest"] = opt["gate_digest"]
+    if token_states:
+        attrs["output_token_states"] = True
     p = ProgramBuilder(name, attrs)
     gate_tail = [K] if family == "kda" else []
     beta_name = "beta_raw" if opt["use_beta_sigmoid_in_kernel"] else "beta"
@@ -254,6 +261,9 @@ def _delta_rule_decode(family: str, name: str, options: dict) -> ir.Module:
     p.output("o", "token", [V], dt, heads="v")
     if opt["output_final_state"]:
         p.output("final_state", "state", [K, V], "fp32", grad_name="dht")
+    if token_states:
+        # the state after every token (a speculative verify step keeps one per draft token)
+        p.output("token_states", "chunk", [K, V], "fp32", heads="v")
 
     with p.body():
         scale = p.scalar("scale")
@@ -283,6 +293,8 @@ def _delta_rule_decode(family: str, name: str, options: dict) -> ir.Module:
             S_next = S_decayed + (kn * beta[:, None]).T @ err
             o_t = (qn @ S_next) * scale
             p.store("o", t, o_t.to(dt))
+            if token_states:
+                p.store_chunk("token_states", t, S_next)
             scan.yield_(S_next)
             name_locals(locals())
         if opt["output_final_state"]:

@@ -1,0 +1,262 @@
+"""Decoding: ``kdagen.fused_recurrent_kda`` / ``kdagen.fused_recurrent_gated_delta_rule`` (FLA's
+names and keywords) over the DSL's decode programs (``kda_decode`` / ``gdn_decode``: the
+per-token recurrence, one scan step per token), with an inference engine's state pool.
+
+The ops ``torch.ops.kdagen.{kda,gdn}_decode`` run the program through the executor of the
+tensors' device (kernels on CUDA, the interpreter on CPU); they have fake kernels and read no
+tensor value on the host, so a decode step can be captured in a CUDA graph. Schema as
+``kdagen::{family}_fwd`` (:mod:`kdagen.ops`) plus ``bool output_token_states``, returning
+``(o, final_state, token_states)`` (empty ``[0]`` tensors where not asked for); no autograd.
+
+The pool (``ssm_state_indices``; semantics of :mod:`kdagen.decode_reference`): the states of
+the sequences are gathered from their slots, the program advances them, and the new states are
+scattered back (into ``initial_state`` itself with ``inplace_final_state``). A negative read
+slot skips the sequence (its outputs are 0, no slot is written), a negative write slot drops
+that token's state. The scatter adds ``new − old`` to each written slot (one indexed
+accumulate, in which a skipped sequence adds 0), so no host synchronisation is needed to
+leave the skipped slots out; the stored state is ``old + (new − old)``, within an ulp of new.
+Today the gather and scatter are torch ops around the kernels, so a step moves each state
+twice more than a kernel reading and writing its slot in place would.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from torch import Tensor
+
+from kdagen import ops
+from kdagen.runtime import backends
+from kdagen.runtime.backends import OutSpec
+from kdagen.validation import KdagenInputError, check_fla_kwargs
+
+__all__ = ["fused_recurrent_kda", "fused_recurrent_gated_delta_rule", "kda_decode", "gdn_decode"]
+
+
+def _run(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale,
+         output_final_state, output_token_states, use_qk_l2norm_in_kernel, use_gate_in_kernel,
+         use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound):
+    sizes = ops._check(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens,
+                       use_gate_in_kernel, safe_gate, lower_bound)
+    opts = ops.program_options(
+        family, q, v, g=g, beta=beta, use_initial_state=initial_state is not None,
+        varlen=cu_seqlens is not None, output_final_state=output_final_state,
+        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_gate_in_kernel=use_gate_in_kernel,
+        use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
+        safe_gate=safe_gate, lower_bound=lower_bound)
+    del opts["chunk_size"]                         # one token per step
+    if output_token_states:
+        opts["output_token_states"] = True
+    inputs = ops._program_inputs(family, sizes, q, k, v, g, beta, A_log, dt_bias, initial_state,
+                                 cu_seqlens, scale, use_gate_in_kernel, use_beta_sigmoid_in_kernel)
+    state = (sizes.HV, sizes.K, sizes.V)
+    outputs = {"o": OutSpec(tuple(v.shape), v.dtype)}
+    if output_final_state:
+        outputs["final_state"] = OutSpec((sizes.N, *state), torch.float32)
+    if output_token_states:
+        outputs["token_states"] = OutSpec((sizes.B * sizes.T, *state), torch.float32)
+    res = backends.get_executor(q.device).run(f"{family}_decode", opts, inputs, outputs)
+    empty = q.new_empty((0,), dtype=torch.float32)
+    return (res["o"], res["final_state"] if output_final_state else empty,
+            res["token_states"] if output_token_states else empty)
+
+
+def _define(family: str):
+    def op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_log: Optional[Tensor],
+           dt_bias: Optional[Tensor], initial_state: Optional[Tensor],
+           cu_seqlens: Optional[Tensor], scale: float, output_final_state: bool,
+           output_token_states: bool, use_qk_l2norm_in_kernel: bool, use_gate_in_kernel: bool,
+           use_beta_sigmoid_in_kernel: bool, allow_neg_eigval: bool, safe_gate: bool,
+           lower_bound: Optional[float]) -> tuple[Tensor, Tensor, Tensor]:
+        return _run(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale,
+                    output_final_state, output_token_states, use_qk_l2norm_in_kernel,
+                    use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate,
+                    lower_bound)
+
+    op.__name__ = op.__qualname__ = f"{family}_decode"
+    op.__doc__ = f"{family.upper()} decode step: (o, final_state, token_states); see kdagen.decode."
+    custom = torch.library.custom_op(f"kdagen::{family}_decode", mutates_args=())(op)
+
+    @custom.register_fake
+    def _(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale, output_final_state,
+          output_token_states, *flags):
+        state = (v.shape[2], q.shape[3], v.shape[3])
+        N = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else q.shape[0]
+        empty = q.new_empty((0,), dtype=torch.float32)
+        ht = q.new_empty((N, *state), dtype=torch.float32) if output_final_state else empty
+        hs = (q.new_empty((q.shape[0] * q.shape[1], *state), dtype=torch.float32)
+              if output_token_states else empty)
+        return v.new_empty(v.shape), ht, hs
+    return custom
+
+
+kda_decode = _define("kda")
+gdn_decode = _define("gdn")
+
+
+# ------------------------------------------------------------------------------------------
+# the pool
+# ------------------------------------------------------------------------------------------
+
+
+def _token_seq(B: int, T: int, cu_seqlens, device) -> tuple[Tensor, Tensor]:
+    """(sequence, position in it) of every token, flattened [B·T], computed on the device."""
+    tok = torch.arange(B * T, device=device)
+    if cu_seqlens is None:
+        return tok // T, tok % T
+    cu = cu_seqlens.to(device=device, dtype=torch.int64)
+    seq = torch.searchsorted(cu[1:], tok, right=True)
+    return seq, tok - cu[seq]
+
+
+def _scatter_states(pool: Tensor, slots: Tensor, states: Tensor, write: Tensor) -> None:
+    """pool[slots[i]] = states[i] where ``write[i]``, in place and without a host sync: adds
+    ``new − old`` with one indexed accumulate (a masked-out row adds 0, even where its clamped
+    slot is also written by a valid row)."""
+    slot = slots.clamp(min=0)
+    old = pool.index_select(0, slot).to(torch.float32)
+    delta = torch.where(write.view(-1, 1, 1, 1), states - old, torch.zeros_like(old))
+    pool.index_put_((slot,), delta.to(pool.dtype), accumulate=True)
+
+
+def _check_pool(pool, idx, num_accepted, N, inplace_final_state):
+    if not isinstance(idx, Tensor) or idx.dtype not in (torch.int32, torch.int64):
+        raise KdagenInputError("ssm_state_indices: expected an int32/int64 tensor [N] or [N, T]")
+    if idx.ndim not in (1, 2) or idx.shape[0] != N:
+        raise KdagenInputError(f"ssm_state_indices: expected [N] or [N, T] with N = {N} "
+                               f"sequences, got shape {list(idx.shape)}")
+    if pool is None or pool.ndim != 4:
+        raise KdagenInputError("initial_state: with ssm_state_indices, the state pool "
+                               "[slots, HV, K, V] (fp32 or bf16)")
+    if pool.dtype not in (torch.float32, torch.bfloat16):
+        raise KdagenInputError(f"initial_state: the pool's dtype must be float32 or bfloat16, "
+                               f"got {pool.dtype}")
+    if idx.device != pool.device:
+        raise KdagenInputError(f"ssm_state_indices: expected device {pool.device}, got "
+                               f"{idx.device}")
+    if num_accepted is not None:
+        if idx.ndim != 2:
+            raise KdagenInputError("num_accepted_tokens: needs ssm_state_indices [N, T] (a "
+                                   "slot per draft token)")
+        if num_accepted.shape != (N,) or num_accepted.dtype not in (torch.int32, torch.int64):
+            raise KdagenInputError(f"num_accepted_tokens: expected an int tensor [N = {N}], got "
+                                   f"{num_accepted.dtype} {list(num_accepted.shape)}")
+    if not inplace_final_state:
+        raise KdagenInputError("inplace_final_state: with ssm_state_indices the pool is updated "
+                               "in place; pass inplace_final_state=True")
+
+
+def _call(family, q, k, v, g, beta, *, A_log, dt_bias, scale, initial_state, output_final_state,
+          use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+          allow_neg_eigval, lower_bound, state_v_first, cu_seqlens, ssm_state_indices,
+          num_accepted_tokens, inplace_final_state, fla_kwargs):
+    check_fla_kwargs(f"fused_recurrent_{'kda' if family == 'kda' else 'gated_delta_rule'}",
+                     fla_kwargs)
+    if state_v_first:
+        raise KdagenInputError("state_v_first: the decode path keeps states [.., K, V]; "
+                               "transpose the pool, or pass state_v_first=False")
+    safe_gate = lower_bound is not None and use_gate_in_kernel
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    if use_gate_in_kernel and dt_bias is None:
+        dt_bias = torch.zeros((v.shape[2], q.shape[3]) if family == "kda" else (v.shape[2],),
+                              dtype=torch.float32, device=q.device)
+    if not use_gate_in_kernel:
+        A_log = dt_bias = None
+    op = kda_decode if family == "kda" else gdn_decode
+    flags = (bool(use_qk_l2norm_in_kernel), bool(use_gate_in_kernel),
+             bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval), bool(safe_gate),
+             float(lower_bound) if safe_gate else None)
+    if ssm_state_indices is None:
+        o, ht, _ = op(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, float(scale),
+                      bool(output_final_state or inplace_final_state), False, *flags)
+        if inplace_final_state and initial_state is not None:
+            initial_state.copy_(ht.to(initial_state.dtype))
+            return o, initial_state
+        return o, (ht if output_final_state else None)
+    B, T = int(q.shape[0]), int(q.shape[1])
+    N = int(cu_seqlens.shape[0]) - 1 if cu_seqlens is not None else B
+    pool, idx = initial_state, ssm_state_indices
+    _check_pool(pool, idx, num_accepted_tokens, N, inplace_final_state)
+    idx = idx.to(torch.int64)
+    if idx.ndim == 1:
+        read = idx
+    else:
+        first = (num_accepted_tokens.to(torch.int64) - 1 if num_accepted_tokens is not None
+                 else torch.zeros(N, dtype=torch.int64, device=idx.device))
+        read = idx.gather(1, first.clamp(min=0)[:, None])[:, 0]
+    live = read >= 0
+    h0 = pool.index_select(0, read.clamp(min=0)).to(torch.float32)
+    per_token = idx.ndim == 2
+    o, ht, hs = op(q, k, v, g, beta, A_log, dt_bias, h0.contiguous(), cu_seqlens, float(scale),
+                   not per_token, per_token, *flags)
+    seq, pos = _token_seq(B, T, cu_seqlens, q.device)
+    token_live = live[seq]
+    o = o * token_live.view(B, T, 1, 1).to(o.dtype)          # skipped sequences: 0
+    if per_token:
+        slots = idx[seq, pos.clamp(max=idx.shape[1] - 1)]
+        write = token_live & (slots >= 0) & (pos < idx.shape[1])
+        _scatter_states(pool, slots, hs, write)
+    else:
+        _scatter_states(pool, read, ht, live)
+    return o, pool
+
+
+def fused_recurrent_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
+                        A_log: Tensor | None = None, dt_bias: Tensor | None = None,
+                        scale: float | None = None, initial_state: Tensor | None = None,
+                        output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False,
+                        use_gate_in_kernel: bool = False, use_beta_sigmoid_in_kernel: bool = False,
+                        allow_neg_eigval: bool = False, lower_bound: float | None = None,
+                        state_v_first: bool = False, cu_seqlens: Tensor | None = None, *,
+                        ssm_state_indices: Tensor | None = None,
+                        num_accepted_tokens: Tensor | None = None,
+                        inplace_final_state: bool = False, **fla_kwargs: Any):
+    """KDA decode (FLA's ``fused_recurrent_kda``): q, k ``[B, T, H, K]``, v ``[B, T, HV, V]``,
+    g ``[B, T, HV, K]``, beta ``[B, T, HV]``, T tokens per sequence (or varlen with
+    ``cu_seqlens``); the gate and beta flags as :func:`kdagen.chunk_kda` (``lower_bound``
+    with ``use_gate_in_kernel`` is the lower-bound gate). Returns ``(o, final_state)``.
+
+    With ``ssm_state_indices`` ``initial_state`` is a state pool ``[slots, HV, K, V]`` (fp32
+    or bf16) updated in place (``inplace_final_state=True``): ``[N]`` reads and writes slot
+    ``idx[n]``; ``[N, T]`` writes the state after token t to ``idx[n, t]`` and reads
+    ``idx[n, num_accepted_tokens[n] - 1]`` (``idx[n, 0]`` without it); a negative read slot
+    skips the sequence (o = 0, nothing written), a negative write slot drops that state. The
+    pool is returned as the second result. See :mod:`kdagen.decode`."""
+    return _call("kda", q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, scale=scale,
+                 initial_state=initial_state, output_final_state=output_final_state,
+                 use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                 use_gate_in_kernel=use_gate_in_kernel,
+                 use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+                 allow_neg_eigval=allow_neg_eigval, lower_bound=lower_bound,
+                 state_v_first=state_v_first, cu_seqlens=cu_seqlens,
+                 ssm_state_indices=ssm_state_indices, num_accepted_tokens=num_accepted_tokens,
+                 inplace_final_state=inplace_final_state, fla_kwargs=fla_kwargs)
+
+
+def fused_recurrent_gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
+                                     scale: float | None = None,
+                                     initial_state: Tensor | None = None,
+                                     output_final_state: bool = False,
+                                     use_qk_l2norm_in_kernel: bool = False,
+                                     cu_seqlens: Tensor | None = None, *,
+                                     use_gate_in_kernel: bool = False,
+                                     use_beta_sigmoid_in_kernel: bool = False,
+                                     allow_neg_eigval: bool = False,
+                                     A_log: Tensor | None = None, dt_bias: Tensor | None = None,
+                                     lower_bound: float | None = None,
+                                     ssm_state_indices: Tensor | None = None,
+                                     num_accepted_tokens: Tensor | None = None,
+                                     inplace_final_state: bool = False, **fla_kwargs: Any):
+    """GDN decode (FLA's ``fused_recurrent_gated_delta_rule``): g ``[B, T, HV]`` the per-head
+    log gate (or raw with ``use_gate_in_kernel``); the pool keywords as
+    :func:`fused_recurrent_kda`."""
+    return _call("gdn", q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, scale=scale,
+                 initial_state=initial_state, output_final_state=output_final_state,
+                 use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                 use_gate_in_kernel=use_gate_in_kernel,
+                 use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+                 allow_neg_eigval=allow_neg_eigval, lower_bound=lower_bound,
+                 state_v_first=False, cu_seqlens=cu_seqlens,
+                 ssm_state_indices=ssm_state_indices, num_accepted_tokens=num_accepted_tokens,
+                 inplace_final_state=inplace_final_state, fla_kwargs=fla_kwargs)

@@ -1,0 +1,126 @@
+"""kdagen.fused_recurrent_kda / fused_recurrent_gated_delta_rule (kdagen.decode) on the CPU
+(the decode programs in the interpreter): against the float64 pool reference
+(kdagen.decode_reference) for plain, in-place pool, per-token (speculative) writes with
+num_accepted_tokens, skipped sequences and dropped slots; prefill with the chunked op then
+decode token by token equals the chunked op on the whole sequence; bad pool arguments name
+themselves."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kdagen
+from kdagen import reference as R
+from kdagen.decode_reference import decode_pool_step
+from kdagen.validation import KdagenInputError
+
+K = V = 64
+
+
+def _inputs(family, B, T, H=1, HV=2, seed=0, varlen_lengths=None):
+    gen = torch.Generator().manual_seed(seed)
+    if varlen_lengths is not None:
+        B, T = 1, sum(varlen_lengths)
+
+    def rnd(*shape, s=1.0):
+        return torch.randn(*shape, generator=gen) * s
+    x = dict(q=rnd(B, T, H, K), k=rnd(B, T, H, K), v=rnd(B, T, HV, V),
+             beta=torch.rand(B, T, HV, generator=gen))
+    x["g"] = (-torch.rand(B, T, HV, K, generator=gen) * 0.5 if family == "kda"
+              else -torch.rand(B, T, HV, generator=gen) * 0.5)
+    return x
+
+
+def _fn(family):
+    return kdagen.fused_recurrent_kda if family == "kda" else kdagen.fused_recurrent_gated_delta_rule
+
+
+def _ref_inputs(x, H, HV):
+    """What the reference recurrence takes: L2-normalised q/k in float64, beta and g as given."""
+    q = F.normalize(x["q"].double(), dim=-1, eps=1e-6 ** 0.5)
+    k = F.normalize(x["k"].double(), dim=-1, eps=1e-6 ** 0.5)
+    return q, k, x["v"].double(), x["g"].double(), x["beta"].double()
+
+
+@pytest.mark.parametrize("family", ["kda", "gdn"])
+def test_plain_decode_matches_the_chunked_reference(family):
+    x = _inputs(family, B=3, T=4)
+    h0 = torch.randn(3, 2, K, V) * 0.3
+    o, ht = _fn(family)(**x, initial_state=h0, output_final_state=True,
+                        use_qk_l2norm_in_kernel=True)
+    ref = R.chunk_kda if family == "kda" else R.chunk_gated_delta_rule
+    o_ref, ht_ref = ref(*(t.double() for t in (x["q"], x["k"], x["v"], x["g"], x["beta"])),
+                        initial_state=h0.double(), output_final_state=True,
+                        use_qk_l2norm_in_kernel=True)
+    assert R.rel_err(o, o_ref) < 1e-5 and R.rel_err(ht, ht_ref) < 1e-5
+
+
+@pytest.mark.parametrize("family", ["kda", "gdn"])
+def test_pool_in_place_with_a_skipped_sequence(family):
+    lengths = [1, 3, 2]
+    x = _inputs(family, 0, 0, varlen_lengths=lengths)
+    cu = torch.tensor([0, 1, 4, 6])
+    pool = torch.randn(5, 2, K, V) * 0.3
+    idx = torch.tensor([3, -1, 0])                 # sequence 1 is skipped
+    want_o, want_pool = decode_pool_step(*_ref_inputs(x, 1, 2), state_pool=pool.double(),
+                                         ssm_state_indices=idx, cu_seqlens=cu)
+    before = pool.clone()
+    o, out_pool = _fn(family)(**x, initial_state=pool, use_qk_l2norm_in_kernel=True,
+                              cu_seqlens=cu, ssm_state_indices=idx, inplace_final_state=True)
+    assert out_pool is pool
+    assert R.rel_err(pool, want_pool) < 1e-5
+    assert torch.equal(pool[[1, 2, 4]], before[[1, 2, 4]])        # untouched slots, exactly
+    assert R.rel_err(o, want_o) < 1e-5
+    assert torch.count_nonzero(o[0, 1:4]) == 0                     # the skipped sequence
+
+
+@pytest.mark.parametrize("family", ["kda", "gdn"])
+def test_speculative_per_token_writes_with_accepted_tokens(family):
+    B, T = 3, 4
+    x = _inputs(family, B, T, seed=1)
+    pool = torch.randn(16, 2, K, V) * 0.3
+    idx = torch.tensor([[0, 1, 2, 3], [4, 5, -1, 7], [8, 9, 10, 11]])   # one dropped state
+    accepted = torch.tensor([2, 1, 4])
+    want_o, want_pool = decode_pool_step(*_ref_inputs(x, 1, 2), state_pool=pool.double(),
+                                         ssm_state_indices=idx, num_accepted_tokens=accepted)
+    before = pool.clone()
+    o, _ = _fn(family)(**x, initial_state=pool, use_qk_l2norm_in_kernel=True,
+                       ssm_state_indices=idx, num_accepted_tokens=accepted,
+                       inplace_final_state=True)
+    assert R.rel_err(o, want_o) < 1e-5
+    assert R.rel_err(pool, want_pool) < 1e-5
+    assert torch.equal(pool[[6, 12, 13, 14, 15]], before[[6, 12, 13, 14, 15]])
+
+
+@pytest.mark.parametrize("family", ["kda", "gdn"])
+def test_prefill_then_decode_equals_the_chunked_op_on_the_whole_sequence(family):
+    T, P = 70, 66                       # prefill 66 tokens, then 4 one-token decode steps
+    x = _inputs(family, 1, T, seed=2)
+    chunk = kdagen.chunk_kda if family == "kda" else kdagen.chunk_gated_delta_rule
+    o_all, ht_all = chunk(**x, output_final_state=True, use_qk_l2norm_in_kernel=True)
+    o_pre, state = chunk(**{n: t[:, :P] for n, t in x.items()}, output_final_state=True,
+                         use_qk_l2norm_in_kernel=True)
+    outs = [o_pre]
+    for t in range(P, T):
+        o_t, state = _fn(family)(**{n: v[:, t:t + 1] for n, v in x.items()}, initial_state=state,
+                                 output_final_state=True, use_qk_l2norm_in_kernel=True)
+        outs.append(o_t)
+    assert R.rel_err(torch.cat(outs, dim=1), o_all) < 1e-5
+    assert R.rel_err(state, ht_all) < 1e-5
+
+
+def test_bad_pool_arguments_name_themselves():
+    x = _inputs("kda", 2, 1)
+    pool = torch.zeros(4, 2, K, V)
+    f = kdagen.fused_recurrent_kda
+    with pytest.raises(KdagenInputError, match="inplace_final_state"):
+        f(**x, initial_state=pool, ssm_state_indices=torch.tensor([0, 1]))
+    with pytest.raises(KdagenInputError, match="ssm_state_indices"):
+        f(**x, initial_state=pool, ssm_state_indices=torch.tensor([0, 1, 2]),
+          inplace_final_state=True)
+    with pytest.raises(KdagenInputError, match="num_accepted_tokens"):
+        f(**x, initial_state=pool, ssm_state_indices=torch.tensor([0, 1]),
+          num_accepted_tokens=torch.tensor([1, 1]), inplace_final_state=True)
+    with pytest.raises(KdagenInputError, match="state_v_first"):
+        f(**x, initial_state=pool[:2], state_v_first=True)
