@@ -188,7 +188,11 @@ def _cost_cell(row: dict) -> str:
 @click.option("--dump-stages", "dump_dir", default=None, type=click.Path(file_okay=False),
               help="Also write every stage of every compilation (kda, each pass, gpu, ptx, "
                    "ptxas's report) to DIR/<variant>.<chip>/ (`kdagen show --stage` prints one).")
-def emit(out_dir, op, targets, head_dims, gate, gate_files, path, verbose, quiet, dump_dir):
+@click.option("--decode", is_flag=True,
+              help="Also each op's decode program (kda_decode / gdn_decode: the per-token "
+                   "recurrence, for kdagen.fused_recurrent_*).")
+def emit(out_dir, op, targets, head_dims, gate, gate_files, path, verbose, quiet, dump_dir,
+         decode):
     """Generate kernels for each chip into a bundle (manifest.json + .ptx/.cubin).
 
     The bundle replaces the one an earlier emit left in the folder (its kernel files that the
@@ -224,7 +228,7 @@ def emit(out_dir, op, targets, head_dims, gate, gate_files, path, verbose, quiet
                         raise click.ClickException(f"--gate: {err}")
                 rows = emit_programs(out_dir, targets, ops, head_dim=head_dims, gate=gate,
                                      path=path, progress=progress, dump_dir=dump_dir,
-                                     timing=timing)
+                                     timing=timing, decode=decode)
             except ValueError as err:
                 raise click.ClickException(str(err))
             failed = []

@@ -134,8 +134,9 @@ def _resource_cells(entry: KernelEntry) -> dict:
             if k in res}
 
 
-def program_variants(ops: list[str], head_dim, gate) -> list[tuple[str, dict]]:
-    """(program, options) for each requested op: forward and backward, K = V = head_dim for
+def program_variants(ops: list[str], head_dim, gate, decode: bool = False) -> list[tuple[str, dict]]:
+    """(program, options) for each requested op: forward and backward (and with ``decode`` the
+    op's decode program), K = V = head_dim for
     each head dim of ``head_dim`` (one or several). ``gate``: None (each op's default gate), a
     gate name, or several (a list or comma-separated): each gate's programs go to the ops of
     its family, so one bundle holds kernels for several gates. A user's gate carries its
@@ -163,14 +164,15 @@ def program_variants(ops: list[str], head_dim, gate) -> list[tuple[str, dict]]:
             options = dict(head_k_dim=dim, head_v_dim=dim, gate=gobj.name)
             if not gobj.builtin:
                 options["gate_digest"] = gobj.digest
-            out.extend((program, dict(options)) for program in OPS[op])
+            programs = OPS[op] + ((f"{op}_decode",) if decode else ())
+            out.extend((program, dict(options)) for program in programs)
     return out
 
 
 def emit_programs(out_dir: str | Path, targets: list[Target], ops: list[str], head_dim=128,
                   gate=None, verbose: bool = False,
                   path: str = "native", progress=None, replace: bool = True,
-                  dump_dir=None, timing: dict | None = None) -> list[dict]:
+                  dump_dir=None, timing: dict | None = None, decode: bool = False) -> list[dict]:
     """Lower the programs of ``ops`` for every target into the bundle ``out_dir``; returns the
     per-kernel report rows (kernel, chip, path, program, variant, registers, spills, shared
     memory). ``path``: "native" (the chip's own path where kdagen has one, else portable) or
@@ -181,7 +183,7 @@ def emit_programs(out_dir: str | Path, targets: list[Target], ops: list[str], he
     :func:`kdagen.bundle_writer.write_bundle`; ``timing`` (a dict) receives its seconds per
     stage."""
     lowering = dict(DEFAULT_LOWERING, path=path)
-    result = write_bundle(out_dir, program_variants(ops, head_dim, gate), targets, verbose=verbose,
+    result = write_bundle(out_dir, program_variants(ops, head_dim, gate, decode), targets, verbose=verbose,
                           lower_options=lowering, progress=progress, replace=replace,
                           dump_dir=dump_dir)
     if timing is not None:

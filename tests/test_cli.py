@@ -502,3 +502,13 @@ def test_bench_help_describes_every_option(flag):
             assert option in result.output
     for config in ("B1_T8k_H16", "varlen_mix_H16"):
         assert config in result.output
+
+
+def test_emit_decode_adds_the_decode_program(tmp_path):
+    out = tmp_path / "dec"
+    result = run("emit", "-o", str(out), "--arch", "sm_120a", "--op", "gdn", "--head-dim", "64",
+                 "--decode", "-q")
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    programs = {k["name"].split("_K")[0] for k in manifest["kernels"]}
+    assert programs == {"gdn_fwd", "gdn_bwd", "gdn_decode"}
