@@ -1,0 +1,99 @@
+"""kdagen's decode step against FLA's, at serving batch sizes, beside the bandwidth the states need.
+
+    python bench/decode_bench.py --emit .bundles/decode          # here (no GPU): the bundle
+    KDAGEN_BUNDLE=.bundles/decode python bench/decode_bench.py --json bench/results/NAME.json
+
+One token per sequence (T = 1), K = V = 128, an fp32 state pool updated in place through
+``ssm_state_indices`` (kdagen: ``kdagen.fused_recurrent_kda`` / ``fused_recurrent_gated_delta_rule``;
+FLA: ``fused_recurrent_kda_fwd`` / ``fused_recurrent_gated_delta_rule``, as
+bench/fla_decode_probe.py calls them), the same inputs in one process. Each call is captured
+in a CUDA graph and replayed (servers capture decode), timed by
+``triton.testing.do_bench_cudagraph``; "state GB/s" counts the states read once and written
+once, "copy" a device copy of those bytes (the practical ceiling). Prints a table, writes JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fla_decode_probe import _call as fla_call, _inputs  # noqa: E402
+
+
+def kdagen_call(op: str, x, indices):
+    import kdagen
+    q, k, v, g, beta, state = x
+    fn = kdagen.fused_recurrent_kda if op == "kda" else kdagen.fused_recurrent_gated_delta_rule
+    return lambda: fn(q, k, v, g, beta, initial_state=state, ssm_state_indices=indices,
+                      inplace_final_state=True)
+
+
+def emit(out_dir: str, heads, head_dim: int) -> None:
+    """The decode variants the benchmark calls, recorded on the CPU and written as a bundle."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+    from gpu_bundle import write_variants_bundle
+
+    from kdagen.runtime.backends import recording
+    with recording("cpu") as rec:
+        for op in ("kda", "gdn"):
+            for HV in heads:
+                x = _inputs(op, 2, HV, head_dim, torch.device("cpu"))
+                kdagen_call(op, x, torch.arange(2))()
+    write_variants_bundle(rec.variants(), out_dir)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batches", default="1,64,256")
+    ap.add_argument("--heads", default="16,32")
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--emit", default=None, metavar="DIR",
+                    help="write the bundle of the variants this benchmark uses (no GPU needed)")
+    args = ap.parse_args(argv)
+    heads = [int(h) for h in args.heads.split(",")]
+    if args.emit:
+        emit(args.emit, heads, args.head_dim)
+        return 0
+    from triton.testing import do_bench_cudagraph
+    dev = torch.device("cuda")
+    K = args.head_dim
+    rows = []
+    print(f"{'op':4s} {'N':>4s} {'HV':>3s}  {'kdagen us':>9s} {'FLA us':>8s} {'copy us':>8s}  "
+          f"{'kdagen GB/s':>11s} {'% copy':>6s}  {'FLA/kdagen':>10s}")
+    for op in ("kda", "gdn"):
+        for HV in heads:
+            for N in map(int, args.batches.split(",")):
+                x = _inputs(op, N, HV, K, dev)
+                indices = torch.arange(N, device=dev, dtype=torch.int64)
+                times = {}
+                for name, make in (("kdagen", kdagen_call), ("fla", fla_call)):
+                    fn = make(op, x, indices)
+                    fn()                               # load / compile outside the capture
+                    torch.cuda.synchronize()
+                    times[name] = do_bench_cudagraph(fn, rep=200) * 1e3
+                nbytes = 2 * x[5].numel() * 4
+                src = torch.empty_like(x[5])
+                copy_us = do_bench_cudagraph(lambda: src.copy_(x[5]), rep=200) * 1e3
+                r = dict(op=op, N=N, HV=HV, K=K, kdagen_us=times["kdagen"], fla_us=times["fla"],
+                         copy_us=copy_us, state_MB=nbytes / 1e6,
+                         kdagen_GBps=nbytes / times["kdagen"] / 1e3,
+                         kdagen_pct_of_copy=100 * copy_us / times["kdagen"],
+                         ratio_fla_over_kdagen=times["fla"] / times["kdagen"])
+                rows.append(r)
+                print(f"{op:4s} {N:4d} {HV:3d}  {r['kdagen_us']:9.2f} {r['fla_us']:8.2f} "
+                      f"{copy_us:8.2f}  {r['kdagen_GBps']:11.0f} {r['kdagen_pct_of_copy']:6.1f}  "
+                      f"{r['ratio_fla_over_kdagen']:10.3f}", flush=True)
+                if args.json:
+                    os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
+                    with open(args.json, "w") as f:
+                        json.dump(dict(device=torch.cuda.get_device_name(), rows=rows), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
