@@ -118,26 +118,28 @@ def _gates():
     return GATES
 
 
-def _delta_rule_fwd(family: str, name: str, options: dict) -> ir.Module:
-    """The chunked gated delta rule forward (docs/MATH.md §1), shared by KDA and GDN."""
-    opt, gate, gate_opts = _resolve(family, options)
-    C, K, V, dt = opt["chunk_size"], opt["head_k_dim"], opt["head_v_dim"], opt["dtype"]
+def _program_attrs(name: str, family: str, C: int, opt: dict, gate, gate_opts: dict) -> dict:
+    """The function attributes every program of the library records (its options)."""
     lo, hi = gate.output_range(**gate_opts)
-    attrs = dict(program=name, family=family, chunk_size=C, head_k_dim=K, head_v_dim=V,
-                 gate=gate.name, gate_options={k: v for k, v in gate_opts.items() if v is not None},
-                 gate_range=[lo, hi], gva_ratio=opt["gva_ratio"], dtype=dt,
+    attrs = dict(program=name, family=family, chunk_size=C, head_k_dim=opt["head_k_dim"],
+                 head_v_dim=opt["head_v_dim"], gate=gate.name,
+                 gate_options={k: v for k, v in gate_opts.items() if v is not None},
+                 gate_range=[lo, hi], gva_ratio=opt["gva_ratio"], dtype=opt["dtype"],
                  gate_dtype=opt["gate_dtype"], beta_dtype=opt["beta_dtype"],
                  use_qk_l2norm_in_kernel=opt["use_qk_l2norm_in_kernel"],
                  use_beta_sigmoid_in_kernel=opt["use_beta_sigmoid_in_kernel"],
                  allow_neg_eigval=opt["allow_neg_eigval"], use_initial_state=opt["use_initial_state"],
                  output_final_state=opt["output_final_state"], varlen=opt["varlen"])
-    if opt["output_chunk_states"]:
-        attrs["output_chunk_states"] = True
     if opt["gate_digest"] is not None:
         attrs["gate_digest"] = opt["gate_digest"]
-    p = ProgramBuilder(name, attrs)
+    return attrs
 
-    # ---- arguments (FLA names) --------------------------------------------------------
+
+def _declare_arguments(p: ProgramBuilder, family: str, opt: dict, gate) -> str:
+    """The arguments of a forward-direction program (FLA's names): inputs q, k, v, the gate's
+    input and parameters, beta, initial_state, cu_seqlens, scale; outputs o, final_state.
+    Returns beta's argument name."""
+    K, V, dt = opt["head_k_dim"], opt["head_v_dim"], opt["dtype"]
     gate_tail = [K] if family == "kda" else []
     beta_name = "beta_raw" if opt["use_beta_sigmoid_in_kernel"] else "beta"
     p.input("q", "token", [K], dt, heads="qk")
@@ -155,6 +157,18 @@ def _delta_rule_fwd(family: str, name: str, options: dict) -> ir.Module:
     p.output("o", "token", [V], dt, heads="v")
     if opt["output_final_state"]:
         p.output("final_state", "state", [K, V], "fp32", grad_name="dht")
+    return beta_name
+
+
+def _delta_rule_fwd(family: str, name: str, options: dict) -> ir.Module:
+    """The chunked gated delta rule forward (docs/MATH.md §1), shared by KDA and GDN."""
+    opt, gate, gate_opts = _resolve(family, options)
+    C, K, V, dt = opt["chunk_size"], opt["head_k_dim"], opt["head_v_dim"], opt["dtype"]
+    attrs = _program_attrs(name, family, C, opt, gate, gate_opts)
+    if opt["output_chunk_states"]:
+        attrs["output_chunk_states"] = True
+    p = ProgramBuilder(name, attrs)
+    beta_name = _declare_arguments(p, family, opt, gate)
     if opt["output_chunk_states"]:
         # inference only (FLA's return_intermediate_states): in the storage type, as FLA's h
         p.output("chunk_states", "chunk", [K, V], dt, heads="v")
@@ -230,37 +244,11 @@ def _delta_rule_decode(family: str, name: str, options: dict) -> ir.Module:
                                  f"output_token_states gives the state after every token)")
     opt, gate, gate_opts = _resolve(family, options)
     K, V, dt = opt["head_k_dim"], opt["head_v_dim"], opt["dtype"]
-    lo, hi = gate.output_range(**gate_opts)
-    attrs = dict(program=name, family=family, chunk_size=1, head_k_dim=K, head_v_dim=V,
-                 gate=gate.name, gate_options={k: v for k, v in gate_opts.items() if v is not None},
-                 gate_range=[lo, hi], gva_ratio=opt["gva_ratio"], dtype=dt,
-                 gate_dtype=opt["gate_dtype"], beta_dtype=opt["beta_dtype"],
-                 use_qk_l2norm_in_kernel=opt["use_qk_l2norm_in_kernel"],
-                 use_beta_sigmoid_in_kernel=opt["use_beta_sigmoid_in_kernel"],
-                 allow_neg_eigval=opt["allow_neg_eigval"], use_initial_state=opt["use_initial_state"],
-                 output_final_state=opt["output_final_state"], varlen=opt["varlen"])
-    if opt["gate_digest"] is not None:
-        attrs["gate_digest"] = opt["gate_digest"]
+    attrs = _program_attrs(name, family, 1, opt, gate, gate_opts)
     if token_states:
         attrs["output_token_states"] = True
     p = ProgramBuilder(name, attrs)
-    gate_tail = [K] if family == "kda" else []
-    beta_name = "beta_raw" if opt["use_beta_sigmoid_in_kernel"] else "beta"
-    p.input("q", "token", [K], dt, heads="qk")
-    p.input("k", "token", [K], dt, heads="qk")
-    p.input("v", "token", [V], dt, heads="v")
-    p.input(gate.input_name, "token", gate_tail, opt["gate_dtype"], heads="v")
-    p.input(beta_name, "token", [], opt["beta_dtype"], heads="v")
-    for pname, kind in gate.params.items():
-        p.input(pname, "head", [K] if kind == "channel" else [], "fp32")
-    if opt["use_initial_state"]:
-        p.input("initial_state", "state", [K, V], "fp32", grad_name="dh0")
-    if opt["varlen"]:
-        p.input("cu_seqlens", "seqlens", [], "i64")
-    p.scalar_input("scale", default=K ** -0.5)
-    p.output("o", "token", [V], dt, heads="v")
-    if opt["output_final_state"]:
-        p.output("final_state", "state", [K, V], "fp32", grad_name="dht")
+    beta_name = _declare_arguments(p, family, opt, gate)
     if token_states:
         # the state after every token (a speculative verify step keeps one per draft token)
         p.output("token_states", "chunk", [K, V], "fp32", heads="v")
