@@ -28,7 +28,7 @@ def kdagen_call(op: str, x, indices):
     import kdagen
     q, k, v, g, beta, state = x
     fn = kdagen.fused_recurrent_kda if op == "kda" else kdagen.fused_recurrent_gated_delta_rule
-    return lambda: fn(q, k, v, g, beta, initial_state=state, ssm_state_indices=indices,
+    return lambda: fn(q, k, v, g=g, beta=beta, initial_state=state, ssm_state_indices=indices,
                       inplace_final_state=True)
 
 

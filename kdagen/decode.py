@@ -234,29 +234,41 @@ def fused_recurrent_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor
                  inplace_final_state=inplace_final_state, fla_kwargs=fla_kwargs)
 
 
-def fused_recurrent_gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
-                                     scale: float | None = None,
+def fused_recurrent_gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None = None,
+                                     gk: Tensor | None = None, gv: Tensor | None = None,
+                                     beta: Tensor | None = None, scale: float | None = None,
                                      initial_state: Tensor | None = None,
                                      output_final_state: bool = False,
                                      use_qk_l2norm_in_kernel: bool = False,
-                                     cu_seqlens: Tensor | None = None, *,
                                      use_gate_in_kernel: bool = False,
-                                     use_beta_sigmoid_in_kernel: bool = False,
-                                     allow_neg_eigval: bool = False,
                                      A_log: Tensor | None = None, dt_bias: Tensor | None = None,
+                                     use_beta_sigmoid_in_kernel: bool = False,
+                                     allow_neg_eigval: bool = False, state_v_first: bool = False,
+                                     cu_seqlens: Tensor | None = None, *,
                                      lower_bound: float | None = None,
                                      ssm_state_indices: Tensor | None = None,
                                      num_accepted_tokens: Tensor | None = None,
                                      inplace_final_state: bool = False, **fla_kwargs: Any):
-    """GDN decode (FLA's ``fused_recurrent_gated_delta_rule``): g ``[B, T, HV]`` the per-head
-    log gate (or raw with ``use_gate_in_kernel``); the pool keywords as
-    :func:`fused_recurrent_kda`."""
-    return _call("gdn", q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, scale=scale,
-                 initial_state=initial_state, output_final_state=output_final_state,
+    """GDN decode (FLA's ``fused_recurrent_gated_delta_rule``, same arguments in the same
+    order): ``g`` ``[B, T, HV]`` the per-head log gate (raw with ``use_gate_in_kernel``), or
+    ``gk`` ``[B, T, HV, K]`` a per-key gate (the KDA recurrence); ``gv`` (a per-value gate)
+    is not supported. The pool keywords as :func:`fused_recurrent_kda`."""
+    if gv is not None:
+        raise KdagenInputError("gv: a per-value gate is not supported by kdagen's decode; "
+                               "pass g (per head) or gk (per key)")
+    if beta is None:
+        raise KdagenInputError("beta: required ([B, T, HV])")
+    if (g is None) == (gk is None):
+        raise KdagenInputError("g / gk: pass exactly one: g [B, T, HV] (per head) or gk "
+                               "[B, T, HV, K] (per key)")
+    family = "gdn" if g is not None else "kda"
+    return _call(family, q, k, v, g if g is not None else gk, beta, A_log=A_log,
+                 dt_bias=dt_bias, scale=scale, initial_state=initial_state,
+                 output_final_state=output_final_state,
                  use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                  use_gate_in_kernel=use_gate_in_kernel,
                  use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
                  allow_neg_eigval=allow_neg_eigval, lower_bound=lower_bound,
-                 state_v_first=False, cu_seqlens=cu_seqlens,
+                 state_v_first=state_v_first, cu_seqlens=cu_seqlens,
                  ssm_state_indices=ssm_state_indices, num_accepted_tokens=num_accepted_tokens,
                  inplace_final_state=inplace_final_state, fla_kwargs=fla_kwargs)

@@ -124,3 +124,24 @@ def test_bad_pool_arguments_name_themselves():
           num_accepted_tokens=torch.tensor([1, 1]), inplace_final_state=True)
     with pytest.raises(KdagenInputError, match="state_v_first"):
         f(**x, initial_state=pool[:2], state_v_first=True)
+
+
+def test_gdn_decode_takes_flas_argument_order_and_a_per_key_gate():
+    """FLA's order (q, k, v, g, gk, gv, beta, scale, initial_state, output_final_state, ...):
+    positional g is the per-head gate; gk runs the per-key (KDA) recurrence; gv is refused."""
+    x = _inputs("gdn", 2, 3, seed=4)
+    h0 = torch.randn(2, 2, K, V) * 0.3
+    o_kw, ht_kw = kdagen.fused_recurrent_gated_delta_rule(
+        x["q"], x["k"], x["v"], g=x["g"], beta=x["beta"], initial_state=h0,
+        output_final_state=True)
+    o_pos, ht_pos = kdagen.fused_recurrent_gated_delta_rule(
+        x["q"], x["k"], x["v"], x["g"], None, None, x["beta"], None, h0, True)
+    assert torch.equal(o_kw, o_pos) and torch.equal(ht_kw, ht_pos)
+    gk = x["g"][..., None].expand(2, 3, 2, K).contiguous()     # the same decay on every key
+    o_gk, ht_gk = kdagen.fused_recurrent_gated_delta_rule(
+        x["q"], x["k"], x["v"], gk=gk, beta=x["beta"], initial_state=h0, output_final_state=True)
+    assert R.rel_err(o_gk, o_kw) < 1e-5 and R.rel_err(ht_gk, ht_kw) < 1e-5
+    with pytest.raises(KdagenInputError, match="gv"):
+        kdagen.fused_recurrent_gated_delta_rule(x["q"], x["k"], x["v"], gv=x["v"], beta=x["beta"])
+    with pytest.raises(KdagenInputError, match="g / gk"):
+        kdagen.fused_recurrent_gated_delta_rule(x["q"], x["k"], x["v"], beta=x["beta"])
