@@ -12,10 +12,9 @@ The pool (``ssm_state_indices``; semantics of :mod:`kdagen.decode_reference`): t
 the sequences are gathered from their slots, the program advances them, and the new states are
 scattered back (into ``initial_state`` itself with ``inplace_final_state``). A negative read
 slot skips the sequence (its outputs are 0, no slot is written), a negative write slot drops
-that token's state. The scatter adds ``new − old`` to each written slot (one indexed
-accumulate, in which a skipped sequence adds 0), so no host synchronisation is needed to
-leave the skipped slots out; the stored state is ``old + (new − old)``, within an ulp of new.
-Today the gather and scatter are torch ops around the kernels, so a step moves each state
+that token's state. The scatter is one indexed copy in which the rows that must not write
+repeat a writing row's slot and value (`_scatter_states`), so no host synchronisation is
+needed to leave the skipped slots out, and every state is stored exactly. Today the gather and scatter are torch ops around the kernels, so a step moves each state
 twice more than a kernel reading and writing its slot in place would.
 """
 from __future__ import annotations
@@ -110,13 +109,16 @@ def _token_seq(B: int, T: int, cu_seqlens, device) -> tuple[Tensor, Tensor]:
 
 
 def _scatter_states(pool: Tensor, slots: Tensor, states: Tensor, write: Tensor) -> None:
-    """pool[slots[i]] = states[i] where ``write[i]``, in place and without a host sync: adds
-    ``new − old`` with one indexed accumulate (a masked-out row adds 0, even where its clamped
-    slot is also written by a valid row)."""
-    slot = slots.clamp(min=0)
-    old = pool.index_select(0, slot).to(torch.float32)
-    delta = torch.where(write.view(-1, 1, 1, 1), states - old, torch.zeros_like(old))
-    pool.index_put_((slot,), delta.to(pool.dtype), accumulate=True)
+    """pool[slots[i]] = states[i] where ``write[i]``, in place, exactly, without a host sync.
+    A row that must not write is pointed at the slot of the first row that does, carrying
+    that row's state: duplicate indices then all carry the same value, so the copy is
+    deterministic (with no row writing, every row rewrites slot 0 with its own value)."""
+    first = torch.argmax(write.to(torch.int32))                  # 0 when no row writes
+    anyone = write.any()
+    slot = torch.where(write, slots, torch.where(anyone, slots[first], 0))
+    fallback = torch.where(anyone, states[first].to(pool.dtype), pool[0])
+    value = torch.where(write.view(-1, 1, 1, 1), states.to(pool.dtype), fallback[None])
+    pool.index_copy_(0, slot, value)
 
 
 def _check_pool(pool, idx, num_accepted, N, inplace_final_state):

@@ -145,3 +145,19 @@ def test_gdn_decode_takes_flas_argument_order_and_a_per_key_gate():
         kdagen.fused_recurrent_gated_delta_rule(x["q"], x["k"], x["v"], gv=x["v"], beta=x["beta"])
     with pytest.raises(KdagenInputError, match="g / gk"):
         kdagen.fused_recurrent_gated_delta_rule(x["q"], x["k"], x["v"], beta=x["beta"])
+
+
+def test_a_bf16_pool_stores_each_new_state_rounded_once():
+    """A bf16 pool: each written slot holds the fp32 result rounded to bf16 exactly once (the
+    fp32 pool's value, cast), skipped and dropped slots keep their bits."""
+    x = _inputs("kda", 3, 2, seed=6)
+    idx = torch.tensor([[4, 1], [-1, 2], [0, -1]])
+    pool32 = (torch.randn(6, 2, K, V) * 0.3).to(torch.bfloat16).float()
+    pool16 = pool32.to(torch.bfloat16)
+    before = pool16.clone()
+    kdagen.fused_recurrent_kda(**x, initial_state=pool32, ssm_state_indices=idx,
+                               inplace_final_state=True)
+    kdagen.fused_recurrent_kda(**x, initial_state=pool16, ssm_state_indices=idx,
+                               inplace_final_state=True)
+    assert torch.equal(pool16[[0, 1, 4]], pool32[[0, 1, 4]].to(torch.bfloat16))
+    assert torch.equal(pool16[[2, 3, 5]], before[[2, 3, 5]])      # skipped / dropped / unused
