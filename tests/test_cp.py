@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import pytest
 import torch
@@ -63,52 +64,60 @@ def _rel(a, b) -> float:
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
 
 
+def _finish() -> None:
+    """Leave the group in step: a barrier, then exit the worker without tearing gloo down (a
+    worker once aborted with std::terminate in a loaded CI run, most likely gloo's teardown
+    racing its peer's)."""
+    if dist.is_initialized():
+        dist.barrier()
+        sys.stdout.flush()
+        os._exit(0)
+
+
 def _worker(rank: int, world: int, family: str, store: str, out: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
-    try:
-        x = _inputs(family)
-        ctx = cp.build_cp_context(torch.tensor(CU_SEQLENS))
-        per = ctx.tokens_per_rank
-        lo, hi = rank * per, (rank + 1) * per
-        ends = [n for n in range(len(CU_SEQLENS) - 1) if lo < CU_SEQLENS[n + 1] <= hi]
-        # the single-process op on the whole batch; each sequence's final state enters the
-        # loss on the rank where it ends
-        ref = _leaves(x)
-        o, ht = _op(family, ref, cu_seqlens=torch.tensor(CU_SEQLENS))
-        ((o * x["w_o"]).sum() + (ht * x["w_h"]).sum()).backward()
-        # this rank's share under CP
-        mine = _leaves({n: (t[:, lo:hi] if n in (*_GRADS, "w_o") else t) for n, t in x.items()})
-        o_cp, ht_cp = _op(family, mine, cp_context=ctx)
-        ids = list(ctx.seq_ids)
-        loss = (o_cp * mine["w_o"]).sum()
-        for i, n in enumerate(ids):
-            if n in ends:
-                loss = loss + (ht_cp[i] * x["w_h"][n]).sum()
-        loss.backward()
-        err = {"o": _rel(o_cp, o.detach()[:, lo:hi])}
-        for i, n in enumerate(ids):
-            if n in ends:
-                want = ht.detach()[n]
-            else:      # goes on: the state at this rank's last token, from the prefix alone
-                a = CU_SEQLENS[n]
-                pre = {m: (t[:, a:hi] if m in _GRADS else t) for m, t in x.items()}
-                pre["h0"] = x["h0"][n:n + 1]
-                want = _op(family, pre)[1].detach()[0]
-            err[f"final_state[{i}]"] = _rel(ht_cp.detach()[i], want)
-        for n in _GRADS:
-            err["d" + n] = _rel(mine[n].grad, ref[n].grad[:, lo:hi])
-        scale = {}
-        for n in _SHARED:
-            if n in mine:
-                g = mine[n].grad       # None on a rank none of whose sequences starts there
-                total = g.clone() if g is not None else torch.zeros_like(mine[n])
-                dist.all_reduce(total)              # each rank holds its paths' share
-                err["d" + n] = _rel(total, ref[n].grad)
-                scale[n] = float(ref[n].grad.abs().max())
-        with open(f"{out}.{rank}", "w") as f:
-            json.dump({"err": err, "scale": scale}, f)
-    finally:
-        dist.destroy_process_group()
+    x = _inputs(family)
+    ctx = cp.build_cp_context(torch.tensor(CU_SEQLENS))
+    per = ctx.tokens_per_rank
+    lo, hi = rank * per, (rank + 1) * per
+    ends = [n for n in range(len(CU_SEQLENS) - 1) if lo < CU_SEQLENS[n + 1] <= hi]
+    # the single-process op on the whole batch; each sequence's final state enters the
+    # loss on the rank where it ends
+    ref = _leaves(x)
+    o, ht = _op(family, ref, cu_seqlens=torch.tensor(CU_SEQLENS))
+    ((o * x["w_o"]).sum() + (ht * x["w_h"]).sum()).backward()
+    # this rank's share under CP
+    mine = _leaves({n: (t[:, lo:hi] if n in (*_GRADS, "w_o") else t) for n, t in x.items()})
+    o_cp, ht_cp = _op(family, mine, cp_context=ctx)
+    ids = list(ctx.seq_ids)
+    loss = (o_cp * mine["w_o"]).sum()
+    for i, n in enumerate(ids):
+        if n in ends:
+            loss = loss + (ht_cp[i] * x["w_h"][n]).sum()
+    loss.backward()
+    err = {"o": _rel(o_cp, o.detach()[:, lo:hi])}
+    for i, n in enumerate(ids):
+        if n in ends:
+            want = ht.detach()[n]
+        else:      # goes on: the state at this rank's last token, from the prefix alone
+            a = CU_SEQLENS[n]
+            pre = {m: (t[:, a:hi] if m in _GRADS else t) for m, t in x.items()}
+            pre["h0"] = x["h0"][n:n + 1]
+            want = _op(family, pre)[1].detach()[0]
+        err[f"final_state[{i}]"] = _rel(ht_cp.detach()[i], want)
+    for n in _GRADS:
+        err["d" + n] = _rel(mine[n].grad, ref[n].grad[:, lo:hi])
+    scale = {}
+    for n in _SHARED:
+        if n in mine:
+            g = mine[n].grad       # None on a rank none of whose sequences starts there
+            total = g.clone() if g is not None else torch.zeros_like(mine[n])
+            dist.all_reduce(total)              # each rank holds its paths' share
+            err["d" + n] = _rel(total, ref[n].grad)
+            scale[n] = float(ref[n].grad.abs().max())
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump({"err": err, "scale": scale}, f)
+    _finish()
 
 
 @pytest.mark.parametrize("family,world", [("kda", 2), ("kda", 4), ("gdn", 4)])
@@ -128,20 +137,18 @@ def test_cp_matches_the_single_process_op(tmp_path, family, world):
 
 def _ctx_worker(rank: int, world: int, store: str, out: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
-    try:
-        ctx = cp.build_cp_context([0, 40, 200, 256])
-        errors = []
-        for bad in ([0, 40, 201], [0, 0, 256], [5, 256]):
-            try:
-                cp.build_cp_context(bad)
-            except KdagenInputError as e:
-                errors.append(str(e).split(":")[0])
-        with open(f"{out}.{rank}", "w") as f:
-            json.dump({"cu": ctx.cu_seqlens_cpu.tolist(), "ids": list(ctx.seq_ids),
-                       "first": ctx.first_continues, "last": ctx.last_continues,
-                       "starts": list(ctx.starts), "errors": errors}, f)
-    finally:
-        dist.destroy_process_group()
+    ctx = cp.build_cp_context([0, 40, 200, 256])
+    errors = []
+    for bad in ([0, 40, 201], [0, 0, 256], [5, 256]):
+        try:
+            cp.build_cp_context(bad)
+        except KdagenInputError as e:
+            errors.append(str(e).split(":")[0])
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump({"cu": ctx.cu_seqlens_cpu.tolist(), "ids": list(ctx.seq_ids),
+                   "first": ctx.first_continues, "last": ctx.last_continues,
+                   "starts": list(ctx.starts), "errors": errors}, f)
+    _finish()
 
 
 def test_cp_context_splits_the_packed_batch(tmp_path):
@@ -182,4 +189,4 @@ def test_cp_rejects_cu_seqlens_and_intermediate_states(tmp_path):
         with pytest.raises(KdagenInputError, match="tokens"):
             _op("gdn", {**x, **{n: x[n][:, :100] for n in _GRADS}}, cp_context=ctx)
     finally:
-        dist.destroy_process_group()
+        dist.destroy_process_group()        # this test runs in the pytest process itself

@@ -10,6 +10,7 @@ run them with ``KDAGEN_BUNDLE=DIR``."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -64,40 +65,48 @@ def _leaves(x: dict) -> dict:
     return {n: (t.clone().requires_grad_() if n not in ("w_o", "w_h") else t) for n, t in x.items()}
 
 
+def _finish() -> None:
+    """Leave the group in step: a barrier, then exit the worker without tearing gloo down (a
+    worker once aborted with std::terminate in a loaded CI run, most likely gloo's teardown
+    racing its peer's)."""
+    if dist.is_initialized():
+        dist.barrier()
+        sys.stdout.flush()
+        os._exit(0)
+
+
 def _worker(rank: int, world: int, family: str, store: str, out: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
-    try:
-        x = _inputs(family, "cuda")
-        ctx = cp.build_cp_context(torch.tensor(CU_SEQLENS), device="cuda")
-        per = ctx.tokens_per_rank
-        lo, hi = rank * per, (rank + 1) * per
-        ends = [n for n in range(len(CU_SEQLENS) - 1) if lo < CU_SEQLENS[n + 1] <= hi]
-        ref = _leaves(x)
-        o, ht = _op(family, ref, cu_seqlens=torch.tensor(CU_SEQLENS, device="cuda"))
-        ((o.float() * x["w_o"]).sum() + (ht * x["w_h"]).sum()).backward()
-        mine = _leaves({n: (t[:, lo:hi] if n in (*_GRADS, "w_o") else t) for n, t in x.items()})
-        o_cp, ht_cp = _op(family, mine, cp_context=ctx)
-        loss = (o_cp.float() * mine["w_o"]).sum()
-        for i, n in enumerate(ctx.seq_ids):
-            if n in ends:
-                loss = loss + (ht_cp[i] * x["w_h"][n]).sum()
-        loss.backward()
-        err = {"o": rel_err(o_cp, o[:, lo:hi])}
-        for i, n in enumerate(ctx.seq_ids):
-            if n in ends:
-                err[f"final_state[{i}]"] = rel_err(ht_cp[i], ht[n])
-        for n in _GRADS:
-            err[n] = rel_err(mine[n].grad, ref[n].grad[:, lo:hi])
-        for n in _SHARED:
-            if n in mine:
-                g = mine[n].grad
-                total = g.clone() if g is not None else torch.zeros_like(mine[n])
-                dist.all_reduce(total)
-                err[n] = rel_err(total, ref[n].grad)
-        with open(f"{out}.{rank}", "w") as f:
-            json.dump(err, f)
-    finally:
-        dist.destroy_process_group()
+    x = _inputs(family, "cuda")
+    ctx = cp.build_cp_context(torch.tensor(CU_SEQLENS), device="cuda")
+    per = ctx.tokens_per_rank
+    lo, hi = rank * per, (rank + 1) * per
+    ends = [n for n in range(len(CU_SEQLENS) - 1) if lo < CU_SEQLENS[n + 1] <= hi]
+    ref = _leaves(x)
+    o, ht = _op(family, ref, cu_seqlens=torch.tensor(CU_SEQLENS, device="cuda"))
+    ((o.float() * x["w_o"]).sum() + (ht * x["w_h"]).sum()).backward()
+    mine = _leaves({n: (t[:, lo:hi] if n in (*_GRADS, "w_o") else t) for n, t in x.items()})
+    o_cp, ht_cp = _op(family, mine, cp_context=ctx)
+    loss = (o_cp.float() * mine["w_o"]).sum()
+    for i, n in enumerate(ctx.seq_ids):
+        if n in ends:
+            loss = loss + (ht_cp[i] * x["w_h"][n]).sum()
+    loss.backward()
+    err = {"o": rel_err(o_cp, o[:, lo:hi])}
+    for i, n in enumerate(ctx.seq_ids):
+        if n in ends:
+            err[f"final_state[{i}]"] = rel_err(ht_cp[i], ht[n])
+    for n in _GRADS:
+        err[n] = rel_err(mine[n].grad, ref[n].grad[:, lo:hi])
+    for n in _SHARED:
+        if n in mine:
+            g = mine[n].grad
+            total = g.clone() if g is not None else torch.zeros_like(mine[n])
+            dist.all_reduce(total)
+            err[n] = rel_err(total, ref[n].grad)
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump(err, f)
+    _finish()
 
 
 @requires_gpu

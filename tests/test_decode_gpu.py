@@ -1,5 +1,5 @@
 """The decode ops on the GPU kernels (skipped without CUDA): K = V = 128, bf16 inputs, fp32 pool,
-against the float64 pool reference (kdagen.decode_reference) with DESIGN.md §5's bars (bf16
+against the float64 pool reference (kdagen.decode_reference) with docs/MATH.md §3's bars (bf16
 outputs 2e-3, fp32 states 1e-3, relative L2), in-place and per-token (speculative) pool
 writes, skipped sequences untouched; a decode step captured in a CUDA graph and replayed
 equals eager.

@@ -228,7 +228,7 @@ def _delta_rule_fwd(family: str, name: str, options: dict) -> ir.Module:
 
 
 def _delta_rule_decode(family: str, name: str, options: dict) -> ir.Module:
-    """The per-token recurrence (DESIGN.md §4) for decoding: the scan steps one token at a
+    """The per-token recurrence (docs/MATH.md §1) for decoding: the scan steps one token at a
     time (``chunk_size`` 1), so a sequence of T tokens (1..8 in a decode or speculative verify
     step) takes T steps from its state; the same arguments as the chunked forward."""
     if options.get("chunk_size", 1) != 1:
@@ -353,7 +353,7 @@ channels alike (broadcast to [C, K] in the chunk). Arguments as kda_fwd with dt_
     "kda_decode": Program(
         "kda_decode", _kda_decode, "kda",
         "KDA decode: the per-token recurrence, one scan step per token (inference, no backward)",
-        """Kimi Delta Attention as its per-token recurrence (DESIGN.md §4), for decoding: the scan
+        """Kimi Delta Attention as its per-token recurrence (docs/MATH.md §1), for decoding: the scan
 steps one token at a time, so each sequence's T tokens (1..8 in a decode or speculative step;
 varlen through cu_seqlens) advance its state T times. Arguments and outputs as kda_fwd."""),
     "gdn_decode": Program(
