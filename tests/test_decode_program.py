@@ -140,3 +140,40 @@ def test_decode_kernels_assemble(chip):
         assert res.ok, res.log
         if chip == "sm_90a":
             assert res.resources[k.name].spill_stores == 0, k.name
+
+
+def test_gpu_check_runs_the_decode_cases(tmp_path):
+    """tools/gpu_check's decode cases (1..8 tokens per sequence, strong and weak decay, varlen)
+    end to end on the CPU: the bundle, the MLIR-free launcher, the kernels in the simulator,
+    the float64 reference and the bars. What the GPU check runs on the decode variants."""
+    import numpy as np
+
+    from kdagen.bundle_writer import write_bundle
+    from kdagen.codegen.lower.sim import SimLibrary
+    from kdagen.driver import build_module
+    from kdagen.runtime.bundle import variant_name
+    from kdagen.runtime.launch import LoweredProgram
+    from tools import gpu_check
+    np.seterr(all="ignore")
+    item = ("kda_decode", dict(head_k_dim=64, head_v_dim=64, gate="softplus", gva_ratio=2,
+                               varlen=True))
+    res = write_bundle(tmp_path, [item], ["sm_120a"], assemble=False)
+    vname = variant_name(*item)
+    spec = res["variants"][vname]
+    prog = LoweredProgram(tmp_path, vname,
+                          library=SimLibrary(tmp_path, {vname: build_module(*item)}, "sm_120a"))
+
+    class OnCpu:
+        def __call__(self, **kw):
+            return prog(chip="sm_120a", **kw)
+
+    cases = gpu_check._cases(spec, quick=False)
+    assert [c["label"] for c in cases] == ["varlen[1,8,3,5]", "varlen[1,4] strong",
+                                           "varlen[8,2] weak"]
+    for case in cases:
+        rows = {r["tensor"]: r for r in gpu_check.run_case(OnCpu(), spec, case,
+                                                            torch.device("cpu"), 0)}
+        assert set(rows) == {"o", "final_state"}
+        for name, r in rows.items():
+            assert r["finite"] and r["det"], (case["label"], name)
+            assert r["err"] <= r["bar"], (case["label"], name, r["err"], r["bar"])

@@ -23,6 +23,9 @@ NATIVE_SET = [
     ("kda_bwd", dict(head_k_dim=64, head_v_dim=64, gate="softplus", gva_ratio=2, varlen=True), NATIVE),
     ("gdn_bwd", dict(head_k_dim=128, head_v_dim=128, gate="gdn_softplus"), NATIVE),
     ("kda_bwd", dict(head_k_dim=64, head_v_dim=64, gate="softplus"), NATIVE),
+    # decode steps (the per-token programs of kdagen.fused_recurrent_*)
+    ("kda_decode", dict(head_k_dim=128, head_v_dim=128, gate="softplus", gva_ratio=2, varlen=True), NATIVE),
+    ("gdn_decode", dict(head_k_dim=128, head_v_dim=128, gate="gdn_softplus"), NATIVE),
 ]
 DEFAULT_SET = [
     ("kda_fwd", dict(head_k_dim=128, head_v_dim=128, gate="lower_bound", gva_ratio=2, varlen=True), PART),
@@ -41,6 +44,7 @@ DEFAULT_SET = [
     ("kda_bwd", dict(head_k_dim=64, head_v_dim=64, gate="softplus", gva_ratio=2, varlen=True)),
     ("gdn_bwd", dict(head_k_dim=64, head_v_dim=64, gate="gdn_lower_bound")),
     ("kda_bwd", dict(head_k_dim=128, head_v_dim=128, gate="lower_bound")),
+    ("kda_decode", dict(head_k_dim=64, head_v_dim=64, gate="lower_bound", gva_ratio=2, varlen=True), PART),
 ]
 
 

@@ -40,6 +40,18 @@ _DT = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32, "fp16
 
 def _cases(spec: dict, quick: bool) -> list[dict]:
     bwd = spec["program"].endswith("_bwd")
+    if spec["program"].endswith("_decode"):
+        # decode steps: 1..8 tokens per sequence from a given state
+        if spec["varlen"]:
+            cases = [dict(label="varlen[1,8,3,5]", B=1, lengths=[1, 8, 3, 5], decay="moderate"),
+                     dict(label="varlen[1,4] strong", B=1, lengths=[1, 4], decay="strong"),
+                     dict(label="varlen[8,2] weak", B=1, lengths=[8, 2], decay="weak")]
+        else:
+            cases = [dict(label=f"B{b}_T{t}", B=b, T=t, decay="moderate")
+                     for b, t in ((64, 1), (4, 3), (1, 8))]
+            cases += [dict(label="B8_T4 strong", B=8, T=4, decay="strong"),
+                      dict(label="B8_T4 weak", B=8, T=4, decay="weak")]
+        return cases[:2] if quick else cases
     if spec["varlen"]:
         lens = [[1, 17, 129]] if bwd else [[1, 17, 64, 129, 1000], [63, 65]]
         cases = [dict(label=f"varlen{l}", B=1, lengths=l, decay="moderate") for l in lens]
@@ -211,7 +223,7 @@ def run_case(prog: LoweredProgram, spec: dict, case: dict, device, seed: int) ->
                              det=deterministic, ms=ms, note="no reference for this gate"))
         return rows
     refs = {}
-    if spec["program"].endswith("_fwd"):
+    if not spec["program"].endswith("_bwd"):          # forward and decode: o, final_state
         with torch.no_grad():
             o, ht = fn(**ref_in)
         refs = {"o": o, "final_state": ht}
