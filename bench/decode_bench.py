@@ -21,7 +21,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fla_decode_probe import _call as fla_call, _inputs  # noqa: E402
+from fla_decode_probe import _call as fla_call, _inputs, state_copy  # noqa: E402
 
 
 def kdagen_call(op: str, x, indices):
@@ -76,9 +76,7 @@ def main(argv=None) -> int:
                     fn()                               # load / compile outside the capture
                     torch.cuda.synchronize()
                     times[name] = do_bench_cudagraph(fn, rep=200) * 1e3
-                nbytes = 2 * x[5].numel() * 4
-                src = torch.empty_like(x[5])
-                copy_us = do_bench_cudagraph(lambda: src.copy_(x[5]), rep=200) * 1e3
+                nbytes, copy_us = state_copy(x[5])
                 r = dict(op=op, N=N, HV=HV, K=K, kdagen_us=times["kdagen"], fla_us=times["fla"],
                          copy_us=copy_us, state_MB=nbytes / 1e6,
                          kdagen_GBps=nbytes / times["kdagen"] / 1e3,

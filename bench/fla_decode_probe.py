@@ -47,6 +47,14 @@ def _call(op: str, x, indices):
                                                     output_final_state=True)
 
 
+def state_copy(state: torch.Tensor) -> tuple[int, float]:
+    """(bytes of the state read once and written once, us of a device copy of them)."""
+    from triton.testing import do_bench_cudagraph
+    src = torch.empty_like(state)
+    return 2 * state.numel() * state.element_size(), \
+        do_bench_cudagraph(lambda: src.copy_(state), rep=200) * 1e3
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batches", default="1,64,256")
@@ -67,9 +75,7 @@ def main(argv=None) -> int:
                 fn()                                   # compile / autotune outside capture
                 torch.cuda.synchronize()
                 us = do_bench_cudagraph(fn, rep=200) * 1e3
-                nbytes = 2 * x[5].numel() * 4
-                src = torch.empty_like(x[5])
-                copy_us = do_bench_cudagraph(lambda: src.copy_(x[5]), rep=200) * 1e3
+                nbytes, copy_us = state_copy(x[5])
                 rows.append(dict(op=op, N=N, HV=HV, K=K, us=us, copy_us=copy_us,
                                  state_MB=nbytes / 1e6, GBps=nbytes / us / 1e3,
                                  copy_GBps=nbytes / copy_us / 1e3,

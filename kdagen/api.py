@@ -125,7 +125,19 @@ def _warn_if_head_first(q) -> None:
 def _call(family, q, k, v, g, beta, *, scale, initial_state, output_final_state,
           use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
           safe_gate, lower_bound, cu_seqlens, A_log, dt_bias, chunk_size, state_v_first,
-          return_intermediate_states, gate=None, gate_params=None, gate_options=None):
+          return_intermediate_states, gate=None, gate_params=None, gate_options=None,
+          cp_context=None):
+    if cp_context is not None:
+        return _call_cp(family, cp_context, q, k, v, g, beta, scale=scale,
+                        initial_state=initial_state, output_final_state=output_final_state,
+                        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                        use_gate_in_kernel=use_gate_in_kernel,
+                        use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+                        allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate,
+                        lower_bound=lower_bound, cu_seqlens=cu_seqlens, A_log=A_log,
+                        dt_bias=dt_bias, chunk_size=chunk_size, state_v_first=state_v_first,
+                        return_intermediate_states=return_intermediate_states, gate=gate,
+                        gate_params=gate_params, gate_options=gate_options)
     if gate is not None:
         return _call_gated(
             family, q, k, v, g, beta, scale=scale, initial_state=initial_state,
@@ -419,17 +431,6 @@ def chunk_kda(
     q, k, v, g, beta, A_log, dt_bias and initial_state.
     """
     check_fla_kwargs("chunk_kda", fla_kwargs)
-    if cp_context is not None:
-        return _call_cp("kda", cp_context, q, k, v, g, beta, scale=scale,
-                        initial_state=initial_state, output_final_state=output_final_state,
-                        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-                        use_gate_in_kernel=use_gate_in_kernel,
-                        use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
-                        allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate,
-                        lower_bound=lower_bound, cu_seqlens=cu_seqlens, A_log=A_log,
-                        dt_bias=dt_bias, chunk_size=chunk_size, state_v_first=state_v_first,
-                        return_intermediate_states=return_intermediate_states, gate=gate,
-                        gate_params=gate_params, gate_options=gate_options)
     return _call("kda", q, k, v, g, beta, scale=scale, initial_state=initial_state,
                  output_final_state=output_final_state,
                  use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
@@ -439,7 +440,8 @@ def chunk_kda(
                  cu_seqlens=cu_seqlens, A_log=A_log, dt_bias=dt_bias, chunk_size=chunk_size,
                  state_v_first=state_v_first,
                  return_intermediate_states=return_intermediate_states,
-                 gate=gate, gate_params=gate_params, gate_options=gate_options)
+                 gate=gate, gate_params=gate_params, gate_options=gate_options,
+                 cp_context=cp_context)
 
 
 def chunk_gated_delta_rule(
@@ -484,17 +486,6 @@ def chunk_gated_delta_rule(
     Returns ``(o [B, T, HV, V] in v's dtype, final_state float32 [N, HV, K, V] or None)``.
     """
     check_fla_kwargs("chunk_gated_delta_rule", fla_kwargs)
-    if cp_context is not None:
-        return _call_cp("gdn", cp_context, q, k, v, g, beta, scale=scale,
-                        initial_state=initial_state, output_final_state=output_final_state,
-                        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-                        use_gate_in_kernel=use_gate_in_kernel,
-                        use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
-                        allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate,
-                        lower_bound=lower_bound, cu_seqlens=cu_seqlens, A_log=A_log,
-                        dt_bias=dt_bias, chunk_size=chunk_size, state_v_first=state_v_first,
-                        return_intermediate_states=return_intermediate_states, gate=gate,
-                        gate_params=gate_params, gate_options=gate_options)
     return _call("gdn", q, k, v, g, beta, scale=scale, initial_state=initial_state,
                  output_final_state=output_final_state,
                  use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
@@ -504,4 +495,5 @@ def chunk_gated_delta_rule(
                  cu_seqlens=cu_seqlens, A_log=A_log, dt_bias=dt_bias, chunk_size=chunk_size,
                  state_v_first=state_v_first,
                  return_intermediate_states=return_intermediate_states,
-                 gate=gate, gate_params=gate_params, gate_options=gate_options)
+                 gate=gate, gate_params=gate_params, gate_options=gate_options,
+                 cp_context=cp_context)

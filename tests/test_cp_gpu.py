@@ -10,7 +10,6 @@ run them with ``KDAGEN_BUNDLE=DIR``."""
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 import torch
@@ -23,6 +22,7 @@ from kdagen.reference import rel_err
 
 from conftest import requires_gpu
 from gpu_bundle import kernels_or_skip
+from test_cp import _finish, _leaves
 
 # sequence 1 crosses every boundary of 4 ranks (1024 tokens each)
 CU_SEQLENS = [0, 700, 3500, 4096]
@@ -59,20 +59,6 @@ def _op(family, x, **kw):
         return kdagen.chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], use_gate_in_kernel=True,
                                 A_log=x["A_log"], dt_bias=x["dt_bias"], **common, **kw)
     return kdagen.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], **common, **kw)
-
-
-def _leaves(x: dict) -> dict:
-    return {n: (t.clone().requires_grad_() if n not in ("w_o", "w_h") else t) for n, t in x.items()}
-
-
-def _finish() -> None:
-    """Leave the group in step: a barrier, then exit the worker without tearing gloo down (a
-    worker once aborted with std::terminate in a loaded CI run, most likely gloo's teardown
-    racing its peer's)."""
-    if dist.is_initialized():
-        dist.barrier()
-        sys.stdout.flush()
-        os._exit(0)
 
 
 def _worker(rank: int, world: int, family: str, store: str, out: str) -> None:

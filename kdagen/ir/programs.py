@@ -160,6 +160,33 @@ def _declare_arguments(p: ProgramBuilder, family: str, opt: dict, gate) -> str:
     return beta_name
 
 
+def _step_inputs(p: ProgramBuilder, c, family: str, opt: dict, gate, gate_opts: dict,
+                 params: dict, beta_name: str, rows: int) -> dict:
+    """The inputs of scan step ``c`` (``rows`` tokens: a chunk, or one token) as the delta
+    rule uses them, fp32: q, k (L2-normalised in kernel), v, beta (sigmoid in kernel) and the
+    gate (natural-log decay in its declared range, 0 on rows past the sequence end, which read
+    as 0; GDN's per-head gate broadcast over K). The tiles come back by their variable names,
+    for the caller's ``name_locals``."""
+    K = opt["head_k_dim"]
+    qf = p.load("q", c).f32()
+    kf = p.load("k", c).f32()
+    vf = p.load("v", c).f32()
+    beta_in = p.load(beta_name, c).f32()
+    g_in = p.load(gate.input_name, c).f32()
+    qn, kn = (l2norm(qf), l2norm(kf)) if opt["use_qk_l2norm_in_kernel"] else (qf, kf)
+    if opt["use_beta_sigmoid_in_kernel"]:
+        beta = 2.0 * sigmoid(beta_in) if opt["allow_neg_eigval"] else sigmoid(beta_in)
+    else:
+        beta = beta_in
+    valid = p.valid_rows(c)
+    g_valid = where(valid[:, None] if family == "kda" else valid,
+                    gate(g_in, params, **gate_opts), 0.0)
+    if family == "gdn":
+        g_valid = dsl.broadcast_to(g_valid[:, None], (rows, K), name="g_k")  # same decay on all K
+    return dict(qf=qf, kf=kf, vf=vf, beta_in=beta_in, g_in=g_in, qn=qn, kn=kn, beta=beta,
+                valid=valid, g_valid=g_valid)
+
+
 def _delta_rule_fwd(family: str, name: str, options: dict) -> ir.Module:
     """The chunked gated delta rule forward (docs/MATH.md §1), shared by KDA and GDN."""
     opt, gate, gate_opts = _resolve(family, options)
@@ -182,24 +209,8 @@ def _delta_rule_fwd(family: str, name: str, options: dict) -> ir.Module:
         with scan as (c, S):
             if opt["output_chunk_states"]:
                 p.store_chunk("chunk_states", c, S.to(dt))   # the state entering chunk c
-            # -- chunk c of the inputs (rows past the sequence end read as 0), fp32 math
-            qf = p.load("q", c).f32()
-            kf = p.load("k", c).f32()
-            vf = p.load("v", c).f32()
-            beta_in = p.load(beta_name, c).f32()
-            g_in = p.load(gate.input_name, c).f32()
-            # -- in-kernel input transforms
-            qn, kn = (l2norm(qf), l2norm(kf)) if opt["use_qk_l2norm_in_kernel"] else (qf, kf)
-            if opt["use_beta_sigmoid_in_kernel"]:
-                beta = 2.0 * sigmoid(beta_in) if opt["allow_neg_eigval"] else sigmoid(beta_in)
-            else:
-                beta = beta_in
-            # -- the gate (natural-log decay, declared range), 0 on rows past the sequence end
-            valid = p.valid_rows(c)
-            g_valid = where(valid[:, None] if family == "kda" else valid,
-                            gate(g_in, params, **gate_opts), 0.0)
-            if family == "gdn":
-                g_valid = dsl.broadcast_to(g_valid[:, None], (C, K), name="g_k")  # same decay on all K
+            x = _step_inputs(p, c, family, opt, gate, gate_opts, params, beta_name, C)
+            qn, kn, vf, beta, g_valid = (x[n] for n in ("qn", "kn", "vf", "beta", "g_valid"))
             # -- log2-space decays: Γ = cumsum(g·log2 e) within the chunk, Γ_C its last row
             G = cumsum(g_valid * LOG2E)
             G_C = last_row(G)
@@ -221,7 +232,7 @@ def _delta_rule_fwd(family: str, name: str, options: dict) -> ir.Module:
             # -- S ← diag(exp Γ_C) S + krᵀ v'
             S_next = S * exp2(G_C)[:, None] + kr.T @ v_new
             scan.yield_(S_next)
-            name_locals(locals())
+            name_locals({**locals(), **x})
         if opt["output_final_state"]:
             p.store_state("final_state", scan.results[0])
     return p.finish()
@@ -259,22 +270,9 @@ def _delta_rule_decode(family: str, name: str, options: dict) -> ir.Module:
         S0 = p.load_state("initial_state", name="h0") if opt["use_initial_state"] else zeros((K, V), name="h0")
         scan = p.scan([S0], names=["S"], name="S_final")
         with scan as (t, S):
-            # -- token t ([1, ...] tiles; a row past the sequence end reads as 0)
-            qf = p.load("q", t).f32()
-            kf = p.load("k", t).f32()
-            vf = p.load("v", t).f32()
-            beta_in = p.load(beta_name, t).f32()
-            g_in = p.load(gate.input_name, t).f32()
-            qn, kn = (l2norm(qf), l2norm(kf)) if opt["use_qk_l2norm_in_kernel"] else (qf, kf)
-            if opt["use_beta_sigmoid_in_kernel"]:
-                beta = 2.0 * sigmoid(beta_in) if opt["allow_neg_eigval"] else sigmoid(beta_in)
-            else:
-                beta = beta_in
-            valid = p.valid_rows(t)
-            g_valid = where(valid[:, None] if family == "kda" else valid,
-                            gate(g_in, params, **gate_opts), 0.0)
-            if family == "gdn":
-                g_valid = dsl.broadcast_to(g_valid[:, None], (1, K), name="g_k")
+            # -- token t ([1, ...] tiles)
+            x = _step_inputs(p, t, family, opt, gate, gate_opts, params, beta_name, 1)
+            qn, kn, vf, beta, g_valid = (x[n] for n in ("qn", "kn", "vf", "beta", "g_valid"))
             # -- S = diag(exp g) S;  e = v − Sᵀk;  S += β k ⊗ e;  o = scale Sᵀq
             S_decayed = S * exp2(last_row(g_valid) * LOG2E)[:, None]
             err = vf - kn @ S_decayed
@@ -284,7 +282,7 @@ def _delta_rule_decode(family: str, name: str, options: dict) -> ir.Module:
             if token_states:
                 p.store_chunk("token_states", t, S_next)
             scan.yield_(S_next)
-            name_locals(locals())
+            name_locals({**locals(), **x})
         if opt["output_final_state"]:
             p.store_state("final_state", scan.results[0])
     return p.finish()
