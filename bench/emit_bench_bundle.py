@@ -1,11 +1,11 @@
 """Emit (on a machine with MLIR) the kernel bundle bench_fla.py needs on the GPU machine.
 
-    python bench/emit_bench_bundle.py OUT [--chip sm_90a] [--lower fma|bf16x3] [--pipeline stable|chip]
+    python bench/emit_bench_bundle.py OUT [--chip sm_90a] [--lower fma|auto|tf32|bf16x3] [--pipeline stable|chip]
 
 It runs the benchmark's calls on tiny CPU inputs under kdagen's recording executor to learn
 which (program, options) variants they use, then lowers each with the requested lowering (by
 default the chip's full pass pipeline — partitioned into chunk-parallel and state kernels — and
-tensor-core bf16x3 matrix products) under the variant name the runtime looks up.
+tensor-core matrix products, TF32 in the forward and bf16x3 in the backward) under the variant name the runtime looks up.
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def main(argv=None) -> int:
     ap.add_argument("out")
     ap.add_argument("--chip", default="sm_90a")
     ap.add_argument("--ops", default="kda,gdn")
-    ap.add_argument("--lower", default="bf16x3", choices=["fma", "bf16x3", "bf16"])
+    ap.add_argument("--lower", default="auto", choices=["fma", "auto", "tf32", "bf16x3", "bf16"])
     ap.add_argument("--pipeline", default="chip", choices=["stable", "chip"])
     ap.add_argument("--path", default="portable", choices=["portable", "native"],
                     help="native: the chip's own path (sm_90a: TMA + wgmma + warp specialisation)")
@@ -60,6 +60,12 @@ def main(argv=None) -> int:
                          "instructions at each consumer (0: always materialise; ablation)")
     ap.add_argument("--scan-k-split", type=int, default=None,
                     help="warpgroups sharing a register scan's value block (K split; ablation)")
+    ap.add_argument("--chunk-size", type=int, default=None,
+                    help="kdagen's chunk size for the recorded calls (ablation; time them with "
+                         "kdagen bench --chunk-size LABEL=C)")
+    ap.add_argument("--smem-reserve", type=int, default=None,
+                    help="bytes of the shared memory per block kept free (ablation: a smaller "
+                         "budget per CTA)")
     ap.add_argument("--programs", default=None,
                     help="only these programs (comma-separated, e.g. kda_fwd)")
     ap.add_argument("--configs", default=None,
@@ -67,6 +73,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from kdagen.bundle_writer import write_bundle
     from kdagen.runtime.bundle import variant_name
+    if args.chunk_size is not None:
+        from kdagen import ops
+        ops.CHUNK_SIZE = args.chunk_size
     variants = bench_variants(args.ops.split(","),
                               args.configs.split(",") if args.configs else None)
     if args.programs:
@@ -88,6 +97,8 @@ def main(argv=None) -> int:
             lower["remat_ops"] = args.remat_ops
         if args.tril_inv is not None:
             lower["tril_inv"] = args.tril_inv
+        if args.smem_reserve is not None:
+            lower["smem_reserve"] = args.smem_reserve
         if args.no_register_scan:
             lower["register_scan"] = False
         write_bundle(args.out, [(program, options, lower, variant_name(program, options))],

@@ -87,15 +87,18 @@ def make_inputs(family, B, T, H, HV, lengths, device, seed=0):
     return x, kw, T
 
 
-def implementations(family, fla=True, bundles: dict | None = None):
+def implementations(family, fla=True, bundles: dict | None = None,
+                    chunk_sizes: dict | None = None):
     """{name: callable}: kdagen (or one ``kdagen_<label>`` per bundle folder of ``bundles``, the
-    bundle selected through KDAGEN_BUNDLE at each call) and FLA when importable."""
+    bundle selected through KDAGEN_BUNDLE at each call, and kdagen's chunk size from
+    ``chunk_sizes[label]`` when given: an ablation, the bundle must hold those variants) and
+    FLA when importable."""
     impls = {}
     import kdagen
     fn = kdagen.chunk_kda if family == "kda" else kdagen.chunk_gated_delta_rule
     if bundles:
         for label, path in bundles.items():
-            impls[f"kdagen_{label}"] = _with_bundle(fn, path)
+            impls[f"kdagen_{label}"] = _with_bundle(fn, path, (chunk_sizes or {}).get(label))
     else:
         impls["kdagen"] = fn
     if not fla:
@@ -111,9 +114,13 @@ def implementations(family, fla=True, bundles: dict | None = None):
     return impls
 
 
-def _with_bundle(fn, path):
+def _with_bundle(fn, path, chunk_size: int | None = None):
+    from kdagen import ops
+
     def run(*args, **kwargs):
         os.environ["KDAGEN_BUNDLE"] = str(path)
+        # set, not restored: the backward of this call runs before another impl's call
+        ops.CHUNK_SIZE = chunk_size or 64
         return fn(*args, **kwargs)
     run.__module__ = fn.__module__
     return run
@@ -237,6 +244,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="time kdagen from this kernel bundle as impl kdagen_LABEL "
                              "(repeatable: compares lowering paths in one process); without "
                              "it, one impl 'kdagen' from KDAGEN_BUNDLE")
+    parser.add_argument("--chunk-size", action="append", default=[], metavar="LABEL=C",
+                        help="kdagen's chunk size for the impl of bundle LABEL (ablation; the "
+                             "bundle must hold variants of that chunk size: "
+                             "bench/emit_bench_bundle.py --chunk-size)")
     parser.add_argument("--no-fla", action="store_true",
                         help="time kdagen only (no FLA columns or ratios)")
     parser.add_argument("--kernels", action="store_true",
@@ -256,6 +267,10 @@ def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
     bundles = dict(b.split("=", 1) for b in args.bundle)
+    chunk_sizes = {k: int(v) for k, v in (c.split("=", 1) for c in args.chunk_size)}
+    unknown = set(chunk_sizes) - set(bundles)
+    if unknown:
+        parser.error(f"--chunk-size {sorted(unknown)}: no --bundle with that label")
     import torch
     if not torch.cuda.is_available():
         print("kdagen bench needs a CUDA GPU (it times kernels against FLA on the same inputs)",
@@ -266,7 +281,8 @@ def main(argv=None):
     rows = []
     kernels = [] if args.kernels else None
     for family in args.ops.split(","):
-        impls = implementations(family, fla=not args.no_fla, bundles=bundles)
+        impls = implementations(family, fla=not args.no_fla, bundles=bundles,
+                                chunk_sizes=chunk_sizes)
         for name in args.configs.split(","):
             B, T, H, HV, lengths = CONFIGS[name]
             x, kw, T = make_inputs(family, B, T or 0, H, HV, lengths, device)

@@ -122,6 +122,30 @@ def test_forward_tensor_cores_bf16x3(gate):
            dot="bf16x3", f32_tol=5e-5)
 
 
+@pytest.mark.parametrize("gate", ["lower_bound", "softplus"])
+def test_forward_tensor_cores_tf32(gate):
+    """mma.sync m16n8k8 on TF32 operands (the default precision of the products): products,
+    decay products and the inverse's block merges at TF32 accuracy, and really rounded."""
+    case = make_case("kda", gate=gate, H=1, HV=2, K=64, V=64, lengths=[5, 70], decay="weak",
+                     seed=9)
+    errs = _check(stable_module("kda_fwd", **case.options), case.inputs, "hybrid", FWD_F32,
+                  dot="tf32", f32_tol=3e-3)
+    assert errs["final_state"] > 1e-6
+
+
+def test_backward_tensor_cores_tf32():
+    """The backward with TF32 products (softplus gate: exact-diagonal decay products)."""
+    case = make_case("kda", gate="softplus", H=1, HV=2, K=64, V=64, lengths=[30, 40], seed=11,
+                     decay="weak")
+    m = stable_module("kda_bwd", **case.options)
+    g = torch.Generator().manual_seed(12)
+    sz = case.sizes
+    inputs = dict(case.inputs)
+    inputs["do"] = torch.randn(sz["B"], sz["T"], sz["HV"], sz["V"], generator=g, dtype=torch.float64)
+    inputs["dht"] = torch.randn(sz["N"], sz["HV"], sz["K"], sz["V"], generator=g, dtype=torch.float64)
+    _check(m, inputs, "global", BWD_F32, dot="tf32", f32_tol=3e-3)
+
+
 def test_forward_tensor_cores_bf16():
     """Plain bf16 operands: the error of rounding every matrix operand to bf16 (FLA-like)."""
     case = make_case("gdn", gate="gdn_lower_bound", B=1, T=40, H=1, K=64, V=64, chunk_size=32,

@@ -128,8 +128,9 @@ def test_consumer_warpgroups_split_every_wgmma_over_n(warpgroups, threads, regs,
     assert re.search(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{regs}", ptx)
     assert re.search(rf"setmaxnreg\.dec\.sync\.aligned\.u32\s+{producer}", ptx)
     assert re.search(rf"bar\.sync\s+1, {128 * warpgroups}", ptx)      # the consumers' named barrier
-    shapes = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)", ptx))
-    assert shapes == {f"m64n{n_split}k16"}, shapes
+    # the forward's products are TF32 (dot="auto"): k8 per instruction
+    shapes = set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k\d+)", ptx))
+    assert shapes == {f"m64n{n_split}k8"}, shapes
     from kdagen.codegen import ptxas
     try:
         ptxas.find_ptxas()

@@ -6,13 +6,14 @@ then, on the GPU machine, ``python -m tools.gpu_check OUT``.
 from __future__ import annotations
 
 from kdagen.bundle_writer import write_bundle
-from kdagen.driver import Compilation
+from kdagen.driver import DEFAULT_LOWERING, Compilation
 
 # The variants the GPU check covers by default (kda/gdn, fwd/bwd, K = V = 64/128, both gate
 # forms, GVA, varlen, fp16, without initial state).
-TC = {"dot": "bf16x3"}          # tensor cores, operands split in bf16 hi + lo
-PART = {"dot": "bf16x3", "pipeline": "chip"}   # + the chip's pipeline: partitioned kernels
-NATIVE = {"dot": "bf16x3", "pipeline": "chip", "path": "native"}   # sm_90a: TMA + wgmma + WS
+PRODUCTS = DEFAULT_LOWERING["dot"]   # what ships (auto: TF32 forward, bf16x3 backward products)
+TC = {"dot": PRODUCTS}          # tensor cores
+PART = {"dot": PRODUCTS, "pipeline": "chip"}   # + the chip's pipeline: partitioned kernels
+NATIVE = {"dot": PRODUCTS, "pipeline": "chip", "path": "native"}   # sm_90a: TMA + wgmma + WS
 NATIVE_SET = [
     ("kda_fwd", dict(head_k_dim=128, head_v_dim=128, gate="lower_bound", gva_ratio=2, varlen=True), NATIVE),
     ("kda_fwd", dict(head_k_dim=128, head_v_dim=128, gate="softplus"), NATIVE),

@@ -52,6 +52,22 @@ def mma_m16n8k16(a: list[ir.Value], b: list[ir.Value], c: list[ir.Value],
     return [llvm.extractvalue(_f32(), res, [i]) for i in range(4)]
 
 
+def mma_m16n8k8_tf32(a: list[ir.Value], b: list[ir.Value], c: list[ir.Value]) -> list[ir.Value]:
+    """D = A·B + C for one m16n8k8 TF32 atom (``mma.sync...row.col.f32.tf32.tf32``): 4 A and 2
+    B i32 registers holding TF32 bits (the tensor core reads the top 19), 4 f32 → 4 f32.
+    Fragments (g = lane / 4, t = lane % 4): A reg r = A[g + 8(r % 2), t + 4(r / 2)],
+    B reg r = B[t + 4r, g], C/D reg i = C[g + 8(i / 2), 2t + i % 2]."""
+    if len(a) != 4 or len(b) != 2 or len(c) != 4:
+        raise ValueError("mma m16n8k8 (tf32) takes 4 A registers, 2 B registers and 4 f32 "
+                         "accumulators")
+    ptx_type = ir.Attribute.parse("#nvvm.mma_type<tf32>")
+    res_t = ir.Type.parse("!llvm.struct<(f32, f32, f32, f32)>")
+    res = nvvm.mma_sync(res_t, ir.Attribute.parse("#nvvm.shape<m = 16, n = 8, k = 8>"),
+                        nvvm.MMALayout.row, nvvm.MMALayout.col, a, b, c,
+                        multiplicand_a_ptx_type=ptx_type, multiplicand_b_ptx_type=ptx_type)
+    return [llvm.extractvalue(_f32(), res, [i]) for i in range(4)]
+
+
 # ------------------------------------------------------------------------------------------
 # Accumulator tiles in registers
 # ------------------------------------------------------------------------------------------

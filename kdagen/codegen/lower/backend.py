@@ -209,6 +209,19 @@ def mma_bf16(a: list, b: list, c: list) -> list:
     return current().mma_bf16(a, b, c)
 
 
+def tf32_operand(x):
+    """x as a TF32 operand register of :func:`mma_tf32` (rounded to nearest, ties away)."""
+    return current().tf32_operand(x)
+
+
+def mma_tf32(a: list, b: list, c: list) -> list:
+    """mma.sync.m16n8k8.row.col.f32.tf32.tf32: 4 A and 2 B operand registers
+    (:func:`tf32_operand`), 4 f32 accumulators of this lane -> 4 f32. Fragments: A reg r =
+    A[g + 8(r%2), t + 4(r/2)], B reg r = B[t + 4r, g], C reg i = C[g + 8(i/2), 2t + i%2]
+    (g = lane / 4, t = lane % 4)."""
+    return current().mma_tf32(a, b, c)
+
+
 # derived math (same formulas on both backends)
 
 def exp2_clamped(x, clamp_min, clamp_max=None):

@@ -274,6 +274,16 @@ class MlirBackend:
         from kdagen.codegen.common.mma import mma_m16n8k16
         return mma_m16n8k16(list(a), list(b), list(c), "bf16")
 
+    def tf32_operand(self, x):
+        self.cost.event("cvt.tf32")
+        from kdagen.codegen.common.convert import tf32_operand_bits
+        return tf32_operand_bits(x)
+
+    def mma_tf32(self, a, b, c):
+        self.cost.event("mma.sync")
+        from kdagen.codegen.common.mma import mma_m16n8k8_tf32
+        return mma_m16n8k8_tf32(list(a), list(b), list(c))
+
     # memory: ptr is an llvm.ptr value (global or shared); index an int-like (i32) or W64
     def _elem(self, elt):
         ir = self.ir

@@ -13,8 +13,11 @@ class LowerOptions:
     storage: str = "auto"               # "auto" | "smem" | "global"
     smem_reserve: int = 1024            # bytes of the target's budget kept free
     global_block: int = 256
-    # matrix products: "fma" (fp32 FMA on the CUDA cores), "bf16x3" (mma.sync with operands
-    # split into bf16 hi + lo: ~fp32 accuracy), "bf16" (mma.sync on bf16-rounded operands).
+    # matrix products: "fma" (fp32 FMA on the CUDA cores), "tf32" (mma.sync m16n8k8 / wgmma
+    # on TF32-rounded operands), "bf16x3" (operands split into bf16 hi + lo, three products:
+    # ~fp32 accuracy), "bf16" (bf16-rounded operands), "auto" (tf32 in forward and decode
+    # programs, bf16x3 in backward ones: kdagen.codegen.lower.kernel.AUTO_PRODUCTS; what
+    # kdagen.driver.DEFAULT_LOWERING ships).
     # Tensor cores take kda.dot and kda.decay_dot with a subblock that is a multiple of 16.
     dot: str = "fma"
     # "portable" (valid on every chip) or "native": the chip's own path where kdagen has one

@@ -233,6 +233,31 @@ class SimBackend:
         hi = self._arr(np.asarray(hi, np.float32), np.float32)
         return np.stack([_bf16_round(lo), _bf16_round(hi)])
 
+    def tf32_operand(self, x):
+        return tf32_round(self._arr(np.asarray(x, np.float32), np.float32))
+
+    def mma_tf32(self, a, b, c):
+        """The warp-collective TF32 mma (fragments as in backend.mma_tf32)."""
+        if not self.mask.all():
+            raise SimError("mma.sync with inactive lanes")
+        nw = self.nt // 32
+        lane = self.lanes % 32
+        warp = self.lanes // 32
+        g, t = lane // 4, lane % 4
+        A = np.zeros((nw, 16, 8))
+        Bm = np.zeros((nw, 8, 8))
+        Cm = np.zeros((nw, 16, 8))
+        for r in range(4):
+            A[warp, g + 8 * (r % 2), t + 4 * (r // 2)] = np.asarray(a[r])
+        for r in range(2):
+            Bm[warp, t + 4 * r, g] = np.asarray(b[r])
+        rows = [g + 8 * (i // 2) for i in range(4)]
+        cols = [2 * t + (i % 2) for i in range(4)]
+        for i in range(4):
+            Cm[warp, rows[i], cols[i]] = self._arr(np.asarray(c[i], np.float32), np.float32)
+        D = (np.einsum("wik,wkj->wij", A, Bm) + Cm).astype(np.float32)
+        return [D[warp, rows[i], cols[i]] for i in range(4)]
+
     def mma_bf16(self, a, b, c):
         """The warp-collective mma on the PTX fragment layouts (groupID g = lane / 4,
         threadID_in_group t = lane % 4): A reg r half h = A[g + 8(r%2), 2t + h + 8(r/2)],

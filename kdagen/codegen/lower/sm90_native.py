@@ -18,8 +18,9 @@ where they fit in shared memory; :func:`chunk_warpgroups`), 1 otherwise:
   the loaded tiles from the ring after waiting on 'full' (rows past the sequence end masked to 0
   as on the portable path), arrives on 'empty' when the chunk is done, and computes every
   ``kda.dot`` whose shape fits as **wgmma from shared memory**: the operands (any tile
-  expression) are rounded to bf16 (``bf16x3``: hi + lo parts, three products, ~fp32 accuracy)
-  into 128B-swizzled K-major staging tiles, then ``wgmma.mma_async`` m64nNk16 reads them through
+  expression) are rounded to TF32 (``tf32``: 4-byte elements, m64nNk8) or bf16 (``bf16x3``:
+  hi + lo parts, three products, ~fp32 accuracy) into 128B-swizzled K-major staging tiles,
+  then ``wgmma.mma_async`` (m64nNk16 for bf16) reads them through
   matrix descriptors and the fp32 accumulators are written to the result buffer; with W
   consumer warpgroups each one computes N / W of the product's columns (its rows of the
   K-major B staging tile).
@@ -43,7 +44,7 @@ from kdagen.target import Target
 
 from ..common import barrier as bar
 from ..common import smem as smem_mod
-from ..common.convert import pack_f32x2
+from ..common.convert import pack_f32x2, tf32_operand_bits
 from ..common.ints import IntVal, ival
 from ..common.kernel import Param
 from ..common.launch import set_launch_bounds
@@ -249,10 +250,12 @@ def _wgmma_dot_dims(n) -> tuple | None:
 
 
 def _staging_layouts(N: int, K: int, precision: str) -> tuple:
-    """(A tile layout [64, ks], B tile layout [N, ks], parts): the bf16 staging of one K slice;
-    ``parts`` tiles of each (hi, and lo for bf16x3)."""
+    """(A tile layout [64, ks], B tile layout [N, ks], parts): the staging of one K slice,
+    K-major; ``parts`` tiles of each (bf16: hi, bf16x3: hi and lo; tf32: one tile of 4-byte
+    elements — the same bytes as bf16x3's two, one product instead of three)."""
     ks = _k_slice(K)
-    return (SmemLayout(WGMMA_M, ks, 2, ks * 2), SmemLayout(N, ks, 2, ks * 2),
+    eb = 4 if precision == "tf32" else 2
+    return (SmemLayout(WGMMA_M, ks, eb, ks * eb), SmemLayout(N, ks, eb, ks * eb),
             2 if precision == "bf16x3" else 1)
 
 
@@ -566,6 +569,8 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
         M, N = out.shape
         K = a.shape[1]
         la, lb, parts = _staging_layouts(N, K, self.layout.precision)
+        tf32 = self.layout.precision == "tf32"
+        dtype = "tf32" if tf32 else "bf16"
         ks = la.cols
         off = self.layout.staging_offset
         a_tiles = [SmemTile(self.smem_base, off + i * la.size_bytes, la) for i in range(parts)]
@@ -594,6 +599,12 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
             def write(idx, pair):
                 r, c2 = rc(idx)
                 x0, x1 = pair
+                if tf32:
+                    tiles[0].store(tf32_operand_bits(x0), r, c2 * 2)
+                    tiles[0].store(tf32_operand_bits(x1), r, c2 * 2 + 1)
+                    self.cost.event("cvt.tf32", 2)
+                    self.cost.event("st.shared.staging", 2)
+                    return
                 tiles[0].store(pack_f32x2(x0, x1), r, c2 * 2)
                 if parts == 2:
                     l0 = B.sub(x0, B.round_to(x0, "bf16"))
@@ -615,7 +626,7 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
         tid = th.tid
         wg = tid // WG_THREADS if W > 1 else 0
         if W > 1:
-            sub = SmemLayout(Nw, ks, 2, lb.swizzle)
+            sub = SmemLayout(Nw, ks, lb.elem_bytes, lb.swizzle)
             pitch = lb.byte_offset(Nw, 0)
             b_base = byte_gep(self.smem_base, ival(wg * pitch), shared_ptr_type())
             b_ops = [SmemTile(b_base, t.offset, sub) for t in b_tiles]
@@ -636,9 +647,9 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
                 pairs = [(0, 0)] if parts == 1 else [(0, 0), (0, 1), (1, 0)]
                 for pa, pb in pairs:
                     acc = wgmma.wgmma_matmul(self.target, acc, SmemOperand(a_tiles[pa]),
-                                             SmemOperand(b_ops[pb], True), ks)
-                    # B is K-major (transposed): one N chunk, one instruction per k16 step
-                    self.cost.event("wgmma", ks // wgmma.WGMMA_K)
+                                             SmemOperand(b_ops[pb], True), ks, dtype)
+                    # B is K-major (transposed): one N chunk, one instruction per k step
+                    self.cost.event("wgmma", ks // wgmma.wgmma_k(dtype))
                 wgmma.wgmma_commit(self.target)
                 wgmma.wgmma_wait(self.target, 0)
                 self.cost.event("wgmma.commit")

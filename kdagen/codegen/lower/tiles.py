@@ -394,7 +394,10 @@ def emit_decay_matmul(th: Threads, out: BufRef, w: Ref, x: Ref, g_row: Ref, g_co
 # tensor-core contraction: mma.sync m16n8k16 bf16 -> f32, fragments loaded from any Ref
 # ------------------------------------------------------------------------------------------
 
-MMA_PRECISIONS = ("bf16", "bf16x3")
+#: operands of the tensor-core products: bf16 (rounded), bf16x3 (hi + lo split, three
+#: products, ~fp32), tf32 (rounded to TF32, m16n8k8: ~1e-3 relative per product, what the
+#: accuracy goals need, docs/MATH.md)
+MMA_PRECISIONS = ("bf16", "bf16x3", "tf32")
 
 
 @dataclass(frozen=True)
@@ -458,7 +461,7 @@ def mma_contraction(th: Threads, out: BufRef, K: int, a_elem, b_elem, precision:
     """``out[i, j] = epilogue(i, j, sum_k a_elem(i, k) * b_elem(k, j, atom_row0))`` on tensor
     cores. Each lane loads its fragment elements straight from the operands (any Ref: buffers
     with any strides, views, lazy expressions) and rounds them to bf16 (``bf16x3``: hi + lo
-    split, three mmas, ~fp32 accuracy). ``b_per_atom``: B depends on the output row atom (its
+    split, three mmas, ~fp32 accuracy) or to TF32 (``tf32``: m16n8k8, one mma per 8 deep). ``b_per_atom``: B depends on the output row atom (its
     first row is passed), so B fragments are loaded per row atom."""
     if precision not in MMA_PRECISIONS:
         raise ValueError(f"mma precision must be one of {MMA_PRECISIONS}, got {precision!r}")
@@ -475,6 +478,23 @@ def mma_contraction(th: Threads, out: BufRef, K: int, a_elem, b_elem, precision:
             rbases = [row0 + 16 * (pss * plan.am + x) for x in range(plan.am)]
             cbases = [col0 + 8 * (cps * plan.an + y) for y in range(plan.an)]
             init = [B.f(0.0)] * (plan.am * plan.an * 4)
+
+            def step_tf32(kk, *acc):
+                k0 = kk * 8
+                afr = [[B.tf32_operand(a_elem(rb + g + 8 * (r % 2), k0 + t + 4 * (r // 2)))
+                        for r in range(4)] for rb in rbases]
+
+                def bfrag(cb, rb):
+                    return [B.tf32_operand(b_elem(k0 + t + 4 * r, cb + g, rb)) for r in range(2)]
+
+                new = list(acc)
+                for y, cb in enumerate(cbases):
+                    shared = None if b_per_atom else bfrag(cb, rbases[0])
+                    for x, rb in enumerate(rbases):
+                        bf = shared if shared is not None else bfrag(cb, rb)
+                        base = (x * plan.an + y) * 4
+                        new[base:base + 4] = B.mma_tf32(afr[x], bf, new[base:base + 4])
+                return new
 
             def step(kk, *acc):
                 k0 = kk * 16
@@ -505,7 +525,10 @@ def mma_contraction(th: Threads, out: BufRef, K: int, a_elem, b_elem, precision:
                         new[base:base + 4] = c
                 return new
 
-            acc = B.for_range(0, K // 16, 1, step, init)
+            if precision == "tf32":
+                acc = B.for_range(0, K // 8, 1, step_tf32, init)
+            else:
+                acc = B.for_range(0, K // 16, 1, step, init)
             for x, rb in enumerate(rbases):
                 for y, cb in enumerate(cbases):
                     for i in range(4):

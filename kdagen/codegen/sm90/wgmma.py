@@ -34,6 +34,12 @@ SWIZZLE_CODE = {0: 0, 128: 1, 64: 2, 32: 3}
 WGMMA_M, WGMMA_K = 64, 16
 
 
+def wgmma_k(dtype: str) -> int:
+    """Depth of one wgmma instruction: 32 bytes of each operand row (16 for 16-bit types,
+    8 for tf32)."""
+    return 8 if dtype == "tf32" else WGMMA_K
+
+
 def _enc(x: int) -> int:
     return (x & 0x3FFFF) >> 4
 
@@ -138,10 +144,13 @@ def wgmma_async(target: Target, acc_values: list, desc_a: ir.Value, desc_b: ir.V
     inout = llvm.mlir_undef(struct_t)
     for i, v in enumerate(acc_values):
         inout = llvm.insertvalue(inout, v, [i])
+    if dtype == "tf32" and (a_mn_major or b_mn_major):
+        raise ValueError("TF32 wgmma reads both operands K-major (A stored [M, K], B [N, K]); "
+                         "stage the operand transposed")
     wtype = ir.Attribute.parse(f"#nvvm.wgmma_type<{dtype}>")
     res = nvvm.wgmma_mma_async(
         struct_t, inout, desc_a, desc_b,
-        ir.Attribute.parse(f"#nvvm.shape<m = 64, n = {n}, k = 16>"),
+        ir.Attribute.parse(f"#nvvm.shape<m = 64, n = {n}, k = {wgmma_k(dtype)}>"),
         wtype, wtype, ir.Attribute.parse("#nvvm.wgmma_type<f32>"),
         ir.Attribute.parse(f"#nvvm.wgmma_scale_out<{'one' if accumulate else 'zero'}>"),
         ir.Attribute.parse("#nvvm.wgmma_scale_in<one>"), ir.Attribute.parse("#nvvm.wgmma_scale_in<one>"),
@@ -195,7 +204,8 @@ def wgmma_acc_layout(n: int) -> AccLayout:
 def wgmma_matmul(target: Target, acc: AccFragment, a: SmemOperand, b: SmemOperand, k: int,
                  dtype: str = "bf16", m0: int = 0, accumulate: bool = True) -> AccFragment:
     """Issue ``acc[64, N] (+)= op(A)[m0:m0+64, :k] · op(B)[:k, :N]`` as wgmma instructions
-    (k/16 of them per N chunk; N is split into panel-wide chunks when B is N-major).
+    (k/16 of them per N chunk, k/8 for tf32; N is split into panel-wide chunks when B is
+    N-major).
 
     ``a``/``b``: `SmemOperand` on swizzled tiles, with ``transposed`` meaning, as for mma.sync,
     A stored [K, M] / B stored [N, K]; their row0/col0 must be 0 (use separate tiles or the
@@ -205,8 +215,9 @@ def wgmma_matmul(target: Target, acc: AccFragment, a: SmemOperand, b: SmemOperan
     lay = acc.layout
     if lay != wgmma_acc_layout(lay.cols):
         raise ValueError("wgmma accumulators use AccLayout(64, N, warps_m=4, warps_n=1)")
-    if k % WGMMA_K:
-        raise ValueError(f"wgmma depth {k} is not a multiple of 16")
+    step = wgmma_k(dtype)
+    if k % step:
+        raise ValueError(f"wgmma depth {k} is not a multiple of {step} ({dtype})")
     for op in (a, b):
         if not (isinstance(op.row0, int) and op.row0 == 0 and isinstance(op.col0, int) and op.col0 == 0):
             raise ValueError("wgmma operands start at the tile origin (row0 = col0 = 0)")
@@ -219,11 +230,11 @@ def wgmma_matmul(target: Target, acc: AccFragment, a: SmemOperand, b: SmemOperan
     chunk = n if b_k_major else min(n, b.tile.layout.panel_cols)
     a_base, b_base = a.tile.addr32(0, 0), b.tile.addr32(0, 0)
     values = list(acc.values)
-    for kk in range(k // WGMMA_K):
-        start, lbo, sbo = operand_start_and_strides(a.tile.layout, "a", a.transposed, m0, kk * WGMMA_K)
+    for kk in range(k // step):
+        start, lbo, sbo = operand_start_and_strides(a.tile.layout, "a", a.transposed, m0, kk * step)
         desc_a = make_descriptor(a_base + start, lbo, sbo, a.tile.layout.swizzle)
         for n0 in range(0, n, chunk):
-            start, lbo, sbo = operand_start_and_strides(b.tile.layout, "b", b.transposed, n0, kk * WGMMA_K)
+            start, lbo, sbo = operand_start_and_strides(b.tile.layout, "b", b.transposed, n0, kk * step)
             desc_b = make_descriptor(b_base + start, lbo, sbo, b.tile.layout.swizzle)
             lo, hi = n0 // 2, (n0 + chunk) // 2
             values[lo:hi] = wgmma_async(target, values[lo:hi], desc_a, desc_b, chunk, dtype,
