@@ -5,7 +5,7 @@
 It runs the benchmark's calls on tiny CPU inputs under kdagen's recording executor to learn
 which (program, options) variants they use, then lowers each with the requested lowering (by
 default the chip's full pass pipeline — partitioned into chunk-parallel and state kernels — and
-tensor-core matrix products, TF32 in the forward and bf16x3 in the backward) under the variant name the runtime looks up.
+tensor-core matrix products: TF32, bf16x3 for the adjoint decay products) under the variant name the runtime looks up.
 """
 from __future__ import annotations
 

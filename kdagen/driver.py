@@ -49,9 +49,9 @@ __all__ = ["Compilation", "DEFAULT_LOWERING", "BACKEND_STAGES", "build_module", 
 
 # What `kdagen emit`, the runtime's compile-on-demand and the API bundles use: the chip's full
 # pass pipeline (partitioned chunk-parallel + state kernels, warp-specialisation annotations),
-# tensor-core matrix products ("auto": TF32 operands in the forward and decode programs, bf16x3
-# in the backward, whose gate-parameter gradients need it; kdagen.codegen.lower.kernel.
-# AUTO_PRODUCTS), and the chip's native path where kdagen has one (sm_90a: TMA producer +
+# tensor-core matrix products ("auto": TF32 operands, bf16x3 for the backward's adjoint decay
+# products, whose differences the gate-parameter gradients sum; kdagen.codegen.lower.options.
+# product_precision), and the chip's native path where kdagen has one (sm_90a: TMA producer +
 # wgmma consumers), the portable path elsewhere.
 DEFAULT_LOWERING = {"path": "native", "dot": "auto", "pipeline": "chip"}
 

@@ -10,7 +10,7 @@ from kdagen.driver import DEFAULT_LOWERING, Compilation
 
 # The variants the GPU check covers by default (kda/gdn, fwd/bwd, K = V = 64/128, both gate
 # forms, GVA, varlen, fp16, without initial state).
-PRODUCTS = DEFAULT_LOWERING["dot"]   # what ships (auto: TF32 forward, bf16x3 backward products)
+PRODUCTS = DEFAULT_LOWERING["dot"]   # what ships (auto: TF32 products, bf16x3 adjoint decay ones)
 TC = {"dot": PRODUCTS}          # tensor cores
 PART = {"dot": PRODUCTS, "pipeline": "chip"}   # + the chip's pipeline: partitioned kernels
 NATIVE = {"dot": PRODUCTS, "pipeline": "chip", "path": "native"}   # sm_90a: TMA + wgmma + WS

@@ -47,7 +47,7 @@ from . import backend as B
 from . import tiles as T_
 from .cost import CHUNKS, CostCounter, NullCounter
 from .mlir_backend import MlirBackend, W64
-from .options import LowerOptions
+from .options import LowerOptions, product_precision
 from .plan import MATRIX_OPS, STORE_OPS, KernelGroup, LoweringError
 from .program import Program, Value, walk
 from .storage import GLOBAL_ALIGN, StoragePlan, buffer_strides
@@ -567,12 +567,18 @@ class TileKernelEmitter:
                                lambda idx, v: mem.store(v, geo.chunk_row(c), idx))
 
     # -- matrix ops ----------------------------------------------------------------------
+    def product_precision(self, n) -> str:
+        """The operand precision of matrix op ``n`` under the lowering's ``dot``
+        (options.product_precision: per op for "auto")."""
+        return product_precision(self.opts.dot, n.op)
+
     def matrix(self, n, out: T_.BufRef) -> None:
         k = n.kind
         ops = [self.env.get(o) for o in n.operands]
         a = n.attrs
         th = self.th
-        mma = self.opts.dot in T_.MMA_PRECISIONS
+        dot = self.product_precision(n)
+        mma = dot in T_.MMA_PRECISIONS
         if k == "dot":
             lhs, rhs = ops
             if a.get("transpose_lhs"):
@@ -580,7 +586,7 @@ class TileKernelEmitter:
             if a.get("transpose_rhs"):
                 rhs = T_.transpose(rhs)
             if mma and T_.mma_supported(out.shape[0], out.shape[1], lhs.shape[1]):
-                T_.emit_dot_mma(th, out, lhs, rhs, self.opts.dot)
+                T_.emit_dot_mma(th, out, lhs, rhs, dot)
             else:
                 T_.emit_dot(th, out, lhs, rhs)
         elif k in ("decay_dot", "decay_matmul"):
@@ -597,17 +603,17 @@ class TileKernelEmitter:
                           if mma and exact else None)
             if k == "decay_dot" and mma and exact:
                 T_.emit_decay_dot_mma_exact_diagonal(th, out, ops[0], ops[1], ops[2], diagonal,
-                                                     a.get("clamp_min"), S, self.opts.dot,
+                                                     a.get("clamp_min"), S, dot,
                                                      gate_check=gate_check)
             elif k == "decay_dot" and mma and not a.get("exact_diagonal") and S >= 16 and S % 16 == 0:
                 T_.emit_decay_dot_mma(th, out, *ops, diagonal, a.get("clamp_min"), S,
-                                      self.opts.dot)
+                                      dot)
             elif k == "decay_dot":
                 T_.emit_decay_dot(th, out, *ops, diagonal, a.get("clamp_min"))
             elif mma and exact:
                 T_.emit_decay_matmul_mma_exact_diagonal(th, out, ops[0], ops[1], ops[2], diagonal,
                                                         bool(a.get("transpose")),
-                                                        a.get("clamp_min"), S, self.opts.dot,
+                                                        a.get("clamp_min"), S, dot,
                                                         gate_check=gate_check)
             else:
                 T_.emit_decay_matmul(th, out, *ops, diagonal, bool(a.get("transpose")),

@@ -7,7 +7,7 @@ runtime relies on: emitter.py.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from kdagen.codegen.common.kernel import GpuModuleBuilder
 from kdagen.target import Target
@@ -16,7 +16,7 @@ from . import register_scan, sm90_native
 from . import tiles as T_
 from .cost_model import kernel_report
 from .emitter import REDUCE_SLOTS_BYTES, GlobalKernelEmitter, TileKernelEmitter
-from .options import LowerOptions
+from .options import LowerOptions, product_precision
 from .plan import KernelGroup, LoweringError, group_kernels
 from .program import Program, read_program, walk
 from .storage import StoragePlan, plan_storage, remat_candidates
@@ -76,7 +76,7 @@ def prepare(program: Program, target: Target | None, prefix: str,
     if opts.path not in ("portable", "native"):
         raise LoweringError(f"path: {opts.path!r} is not a lowering path; use 'portable' or "
                             "'native'")
-    opts = replace(opts, dot=product_precision(opts.dot, program))
+    product_precision(opts.dot)          # a valid value (else a clear error)
     out = []
     groups = group_kernels(program, opts.split_scans)
     register_plans = _register_scan_plans(program, groups, target, opts)
@@ -153,7 +153,9 @@ def _plan_group(program: Program, g, target: Target | None, opts: LowerOptions, 
     budget = (target.smem_per_block if target is not None else 227 * 1024) - opts.smem_reserve
     native = None
     if nat is not None:
-        precision = opts.dot if opts.dot in T_.MMA_PRECISIONS else "bf16x3"
+        # the precision of the kernel's wgmma products (kda.dot) and their staging tiles
+        precision = product_precision(opts.dot, "kda.dot")
+        precision = precision if precision in T_.MMA_PRECISIONS else "bf16x3"
         single = nat.single_read_operands(g)
         # tiles streamed into the ring are read from it (no fp32 copy); the ring may keep
         # fewer loads than planned for when it must leave room: plan again until both agree
@@ -241,8 +243,7 @@ def lower_program(module, target: Target, *, name: str | None = None,
         info = ({"buffers": len({id(b) for b in plan.buffers.values()}),
                  "modes": _mode_counts(plan), "scans": len(pk.group.scans)} if plan is not None
                 else {"buffers": 0, "modes": {"registers": 1}, "scans": len(pk.group.scans)})
-        path = pk.launch.get("path") or ("portable-fma" if product_precision(opts.dot, program) == "fma"
-                                         else "portable-mma")
+        path = pk.launch.get("path") or ("portable-fma" if opts.dot == "fma" else "portable-mma")
         out.append(LoweredKernel(pk.name, program.name, "tile", pk.group.index, builder, params,
                                  pk.launch, pk.storage, pk.launch["scratch_bytes_per_cta"],
                                  path, info, report))
@@ -258,27 +259,6 @@ def hbm_bytes_per_token(group: KernelGroup) -> float | None:
     if not counts or any(c is None for c in counts):
         return None
     return float(sum(counts))
-
-
-#: the products of ``dot="auto"``: TF32 where the accuracy goals hold with it, bf16x3 where
-#: they do not. On the H200 the native backward with TF32 chunk products put dA_log / ddt_bias
-#: over their 8e-3 bar (kda K = 64 softplus, T = 200 strong decay: dA_log 1.15e-2 vs 2.0e-4
-#: with bf16x3; gdn K = 128: 1.13e-2 strong, 5.7e-2 steep): the gate-parameter gradients sum
-#: terms that cancel, so the backward keeps bf16x3 until products get their precision one by
-#: one. The forward and decode programs pass the whole GPU check with TF32 (o, final_state).
-AUTO_PRODUCTS = {"forward": "tf32", "backward": "bf16x3"}
-
-
-def product_precision(dot: str, program: Program) -> str:
-    """The matrix-product precision a program's kernels use for the lowering option ``dot``
-    (``"auto"``: :data:`AUTO_PRODUCTS` by the program's direction)."""
-    if dot not in ("auto", "fma") + T_.MMA_PRECISIONS:
-        raise LoweringError(f"dot: {dot!r} is not a matrix-product precision; use one of "
-                            f"{', '.join(('auto', 'fma') + T_.MMA_PRECISIONS)}")
-    if dot != "auto":
-        return dot
-    backward = bool(program.attrs.get("derived_from"))
-    return AUTO_PRODUCTS["backward" if backward else "forward"]
 
 
 def native_path(target: Target | None):

@@ -220,13 +220,16 @@ class SimLibrary:
     """``KernelLibrary`` look-alike whose kernels run in the CPU simulator: built from the
     bundle's manifest (params, launch) and the modules the bundle was written from."""
 
-    def __init__(self, bundle_dir, modules: dict, chip: str, check_races: bool = True):
+    def __init__(self, bundle_dir, modules: dict, chip: str, check_races: bool = True,
+                 options: LowerOptions | None = None):
+        """``options``: the lowering the bundle was written with (portable path; default:
+        LowerOptions(), FMA products)."""
         from kdagen.runtime.bundle import read_manifest
         from kdagen.target import get_target
         self.manifest = read_manifest(bundle_dir)
         self.chip = chip
         self.kernels = {}
-        opts = LowerOptions()
+        opts = options or LowerOptions()
         for vname, module in modules.items():
             program = read_program(module)
             for pk in prepare(program, get_target(chip), vname, opts):

@@ -354,7 +354,8 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
             target.require(capability, "the native warp-specialised lowering (wgmma + TMA)")
         warpgroups = chunk_warpgroups(opts.chunk_warpgroups, storage) if group.parallel else 1
         super().__init__(program, group, plan, storage,
-                         replace(opts, dot=layout.precision, nthreads=WG_THREADS * warpgroups))
+                         replace(opts, dot=opts.dot if opts.dot == "auto" else layout.precision,
+                                 nthreads=WG_THREADS * warpgroups))
         self.warpgroups = warpgroups
         self.target = target
         self.layout = layout

@@ -1,0 +1,94 @@
+"""The matrix-product precision of the lowering (``dot``): what "auto" gives each op, and why
+the adjoint decay products keep bf16x3 — the gate-parameter gradient of a backward under strong
+decay, through the CPU simulator, the way tools/gpu_check runs it on the GPU."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from kdagen.codegen.lower.options import AUTO_EXACT_OPS, LowerOptions, product_precision
+
+
+def test_auto_is_tf32_except_the_adjoint_decay_products():
+    assert AUTO_EXACT_OPS == {"kda.decay_matmul"}
+    assert product_precision("auto", "kda.decay_matmul") == "bf16x3"
+    for op in ("kda.dot", "kda.decay_dot", None):
+        assert product_precision("auto", op) == "tf32"
+    for dot in ("fma", "tf32", "bf16x3", "bf16"):
+        assert product_precision(dot, "kda.decay_matmul") == dot
+    with pytest.raises(ValueError, match="tf33.*auto, fma, tf32"):
+        product_precision("tf33")
+
+
+def test_unknown_dot_is_refused_by_the_lowering():
+    pytest.importorskip("kdagen._mlir")
+    from kdagen.codegen.lower.kernel import prepare
+    from kdagen.codegen.lower.program import read_program
+    from kdagen.driver import build_module
+    from kdagen.target import get_target
+    m = build_module("kda_fwd", dict(head_k_dim=64, head_v_dim=64), "chip", "sm_90a")
+    with pytest.raises(ValueError, match="matrix-product precision"):
+        prepare(read_program(m), get_target("sm_90a"), "t", LowerOptions(dot="tf16"))
+
+
+def test_auto_lowers_decay_matmul_bf16x3_and_the_rest_tf32():
+    """On the native path: the wgmma products stage TF32 (k8 instructions), the backward's
+    decay_matmul issues three bf16 mma.sync per 16-deep step, the forward's decay_dot TF32
+    m16n8k8."""
+    pytest.importorskip("kdagen._mlir")
+    import re
+
+    from kdagen.driver import DEFAULT_LOWERING, Compilation
+    assert DEFAULT_LOWERING["dot"] == "auto"
+    opts = dict(head_k_dim=64, head_v_dim=64, gate="softplus")
+    fwd = Compilation("kda_fwd", opts, "sm_90a", lower=DEFAULT_LOWERING).run("ptx")
+    bwd = Compilation("kda_bwd", opts, "sm_90a", lower=DEFAULT_LOWERING).run("ptx")
+    for comp in (fwd, bwd):
+        for k in comp.kernels:
+            if k.launch.get("parallel_chunks"):
+                assert k.launch["wgmma_precision"] == "tf32", k.name
+                assert not re.search(r"wgmma\.mma_async\S*k16", comp.ptx[k.name]), k.name
+    fwd_ptx = "".join(fwd.ptx[k.name] for k in fwd.kernels)
+    assert "m16n8k8" in fwd_ptx and "m16n8k16" not in fwd_ptx
+    bwd_ptx = "".join(bwd.ptx[k.name] for k in bwd.kernels)
+    assert "m16n8k16" in bwd_ptx          # the decay_matmul products: bf16 hi/lo
+
+
+@pytest.mark.parametrize("family", ["kda", "gdn"])
+def test_auto_keeps_the_gate_parameter_gradients_under_their_bar(tmp_path, family):
+    """All-TF32 products put dA_log over its 8e-3 bar under strong decay (as on the H200);
+    "auto" (bf16x3 for kda.decay_matmul) brings it back under, every other gradient too."""
+    pytest.importorskip("kdagen._mlir")
+    import numpy as np
+
+    from kdagen.bundle_writer import write_bundle
+    from kdagen.codegen.lower.sim import SimLibrary
+    from kdagen.driver import build_module
+    from tools import gpu_check
+    from kdagen.runtime.launch import LoweredProgram
+    np.seterr(all="ignore")
+    options = dict(head_k_dim=64, head_v_dim=64,
+                   gate="softplus" if family == "kda" else "gdn_softplus")
+    program = f"{family}_bwd"
+    errors = {}
+    for dot in ("tf32", "auto"):
+        out = tmp_path / dot
+        lower = {"dot": dot, "pipeline": "chip"}
+        res = write_bundle(out, [(program, options, lower)], ["sm_120a"], assemble=False)
+        (vname,) = res["variants"]
+        spec = res["variants"][vname]
+        lib = SimLibrary(out, {vname: build_module(program, options, "chip", "sm_120a")},
+                         "sm_120a", options=LowerOptions(dot=dot))
+        prog = LoweredProgram(out, vname, library=lib)
+        cases = gpu_check._cases(spec, quick=False)
+        seed = next(i for i, c in enumerate(cases) if c["label"] == "B1_T200 strong")
+        rows = gpu_check.run_case(lambda **kw: prog(chip="sm_120a", **kw), spec, cases[seed],
+                                  torch.device("cpu"), seed)
+        errors[dot] = {r["tensor"]: (r["err"], r["bar"]) for r in rows}
+    err, bar = errors["tf32"]["dA_log"]
+    assert err > bar, errors["tf32"]                  # why auto exists
+    for name, (err, bar) in errors["auto"].items():
+        assert err <= bar, (name, err, bar)
+    assert errors["auto"]["dA_log"][0] < errors["tf32"]["dA_log"][0] / 5
