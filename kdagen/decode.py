@@ -113,10 +113,12 @@ def _scatter_states(pool: Tensor, slots: Tensor, states: Tensor, write: Tensor) 
     A row that must not write is pointed at the slot of the first row that does, carrying
     that row's state: duplicate indices then all carry the same value, so the copy is
     deterministic (with no row writing, every row rewrites slot 0 with its own value)."""
-    first = torch.argmax(write.to(torch.int32))                  # 0 when no row writes
+    # index_select with a one-element index tensor: indexing with a 0-d tensor reads it on the
+    # host (.item()), which a CUDA graph capture refuses
+    first = torch.argmax(write.to(torch.int32)).view(1)          # 0 when no row writes
     anyone = write.any()
-    slot = torch.where(write, slots, torch.where(anyone, slots[first], 0))
-    fallback = torch.where(anyone, states[first].to(pool.dtype), pool[0])
+    slot = torch.where(write, slots, torch.where(anyone, slots.index_select(0, first), 0))
+    fallback = torch.where(anyone, states.index_select(0, first)[0].to(pool.dtype), pool[0])
     value = torch.where(write.view(-1, 1, 1, 1), states.to(pool.dtype), fallback[None])
     pool.index_copy_(0, slot, value)
 

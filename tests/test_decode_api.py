@@ -161,3 +161,20 @@ def test_a_bf16_pool_stores_each_new_state_rounded_once():
                                inplace_final_state=True)
     assert torch.equal(pool16[[0, 1, 4]], pool32[[0, 1, 4]].to(torch.bfloat16))
     assert torch.equal(pool16[[2, 3, 5]], before[[2, 3, 5]])      # skipped / dropped / unused
+
+
+def test_pool_scatter_reads_nothing_on_the_host():
+    """The pool scatter is capturable in a CUDA graph (servers capture decode): no op reads a
+    tensor on the host. Meta tensors have no data, so any .item() / data-dependent op raises.
+    (A 0-d tensor index did: the H200's CUDA-graph test failed on it.)"""
+    from kdagen.decode import _scatter_states
+    pool = torch.empty(8, 2, 4, 4, device="meta")
+    slots = torch.empty(3, dtype=torch.int64, device="meta")
+    states = torch.empty(3, 2, 4, 4, device="meta")
+    write = torch.empty(3, dtype=torch.bool, device="meta")
+    _scatter_states(pool, slots, states, write)
+    # and on real tensors it still writes exactly: rows 0 and 2 write, row 1 must not
+    pool = torch.zeros(8, 1, 1, 1)
+    _scatter_states(pool, torch.tensor([5, 5, 2]), torch.tensor([1.0, 9.0, 3.0]).view(3, 1, 1, 1),
+                    torch.tensor([True, False, True]))
+    assert pool.flatten().tolist() == [0, 0, 3, 0, 0, 1, 0, 0]
