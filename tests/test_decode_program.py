@@ -89,6 +89,36 @@ def test_chip_pipeline_leaves_the_decode_program_unchanged(chip):
         assert R.rel_err(after[k], ref[k]) < 1e-12, k
 
 
+@pytest.mark.parametrize("chip", CHIPS)
+@pytest.mark.parametrize("token_states", [False, True])
+def test_decode_is_one_kernel_without_state_sized_temporaries(chip, token_states):
+    """kda-partition keeps a per-token scan whole (one serial kernel: no launches or state
+    round trips added per token), and the step reads S only in its two products and the one
+    element-wise update, so the kernel's tile buffers hold S once (plus the per-token
+    checkpoint with output_token_states) and nothing spills to the global scratch (sm_120a's
+    99 KB keep one of the two there with output_token_states)."""
+    from kdagen.codegen.lower.kernel import prepare
+    from kdagen.codegen.lower.options import LowerOptions
+    from kdagen.codegen.lower.program import read_program
+    from kdagen.passes.partition import kernel_report
+    from kdagen.target import get_target
+    m = build_program("kda_decode", head_k_dim=128, head_v_dim=128, gate="softplus",
+                      output_token_states=token_states)
+    with m.context, ir.Location.unknown():
+        run_pipeline(m, pipeline_for(chip))
+    assert [(name, parallel) for name, parallel, _ in kernel_report(m)] == \
+        [("kda_decode_whole", False)]
+    path = "native" if chip == "sm_90a" else "portable"
+    tiles = [pk for pk in prepare(read_program(m), get_target(chip), "t",
+                                  LowerOptions(dot="auto", path=path))
+             if pk.group.kind == "tile"]
+    assert len(tiles) == 1
+    state = 4 * 128 * 129                       # one padded fp32 [K, V] buffer
+    assert tiles[0].plan.total_bytes < (3 if token_states else 2) * state
+    if not (token_states and chip == "sm_120a"):    # 99 KB: S and its checkpoint don't both fit
+        assert tiles[0].launch["scratch_bytes_per_cta"] == 0
+
+
 def test_decode_rejects_a_chunk_size():
     with pytest.raises(ProgramOptionError, match="chunk_size"):
         build_program("kda_decode", chunk_size=64)

@@ -273,11 +273,18 @@ def _delta_rule_decode(family: str, name: str, options: dict) -> ir.Module:
             # -- token t ([1, ...] tiles)
             x = _step_inputs(p, t, family, opt, gate, gate_opts, params, beta_name, 1)
             qn, kn, vf, beta, g_valid = (x[n] for n in ("qn", "kn", "vf", "beta", "g_valid"))
-            # -- S = diag(exp g) S;  e = v − Sᵀk;  S += β k ⊗ e;  o = scale Sᵀq
-            S_decayed = S * exp2(last_row(g_valid) * LOG2E)[:, None]
-            err = vf - kn @ S_decayed
-            S_next = S_decayed + (kn * beta[:, None]).T @ err
-            o_t = (qn @ S_next) * scale
+            # -- S' = diag(a) S + β kᵀ e with a = exp g, e = v − k diag(a) S;  o = scale q S'.
+            # Reassociated so that S is read only by products and by the one element-wise
+            # update (no [K, V] temporary): k diag(a) S = (k ⊙ a) S, and
+            # q S' = (q ⊙ a) S + (q · βk) e
+            decay = exp2(last_row(g_valid) * LOG2E)
+            kb = kn * beta[:, None]
+            err = vf - (kn * decay[None, :]) @ S
+            S_next = (S * decay[:, None]
+                      + dsl.broadcast_to(last_row(kb)[:, None], (K, V))
+                      * dsl.broadcast_to(last_row(err)[None, :], (K, V)))
+            q_kb = dsl.row_sum(qn * kb)
+            o_t = ((qn * decay[None, :]) @ S + q_kb[:, None] * err) * scale
             p.store("o", t, o_t.to(dt))
             if token_states:
                 p.store_chunk("token_states", t, S_next)

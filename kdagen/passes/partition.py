@@ -180,6 +180,10 @@ class PartitionPass(ModulePass):
     # keep only the recurrence cycle in the serial kernel (off-cycle state-dependent work moves
     # to a chunk-parallel kernel reading per-chunk checkpoints); false: the pre-slice split
     recurrence_slice: bool = True
+    # scans stepping fewer rows than this stay one kernel: a per-token program (decode, 1..8
+    # steps per sequence) has almost no serial chain to shorten, and the split would add two
+    # launches and a round trip of the state per token through memory
+    min_chunk_rows: int = 2
 
     def run(self, module: ir.Module) -> None:
         if self.workspace_dtype is None:
@@ -196,6 +200,10 @@ class PartitionPass(ModulePass):
                      if op.operation.name == "kda.scan"]
             for index, scan in enumerate(scans):
                 suffix = "" if len(scans) == 1 else f"{index}"
+                if _chunk_rows(scan) < self.min_chunk_rows:
+                    # one kernel: the whole scan, serial
+                    self._mark(scan, f"{program}{suffix}_whole", parallel=False)
+                    continue
                 if self.recurrence_slice:
                     self._slice_recurrence(scan, f"{program}{suffix}")
                 self._split(scan, f"{program}{suffix}")
