@@ -184,3 +184,28 @@ def test_check_bundle_parses_lowering_options_by_type():
     assert _lower_option("tril_inv=columns") == ("tril_inv", "columns")
     assert _lower_option("load_batch=4") == ("load_batch", 4)
     assert _lower_option("register_scan=false") == ("register_scan", False)
+
+
+def test_kernels_are_sized_for_the_ctas_their_shared_memory_allows():
+    """ctas_per_sm: one CTA per SM for ~220 KB kernels, three for a decode kernel holding one
+    state; the register split stays within 65536 / (threads x CTAs) and the PTX says so."""
+    pytest.importorskip("kdagen._mlir")
+    import re
+
+    from kdagen.codegen.lower.sm90_native import ctas_per_sm, register_split
+    from kdagen.driver import DEFAULT_LOWERING, Compilation
+    assert ctas_per_sm(224272) == 1 and ctas_per_sm(71712) == 3 and ctas_per_sm(1024) == 4
+    for warpgroups, ctas in ((1, 1), (2, 1), (4, 1), (1, 2), (1, 3), (1, 4)):
+        producer, consumer = register_split(warpgroups, ctas)
+        threads = 128 * (warpgroups + 1)
+        entry = min(255, 65536 // (threads * ctas)) // 8 * 8
+        assert 128 * producer + 128 * warpgroups * consumer <= entry * threads
+        assert 24 <= producer <= consumer and consumer % 8 == 0
+    c = Compilation("kda_decode", dict(head_k_dim=128, head_v_dim=128), "sm_90a",
+                    lower=DEFAULT_LOWERING).run("ptx")
+    (k,) = c.kernels
+    ptx = c.ptx[k.name]
+    assert ".minnctapersm 3" in ptx
+    producer, consumer = register_split(1, 3)
+    assert re.search(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{consumer}", ptx)
+    assert re.search(rf"setmaxnreg\.dec\.sync\.aligned\.u32\s+{producer}", ptx)

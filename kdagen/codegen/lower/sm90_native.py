@@ -69,7 +69,17 @@ CONSUMER_WARPGROUPS = (1, 2, 4)
 PRODUCER_THREADS = 128
 PRODUCER_REGISTERS = 40
 CONSUMER_REGISTERS = 232
-REGISTER_FILE = 65536            # 32-bit registers per SM (one CTA per SM on this path)
+REGISTER_FILE = 65536            # 32-bit registers per SM
+SMEM_PER_SM = 228 * 1024         # shared memory per SM (a CTA takes at most 227 KB of it)
+MAX_CTAS_PER_SM = 4              # resident CTAs a kernel is sized for, at most
+
+
+def ctas_per_sm(smem_bytes: int) -> int:
+    """CTAs per SM a kernel is sized for (launch bounds and register split): as many as its
+    shared memory lets reside (1 KB of each CTA's share is the system's), at most
+    MAX_CTAS_PER_SM. One for the chunk-parallel kernels (their tiles take ~220 KB); a decode
+    kernel holding one state (~72 KB) gets three, whose warps hide each other's latency."""
+    return max(1, min(MAX_CTAS_PER_SM, SMEM_PER_SM // (smem_bytes + 1024)))
 
 
 def chunk_warpgroups(option, storage: str) -> int:
@@ -87,16 +97,18 @@ def chunk_warpgroups(option, storage: str) -> int:
     return option
 
 
-def register_split(warpgroups: int) -> tuple[int, int]:
-    """(producer, consumer) ``setmaxnreg`` counts for ``warpgroups`` consumer warpgroups.
+def register_split(warpgroups: int, ctas: int = 1) -> tuple[int, int]:
+    """(producer, consumer) ``setmaxnreg`` counts for ``warpgroups`` consumer warpgroups and
+    ``ctas`` resident CTAs per SM.
 
     The CTA enters with ``.maxntid`` x the entry count ptxas derives from the launch bounds
-    (65536 / threads, rounded down to 8); ``setmaxnreg.inc`` only redistributes what the
-    producer gave back, so producer + consumers must stay within that (2 warpgroups: entry
-    168 x 384 = 128 x 40 + 256 x 232). With 4 the producer keeps the minimum, 24."""
+    (65536 / (threads x ctas), rounded down to 8); ``setmaxnreg.inc`` only redistributes what
+    the producer gave back, so producer + consumers must stay within that (2 warpgroups: entry
+    168 x 384 = 128 x 40 + 256 x 232). With 4 warpgroups, or several CTAs per SM, the producer
+    keeps the minimum, 24."""
     threads = WG_THREADS * warpgroups + PRODUCER_THREADS
-    entry = min(255, REGISTER_FILE // threads) // 8 * 8
-    producer = PRODUCER_REGISTERS if warpgroups <= 2 else 24
+    entry = min(255, REGISTER_FILE // (threads * ctas)) // 8 * 8
+    producer = PRODUCER_REGISTERS if warpgroups <= 2 and ctas == 1 else 24
     consumer = (entry * threads - PRODUCER_THREADS * producer) // (WG_THREADS * warpgroups) // 8 * 8
     return producer, min(CONSUMER_REGISTERS, consumer)
 CONSUMER_BARRIER = 1            # named barrier id of the consumer warpgroup (0 = whole CTA)
@@ -409,7 +421,7 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
                 bar.sync_threads()
                 cost.event("bar.sync")
 
-                producer_regs, consumer_regs = register_split(self.warpgroups)
+                producer_regs, consumer_regs = register_split(self.warpgroups, self.ctas_per_sm)
 
                 def producer():
                     regalloc.release_registers(self.target, producer_regs)
@@ -425,7 +437,11 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
 
                 B.if_then(B.icmp("ge", tid, consumers), producer)
                 B.if_then(B.icmp("lt", tid, consumers), consumer)
-        set_launch_bounds(builder, name, min_blocks_per_sm=1)
+        set_launch_bounds(builder, name, min_blocks_per_sm=self.ctas_per_sm)
+
+    @property
+    def ctas_per_sm(self) -> int:
+        return ctas_per_sm(self.smem_bytes)
 
     def _full(self, stage):
         return _DynBarrier(self.smem_base, self.layout.barrier_offset + 8 * stage)
