@@ -68,6 +68,16 @@ def _check(module, inputs, storage, out_dtypes, dot="fma", f32_tol=F32_TOL, roun
 FWD_F32 = {"final_state": "f32"}
 
 
+def _with_cotangents(case, seed: int) -> dict:
+    """The case's inputs plus random do [B, T, HV, V] and dht [N, HV, K, V] (float64)."""
+    g = torch.Generator().manual_seed(seed)
+    sz = case.sizes
+    inputs = dict(case.inputs)
+    inputs["do"] = torch.randn(sz["B"], sz["T"], sz["HV"], sz["V"], generator=g, dtype=torch.float64)
+    inputs["dht"] = torch.randn(sz["N"], sz["HV"], sz["K"], sz["V"], generator=g, dtype=torch.float64)
+    return inputs
+
+
 @pytest.mark.parametrize("storage", ["smem", "global", "hybrid"])
 def test_kda_forward_varlen_gva_strong_decay(storage):
     case = make_case("kda", gate="lower_bound", H=1, HV=2, K=64, V=64, chunk_size=32,
@@ -138,12 +148,7 @@ def test_backward_tensor_cores_tf32():
     case = make_case("kda", gate="softplus", H=1, HV=2, K=64, V=64, lengths=[30, 40], seed=11,
                      decay="weak")
     m = stable_module("kda_bwd", **case.options)
-    g = torch.Generator().manual_seed(12)
-    sz = case.sizes
-    inputs = dict(case.inputs)
-    inputs["do"] = torch.randn(sz["B"], sz["T"], sz["HV"], sz["V"], generator=g, dtype=torch.float64)
-    inputs["dht"] = torch.randn(sz["N"], sz["HV"], sz["K"], sz["V"], generator=g, dtype=torch.float64)
-    _check(m, inputs, "global", BWD_F32, dot="tf32", f32_tol=3e-3)
+    _check(m, _with_cotangents(case, 12), "global", BWD_F32, dot="tf32", f32_tol=3e-3)
 
 
 def test_forward_tensor_cores_bf16():

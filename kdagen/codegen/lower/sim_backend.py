@@ -237,46 +237,40 @@ class SimBackend:
         return tf32_round(self._arr(np.asarray(x, np.float32), np.float32))
 
     def mma_tf32(self, a, b, c):
-        """The warp-collective TF32 mma (fragments as in backend.mma_tf32)."""
-        if not self.mask.all():
-            raise SimError("mma.sync with inactive lanes")
-        nw = self.nt // 32
-        lane = self.lanes % 32
-        warp = self.lanes // 32
-        g, t = lane // 4, lane % 4
-        A = np.zeros((nw, 16, 8))
-        Bm = np.zeros((nw, 8, 8))
-        Cm = np.zeros((nw, 16, 8))
-        for r in range(4):
-            A[warp, g + 8 * (r % 2), t + 4 * (r // 2)] = np.asarray(a[r])
-        for r in range(2):
-            Bm[warp, t + 4 * r, g] = np.asarray(b[r])
-        rows = [g + 8 * (i // 2) for i in range(4)]
-        cols = [2 * t + (i % 2) for i in range(4)]
-        for i in range(4):
-            Cm[warp, rows[i], cols[i]] = self._arr(np.asarray(c[i], np.float32), np.float32)
-        D = (np.einsum("wik,wkj->wij", A, Bm) + Cm).astype(np.float32)
-        return [D[warp, rows[i], cols[i]] for i in range(4)]
+        """The warp-collective TF32 m16n8k8 (fragments as in backend.mma_tf32)."""
+        def fill(A, Bm, warp, g, t):
+            for r in range(4):
+                A[warp, g + 8 * (r % 2), t + 4 * (r // 2)] = np.asarray(a[r])
+            for r in range(2):
+                Bm[warp, t + 4 * r, g] = np.asarray(b[r])
+        return self._warp_mma(8, fill, c)
 
     def mma_bf16(self, a, b, c):
         """The warp-collective mma on the PTX fragment layouts (groupID g = lane / 4,
         threadID_in_group t = lane % 4): A reg r half h = A[g + 8(r%2), 2t + h + 8(r/2)],
         B reg r half h = B[2t + h + 8r, g], C reg i = C[g + 8(i/2), 2t + i%2]."""
+        def fill(A, Bm, warp, g, t):
+            for r in range(4):
+                for h in range(2):
+                    A[warp, g + 8 * (r % 2), 2 * t + h + 8 * (r // 2)] = np.asarray(a[r])[h]
+            for r in range(2):
+                for h in range(2):
+                    Bm[warp, 2 * t + h + 8 * r, g] = np.asarray(b[r])[h]
+        return self._warp_mma(16, fill, c)
+
+    def _warp_mma(self, k: int, fill, c):
+        """D = A·B + C per warp for an m16n8k``k`` atom whose A [16, k] and B [k, 8] fragments
+        ``fill(A, B, warp, g, t)`` scatters from the lanes; C/D reg i = C[g + 8(i/2), 2t + i%2]."""
         if not self.mask.all():
             raise SimError("mma.sync with inactive lanes")
         nw = self.nt // 32
         lane = self.lanes % 32
         warp = self.lanes // 32
         g, t = lane // 4, lane % 4
-        A = np.zeros((nw, 16, 16))
-        Bm = np.zeros((nw, 16, 8))
+        A = np.zeros((nw, 16, k))
+        Bm = np.zeros((nw, k, 8))
         Cm = np.zeros((nw, 16, 8))
-        for r in range(4):
-            for h in range(2):
-                A[warp, g + 8 * (r % 2), 2 * t + h + 8 * (r // 2)] = np.asarray(a[r])[h]
-        for r in range(2):
-            for h in range(2):
-                Bm[warp, 2 * t + h + 8 * r, g] = np.asarray(b[r])[h]
+        fill(A, Bm, warp, g, t)
         rows = [g + 8 * (i // 2) for i in range(4)]
         cols = [2 * t + (i % 2) for i in range(4)]
         for i in range(4):
