@@ -8,17 +8,21 @@ import dataclasses
 import pytest
 import torch
 
-from kdagen.codegen.lower.options import AUTO_EXACT_OPS, LowerOptions, product_precision
+from kdagen.codegen.lower.options import LowerOptions, product_precision
+from kdagen.ir.precision import EXACT_PRODUCT_OPS
 
 
 def test_auto_is_tf32_except_the_adjoint_decay_products():
-    assert AUTO_EXACT_OPS == {"kda.decay_matmul"}
+    assert EXACT_PRODUCT_OPS == {"kda.decay_matmul"}
     assert product_precision("auto", "kda.decay_matmul") == "bf16x3"
     for op in ("kda.dot", "kda.decay_dot", None):
         assert product_precision("auto", op) == "tf32"
     for dot in ("fma", "tf32", "bf16x3", "bf16"):
         assert product_precision(dot, "kda.decay_matmul") == dot
-    with pytest.raises(ValueError, match="tf33.*auto, fma, tf32"):
+        assert product_precision(dot, "kda.dot", "bf16x3") == dot     # the option overrides
+    # auto follows what kda-assign-precision wrote on the op
+    assert product_precision("auto", "kda.dot", "bf16x3") == "bf16x3"
+    with pytest.raises(ValueError, match="tf33.*auto, tf32, bf16x3, bf16, fma"):
         product_precision("tf33")
 
 
@@ -92,3 +96,26 @@ def test_auto_keeps_the_gate_parameter_gradients_under_their_bar(tmp_path, famil
     for name, (err, bar) in errors["auto"].items():
         assert err <= bar, (name, err, bar)
     assert errors["auto"]["dA_log"][0] < errors["tf32"]["dA_log"][0] / 5
+
+
+def test_the_lowering_follows_what_kda_assign_precision_wrote():
+    """With dot="auto" the kernels take each product's kda.precision: the chip pipeline with
+    kda-assign-precision{products=bf16x3} gives bf16 wgmma (k16) and bf16 mma.sync where the
+    default gives TF32."""
+    pytest.importorskip("kdagen._mlir")
+    from kdagen.driver import DEFAULT_LOWERING, Compilation
+    from kdagen.passes.pipelines import PIPELINES
+    chip = "sm_90a"
+    text = ",".join(PIPELINES[chip]).replace("kda-assign-precision",
+                                             "kda-assign-precision{products=bf16x3}")
+    lower = {k: v for k, v in DEFAULT_LOWERING.items() if k != "pipeline"}
+    opts = dict(head_k_dim=64, head_v_dim=64, gate="softplus")
+    exact = Compilation("kda_fwd", opts, chip, lower=lower, pipeline=text).run("ptx")
+    default = Compilation("kda_fwd", opts, chip, lower=DEFAULT_LOWERING).run("ptx")
+    exact_ptx = "".join(exact.ptx[k.name] for k in exact.kernels)
+    default_ptx = "".join(default.ptx[k.name] for k in default.kernels)
+    assert "m16n8k16" in exact_ptx and "m16n8k8" not in exact_ptx
+    assert "m16n8k8" in default_ptx and "m16n8k16" not in default_ptx
+    for k in exact.kernels:
+        if k.launch.get("parallel_chunks"):
+            assert k.launch["wgmma_precision"] == "bf16x3", k.name

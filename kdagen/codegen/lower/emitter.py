@@ -569,8 +569,8 @@ class TileKernelEmitter:
     # -- matrix ops ----------------------------------------------------------------------
     def product_precision(self, n) -> str:
         """The operand precision of matrix op ``n`` under the lowering's ``dot``
-        (options.product_precision: per op for "auto")."""
-        return product_precision(self.opts.dot, n.op)
+        (options.product_precision: its ``kda.precision`` for "auto")."""
+        return product_precision(self.opts.dot, n.op, n.attrs.get("kda.precision"))
 
     def matrix(self, n, out: T_.BufRef) -> None:
         k = n.kind

@@ -153,9 +153,7 @@ def _plan_group(program: Program, g, target: Target | None, opts: LowerOptions, 
     budget = (target.smem_per_block if target is not None else 227 * 1024) - opts.smem_reserve
     native = None
     if nat is not None:
-        # the precision of the kernel's wgmma products (kda.dot) and their staging tiles
-        precision = product_precision(opts.dot, "kda.dot")
-        precision = precision if precision in T_.MMA_PRECISIONS else "bf16x3"
+        precision = nat.wgmma_precision(g, opts.dot, kname)
         single = nat.single_read_operands(g)
         # tiles streamed into the ring are read from it (no fp32 copy); the ring may keep
         # fewer loads than planned for when it must leave room: plan again until both agree

@@ -3,27 +3,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["LowerOptions", "product_precision", "PRODUCT_PRECISIONS", "AUTO_EXACT_OPS"]
+from kdagen.ir.precision import PRECISIONS, auto_precision
 
-#: the ``dot`` values (besides "auto"): fp32 FMA, or tensor cores on operands rounded to
-#: TF32, split bf16 hi + lo (three products, ~fp32), or rounded to bf16
-PRODUCT_PRECISIONS = ("fma", "tf32", "bf16x3", "bf16")
+__all__ = ["LowerOptions", "product_precision", "PRODUCT_PRECISIONS"]
 
-#: under ``dot="auto"`` these ops take bf16x3, every other product TF32. The adjoint decay
-#: products (kda.decay_matmul, backward only) feed the gate gradient as differences of nearly
-#: equal terms (q·dq' - k·dk' per key), which the gate-parameter gradients then sum over every
-#: token: with them in TF32 the H200's native backward put dA_log / ddt_bias over their 8e-3
-#: bar under strong decay (kda K = 64: 1.15e-2, gdn K = 128: 1.13e-2 strong, 5.7e-2 steep;
-#: bf16x3 everywhere: 2e-4); TF32 for the other products costs little there (CPU simulator,
-#: kda K = 64 T = 200 strong: dA_log 3.3e-4 vs 5.1e-4 all-bf16x3).
-AUTO_EXACT_OPS = frozenset({"kda.decay_matmul"})
+#: the ``dot`` values besides "auto" (kdagen.ir.precision: what each means)
+PRODUCT_PRECISIONS = PRECISIONS
 
 
-def product_precision(dot: str, op: str | None = None) -> str:
+def product_precision(dot: str, op: str | None = None, chosen: str | None = None) -> str:
     """The operand precision of a matrix op ``op`` (an op name; None: a plain kda.dot) under
-    the lowering option ``dot``."""
+    the lowering option ``dot``: with "auto", ``chosen`` (the op's ``kda.precision``, written
+    by kda-assign-precision) or else kdagen.ir.precision.auto_precision; any other value
+    overrides every product."""
     if dot == "auto":
-        return "bf16x3" if op in AUTO_EXACT_OPS else "tf32"
+        return chosen or auto_precision(op)
     if dot not in PRODUCT_PRECISIONS:
         raise ValueError(f"dot: {dot!r} is not a matrix-product precision; use one of "
                          f"auto, {', '.join(PRODUCT_PRECISIONS)}")

@@ -58,6 +58,7 @@ from . import tiles as T_
 from .cost import CHUNKS, CostCounter, NullCounter
 from .emitter import Geometry, TileKernelEmitter, mem_info
 from .mlir_backend import MlirBackend
+from .options import product_precision
 from .plan import CHUNK_LOADS, MULTI_READ, NOOP_OPS, VIEW_OPS, LoweringError
 from .program import walk
 
@@ -278,6 +279,25 @@ def _staging_bytes(n, precision: str) -> int:
         return 0
     la, lb, parts = _staging_layouts(dims[1], dims[2], precision)
     return parts * (la.size_bytes + lb.size_bytes)
+
+
+def wgmma_precision(group, dot: str, kname: str) -> str:
+    """The operand precision of a kernel's wgmma products (their staging tiles are sized for
+    it): each kda.dot's (options.product_precision: its kda.precision under ``dot="auto"``),
+    one for the whole kernel; bf16x3 where the lowering's ``dot`` is fma (wgmma has no fp32)."""
+    chosen = set()
+    for n in group.nodes:
+        for m in [n, *(walk(n.body) if n.body is not None else [])]:
+            if _wgmma_dot_dims(m) is not None:
+                chosen.add(product_precision(dot, m.op, m.attrs.get("kda.precision")))
+    chosen = {p if p in T_.MMA_PRECISIONS else "bf16x3" for p in chosen}
+    if len(chosen) > 1:
+        raise LoweringError(f"{kname}: its wgmma products ask for different precisions "
+                            f"({', '.join(sorted(chosen))}); the sm_90a native path stages one "
+                            "per kernel: give them one (kda-assign-precision, or the dot option)")
+    return chosen.pop() if chosen else (product_precision(dot, "kda.dot")
+                                        if product_precision(dot, "kda.dot") in T_.MMA_PRECISIONS
+                                        else "bf16x3")
 
 
 def single_read_operands(group) -> frozenset:

@@ -1,0 +1,33 @@
+"""Operand precision of the matrix products (what ``kda-assign-precision`` writes on each
+product as ``kda.precision``, and what the lowering falls back to without that pass).
+
+- ``tf32``: operands rounded to TF32 (10-bit mantissa; PERF.md's study: the accuracy goals hold
+  at ~1.04x the bf16 floor in every decay regime), one tensor-core product.
+- ``bf16x3``: operands split into bf16 hi + lo, three products (~fp32).
+- ``bf16``: operands rounded to bf16 (an opt-in; breaks the goals under weak decay).
+- ``fma``: fp32 on the CUDA cores.
+
+``auto`` takes TF32 except for :data:`EXACT_PRODUCT_OPS`.
+"""
+from __future__ import annotations
+
+__all__ = ["PRODUCT_OPS", "EXACT_PRODUCT_OPS", "PRECISIONS", "auto_precision"]
+
+#: the matrix products whose operands a precision applies to
+PRODUCT_OPS = ("kda.dot", "kda.decay_dot", "kda.decay_matmul")
+
+PRECISIONS = ("tf32", "bf16x3", "bf16", "fma")
+
+#: products that keep bf16x3 under ``auto``. The adjoint decay products (kda.decay_matmul,
+#: backward only) feed the gate gradient as differences of nearly equal terms (q·dq' - k·dk'
+#: per key), which the gate-parameter gradients then sum over every token: with them in TF32
+#: the H200's native backward put dA_log / ddt_bias over their 8e-3 bar under strong decay
+#: (kda K = 64: 1.15e-2; gdn K = 128: 1.13e-2 strong, 5.7e-2 steep; bf16x3 everywhere:
+#: 2e-4), while TF32 for every other product costs little there (CPU simulator, kda K = 64,
+#: T = 200, strong decay: dA_log 3.3e-4 against 5.1e-4 with bf16x3 everywhere).
+EXACT_PRODUCT_OPS = frozenset({"kda.decay_matmul"})
+
+
+def auto_precision(op: str | None) -> str:
+    """The precision ``auto`` gives product op ``op`` (an op name; None: a plain kda.dot)."""
+    return "bf16x3" if op in EXACT_PRODUCT_OPS else "tf32"

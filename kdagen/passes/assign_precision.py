@@ -1,0 +1,31 @@
+"""``kda-assign-precision``: choose the operand precision of every matrix product.
+
+Writes ``kda.precision`` (``tf32`` | ``bf16x3`` | ``bf16`` | ``fma``) on each ``kda.dot``,
+``kda.decay_dot`` and ``kda.decay_matmul``: with ``products=auto`` (the default) TF32, except
+the adjoint decay products, which keep bf16x3 (:mod:`kdagen.ir.precision` says why); any other
+value puts that precision on every product. The lowering reads the attribute (its ``dot``
+option ``auto``); the same products on every chip.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .._mlir import ir
+from ..ir.precision import PRECISIONS, PRODUCT_OPS, auto_precision
+from ..ir.transforms import walk
+from .base import ModulePass, register_pass
+
+
+@register_pass
+@dataclass
+class AssignPrecisionPass(ModulePass):
+    name = "kda-assign-precision"
+    summary = "choose each matrix product's operand precision (kda.precision)"
+    products: str = field(default="auto", metadata={"choices": ("auto", *PRECISIONS)})
+
+    def run(self, module: ir.Module) -> None:
+        with module.context:
+            for op in walk(module):
+                if op.name in PRODUCT_OPS:
+                    chosen = auto_precision(op.name) if self.products == "auto" else self.products
+                    op.attributes["kda.precision"] = ir.StringAttr.get(chosen)

@@ -1,0 +1,25 @@
+// RUN: kdagen opt %s -p 'kda-assign-precision' | filecheck %s
+// RUN: kdagen opt %s -p 'kda-assign-precision{products=bf16x3}' | filecheck %s --check-prefix=EXACT
+
+// auto: TF32 for the products and the decay product, bf16x3 for the adjoint decay product
+// (its differences are what the gate-parameter gradients sum).
+// CHECK-LABEL: func.func @products
+// CHECK:         "kda.dot"
+// CHECK-SAME:      kda.precision = "tf32"
+// CHECK:         "kda.decay_dot"
+// CHECK-SAME:      kda.precision = "tf32"
+// CHECK:         "kda.decay_matmul"
+// CHECK-SAME:      kda.precision = "bf16x3"
+// CHECK-NOT:     kda.precision
+// EXACT-LABEL: func.func @products
+// EXACT-COUNT-3: kda.precision = "bf16x3"
+// EXACT-NOT:     kda.precision = "tf32"
+module {
+  func.func @products(%a: tensor<4x8xf32>, %b: tensor<4x8xf32>, %g: tensor<4x8xf32>, %w: tensor<4x4xf32>) -> (tensor<4x4xf32>, tensor<4x4xf32>, tensor<4x8xf32>) {
+    %p = "kda.dot"(%a, %b) {transpose_lhs = false, transpose_rhs = true} : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x4xf32>
+    %d = "kda.decay_dot"(%a, %b, %g, %g) {diagonal = 0 : i64, exact_diagonal = false, subblock = 1 : i64} : (tensor<4x8xf32>, tensor<4x8xf32>, tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x4xf32>
+    %m = "kda.decay_matmul"(%w, %a, %g, %g) {diagonal = 0 : i64, exact_diagonal = false, subblock = 1 : i64, transpose = false} : (tensor<4x4xf32>, tensor<4x8xf32>, tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
+    %s = "kda.add"(%p, %d) : (tensor<4x4xf32>, tensor<4x4xf32>) -> tensor<4x4xf32>
+    return %s, %d, %m : tensor<4x4xf32>, tensor<4x4xf32>, tensor<4x8xf32>
+  }
+}
