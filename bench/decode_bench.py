@@ -14,14 +14,14 @@ once, "copy" a device copy of those bytes (the practical ceiling). Prints a tabl
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fla_decode_probe import _call as fla_call, _inputs, state_copy  # noqa: E402
+from fla_decode_probe import (_call as fla_call, _inputs, add_size_arguments,  # noqa: E402
+                              state_copy, write_json)
 
 
 def kdagen_call(op: str, x, indices):
@@ -48,10 +48,7 @@ def emit(out_dir: str, heads, head_dim: int) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--batches", default="1,64,256")
-    ap.add_argument("--heads", default="16,32")
-    ap.add_argument("--head-dim", type=int, default=128)
-    ap.add_argument("--json", default=None)
+    add_size_arguments(ap)
     ap.add_argument("--emit", default=None, metavar="DIR",
                     help="write the bundle of the variants this benchmark uses (no GPU needed)")
     args = ap.parse_args(argv)
@@ -86,10 +83,8 @@ def main(argv=None) -> int:
                 print(f"{op:4s} {N:4d} {HV:3d}  {r['kdagen_us']:9.2f} {r['fla_us']:8.2f} "
                       f"{copy_us:8.2f}  {r['kdagen_GBps']:11.0f} {r['kdagen_pct_of_copy']:6.1f}  "
                       f"{r['ratio_fla_over_kdagen']:10.3f}", flush=True)
-                if args.json:
-                    os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-                    with open(args.json, "w") as f:
-                        json.dump(dict(device=torch.cuda.get_device_name(), rows=rows), f, indent=1)
+                if args.json:                  # after each row: a cut-short run keeps its rows
+                    write_json(args.json, rows)
     return 0
 
 

@@ -55,12 +55,17 @@ def state_copy(state: torch.Tensor) -> tuple[int, float]:
         do_bench_cudagraph(lambda: src.copy_(state), rep=200) * 1e3
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_size_arguments(ap: argparse.ArgumentParser) -> None:
+    """The decode sizes both decode benchmarks sweep, and their JSON output."""
     ap.add_argument("--batches", default="1,64,256")
     ap.add_argument("--heads", default="16,32")
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--json", default=None)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_size_arguments(ap)
     args = ap.parse_args(argv)
     from triton.testing import do_bench_cudagraph
     dev = torch.device("cuda")
@@ -85,10 +90,15 @@ def main(argv=None) -> int:
                       f"{r['GBps']:7.0f} GB/s  copy {copy_us:8.2f} us {r['copy_GBps']:7.0f} GB/s"
                       f"  fla at {r['pct_of_copy']:5.1f}% of copy", flush=True)
     if args.json:
-        os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(dict(device=torch.cuda.get_device_name(), rows=rows), f, indent=1)
+        write_json(args.json, rows)
     return 0
+
+
+def write_json(path: str, rows: list) -> None:
+    """The measured rows and the device name, as JSON at ``path``."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(dict(device=torch.cuda.get_device_name(), rows=rows), f, indent=1)
 
 
 if __name__ == "__main__":

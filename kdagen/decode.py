@@ -35,25 +35,15 @@ __all__ = ["fused_recurrent_kda", "fused_recurrent_gated_delta_rule", "kda_decod
 def _run(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale,
          output_final_state, output_token_states, use_qk_l2norm_in_kernel, use_gate_in_kernel,
          use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound):
-    sizes = ops._check(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens,
-                       use_gate_in_kernel, safe_gate, lower_bound)
-    opts = ops.program_options(
-        family, q, v, g=g, beta=beta, use_initial_state=initial_state is not None,
-        varlen=cu_seqlens is not None, output_final_state=output_final_state,
-        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_gate_in_kernel=use_gate_in_kernel,
-        use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
-        safe_gate=safe_gate, lower_bound=lower_bound)
+    sizes, opts, inputs, outputs = ops.call_spec(
+        family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale,
+        output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel,
+        use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound)
     del opts["chunk_size"]                         # one token per step
     if output_token_states:
         opts["output_token_states"] = True
-    inputs = ops._program_inputs(family, sizes, q, k, v, g, beta, A_log, dt_bias, initial_state,
-                                 cu_seqlens, scale, use_gate_in_kernel, use_beta_sigmoid_in_kernel)
-    state = (sizes.HV, sizes.K, sizes.V)
-    outputs = {"o": OutSpec(tuple(v.shape), v.dtype)}
-    if output_final_state:
-        outputs["final_state"] = OutSpec((sizes.N, *state), torch.float32)
-    if output_token_states:
-        outputs["token_states"] = OutSpec((sizes.B * sizes.T, *state), torch.float32)
+        outputs["token_states"] = OutSpec((sizes.B * sizes.T, sizes.HV, sizes.K, sizes.V),
+                                          torch.float32)
     res = backends.get_executor(q.device).run(f"{family}_decode", opts, inputs, outputs)
     empty = q.new_empty((0,), dtype=torch.float32)
     return (res["o"], res["final_state"] if output_final_state else empty,

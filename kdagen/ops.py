@@ -143,13 +143,11 @@ def _empty(like: Tensor) -> Tensor:
 # --------------------------------------------------------------------------------------
 
 
-def _run_fwd(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale,
-             output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel,
-             use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound,
-             chunk_states=False) -> dict:
-    """Run ``{family}_fwd``: ``o``, ``final_state`` with ``output_final_state``, and with
-    ``chunk_states`` the state entering every chunk as ``[B, NT, HV, K, V]`` in q's dtype
-    (varlen: B = 1 and NT the chunks of all sequences, which reads ``cu_seqlens`` on the host)."""
+def call_spec(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale,
+              output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel,
+              use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound) -> tuple:
+    """(sizes, program options, program-named inputs, output specs o and final_state) of a
+    call, after checking its tensors: what the chunked forward and the decode step share."""
     sizes = _check(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens,
                    use_gate_in_kernel, safe_gate, lower_bound)
     opts = program_options(
@@ -159,10 +157,23 @@ def _run_fwd(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens
         allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, lower_bound=lower_bound)
     inputs = _program_inputs(family, sizes, q, k, v, g, beta, A_log, dt_bias, initial_state,
                              cu_seqlens, scale, use_gate_in_kernel, use_beta_sigmoid_in_kernel)
-    state = (sizes.HV, sizes.K, sizes.V)
     outputs = {"o": OutSpec(tuple(v.shape), v.dtype)}
     if output_final_state:
-        outputs["final_state"] = OutSpec((sizes.N, *state), torch.float32)
+        outputs["final_state"] = OutSpec((sizes.N, sizes.HV, sizes.K, sizes.V), torch.float32)
+    return sizes, opts, inputs, outputs
+
+
+def _run_fwd(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale,
+             output_final_state, *flags, chunk_states=False) -> dict:
+    """Run ``{family}_fwd``: ``o``, ``final_state`` with ``output_final_state``, and with
+    ``chunk_states`` the state entering every chunk as ``[B, NT, HV, K, V]`` in q's dtype
+    (varlen: B = 1 and NT the chunks of all sequences, which reads ``cu_seqlens`` on the host).
+    ``flags``: use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+    allow_neg_eigval, safe_gate, lower_bound."""
+    sizes, opts, inputs, outputs = call_spec(family, q, k, v, g, beta, A_log, dt_bias,
+                                             initial_state, cu_seqlens, scale,
+                                             output_final_state, *flags)
+    state = (sizes.HV, sizes.K, sizes.V)
     if chunk_states:
         C = CHUNK_SIZE
         if cu_seqlens is None:
@@ -201,18 +212,13 @@ def _fwd_fake(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlen
 def _bwd_impl(family, do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale,
               use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
               allow_neg_eigval, safe_gate, lower_bound):
-    sizes = _check(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens,
-                   use_gate_in_kernel, safe_gate, lower_bound)
+    sizes, opts, inputs, _ = call_spec(
+        family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale, dht is not None,
+        use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
+        safe_gate, lower_bound)
     _check_cotangent("do", do, tuple(v.shape), q.device)
     if dht is not None:
         _check_cotangent("dht", dht, (sizes.N, sizes.HV, sizes.K, sizes.V), q.device)
-    opts = program_options(
-        family, q, v, g=g, beta=beta, use_initial_state=initial_state is not None, varlen=cu_seqlens is not None,
-        output_final_state=dht is not None, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-        use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
-        allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, lower_bound=lower_bound)
-    inputs = _program_inputs(family, sizes, q, k, v, g, beta, A_log, dt_bias, initial_state,
-                             cu_seqlens, scale, use_gate_in_kernel, use_beta_sigmoid_in_kernel)
     inputs["do"] = do
     if dht is not None:
         inputs["dht"] = dht

@@ -120,14 +120,22 @@ def _worker(rank: int, world: int, family: str, store: str, out: str) -> None:
     _finish()
 
 
-@pytest.mark.parametrize("family,world", [("kda", 2), ("kda", 4), ("gdn", 4)])
-def test_cp_matches_the_single_process_op(tmp_path, family, world):
+def _run_ranks(worker, world: int, family: str, tmp_path) -> list:
+    """Run ``worker(rank, world, family, store, out)`` in ``world`` spawned processes; the
+    JSON each rank wrote to ``out.<rank>``, in rank order."""
     out = str(tmp_path / "err")
-    mp.start_processes(_worker, args=(world, family, str(tmp_path / "store"), out), nprocs=world,
+    mp.start_processes(worker, args=(world, family, str(tmp_path / "store"), out), nprocs=world,
                        join=True, start_method="spawn")
+    got = []
     for rank in range(world):
         with open(f"{out}.{rank}") as f:
-            got = json.load(f)
+            got.append(json.load(f))
+    return got
+
+
+@pytest.mark.parametrize("family,world", [("kda", 2), ("kda", 4), ("gdn", 4)])
+def test_cp_matches_the_single_process_op(tmp_path, family, world):
+    for rank, got in enumerate(_run_ranks(_worker, world, family, tmp_path)):
         err = got["err"]
         assert min(got["scale"].values()) > 0        # the shared gradients are not trivially 0
         assert set(err) >= {"o", "final_state[0]", "dq", "dk", "dv", "dg", "dbeta", "dh0"}

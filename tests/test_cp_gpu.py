@@ -14,15 +14,13 @@ import json
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-import kdagen
 from kdagen import cp
 from kdagen.reference import rel_err
 
 from conftest import requires_gpu
 from gpu_bundle import kernels_or_skip
-from test_cp import _finish, _leaves
+from test_cp import _finish, _leaves, _op, _run_ranks
 
 # sequence 1 crosses every boundary of 4 ranks (1024 tokens each)
 CU_SEQLENS = [0, 700, 3500, 4096]
@@ -50,15 +48,6 @@ def _inputs(family: str, device, seed: int = 0) -> dict:
     x["w_o"] = rnd(1, T, HV, K, dtype=torch.float32)
     x["w_h"] = rnd(N, HV, K, K, dtype=torch.float32)
     return x
-
-
-def _op(family, x, **kw):
-    common = dict(use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True,
-                  initial_state=x["h0"], output_final_state=True)
-    if family == "kda":
-        return kdagen.chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], use_gate_in_kernel=True,
-                                A_log=x["A_log"], dt_bias=x["dt_bias"], **common, **kw)
-    return kdagen.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], **common, **kw)
 
 
 def _worker(rank: int, world: int, family: str, store: str, out: str) -> None:
@@ -101,12 +90,7 @@ def _worker(rank: int, world: int, family: str, store: str, out: str) -> None:
 def test_gpu_cp_matches_the_single_gpu_op(tmp_path, family, world):
     with kernels_or_skip():
         _op(family, _inputs(family, "cuda"), cu_seqlens=torch.tensor(CU_SEQLENS, device="cuda"))
-    out = str(tmp_path / "err")
-    mp.start_processes(_worker, args=(world, family, str(tmp_path / "store"), out), nprocs=world,
-                       join=True, start_method="spawn")
-    for rank in range(world):
-        with open(f"{out}.{rank}") as f:
-            err = json.load(f)
+    for rank, err in enumerate(_run_ranks(_worker, world, family, tmp_path)):
         print(f"{family} rank {rank}/{world}: " + ", ".join(f"{n} {e:.2e}" for n, e in err.items()))
         bad = {n: e for n, e in err.items() if not e <= BARS[n.split("[")[0]]}
         assert not bad, f"rank {rank} of {world}: {bad}"

@@ -187,6 +187,16 @@ def _step_inputs(p: ProgramBuilder, c, family: str, opt: dict, gate, gate_opts: 
                 valid=valid, g_valid=g_valid)
 
 
+def _state_scan(p: ProgramBuilder, opt: dict, gate) -> tuple:
+    """(scale, the gate's per-head parameters, the forward scan over the state S from
+    initial_state or zeros): how the forward and the decode program open their body."""
+    K, V = opt["head_k_dim"], opt["head_v_dim"]
+    scale = p.scalar("scale")
+    params = {pname: p.load_head(pname) for pname in gate.params}
+    S0 = p.load_state("initial_state", name="h0") if opt["use_initial_state"] else zeros((K, V), name="h0")
+    return scale, params, p.scan([S0], names=["S"], name="S_final")
+
+
 def _delta_rule_fwd(family: str, name: str, options: dict) -> ir.Module:
     """The chunked gated delta rule forward (docs/MATH.md §1), shared by KDA and GDN."""
     opt, gate, gate_opts = _resolve(family, options)
@@ -201,11 +211,7 @@ def _delta_rule_fwd(family: str, name: str, options: dict) -> ir.Module:
         p.output("chunk_states", "chunk", [K, V], dt, heads="v")
 
     with p.body():
-        scale = p.scalar("scale")
-        params = {pname: p.load_head(pname) for pname in gate.params}
-        S0 = p.load_state("initial_state", name="h0") if opt["use_initial_state"] else zeros((K, V), name="h0")
-
-        scan = p.scan([S0], names=["S"], name="S_final")
+        scale, params, scan = _state_scan(p, opt, gate)
         with scan as (c, S):
             if opt["output_chunk_states"]:
                 p.store_chunk("chunk_states", c, S.to(dt))   # the state entering chunk c
@@ -265,10 +271,7 @@ def _delta_rule_decode(family: str, name: str, options: dict) -> ir.Module:
         p.output("token_states", "chunk", [K, V], "fp32", heads="v")
 
     with p.body():
-        scale = p.scalar("scale")
-        params = {pname: p.load_head(pname) for pname in gate.params}
-        S0 = p.load_state("initial_state", name="h0") if opt["use_initial_state"] else zeros((K, V), name="h0")
-        scan = p.scan([S0], names=["S"], name="S_final")
+        scale, params, scan = _state_scan(p, opt, gate)
         with scan as (t, S):
             # -- token t ([1, ...] tiles)
             x = _step_inputs(p, t, family, opt, gate, gate_opts, params, beta_name, 1)
