@@ -116,11 +116,12 @@ def implementations(family, fla=True, bundles: dict | None = None,
 
 def _with_bundle(fn, path, chunk_size: int | None = None):
     from kdagen import ops
+    size = chunk_size or ops.CHUNK_SIZE           # kdagen's own unless the ablation sets one
 
     def run(*args, **kwargs):
         os.environ["KDAGEN_BUNDLE"] = str(path)
         # set, not restored: the backward of this call runs before another impl's call
-        ops.CHUNK_SIZE = chunk_size or 64
+        ops.CHUNK_SIZE = size
         return fn(*args, **kwargs)
     run.__module__ = fn.__module__
     return run

@@ -36,6 +36,7 @@ class Target:
     consumer_warpgroups: int  # kda-warp-specialize: consumer warpgroups per CTA
     reserved_smem: int        # kda-warp-specialize: shared memory the consumers keep for their tiles
     workspace_dtype: str      # kda-partition: storage type of the workspaces between kernels
+    smem_per_sm: int = 0      # bytes of shared memory an SM shares among its resident blocks
 
     @property
     def sm_number(self) -> int:
@@ -57,16 +58,18 @@ TARGETS: dict[str, Target] = {
     # H200 check; fp32 ones 6.4e-5).
     "sm_90a": Target("sm_90a", (9, 0), "+ptx87", 227 * 1024, has_wgmma=True, has_tcgen05=False,
                      has_tma=True, has_setmaxnreg=True, consumer_warpgroups=2,
-                     reserved_smem=64 * 1024, workspace_dtype="fp32"),
+                     reserved_smem=64 * 1024, workspace_dtype="fp32", smem_per_sm=228 * 1024),
     # Datacenter Blackwell: the same budget; accumulators may move to TMEM in codegen.
     "sm_100a": Target("sm_100a", (10, 0), "+ptx87", 227 * 1024, has_wgmma=False,
                       has_tcgen05=True, has_tma=True, has_setmaxnreg=True,
-                      consumer_warpgroups=2, reserved_smem=64 * 1024, workspace_dtype="fp32"),
+                      consumer_warpgroups=2, reserved_smem=64 * 1024, workspace_dtype="fp32",
+                      smem_per_sm=228 * 1024),
     # Consumer Blackwell: ~99 KB of shared memory, one consumer warpgroup; bf16 workspaces so
     # that one chunk stage of the state kernel (w, u, qd, kr, Aqk) fits beside the state.
     "sm_120a": Target("sm_120a", (12, 0), "+ptx87", 99 * 1024, has_wgmma=False,
                       has_tcgen05=False, has_tma=True, has_setmaxnreg=True,
-                      consumer_warpgroups=1, reserved_smem=16 * 1024, workspace_dtype="bf16"),
+                      consumer_warpgroups=1, reserved_smem=16 * 1024, workspace_dtype="bf16",
+                      smem_per_sm=100 * 1024),
 }
 DEFAULT_CHIPS = tuple(TARGETS)
 CAPABILITIES = tuple(f.name for f in fields(Target) if f.name.startswith("has_"))

@@ -5,10 +5,7 @@ from dataclasses import dataclass
 
 from kdagen.ir.precision import PRECISIONS, auto_precision
 
-__all__ = ["LowerOptions", "product_precision", "PRODUCT_PRECISIONS"]
-
-#: the ``dot`` values besides "auto" (kdagen.ir.precision: what each means)
-PRODUCT_PRECISIONS = PRECISIONS
+__all__ = ["LowerOptions", "product_precision"]
 
 
 def product_precision(dot: str, op: str | None = None, chosen: str | None = None) -> str:
@@ -18,9 +15,9 @@ def product_precision(dot: str, op: str | None = None, chosen: str | None = None
     overrides every product."""
     if dot == "auto":
         return chosen or auto_precision(op)
-    if dot not in PRODUCT_PRECISIONS:
+    if dot not in PRECISIONS:           # kdagen.ir.precision: what each one means
         raise ValueError(f"dot: {dot!r} is not a matrix-product precision; use one of "
-                         f"auto, {', '.join(PRODUCT_PRECISIONS)}")
+                         f"auto, {', '.join(PRECISIONS)}")
     return dot
 
 

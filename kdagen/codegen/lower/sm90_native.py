@@ -71,16 +71,16 @@ PRODUCER_THREADS = 128
 PRODUCER_REGISTERS = 40
 CONSUMER_REGISTERS = 232
 REGISTER_FILE = 65536            # 32-bit registers per SM
-SMEM_PER_SM = 228 * 1024         # shared memory per SM (a CTA takes at most 227 KB of it)
 MAX_CTAS_PER_SM = 4              # resident CTAs a kernel is sized for, at most
 
 
-def ctas_per_sm(smem_bytes: int) -> int:
+def ctas_per_sm(smem_bytes: int, target: Target) -> int:
     """CTAs per SM a kernel is sized for (launch bounds and register split): as many as its
-    shared memory lets reside (1 KB of each CTA's share is the system's), at most
-    MAX_CTAS_PER_SM. One for the chunk-parallel kernels (their tiles take ~220 KB); a decode
-    kernel holding one state (~72 KB) gets three, whose warps hide each other's latency."""
-    return max(1, min(MAX_CTAS_PER_SM, SMEM_PER_SM // (smem_bytes + 1024)))
+    shared memory lets reside in the target's per-SM shared memory (1 KB of each CTA's share
+    is the system's), at most MAX_CTAS_PER_SM. One for the chunk-parallel kernels (their
+    tiles take ~220 KB); a decode kernel holding one state (~72 KB) gets three on sm_90a,
+    whose warps hide each other's latency."""
+    return max(1, min(MAX_CTAS_PER_SM, target.smem_per_sm // (smem_bytes + 1024)))
 
 
 def chunk_warpgroups(option, storage: str) -> int:
@@ -290,14 +290,13 @@ def wgmma_precision(group, dot: str, kname: str) -> str:
         for m in [n, *(walk(n.body) if n.body is not None else [])]:
             if _wgmma_dot_dims(m) is not None:
                 chosen.add(product_precision(dot, m.op, m.attrs.get("kda.precision")))
-    chosen = {p if p in T_.MMA_PRECISIONS else "bf16x3" for p in chosen}
+    chosen = {p if p in T_.MMA_PRECISIONS else "bf16x3"
+              for p in chosen or {product_precision(dot, "kda.dot")}}
     if len(chosen) > 1:
         raise LoweringError(f"{kname}: its wgmma products ask for different precisions "
                             f"({', '.join(sorted(chosen))}); the sm_90a native path stages one "
                             "per kernel: give them one (kda-assign-precision, or the dot option)")
-    return chosen.pop() if chosen else (product_precision(dot, "kda.dot")
-                                        if product_precision(dot, "kda.dot") in T_.MMA_PRECISIONS
-                                        else "bf16x3")
+    return chosen.pop()
 
 
 def single_read_operands(group) -> frozenset:
@@ -461,7 +460,7 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
 
     @property
     def ctas_per_sm(self) -> int:
-        return ctas_per_sm(self.smem_bytes)
+        return ctas_per_sm(self.smem_bytes, self.target)
 
     def _full(self, stage):
         return _DynBarrier(self.smem_base, self.layout.barrier_offset + 8 * stage)

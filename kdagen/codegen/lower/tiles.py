@@ -456,6 +456,37 @@ def _split_pack(vals: dict, precision: str):
     return [hi, lo]
 
 
+def _mma_atom(precision: str, a_elem, b_elem, g, t) -> tuple:
+    """(depth, A fragment (row atom, k0), B fragment (column atom, row atom, k0), product) of
+    one mma.sync atom on this lane (g = lane / 4, t = lane % 4) for ``precision``: TF32
+    m16n8k8, or bf16 m16n8k16 (bf16x3: hi and lo parts, three products)."""
+    if precision == "tf32":
+        def afrag(rb, k0):
+            return [B.tf32_operand(a_elem(rb + g + 8 * (r % 2), k0 + t + 4 * (r // 2)))
+                    for r in range(4)]
+
+        def bfrag(cb, rb, k0):
+            return [B.tf32_operand(b_elem(k0 + t + 4 * r, cb + g, rb)) for r in range(2)]
+        return 8, afrag, bfrag, B.mma_tf32
+
+    def afrag(rb, k0):
+        vals = {(r, h): a_elem(rb + g + 8 * (r % 2), k0 + 2 * t + h + 8 * (r // 2))
+                for r in range(4) for h in (0, 1)}
+        return _split_pack(vals, precision)
+
+    def bfrag(cb, rb, k0):
+        vals = {(r, h): b_elem(k0 + 2 * t + h + 8 * r, cb + g, rb)
+                for r in range(2) for h in (0, 1)}
+        return _split_pack(vals, precision)
+
+    def mma(a_parts, b_parts, c):
+        if precision == "bf16x3":
+            c = B.mma_bf16(a_parts[1], b_parts[0], c)
+            c = B.mma_bf16(a_parts[0], b_parts[1], c)
+        return B.mma_bf16(a_parts[0], b_parts[0], c)
+    return 16, afrag, bfrag, mma
+
+
 def mma_contraction(th: Threads, out: BufRef, K: int, a_elem, b_elem, precision: str = "bf16x3",
                     epilogue=None, b_per_atom: bool = False, max_acc: int = 32) -> None:
     """``out[i, j] = epilogue(i, j, sum_k a_elem(i, k) * b_elem(k, j, atom_row0))`` on tensor
@@ -472,6 +503,7 @@ def mma_contraction(th: Threads, out: BufRef, K: int, a_elem, b_elem, precision:
     g, t = lane // 4, lane % 4
     row0 = (warp // plan.wn) * (M // plan.wm)
     col0 = (warp % plan.wn) * (N // plan.wn)
+    kstep, afrag, bfrag, mma = _mma_atom(precision, a_elem, b_elem, g, t)
 
     def body():
         for pss, cps in [(p_, q_) for p_ in range(plan.row_passes) for q_ in range(plan.col_passes)]:
@@ -479,56 +511,20 @@ def mma_contraction(th: Threads, out: BufRef, K: int, a_elem, b_elem, precision:
             cbases = [col0 + 8 * (cps * plan.an + y) for y in range(plan.an)]
             init = [B.f(0.0)] * (plan.am * plan.an * 4)
 
-            def step_tf32(kk, *acc):
-                k0 = kk * 8
-                afr = [[B.tf32_operand(a_elem(rb + g + 8 * (r % 2), k0 + t + 4 * (r // 2)))
-                        for r in range(4)] for rb in rbases]
-
-                def bfrag(cb, rb):
-                    return [B.tf32_operand(b_elem(k0 + t + 4 * r, cb + g, rb)) for r in range(2)]
-
-                new = list(acc)
-                for y, cb in enumerate(cbases):
-                    shared = None if b_per_atom else bfrag(cb, rbases[0])
-                    for x, rb in enumerate(rbases):
-                        bf = shared if shared is not None else bfrag(cb, rb)
-                        base = (x * plan.an + y) * 4
-                        new[base:base + 4] = B.mma_tf32(afr[x], bf, new[base:base + 4])
-                return new
-
             def step(kk, *acc):
-                k0 = kk * 16
-                afr = []
-                for rb in rbases:
-                    vals = {(r, h): a_elem(rb + g + 8 * (r % 2), k0 + 2 * t + h + 8 * (r // 2))
-                            for r in range(4) for h in (0, 1)}
-                    afr.append(_split_pack(vals, precision))
-
-                def bfrag(cb, rb):
-                    vals = {(r, h): b_elem(k0 + 2 * t + h + 8 * r, cb + g, rb)
-                            for r in range(2) for h in (0, 1)}
-                    return _split_pack(vals, precision)
-
+                k0 = kk * kstep
+                afr = [afrag(rb, k0) for rb in rbases]
                 new = list(acc)
                 # one B fragment at a time (few live registers), all row atoms against it
                 for y, cb in enumerate(cbases):
-                    shared = None if b_per_atom else bfrag(cb, rbases[0])
+                    shared = None if b_per_atom else bfrag(cb, rbases[0], k0)
                     for x, rb in enumerate(rbases):
-                        b_parts = shared if shared is not None else bfrag(cb, rb)
-                        a_parts = afr[x]
+                        b_frag = shared if shared is not None else bfrag(cb, rb, k0)
                         base = (x * plan.an + y) * 4
-                        c = new[base:base + 4]
-                        if precision == "bf16x3":
-                            c = B.mma_bf16(a_parts[1], b_parts[0], c)
-                            c = B.mma_bf16(a_parts[0], b_parts[1], c)
-                        c = B.mma_bf16(a_parts[0], b_parts[0], c)
-                        new[base:base + 4] = c
+                        new[base:base + 4] = mma(afr[x], b_frag, new[base:base + 4])
                 return new
 
-            if precision == "tf32":
-                acc = B.for_range(0, K // 8, 1, step_tf32, init)
-            else:
-                acc = B.for_range(0, K // 16, 1, step, init)
+            acc = B.for_range(0, K // kstep, 1, step, init)
             for x, rb in enumerate(rbases):
                 for y, cb in enumerate(cbases):
                     for i in range(4):
