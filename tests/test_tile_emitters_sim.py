@@ -197,3 +197,13 @@ def test_exact_diagonal_decay_products_match_float64(nthreads, diagonal, path, p
         assert err < (2e-5 if precision == "bf16x3" else 2e-3), (key, err)
         if precision == "tf32" and path == "factored":
             assert err > 1e-6, (key, err)          # the operands really were rounded
+
+
+def test_contraction_plan_gives_every_thread_work_when_rows_are_few():
+    """A 1-row product (decode's [1, K] @ [K, V]) spreads its columns over all threads (was one
+    warp with four outputs each); chunk-sized products keep their tiling."""
+    plan = T_.contraction_plan(1, 128, 128)
+    assert (plan.tm, plan.tn, plan.rm, plan.rn) == (1, 128, 1, 1)
+    assert T_.contraction_plan(2, 64, 128).threads == 128
+    big = T_.contraction_plan(64, 128, 256)
+    assert (big.tm, big.tn, big.rm, big.rn) == (8, 32, 8, 4)

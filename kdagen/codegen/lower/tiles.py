@@ -266,16 +266,20 @@ class ContractionPlan:
 
 
 def contraction_plan(M: int, N: int, nthreads: int, max_acc: int = 64) -> ContractionPlan:
-    """Threads as a tm x tn grid (a warp spans tn = min(N, 32) consecutive columns, so the
-    row operand is a broadcast read and the column operand a contiguous one); each thread
-    owns rm x rn outputs (rows ti + tm*a, cols tj + tn*b), in ``passes`` row passes so that
-    rm * rn <= max_acc accumulators live in registers."""
+    """Threads as a tm x tn grid (a warp spans min(N, 32) consecutive columns, so the row
+    operand is a broadcast read and the column operand a contiguous one); each thread owns
+    rm x rn outputs (rows ti + tm*a, cols tj + tn*b), in ``passes`` row passes so that
+    rm * rn <= max_acc accumulators live in registers. With too few rows to give every thread
+    one (a decode step's [1, K] @ [K, V]), tn grows past a warp over the columns: more threads
+    each fold fewer outputs (every output still folds over r in the same order)."""
     tn = min(N, 32)
     while N % tn:
         tn //= 2
     tm = min(M, max(1, nthreads // tn))
     while M % tm:
         tm //= 2
+    while tm * tn * 2 <= nthreads and N % (tn * 2) == 0:
+        tn *= 2
     rn = N // tn
     rm_total = M // tm
     rm = max(1, min(rm_total, max_acc // max(1, rn)))
