@@ -60,6 +60,8 @@ __all__ = ["TileKernelEmitter", "GlobalKernelEmitter", "Geometry", "MemRef", "me
 REDUCE_WARP_SLOTS = 16
 GATE_CHECK_SLOTS = 4
 REDUCE_SLOTS_BYTES = 4 * (REDUCE_WARP_SLOTS + GATE_CHECK_SLOTS)
+#: loads in flight per thread while a scan's initial carried value is read in
+STATE_LOAD_BATCH = 32
 
 
 # ------------------------------------------------------------------------------------------
@@ -415,10 +417,13 @@ class TileKernelEmitter:
     def scan(self, n) -> None:
         geo = self.geo
         carried = [self.bufref(r) for r in n.results]
+        # the initial state: once per CTA, before anything else can run, so its loads go out
+        # STATE_LOAD_BATCH at a time (a [128, 128] state on 128 threads: 4 rounds, not 16)
+        state_th = T_.Threads(self.th.tid, self.th.count, max(self.th.batch, STATE_LOAD_BATCH))
         for i, init in enumerate(n.operands):
             src = self.env[init]
             if not carried[i].same_storage(src):
-                T_.materialize(self.th, src, carried[i])
+                T_.materialize(state_th, src, carried[i])
         B.barrier()
         body = n.body
         reverse = bool(n.attrs.get("reverse", False))
