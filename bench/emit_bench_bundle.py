@@ -66,6 +66,9 @@ def main(argv=None) -> int:
     ap.add_argument("--smem-reserve", type=int, default=None,
                     help="bytes of the shared memory per block kept free (ablation: a smaller "
                          "budget per CTA)")
+    ap.add_argument("--smem-row-pad", type=int, default=None,
+                    help="elements padding each row of a shared-memory tile buffer (ablation; "
+                         "tools/smem_banks.py counts its bank conflicts)")
     ap.add_argument("--programs", default=None,
                     help="only these programs (comma-separated, e.g. kda_fwd)")
     ap.add_argument("--configs", default=None,
@@ -99,6 +102,8 @@ def main(argv=None) -> int:
             lower["tril_inv"] = args.tril_inv
         if args.smem_reserve is not None:
             lower["smem_reserve"] = args.smem_reserve
+        if args.smem_row_pad is not None:
+            lower["smem_row_pad"] = args.smem_row_pad
         if args.no_register_scan:
             lower["register_scan"] = False
         write_bundle(args.out, [(program, options, lower, variant_name(program, options))],

@@ -207,3 +207,42 @@ def test_contraction_plan_gives_every_thread_work_when_rows_are_few():
     assert T_.contraction_plan(2, 64, 128).threads == 128
     big = T_.contraction_plan(64, 128, 256)
     assert (big.tm, big.tn, big.rm, big.rn) == (8, 32, 8, 4)
+
+
+@pytest.mark.parametrize("nthreads", [256, 128])
+@pytest.mark.parametrize("diagonal", [0, -1])
+@pytest.mark.parametrize("precision", ["bf16x3", "tf32", "fma"])
+@pytest.mark.parametrize("steepest", [0.5, 40.0])
+def test_row_gate_decay_products_match_float64(nthreads, diagonal, precision, steepest):
+    """The decay products of a gate the same in every column (GDN's, after
+    kda-narrow-broadcasts): the decay leaves the contraction, one exponential per output
+    (decay_dot) or weight (decay_matmul). A gentle gate (down to -0.5 per row in log2 units)
+    and a steep one (-40: the masked elements' exponents reach +2500 and overflow, which must
+    not leak)."""
+    rng = np.random.default_rng(5)
+    C, D = 64, 32
+    lhs = rng.standard_normal((C, D)).astype(np.float32)
+    rhs = rng.standard_normal((C, D)).astype(np.float32)
+    w = rng.standard_normal((C, C)).astype(np.float32)
+    g1 = np.cumsum(-rng.uniform(0, steepest, C)).astype(np.float32)
+    shapes = {"lhs": (C, D), "rhs": (C, D), "g": (C,), "w": (C, C), "dot": (C, C),
+              "mm": (C, D), "mmt": (C, D)}
+
+    def emit(th, r):
+        T_.emit_decay_dot_row_gates(th, r["dot"], r["lhs"], r["rhs"], r["g"], r["g"],
+                                    diagonal, -126.0, precision)
+        B.barrier()
+        for key, tr in (("mm", False), ("mmt", True)):
+            T_.emit_decay_matmul_row_gates(th, r[key], r["w"], r["rhs"], r["g"], r["g"],
+                                           diagonal, tr, -126.0, precision)
+            B.barrier()
+    got, _ = _run(nthreads, shapes, {"lhs": lhs, "rhs": rhs, "g": g1, "w": w}, emit)
+    mask = np.tril(np.ones((C, C), bool), diagonal)
+    diff = np.where(mask, g1[:, None].astype(np.float64) - g1[None, :], 0.0)   # [i, j] <= 0
+    E = np.where(mask, np.exp2(np.clip(diff, -126, None)), 0.0)
+    l64, r64, w64 = (a.astype(np.float64) for a in (lhs, rhs, w))
+    for key, ref in (("dot", (l64 @ r64.T) * E), ("mm", (w64 * E) @ r64),
+                     ("mmt", (w64 * E).T @ r64)):
+        assert np.isfinite(got[key]).all(), key
+        err = np.abs(got[key] - ref).max() / np.abs(ref).max()
+        assert err < {"bf16x3": 2e-5, "tf32": 2e-3, "fma": 2e-6}[precision], (key, err)

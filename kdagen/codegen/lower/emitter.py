@@ -344,7 +344,7 @@ class TileKernelEmitter:
     def bufref(self, v: Value) -> T_.BufRef:
         b = self.plan.buffers[v]
         return T_.BufRef(self.pools[b.space], (self.pool_base(b.space) + b.offset) // 4,
-                         tuple(v.shape), buffer_strides(tuple(v.shape), b.space))
+                         tuple(v.shape), buffer_strides(tuple(v.shape), b.space, self.plan.row_pad))
 
     def node(self, n) -> None:
         if n.op == "kda.scan":
@@ -577,6 +577,19 @@ class TileKernelEmitter:
         (options.product_precision: its ``kda.precision`` for "auto")."""
         return product_precision(self.opts.dot, n.op, n.attrs.get("kda.precision"))
 
+    def _row_gates(self, n):
+        """(gamma_lhs, gamma_rhs) as [C] Refs when both gates of decay product ``n`` are a
+        broadcast of one value per row over the contraction's columns (kda-narrow-broadcasts
+        makes GDN's so), else None."""
+        narrow = []
+        for g in n.operands[2:4]:
+            src = g.owner
+            if (src is None or src.op != "kda.broadcast" or list(src.attrs.get("dims", ())) != [1]
+                    or len(src.operands[0].shape) != 1):
+                return None
+            narrow.append(self.env[src.operands[0]])
+        return tuple(narrow)
+
     def matrix(self, n, out: T_.BufRef) -> None:
         k = n.kind
         ops = [self.env.get(o) for o in n.operands]
@@ -594,6 +607,15 @@ class TileKernelEmitter:
                 T_.emit_dot_mma(th, out, lhs, rhs, dot)
             else:
                 T_.emit_dot(th, out, lhs, rhs)
+        elif k in ("decay_dot", "decay_matmul") and self._row_gates(n) is not None:
+            gl, gr = self._row_gates(n)
+            if k == "decay_dot":
+                T_.emit_decay_dot_row_gates(th, out, ops[0], ops[1], gl, gr, int(a["diagonal"]),
+                                            a.get("clamp_min"), dot)
+            else:
+                T_.emit_decay_matmul_row_gates(th, out, ops[0], ops[1], gl, gr,
+                                               int(a["diagonal"]), bool(a.get("transpose")),
+                                               a.get("clamp_min"), dot)
         elif k in ("decay_dot", "decay_matmul"):
             S = int(a.get("subblock", 1))
             diagonal = int(a["diagonal"])

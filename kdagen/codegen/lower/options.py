@@ -76,3 +76,7 @@ class LowerOptions:
     # consumer when their expression takes at most this many instructions from what stays
     # stored (kdagen.codegen.lower.storage.remat_candidates); 0 = always materialise
     remat_ops: int = 8
+    # elements padding each row of a 2-D shared-memory tile buffer (storage.buffer_strides):
+    # 1 gives an odd pitch (a warp reading down a column hits 32 banks), 4 a pitch of 4 mod 32
+    # (an mma fragment's 8 rows x 4 columns hit 32 banks); tools/smem_banks.py counts both
+    smem_row_pad: int = 1

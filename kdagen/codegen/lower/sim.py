@@ -9,14 +9,17 @@ in divergent code and out-of-bounds accesses.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import numpy as np
 import torch
 
 from . import backend as B
+from .cost import NullCounter
 from .emitter import workspace_specs
 from .kernel import LowerOptions, prepare
 from .program import read_program
-from .sim_backend import SimBackend, SimMemory, SimPtr
+from .sim_backend import BankCounter, SimBackend, SimMemory, SimPtr
 
 __all__ = ["simulate", "program_sizes"]
 
@@ -74,11 +77,13 @@ def _alloc(layout, tail, sz, heads):
 
 
 def simulate(module, inputs: dict, *, options: LowerOptions | None = None, storage: str = "global",
-             check_races: bool = True, return_workspaces: bool = False) -> dict:
+             check_races: bool = True, return_workspaces: bool = False,
+             banks: dict | None = None) -> dict:
     """Execute the lowered kernels of ``module`` on the CPU; returns ``{output: tensor}``.
 
     ``storage`` forces where tile buffers live ("global" scratch or "smem"); both run the same
-    code except for the scratch base pointer.
+    code except for the scratch base pointer. ``banks``: a dict that receives, per kernel
+    name, a :class:`BankCounter` of its shared-memory accesses (per op of the program).
     """
     opts = options or LowerOptions(storage=storage)
     if options is None:
@@ -105,6 +110,10 @@ def simulate(module, inputs: dict, *, options: LowerOptions | None = None, stora
     base_p = {"T": sz["T"], "N": sz["N"], "HV": sz["HV"], **scalars}
     for pk in prepare(program, None, "sim", opts):
         em = pk.emitter
+        counter = None
+        if banks is not None and pk.group.kind != "global":
+            counter = banks.setdefault(pk.name, BankCounter())
+            em.cost = _OpLabels(counter)
         p = dict(base_p)
         for prm in em.params():
             if prm.kind == "ptr" and prm.name != "scratch":
@@ -122,7 +131,7 @@ def simulate(module, inputs: dict, *, options: LowerOptions | None = None, stora
         for z in range(gz):
             for n in range(sz["N"]):
                 for hv in range(sz["HV"]):
-                    be = SimBackend(opts.nthreads, check_races)
+                    be = SimBackend(opts.nthreads, check_races, counter)
                     cta = (z * sz["N"] + n) * sz["HV"] + hv
                     base = None
                     if em.uses_global:
@@ -143,6 +152,25 @@ def simulate(module, inputs: dict, *, options: LowerOptions | None = None, stora
         for w in workspace_specs(program):
             out["workspace:" + w["name"]] = torch.from_numpy(mems[w["name"]].data.copy())
     return out
+
+
+class _OpLabels(NullCounter):
+    """The emitter's cost counter in a bank count: counts nothing, names the op being emitted
+    (run) for the :class:`BankCounter`."""
+
+    def __init__(self, banks: BankCounter):
+        super().__init__()
+        self._banks = banks
+
+    @contextmanager
+    def op(self, label: str):
+        outer = self._banks.label
+        if outer is None:
+            self._banks.label = label
+        try:
+            yield
+        finally:
+            self._banks.label = outer
 
 
 def _shape_of(a, sz):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["SimBackend", "SimPtr", "SimMemory", "SimError"]
+__all__ = ["SimBackend", "SimPtr", "SimMemory", "SimError", "BankCounter"]
 
 
 class SimError(RuntimeError):
@@ -55,12 +55,49 @@ def _bf16_round(x: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(x), x, out).astype(np.float32)
 
 
+class BankCounter:
+    """Shared-memory bank conflicts of simulated accesses, by op label (``label``, set by the
+    emitter's op scopes: :func:`kdagen.codegen.lower.sim.simulate`'s ``banks``). Per warp and
+    access: one request, and as many wavefronts as the 32 four-byte banks need passes (the
+    most distinct words any one bank serves; lanes reading the same word share it). Shared
+    tile buffers are fp32, so an element index is a word index."""
+
+    BANKS = 32
+
+    def __init__(self):
+        self.label: str | None = None
+        # label -> {"ld": [requests, wavefronts], "st": [...]}
+        self.by_op: dict[str, dict[str, list]] = {}
+
+    def record(self, kind: str, lanes: np.ndarray, words: np.ndarray) -> None:
+        warp = lanes // 32
+        key = np.unique(warp * (1 << 40) + words)
+        kw, word = key >> 40, key & ((1 << 40) - 1)
+        nw = int(kw.max()) + 1
+        per_bank = np.bincount(kw * self.BANKS + word % self.BANKS,
+                               minlength=nw * self.BANKS).reshape(nw, self.BANKS)
+        active = np.unique(warp)
+        tally = self.by_op.setdefault(self.label or "(kernel)", {}).setdefault(kind, [0, 0])
+        tally[0] += len(active)
+        tally[1] += int(per_bank.max(axis=1)[active].sum())
+
+    def totals(self) -> dict:
+        out = {"ld": [0, 0], "st": [0, 0]}
+        for kinds in self.by_op.values():
+            for kind, (req, wave) in kinds.items():
+                out[kind][0] += req
+                out[kind][1] += wave
+        return out
+
+
 class SimBackend:
     """Executes emitter code for one CTA of ``nthreads`` threads, lanes as numpy arrays."""
 
     name = "sim"
 
-    def __init__(self, nthreads: int, check_races: bool = True):
+    def __init__(self, nthreads: int, check_races: bool = True,
+                 banks: BankCounter | None = None):
+        self.banks = banks
         self.nt = nthreads
         self.lanes = np.arange(nthreads, dtype=np.int64)
         self.full = np.ones(nthreads, bool)
@@ -309,9 +346,14 @@ class SimBackend:
 
     _MANY = 4095
 
+    def _count_banks(self, kind: str, mem, a, m) -> None:
+        if self.banks is not None and mem.name == "smem":
+            self.banks.record(kind, self.lanes if m is None else self.lanes[m], a)
+
     def load(self, ptr: SimPtr, index, elt: str = "f32"):
         a, m = self._addr(ptr, index)
         mem = ptr.mem
+        self._count_banks("ld", mem, a, m)
         vals = mem.data[a]
         if mem.track and self.check_races:
             lanes = self.lanes if m is None else self.lanes[m]
@@ -339,6 +381,7 @@ class SimBackend:
     def store(self, ptr: SimPtr, index, value, elt: str = "f32"):
         a, m = self._addr(ptr, index)
         mem = ptr.mem
+        self._count_banks("st", mem, a, m)
         v = np.asarray(value, np.float32)
         if v.ndim == 0:
             v = np.full(self.nt, v, np.float32)

@@ -56,6 +56,7 @@ class StoragePlan:
     smem_bytes: int = 0           # after pack(): bytes of each pool
     global_bytes: int = 0
     single_read: frozenset = frozenset()   # plan_storage's argument
+    row_pad: int = 1              # elements padding each row of a 2-D+ shared-memory buffer
 
     def mode(self, v: Value) -> str:
         return self.modes.get(v, "none")
@@ -98,7 +99,7 @@ def _is_widening_convert(n: Node) -> bool:
 
 def plan_storage(program: Program, group: KernelGroup, align: int = 16,
                  ring_loads: frozenset = frozenset(), single_read: frozenset = frozenset(),
-                 keep_lazy: frozenset = frozenset()) -> StoragePlan:
+                 keep_lazy: frozenset = frozenset(), row_pad: int = 1) -> StoragePlan:
     """``ring_loads``: load nodes whose tiles a native path streams into a shared-memory ring
     (mode ``ring``: cheap to read, no buffer, valid for the chunk step that loaded them).
     ``single_read``: (node, operand index) pairs of matrix ops that read each element of that
@@ -227,14 +228,14 @@ def plan_storage(program: Program, group: KernelGroup, align: int = 16,
     for n in knodes:
         if n.op == "kda.scan":
             for i, r in enumerate(n.results):
-                b = Buffer(r, _nbytes(r, align), positions[n], loop_end[n])
+                b = Buffer(r, _nbytes(r, align, row_pad), positions[n], loop_end[n])
                 carried[(n, i)] = b
                 buffers[r] = b
                 buffers[n.body.args[1 + i]] = b
             continue
         for r in n.results:
             if modes.get(r) == "buffer":
-                buffers[r] = Buffer(r, _nbytes(r, align), positions[n], positions[n])
+                buffers[r] = Buffer(r, _nbytes(r, align, row_pad), positions[n], positions[n])
 
     def leaves(v: Value, acc: set):
         """Buffers read when v is evaluated."""
@@ -282,7 +283,7 @@ def plan_storage(program: Program, group: KernelGroup, align: int = 16,
 
     total = _first_fit(list({id(b): b for b in buffers.values()}.values()), align)
     return StoragePlan(modes, buffers, carried, total, positions, written, yield_copy,
-                       single_read=single_read)
+                       single_read=single_read, row_pad=row_pad)
 
 
 # ops counted by :func:`expr_ops` (the rest count 1): multi-instruction special functions
@@ -384,29 +385,30 @@ def _yield_hazard(v: Value, i: int, scan: Node, modes: dict) -> bool:
     return visit(v, True)
 
 
-def buffer_strides(shape: tuple, space: str = "smem") -> tuple:
+def buffer_strides(shape: tuple, space: str = "smem", row_pad: int = 1) -> tuple:
     """Element strides of a buffer of ``shape``: row-major; in shared memory the rows of 2-D+
-    tiles are padded by one element (an odd pitch: column-wise reads by a warp hit 32
+    tiles are padded by ``row_pad`` elements (default one: an odd pitch, so column-wise reads
+    by a warp hit 32 different banks; four puts an mma fragment's 8 rows x 4 columns on 32
     different banks), in the global scratch they are not (a warp's 32 consecutive floats of a
     row then fill 4 whole 32-byte sectors instead of straddling 5)."""
     if not shape:
         return ()
     strides = [1]
-    acc = shape[-1] + (1 if len(shape) >= 2 and space == "smem" else 0)
+    acc = shape[-1] + (row_pad if len(shape) >= 2 and space == "smem" else 0)
     for d in reversed(shape[:-1]):
         strides.insert(0, acc)
         acc *= d
     return tuple(strides)
 
 
-def buffer_elems(shape: tuple) -> int:
+def buffer_elems(shape: tuple, row_pad: int = 1) -> int:
     if not shape:
         return 1
-    return shape[0] * buffer_strides(shape)[0]
+    return shape[0] * buffer_strides(shape, "smem", row_pad)[0]
 
 
-def _nbytes(v: Value, align: int) -> int:
-    n = 4 * buffer_elems(v.shape)
+def _nbytes(v: Value, align: int, row_pad: int = 1) -> int:
+    n = 4 * buffer_elems(v.shape, row_pad)
     return -(-n // align) * align
 
 

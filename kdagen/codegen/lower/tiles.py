@@ -576,6 +576,56 @@ def emit_decay_dot_mma(th: Threads, out: BufRef, lhs: Ref, rhs: Ref, gl: Ref, gr
                     b_per_atom=True)
 
 
+def emit_decay_dot_row_gates(th: Threads, out: BufRef, lhs: Ref, rhs: Ref, gl: Ref, gr: Ref,
+                             diagonal: int, clamp_min, precision: str) -> None:
+    """decay_dot with gates that are the same in every column d (``gl``, ``gr``: [C], the
+    rows' gates; kda-narrow-broadcasts leaves GDN's per-token gate so):
+    out[i, j] = 2^(gl[i] - gr[j]) sum_d lhs[i, d] rhs[j, d] for j <= i + diagonal. The decay
+    leaves the contraction: the product runs on the raw operands (tensor cores where
+    ``precision`` asks and the shape allows, else FMA) and one exponential per output element
+    scales it; its argument is <= 0 on every kept element of a decaying gate (clamped below at
+    ``clamp_min``), and the elements past the diagonal are selected away, never multiplied."""
+    zero = B.f(0.0)
+
+    def epilogue(i, j, v):
+        e = B.exp2_clamped(B.sub(gl.read([i]), gr.read([j])), clamp_min)
+        return B.sel(B.icmp("le", j, addk(i, diagonal)), B.mul(v, e), zero)
+
+    M, N = out.shape
+    D = lhs.shape[1]
+    if precision in MMA_PRECISIONS and mma_supported(M, N, D):
+        mma_contraction(th, out, D, lambda i, d: lhs.read([i, d]),
+                        lambda d, j, rb: rhs.read([j, d]), precision, epilogue=epilogue)
+        return
+    contraction(th, out, D, lambda i, d: [lhs.read([i, d])], lambda d, j: [rhs.read([j, d])],
+                lambda acc, rv, cv, pre, i, j, d: B.fma(rv[0], cv[0], acc), epilogue=epilogue)
+
+
+def emit_decay_matmul_row_gates(th: Threads, out: BufRef, w: Ref, x: Ref, g_row: Ref,
+                                g_col: Ref, diagonal: int, transpose_w: bool, clamp_min,
+                                precision: str) -> None:
+    """decay_matmul with gates the same in every column d (``g_row``, ``g_col``: [C]):
+    E[i, j] = 2^(g_row[i] - g_col[j]) for j <= i + diagonal (else 0) no longer depends on d,
+    so it weights w before one plain product: not transposed out = (w ⊙ E) x, transposed
+    out = (w ⊙ E)ᵀ x. Each weight's exponent is <= 0 for a decaying gate (clamped below at
+    ``clamp_min``); the masked ones are selected away."""
+    zero = B.f(0.0)
+    C = w.shape[0]
+    M, N = out.shape
+
+    def weight(i, j):
+        e = B.exp2_clamped(B.sub(g_row.read([i]), g_col.read([j])), clamp_min)
+        return B.sel(B.icmp("le", j, addk(i, diagonal)), B.mul(w.read([i, j]), e), zero)
+
+    # a_elem(r, k): row r of the output, partner k
+    a_elem = (lambda j, i: weight(i, j)) if transpose_w else weight
+    if precision in MMA_PRECISIONS and mma_supported(M, N, C):
+        mma_contraction(th, out, C, a_elem, lambda k, d, rb: x.read([k, d]), precision)
+        return
+    contraction(th, out, C, lambda r, k: [a_elem(r, k)], lambda k, d: [x.read([k, d])],
+                lambda acc, rv, cv, pre, r, d, k: B.fma(rv[0], cv[0], acc))
+
+
 def exact_diagonal_supported(subblock: int, rows: int, nthreads: int, diagonal: int,
                              same_gamma: bool) -> bool:
     """The exact-diagonal tensor-core forms below need S-row blocks of whole mma atoms, the
@@ -930,7 +980,7 @@ def emit_cumsum(th: Threads, out: BufRef, x: Ref, reverse: bool) -> None:
     cols = numel(tuple(x.shape[1:]))
     segments = th.count // cols if cols and th.count % cols == 0 else 1
     while segments > 1 and (rows % segments or rows // segments < 4):
-        segments //= 2
+        segments //= 2      # (then only segments x cols threads take part)
     if segments > 1 and (segments & (segments - 1)) == 0:
         return emit_cumsum_segmented(th, out, x, reverse, segments)
 
@@ -961,6 +1011,14 @@ def emit_cumsum_segmented(th: Threads, out: BufRef, x: Ref, reverse: bool,
     cidx = unravel(th.tid % cols, col_shape)
     part = th.tid // cols
     start = part * seg
+    zero = B.f(0.0)
+
+    def busy(body):
+        """``body`` on the segments x cols threads that have a segment (all, when they
+        fill the block); the barriers between the phases stay outside, on every thread."""
+        if segments * cols >= th.count:
+            return body()
+        B.if_then(B.icmp("lt", th.tid, segments * cols), body)
 
     def row_of(r):
         return start + ((seg - 1) - r if reverse else r)
@@ -969,20 +1027,22 @@ def emit_cumsum_segmented(th: Threads, out: BufRef, x: Ref, reverse: bool,
         v = B.add(acc[0], x_r)
         out.write([row_of(r)] + list(cidx), v)
         return [v]
-    fold_batched(seg, lambda r: x.read([row_of(r)] + list(cidx)), add, [B.f(0.0)], th.batch)
+    busy(lambda: fold_batched(seg, lambda r: x.read([row_of(r)] + list(cidx)), add, [zero],
+                              th.batch))
     B.barrier()
-    zero = B.f(0.0)
     offset = zero
     for q in range(segments):
         end = q * seg if reverse else q * seg + seg - 1      # where segment q's total is
         before = B.icmp("gt", part, q) if not reverse else B.icmp("lt", part, q)
+        # threads without a segment read segment 0's end (in bounds), never use it
         offset = B.add(offset, B.sel(before, out.read([end] + list(cidx)), zero))
     B.barrier()          # every total is read before any row is shifted
 
     def shift(acc, r, v):
         out.write([start + r] + list(cidx), B.add(v, offset))
         return acc
-    fold_batched(seg, lambda r: out.read([start + r] + list(cidx)), shift, [zero], th.batch)
+    busy(lambda: fold_batched(seg, lambda r: out.read([start + r] + list(cidx)), shift,
+                              [zero], th.batch))
 
 
 def _lanes_per_output(count: int, n_out: int, n_red: int) -> int:
