@@ -22,7 +22,10 @@ def test_auto_is_tf32_except_the_adjoint_decay_products():
         assert product_precision(dot, "kda.dot", "bf16x3") == dot     # the option overrides
     # auto follows what kda-assign-precision wrote on the op
     assert product_precision("auto", "kda.dot", "bf16x3") == "bf16x3"
-    with pytest.raises(ValueError, match="tf33.*auto, tf32, bf16x3, bf16, fma"):
+    from kdagen.ir.precision import auto_precision
+    assert auto_precision("kda.decay_matmul", row_gates=True) == "tf32x3"
+    assert auto_precision("kda.decay_dot", row_gates=True) == "tf32"
+    with pytest.raises(ValueError, match="tf33.*auto, tf32, bf16x3, tf32x3, bf16, fma"):
         product_precision("tf33")
 
 
@@ -119,3 +122,39 @@ def test_the_lowering_follows_what_kda_assign_precision_wrote():
     for k in exact.kernels:
         if k.launch.get("parallel_chunks"):
             assert k.launch["wgmma_precision"] == "bf16x3", k.name
+
+
+def test_gdn_row_gate_adjoint_products_need_more_than_bf16x3_under_a_steep_gate(tmp_path):
+    """GDN's adjoint decay products in the row-gate form (kda-narrow-broadcasts) weight w by
+    2^(g_i - g_j) before one tensor-core product, so the gate gradient's dominant terms go
+    through it: bf16x3 (~16 bits) puts dA_log over its bar under a steep gate (on the H200:
+    4.7e-1), "auto" gives them tf32x3 and every gradient stays under its bar."""
+    pytest.importorskip("kdagen._mlir")
+    import numpy as np
+
+    from kdagen.bundle_writer import write_bundle
+    from kdagen.codegen.lower.sim import SimLibrary
+    from kdagen.driver import build_module
+    from kdagen.runtime.launch import LoweredProgram
+    from tools import gpu_check
+    np.seterr(all="ignore")
+    options = dict(head_k_dim=64, head_v_dim=64, gate="gdn_softplus")
+    errors = {}
+    for dot in ("bf16x3", "auto"):
+        out = tmp_path / dot
+        res = write_bundle(out, [("gdn_bwd", options, {"dot": dot, "pipeline": "chip"})],
+                           ["sm_120a"], assemble=False)
+        (vname,) = res["variants"]
+        spec = res["variants"][vname]
+        lib = SimLibrary(out, {vname: build_module("gdn_bwd", options, "chip", "sm_120a")},
+                         "sm_120a", options=LowerOptions(dot=dot))
+        prog = LoweredProgram(out, vname, library=lib)
+        cases = gpu_check._cases(spec, quick=False)
+        seed = next(i for i, c in enumerate(cases) if c["label"] == "B1_T200 steep")
+        rows = gpu_check.run_case(lambda **kw: prog(chip="sm_120a", **kw), spec, cases[seed],
+                                  torch.device("cpu"), seed)
+        errors[dot] = {r["tensor"]: (r["err"], r["bar"]) for r in rows}
+    err, bar = errors["bf16x3"]["dA_log"]
+    assert err > bar, errors["bf16x3"]
+    for name, (err, bar) in errors["auto"].items():
+        assert err <= bar, (name, err, bar)

@@ -211,7 +211,7 @@ def test_contraction_plan_gives_every_thread_work_when_rows_are_few():
 
 @pytest.mark.parametrize("nthreads", [256, 128])
 @pytest.mark.parametrize("diagonal", [0, -1])
-@pytest.mark.parametrize("precision", ["bf16x3", "tf32", "fma"])
+@pytest.mark.parametrize("precision", ["bf16x3", "tf32x3", "tf32", "fma"])
 @pytest.mark.parametrize("steepest", [0.5, 40.0])
 def test_row_gate_decay_products_match_float64(nthreads, diagonal, precision, steepest):
     """The decay products of a gate the same in every column (GDN's, after
@@ -245,4 +245,5 @@ def test_row_gate_decay_products_match_float64(nthreads, diagonal, precision, st
                      ("mmt", (w64 * E).T @ r64)):
         assert np.isfinite(got[key]).all(), key
         err = np.abs(got[key] - ref).max() / np.abs(ref).max()
-        assert err < {"bf16x3": 2e-5, "tf32": 2e-3, "fma": 2e-6}[precision], (key, err)
+        bar = {"bf16x3": 2e-5, "tf32x3": 1e-6, "tf32": 2e-3, "fma": 2e-6}[precision]
+        assert err < bar, (key, err)

@@ -14,6 +14,16 @@
 // EXACT-LABEL: func.func @products
 // EXACT-COUNT-3: kda.precision = "bf16x3"
 // EXACT-NOT:     kda.precision = "tf32"
+// Gates that are one value per row broadcast over d (GDN's after kda-narrow-broadcasts): the
+// adjoint decay product takes tf32x3 (its gate-gradient terms go through the tensor cores whole);
+// the decay product keeps TF32.
+// CHECK-LABEL: func.func @row_gates
+// CHECK:         "kda.decay_dot"
+// CHECK-SAME:      kda.precision = "tf32"
+// CHECK:         "kda.decay_matmul"
+// CHECK-SAME:      kda.precision = "tf32x3"
+// EXACT-LABEL: func.func @row_gates
+// EXACT-COUNT-2: kda.precision = "bf16x3"
 module {
   func.func @products(%a: tensor<4x8xf32>, %b: tensor<4x8xf32>, %g: tensor<4x8xf32>, %w: tensor<4x4xf32>) -> (tensor<4x4xf32>, tensor<4x4xf32>, tensor<4x8xf32>) {
     %p = "kda.dot"(%a, %b) {transpose_lhs = false, transpose_rhs = true} : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x4xf32>
@@ -21,5 +31,11 @@ module {
     %m = "kda.decay_matmul"(%w, %a, %g, %g) {diagonal = 0 : i64, exact_diagonal = false, subblock = 1 : i64, transpose = false} : (tensor<4x4xf32>, tensor<4x8xf32>, tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
     %s = "kda.add"(%p, %d) : (tensor<4x4xf32>, tensor<4x4xf32>) -> tensor<4x4xf32>
     return %s, %d, %m : tensor<4x4xf32>, tensor<4x4xf32>, tensor<4x8xf32>
+  }
+  func.func @row_gates(%a: tensor<4x8xf32>, %b: tensor<4x8xf32>, %g1: tensor<4xf32>, %w: tensor<4x4xf32>) -> (tensor<4x4xf32>, tensor<4x8xf32>) {
+    %g = "kda.broadcast"(%g1) {dims = array<i64: 1>} : (tensor<4xf32>) -> tensor<4x8xf32>
+    %d = "kda.decay_dot"(%a, %b, %g, %g) {diagonal = 0 : i64, exact_diagonal = false, subblock = 1 : i64} : (tensor<4x8xf32>, tensor<4x8xf32>, tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x4xf32>
+    %m = "kda.decay_matmul"(%w, %a, %g, %g) {diagonal = 0 : i64, exact_diagonal = false, subblock = 1 : i64, transpose = false} : (tensor<4x4xf32>, tensor<4x8xf32>, tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
+    return %d, %m : tensor<4x4xf32>, tensor<4x8xf32>
   }
 }

@@ -160,7 +160,7 @@ def _plan_group(program: Program, g, target: Target | None, opts: LowerOptions, 
         ring = frozenset(s.node for s in nat.tma_candidates(program, g))
         for _ in range(len(ring) + 1):
             plan = plan_storage(program, g, ring_loads=ring, single_read=single,
-                                keep_lazy=keep_lazy, row_pad=opts.smem_row_pad)
+                                keep_lazy=keep_lazy, row_pad=_row_pad(opts, nat))
             native = nat.plan_native(program, g, budget - REDUCE_SLOTS_BYTES,
                                      plan.total_bytes, precision, ring)
             kept = frozenset(s.node for s in native.slots)
@@ -171,7 +171,7 @@ def _plan_group(program: Program, g, target: Target | None, opts: LowerOptions, 
             raise LoweringError(f"{kname}: the native ring and the storage plan do not settle")
         budget -= native.bytes + 1024       # the native region starts 1024-aligned
     else:
-        plan = plan_storage(program, g, keep_lazy=keep_lazy, row_pad=opts.smem_row_pad)
+        plan = plan_storage(program, g, keep_lazy=keep_lazy, row_pad=_row_pad(opts, None))
     need = REDUCE_SLOTS_BYTES + plan.total_bytes
     storage = opts.storage
     if storage == "auto":
@@ -186,6 +186,14 @@ def _plan_group(program: Program, g, target: Target | None, opts: LowerOptions, 
         plan.pack("global")
         storage = "global"
     return plan, native, storage, budget, need
+
+
+def _row_pad(opts: LowerOptions, nat) -> int:
+    """Row padding of the shared tile buffers: the option, else the native path's own
+    (``SMEM_ROW_PAD``), else 1."""
+    if opts.smem_row_pad is not None:
+        return opts.smem_row_pad
+    return getattr(nat, "SMEM_ROW_PAD", 1) if nat is not None else 1
 
 
 def _register_scan_plans(program: Program, groups: list, target: Target | None,

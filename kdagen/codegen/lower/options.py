@@ -78,5 +78,6 @@ class LowerOptions:
     remat_ops: int = 8
     # elements padding each row of a 2-D shared-memory tile buffer (storage.buffer_strides):
     # 1 gives an odd pitch (a warp reading down a column hits 32 banks), 4 a pitch of 4 mod 32
-    # (an mma fragment's 8 rows x 4 columns hit 32 banks); tools/smem_banks.py counts both
-    smem_row_pad: int = 1
+    # (an mma fragment's 8 rows x 4 columns hit 32 banks); tools/smem_banks.py counts both.
+    # None: the lowering path's own (sm90_native.SMEM_ROW_PAD; 1 on the portable path)
+    smem_row_pad: int | None = None

@@ -281,6 +281,17 @@ def _staging_bytes(n, precision: str) -> int:
     return parts * (la.size_bytes + lb.size_bytes)
 
 
+#: row padding of the fp32 tile buffers (elements; LowerOptions.smem_row_pad): a pitch of 4 mod
+#: 32 words serves the mma fragment gathers of the decay products without bank conflicts
+#: (tools/smem_banks.py: 2.15 -> 1.13 wavefronts per load request in kda_fwd's chunk kernel). On
+#: the H200 (B1_T8k_H16) it took kda fwd from 1.177 to 1.065 ms and fwd+bwd from 6.085 to 5.703
+#: (bench/results/h200_smem_row_pad_kda.log); sm_120a's 99 KB would fit fewer [64, 128] tiles
+SMEM_ROW_PAD = 4
+
+#: operand precisions the wgmma staging tiles take (others stage as bf16x3, ~fp32)
+WGMMA_PRECISIONS = ("bf16", "bf16x3", "tf32")
+
+
 def wgmma_precision(group, dot: str, kname: str) -> str:
     """The operand precision of a kernel's wgmma products (their staging tiles are sized for
     it): each kda.dot's (options.product_precision: its kda.precision under ``dot="auto"``),
@@ -290,7 +301,7 @@ def wgmma_precision(group, dot: str, kname: str) -> str:
         for m in [n, *(walk(n.body) if n.body is not None else [])]:
             if _wgmma_dot_dims(m) is not None:
                 chosen.add(product_precision(dot, m.op, m.attrs.get("kda.precision")))
-    chosen = {p if p in T_.MMA_PRECISIONS else "bf16x3"
+    chosen = {p if p in WGMMA_PRECISIONS else "bf16x3"
               for p in chosen or {product_precision(dot, "kda.dot")}}
     if len(chosen) > 1:
         raise LoweringError(f"{kname}: its wgmma products ask for different precisions "

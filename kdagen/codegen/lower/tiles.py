@@ -401,7 +401,7 @@ def emit_decay_matmul(th: Threads, out: BufRef, w: Ref, x: Ref, g_row: Ref, g_co
 #: operands of the tensor-core products: bf16 (rounded), bf16x3 (hi + lo split, three
 #: products, ~fp32), tf32 (rounded to TF32, m16n8k8: ~1e-3 relative per product, what the
 #: accuracy goals need, docs/MATH.md)
-MMA_PRECISIONS = ("bf16", "bf16x3", "tf32")
+MMA_PRECISIONS = ("bf16", "bf16x3", "tf32", "tf32x3")
 
 
 @dataclass(frozen=True)
@@ -472,6 +472,25 @@ def _mma_atom(precision: str, a_elem, b_elem, g, t) -> tuple:
         def bfrag(cb, rb, k0):
             return [B.tf32_operand(b_elem(k0 + t + 4 * r, cb + g, rb)) for r in range(2)]
         return 8, afrag, bfrag, B.mma_tf32
+    if precision == "tf32x3":
+        # x = hi + lo, both TF32 (11 significant bits each): lo·hi + hi·lo + hi·hi keeps ~22
+        # bits of every product (bf16x3: ~16), at one m16n8k8 per 8 deep per part pair
+        def split(vals):
+            his = [B.round_to(v, "tf32") for v in vals]
+            return ([B.tf32_operand(h) for h in his],
+                    [B.tf32_operand(B.sub(v, h)) for v, h in zip(vals, his)])
+
+        def afrag(rb, k0):
+            return split([a_elem(rb + g + 8 * (r % 2), k0 + t + 4 * (r // 2)) for r in range(4)])
+
+        def bfrag(cb, rb, k0):
+            return split([b_elem(k0 + t + 4 * r, cb + g, rb) for r in range(2)])
+
+        def mma3(a_parts, b_parts, c):
+            c = B.mma_tf32(a_parts[1], b_parts[0], c)
+            c = B.mma_tf32(a_parts[0], b_parts[1], c)
+            return B.mma_tf32(a_parts[0], b_parts[0], c)
+        return 8, afrag, bfrag, mma3
 
     def afrag(rb, k0):
         vals = {(r, h): a_elem(rb + g + 8 * (r % 2), k0 + 2 * t + h + 8 * (r // 2))
