@@ -51,7 +51,7 @@ def main(argv=None) -> int:
                     help="serial scans take the tile lowering of the native path (ablation)")
     ap.add_argument("--chunk-warpgroups", type=int, default=None,
                     help="consumer warpgroups of the native chunk-parallel kernels (ablation)")
-    ap.add_argument("--tril-inv", default=None, choices=["blocked", "columns"],
+    ap.add_argument("--tril-inv", default=None, choices=["blocked", "blocked-fma", "columns"],
                     help="the unit-lower inverse's lowering (ablation)")
     ap.add_argument("--load-batch", type=int, default=None,
                     help="loads a thread issues together in the tile loops (ablation)")

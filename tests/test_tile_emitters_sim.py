@@ -57,6 +57,26 @@ def test_blocked_tril_inverse_matches_float64(C, nthreads):
     assert barriers == C // T_.TRIL_INV_BLOCK + 2
 
 
+@pytest.mark.parametrize("precision,bar", [("tf32", 2e-3), ("bf16x3", 2e-5), ("tf32x3", 2e-6)])
+@pytest.mark.parametrize("C,nthreads", [(64, 256), (64, 128), (48, 128), (64, 512), (32, 64)])
+def test_blocked_tril_inverse_on_tensor_cores(C, nthreads, precision, bar):
+    """The merge's block products as one-warp mma contractions (a warp per output block);
+    the diagonal blocks stay fp32. TF32 operands: ~2^-11 per product."""
+    rng = np.random.default_rng(C + nthreads + 1)
+    x = _lower(C, rng)
+    got, barriers = _run(nthreads, {"x": (C, C), "out": (C, C)}, {"x": x},
+                         lambda th, r: T_.emit_tril_inv(th, r["out"], r["x"],
+                                                        precision=precision))
+    ref = np.linalg.inv(np.tril(x.astype(np.float64), -1) + np.eye(C))
+    err = np.linalg.norm(got["out"] - ref) / np.linalg.norm(ref)
+    assert err < bar, err
+    if precision == "tf32":
+        assert err > 1e-7, err                       # the products really were rounded
+    assert np.all(np.triu(got["out"], 1) == 0)
+    assert np.all(np.diag(got["out"]) == 1)
+    assert barriers == C // T_.TRIL_INV_BLOCK + 2
+
+
 def test_blocked_and_column_inverse_agree_to_fp32_rounding():
     rng = np.random.default_rng(7)
     x = _lower(64, rng, scale=0.5)

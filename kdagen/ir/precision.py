@@ -17,8 +17,9 @@ from __future__ import annotations
 __all__ = ["PRODUCT_OPS", "EXACT_PRODUCT_OPS", "PRECISIONS", "ROW_GATE_PRECISION",
            "auto_precision"]
 
-#: the matrix products whose operands a precision applies to
-PRODUCT_OPS = ("kda.dot", "kda.decay_dot", "kda.decay_matmul")
+#: the matrix products whose operands a precision applies to (kda.tril_inv: the block products
+#: that merge its 16 x 16 diagonal inverses, which stay fp32)
+PRODUCT_OPS = ("kda.dot", "kda.decay_dot", "kda.decay_matmul", "kda.tril_inv")
 
 PRECISIONS = ("tf32", "bf16x3", "tf32x3", "bf16", "fma")
 

@@ -1,7 +1,8 @@
 """``kda-assign-precision``: choose the operand precision of every matrix product.
 
-Writes ``kda.precision`` (``tf32`` | ``bf16x3`` | ``bf16`` | ``fma``) on each ``kda.dot``,
-``kda.decay_dot`` and ``kda.decay_matmul``: with ``products=auto`` (the default) TF32, except
+Writes ``kda.precision`` (``tf32`` | ``bf16x3`` | ``tf32x3`` | ``bf16`` | ``fma``) on each
+``kda.dot``, ``kda.decay_dot``, ``kda.decay_matmul`` and ``kda.tril_inv`` (the products that merge
+its diagonal blocks): with ``products=auto`` (the default) TF32, except
 the adjoint decay products, which keep bf16x3, or tf32x3 where their gates are one value per row
 (:mod:`kdagen.ir.precision` says why); any other
 value puts that precision on every product. The lowering reads the attribute (its ``dot``

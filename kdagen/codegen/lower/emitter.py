@@ -650,7 +650,8 @@ class TileKernelEmitter:
         elif k == "reduce_sum":
             T_.emit_reduce_sum(th, out, ops[0], a["dims"], self.red)
         elif k == "tril_inv":
-            T_.emit_tril_inv(th, out, ops[0], blocked=self.opts.tril_inv == "blocked")
+            T_.emit_tril_inv(th, out, ops[0], blocked=self.opts.tril_inv != "columns",
+                             precision=dot if self.opts.tril_inv == "blocked" else "fma")
         elif k == "tril_solve":
             T_.emit_tril_solve(th, out, ops[0], ops[1])
         elif k == "sum_chunks":

@@ -67,7 +67,9 @@ class LowerOptions:
     # to hide latency) and each warpgroup computes a slice of every wgmma product's N columns
     chunk_warpgroups: int | str = "auto"
     # the unit-lower inverse (kda.tril_inv): "blocked" (16x16 diagonal blocks in registers,
-    # block products) or "columns" (forward substitution, one thread per column; ablation)
+    # merged by block products in the op's kda.precision: one warp's tensor-core contraction
+    # per block), "blocked-fma" (the merge in fp32 FMA over all threads; ablation) or
+    # "columns" (forward substitution, one thread per column; ablation)
     tril_inv: str = "blocked"
     # element loops and row folds of the tile lowering issue the loads of this many elements
     # (rows) before using them (kdagen.codegen.lower.tiles.foreach_batched / fold_batched)

@@ -298,9 +298,12 @@ class SimBackend:
     def _warp_mma(self, k: int, fill, c):
         """D = A·B + C per warp for an m16n8k``k`` atom whose A [16, k] and B [k, 8] fragments
         ``fill(A, B, warp, g, t)`` scatters from the lanes; C/D reg i = C[g + 8(i/2), 2t + i%2]."""
-        if not self.mask.all():
-            raise SimError("mma.sync with inactive lanes")
         nw = self.nt // 32
+        per_warp = self.mask.reshape(nw, 32)
+        if not (per_warp.all(axis=1) | ~per_warp.any(axis=1)).all():
+            # warp-collective: a warp runs it whole or not at all (inactive warps' results
+            # are computed from whatever their lanes hold, and never stored)
+            raise SimError("mma.sync in a partially active warp")
         lane = self.lanes % 32
         warp = self.lanes // 32
         g, t = lane // 4, lane % 4

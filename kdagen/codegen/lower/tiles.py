@@ -1174,19 +1174,31 @@ def block_view(x: Ref, r0: int, c0: int, rows: int, cols: int) -> Ref:
                  cheap=x.cheap)
 
 
-def emit_tril_inv(th: Threads, out: BufRef, x: Ref, blocked: bool = True) -> None:
+def emit_tril_inv(th: Threads, out: BufRef, x: Ref, blocked: bool = True,
+                  precision: str = "fma") -> None:
     """out = (I + strict_tril(x))^-1. Blocked where asked and the tile allows (C a multiple of
-    TRIL_INV_BLOCK, more than one block, C <= threads): :func:`emit_tril_inv_blocked`; else
-    forward substitution by columns (:func:`emit_tril_inv_columns`)."""
+    TRIL_INV_BLOCK, more than one block, C <= threads): :func:`emit_tril_inv_blocked`, its
+    block products on tensor cores where ``precision`` is an mma precision; else forward
+    substitution by columns (:func:`emit_tril_inv_columns`)."""
     C = x.shape[0]
     nb = TRIL_INV_BLOCK
     if blocked and C % nb == 0 and C > nb and C <= th.count:
-        emit_tril_inv_blocked(th, out, x)
+        emit_tril_inv_blocked(th, out, x, precision)
     else:
         emit_tril_inv_columns(th, out, x)
 
 
-def emit_tril_inv_blocked(th: Threads, out: BufRef, x: Ref) -> None:
+def _warp_jobs(th: Threads, jobs: list) -> None:
+    """Run independent one-warp jobs (``job(warp_threads)``), job i on warp i mod warps
+    (warp-uniform branches)."""
+    warps = max(1, th.count // 32)
+    lane = Threads(th.tid % 32, 32, th.batch)
+    warp = th.tid // 32
+    for i, job in enumerate(jobs):
+        B.if_then(B.icmp("eq", warp, i % warps), lambda job=job: job(lane))
+
+
+def emit_tril_inv_blocked(th: Threads, out: BufRef, x: Ref, precision: str = "fma") -> None:
     """out = (I + strict_tril(x))^-1 for C = n * 16, in fp32 (same products as forward
     substitution, grouped by 16x16 blocks), with few barriers and no long serial chain:
 
@@ -1238,14 +1250,37 @@ def emit_tril_inv_blocked(th: Threads, out: BufRef, x: Ref) -> None:
     def blk(r, c):
         return block_view(out, r * S, c * S, S, S)
 
-    for r in range(1, n):
-        for k in range(r):
-            block_products(blk(k, r), [(blk(r, r), block_view(x, r * S, k * S, S, S))], False)
-    B.barrier()
-    for r in range(1, n):
-        for c in range(r):
-            block_products(blk(r, c), [(blk(k, r), blk(k, c)) for k in range(c, r)], True)
+    if precision in MMA_PRECISIONS:
+        # one warp per [S, S] output block, one tensor-core contraction per term; the terms
+        # after the first add to what the warp's own lanes wrote (same fragment owners)
+        def product(dst, terms, negate):
+            def job(lane):
+                for t, (a, b) in enumerate(terms):
+                    def epilogue(i, j, v, first=t == 0):
+                        v = B.neg(v) if negate else v
+                        return v if first else B.add(dst.read([i, j]), v)
+                    mma_contraction(lane, dst, S, lambda i, m, a=a: a.read([i, m]),
+                                    lambda m, j, rb, b=b: b.read([m, j]), precision,
+                                    epilogue=epilogue)
+            return job
+
+        _warp_jobs(th, [product(blk(k, r), [(blk(r, r), block_view(x, r * S, k * S, S, S))],
+                                False) for r in range(1, n) for k in range(r)])
         B.barrier()
+        for r in range(1, n):
+            _warp_jobs(th, [product(blk(r, c), [(blk(k, r), blk(k, c)) for k in range(c, r)],
+                                    True) for c in range(r)])
+            B.barrier()
+    else:
+        for r in range(1, n):
+            for k in range(r):
+                block_products(blk(k, r), [(blk(r, r), block_view(x, r * S, k * S, S, S))],
+                               False)
+        B.barrier()
+        for r in range(1, n):
+            for c in range(r):
+                block_products(blk(r, c), [(blk(k, r), blk(k, c)) for k in range(c, r)], True)
+            B.barrier()
     for r in range(1, n):
         for k in range(r):
             foreach(th, (S, S), lambda idx, d=blk(k, r): d.write(idx, zero))
