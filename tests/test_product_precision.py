@@ -63,37 +63,41 @@ def test_auto_lowers_decay_matmul_bf16x3_and_the_rest_tf32():
     assert "m16n8k16" in bwd_ptx          # the decay_matmul products: bf16 hi/lo
 
 
-@pytest.mark.parametrize("family", ["kda", "gdn"])
-def test_auto_keeps_the_gate_parameter_gradients_under_their_bar(tmp_path, family):
-    """All-TF32 products put dA_log over its 8e-3 bar under strong decay (as on the H200);
-    "auto" (bf16x3 for kda.decay_matmul) brings it back under, every other gradient too."""
-    pytest.importorskip("kdagen._mlir")
+def _simulated_check(tmp_path, program: str, options: dict, dot: str, label: str) -> dict:
+    """{tensor: (error, bar)} of the GPU check's case ``label`` (its seed too) for ``program``
+    lowered with ``dot`` on sm_120a's pipeline, run in the CPU simulator."""
     import numpy as np
 
     from kdagen.bundle_writer import write_bundle
     from kdagen.codegen.lower.sim import SimLibrary
     from kdagen.driver import build_module
-    from tools import gpu_check
     from kdagen.runtime.launch import LoweredProgram
+    from tools import gpu_check
     np.seterr(all="ignore")
+    out = tmp_path / dot
+    res = write_bundle(out, [(program, options, {"dot": dot, "pipeline": "chip"})], ["sm_120a"],
+                       assemble=False)
+    (vname,) = res["variants"]
+    spec = res["variants"][vname]
+    lib = SimLibrary(out, {vname: build_module(program, options, "chip", "sm_120a")},
+                     "sm_120a", options=LowerOptions(dot=dot))
+    prog = LoweredProgram(out, vname, library=lib)
+    cases = gpu_check._cases(spec, quick=False)
+    seed = next(i for i, c in enumerate(cases) if c["label"] == label)
+    rows = gpu_check.run_case(lambda **kw: prog(chip="sm_120a", **kw), spec, cases[seed],
+                              torch.device("cpu"), seed)
+    return {r["tensor"]: (r["err"], r["bar"]) for r in rows}
+
+
+@pytest.mark.parametrize("family", ["kda", "gdn"])
+def test_auto_keeps_the_gate_parameter_gradients_under_their_bar(tmp_path, family):
+    """All-TF32 products put dA_log over its 8e-3 bar under strong decay (as on the H200);
+    "auto" (bf16x3 for kda.decay_matmul) brings it back under, every other gradient too."""
+    pytest.importorskip("kdagen._mlir")
     options = dict(head_k_dim=64, head_v_dim=64,
                    gate="softplus" if family == "kda" else "gdn_softplus")
-    program = f"{family}_bwd"
-    errors = {}
-    for dot in ("tf32", "auto"):
-        out = tmp_path / dot
-        lower = {"dot": dot, "pipeline": "chip"}
-        res = write_bundle(out, [(program, options, lower)], ["sm_120a"], assemble=False)
-        (vname,) = res["variants"]
-        spec = res["variants"][vname]
-        lib = SimLibrary(out, {vname: build_module(program, options, "chip", "sm_120a")},
-                         "sm_120a", options=LowerOptions(dot=dot))
-        prog = LoweredProgram(out, vname, library=lib)
-        cases = gpu_check._cases(spec, quick=False)
-        seed = next(i for i, c in enumerate(cases) if c["label"] == "B1_T200 strong")
-        rows = gpu_check.run_case(lambda **kw: prog(chip="sm_120a", **kw), spec, cases[seed],
-                                  torch.device("cpu"), seed)
-        errors[dot] = {r["tensor"]: (r["err"], r["bar"]) for r in rows}
+    errors = {dot: _simulated_check(tmp_path, f"{family}_bwd", options, dot, "B1_T200 strong")
+              for dot in ("tf32", "auto")}
     err, bar = errors["tf32"]["dA_log"]
     assert err > bar, errors["tf32"]                  # why auto exists
     for name, (err, bar) in errors["auto"].items():
@@ -130,30 +134,9 @@ def test_gdn_row_gate_adjoint_products_need_more_than_bf16x3_under_a_steep_gate(
     through it: bf16x3 (~16 bits) puts dA_log over its bar under a steep gate (on the H200:
     4.7e-1), "auto" gives them tf32x3 and every gradient stays under its bar."""
     pytest.importorskip("kdagen._mlir")
-    import numpy as np
-
-    from kdagen.bundle_writer import write_bundle
-    from kdagen.codegen.lower.sim import SimLibrary
-    from kdagen.driver import build_module
-    from kdagen.runtime.launch import LoweredProgram
-    from tools import gpu_check
-    np.seterr(all="ignore")
     options = dict(head_k_dim=64, head_v_dim=64, gate="gdn_softplus")
-    errors = {}
-    for dot in ("bf16x3", "auto"):
-        out = tmp_path / dot
-        res = write_bundle(out, [("gdn_bwd", options, {"dot": dot, "pipeline": "chip"})],
-                           ["sm_120a"], assemble=False)
-        (vname,) = res["variants"]
-        spec = res["variants"][vname]
-        lib = SimLibrary(out, {vname: build_module("gdn_bwd", options, "chip", "sm_120a")},
-                         "sm_120a", options=LowerOptions(dot=dot))
-        prog = LoweredProgram(out, vname, library=lib)
-        cases = gpu_check._cases(spec, quick=False)
-        seed = next(i for i, c in enumerate(cases) if c["label"] == "B1_T200 steep")
-        rows = gpu_check.run_case(lambda **kw: prog(chip="sm_120a", **kw), spec, cases[seed],
-                                  torch.device("cpu"), seed)
-        errors[dot] = {r["tensor"]: (r["err"], r["bar"]) for r in rows}
+    errors = {dot: _simulated_check(tmp_path, "gdn_bwd", options, dot, "B1_T200 steep")
+              for dot in ("bf16x3", "auto")}
     err, bar = errors["bf16x3"]["dA_log"]
     assert err > bar, errors["bf16x3"]
     for name, (err, bar) in errors["auto"].items():

@@ -23,6 +23,8 @@ from .base import ModulePass, register_pass
 
 #: element-wise ops that act on each element alike (no position-dependent attribute)
 ELEMENTWISE = ops_with(kind="elementwise") - {"kda.tril"}
+#: row ops a broadcast passes through: the row cumsum, and taking or placing one row
+ROW_OPS = ("kda.cumsum", "kda.extract_row", "kda.embed_row")
 
 
 def _shape(v: ir.Value) -> list[int]:
@@ -155,34 +157,27 @@ def _narrow_block(block) -> None:
             operands = [facts.narrow(o, dims, ip) for o in op.operands]
             shape = [s for i, s in enumerate(_shape(res)) if i not in dims]
             new_x = _clone_on(op, operands, shape, ip)
-        elif op.name == "kda.cumsum":
-            k = facts.of(op.operands[0])
-            if k is None or k[0] == "splat" or 0 in k[1]:
-                continue
-            dims = list(k[1])
-            shape = [s for i, s in enumerate(_shape(res)) if i not in dims]
-            new_x = _clone_on(op, [k[0]], shape, ip)
-        elif op.name == "kda.extract_row":
+        elif op.name in ROW_OPS:
             k = facts.of(op.operands[0])
             if k is None or k[0] == "splat":
                 continue
-            if 0 in k[1]:               # every row is x: the row is x, broadcast the rest
-                dims = [d - 1 for d in k[1] if d != 0]
-                new_x = k[0]
-                if not dims:
-                    res.replace_all_uses_with(new_x)
+            x, have = k
+            if op.name == "kda.cumsum":            # over dim 0: along the kept dims only
+                if 0 in have:
                     continue
-            else:
-                dims = [d - 1 for d in k[1]]
+                dims = list(have)
+            elif op.name == "kda.embed_row":
+                dims = [d + 1 for d in have]
+            else:                                  # extract_row
+                dims = [d - 1 for d in have if d != 0]
+                if 0 in have:                      # every row is x: the row is x
+                    if not dims:
+                        res.replace_all_uses_with(x)
+                        continue
+                    new_x = x
+            if new_x is None:
                 shape = [s for i, s in enumerate(_shape(res)) if i not in dims]
-                new_x = _clone_on(op, [k[0]], shape, ip)
-        elif op.name == "kda.embed_row":
-            k = facts.of(op.operands[0])
-            if k is None or k[0] == "splat":
-                continue
-            dims = [d + 1 for d in k[1]]
-            shape = [s for i, s in enumerate(_shape(res)) if i not in dims]
-            new_x = _clone_on(op, [k[0]], shape, ip)
+                new_x = _clone_on(op, [x], shape, ip)
         else:
             continue
         new = _broadcast(new_x, dims, res, ip)
