@@ -74,3 +74,28 @@ def test_row_padding_changes_addresses_not_results_and_cuts_conflicts():
         assert torch.equal(outs[1][name], outs[4][name]), name
     assert waves[1][0] == waves[4][0]                   # the same loads ...
     assert waves[4][1] < 0.7 * waves[1][1]              # ... in far fewer passes
+
+
+def test_only_buffers_a_product_reads_or_writes_are_padded():
+    """The plan pads the rows of the buffers a matrix product gathers fragments from or stores
+    its fragments to, and leaves the others at the odd pitch (padding costs shared memory)."""
+    from kdagen.codegen.lower.kernel import prepare
+    from kdagen.codegen.lower.options import LowerOptions
+    from kdagen.codegen.lower.program import read_program
+    from kdagen.codegen.lower.storage import FRAGMENT_READERS
+    from kdagen.driver import build_module
+    from kdagen.target import TARGETS
+
+    program = read_program(build_module("kda_bwd", dict(head_k_dim=64, head_v_dim=64),
+                                        "chip", "sm_90a"))
+    kernels = prepare(program, TARGETS["sm_90a"], "kda_bwd", LowerOptions(path="native", dot="auto"))
+    bufs = [b for pk in kernels if pk.plan is not None for b in pk.plan.unique_buffers()
+            if len(b.value.shape) == 2]
+    pads = {b.row_pad for b in bufs}
+    assert pads == {1, 4}
+    for b in bufs:
+        readers = {u.op for u, _ in b.value.uses}
+        made_by = b.value.owner.op if b.value.owner is not None else None
+        assert (b.row_pad == 4) == b.mma_read
+        if made_by in FRAGMENT_READERS or readers & FRAGMENT_READERS:
+            assert b.row_pad == 4, (made_by, readers)

@@ -344,7 +344,7 @@ class TileKernelEmitter:
     def bufref(self, v: Value) -> T_.BufRef:
         b = self.plan.buffers[v]
         return T_.BufRef(self.pools[b.space], (self.pool_base(b.space) + b.offset) // 4,
-                         tuple(v.shape), buffer_strides(tuple(v.shape), b.space, self.plan.row_pad))
+                         tuple(v.shape), buffer_strides(tuple(v.shape), b.space, b.row_pad))
 
     def node(self, n) -> None:
         if n.op == "kda.scan":

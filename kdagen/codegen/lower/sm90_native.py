@@ -285,7 +285,10 @@ def _staging_bytes(n, precision: str) -> int:
 #: 32 words serves the mma fragment gathers of the decay products without bank conflicts
 #: (tools/smem_banks.py: 2.15 -> 1.13 wavefronts per load request in kda_fwd's chunk kernel). On
 #: the H200 (B1_T8k_H16) it took kda fwd from 1.177 to 1.065 ms and fwd+bwd from 6.085 to 5.703
-#: (bench/results/h200_smem_row_pad_kda.log); sm_120a's 99 KB would fit fewer [64, 128] tiles
+#: (bench/results/h200_smem_row_pad_kda.log); sm_120a's 99 KB would fit fewer [64, 128] tiles.
+#: Only the buffers a product reads or writes take it (storage.FRAGMENT_READERS): padded
+#: everywhere, the dk kernel spilled 8 bytes; padded so, it does not, at the same speed
+#: (fwd+bwd 5.707 vs 5.695 ms, bench/results/h200_per_buffer_pad_kda.log)
 SMEM_ROW_PAD = 4
 
 #: operand precisions the wgmma staging tiles take (others stage as bf16x3, ~fp32)

@@ -42,6 +42,8 @@ class Buffer:
     offset: int = -1              # byte offset in its pool
     space: str = "smem"           # pool: "smem" (shared memory) or "global" (scratch)
     density: float = 0.0          # estimated element reads per element per kernel run
+    row_pad: int = 1              # elements padding each row in shared memory
+    mma_read: bool = False        # a matrix product gathers fragments from it or stores them
 
 
 @dataclass
@@ -56,7 +58,6 @@ class StoragePlan:
     smem_bytes: int = 0           # after pack(): bytes of each pool
     global_bytes: int = 0
     single_read: frozenset = frozenset()   # plan_storage's argument
-    row_pad: int = 1              # elements padding each row of a 2-D+ shared-memory buffer
 
     def mode(self, v: Value) -> str:
         return self.modes.get(v, "none")
@@ -95,6 +96,11 @@ class StoragePlan:
 def _is_widening_convert(n: Node) -> bool:
     src, dst = n.operands[0].elt, n.results[0].elt
     return dst == "f32" and src in ("bf16", "f16", "f32")
+
+
+#: ops whose lowering gathers operand fragments (8 rows x 4 columns per warp) from buffers and
+#: stores its result's fragments (the same pattern)
+FRAGMENT_READERS = frozenset({"kda.dot", "kda.decay_dot", "kda.decay_matmul", "kda.tril_inv"})
 
 
 def plan_storage(program: Program, group: KernelGroup, align: int = 16,
@@ -228,14 +234,14 @@ def plan_storage(program: Program, group: KernelGroup, align: int = 16,
     for n in knodes:
         if n.op == "kda.scan":
             for i, r in enumerate(n.results):
-                b = Buffer(r, _nbytes(r, align, row_pad), positions[n], loop_end[n])
+                b = Buffer(r, _nbytes(r, align), positions[n], loop_end[n])
                 carried[(n, i)] = b
                 buffers[r] = b
                 buffers[n.body.args[1 + i]] = b
             continue
         for r in n.results:
             if modes.get(r) == "buffer":
-                buffers[r] = Buffer(r, _nbytes(r, align, row_pad), positions[n], positions[n])
+                buffers[r] = Buffer(r, _nbytes(r, align), positions[n], positions[n])
 
     def leaves(v: Value, acc: set):
         """Buffers read when v is evaluated."""
@@ -271,6 +277,9 @@ def plan_storage(program: Program, group: KernelGroup, align: int = 16,
                 owner_block = b.value.block if b.value.carried is None else b.value.carried[0].block
                 b.end = max(b.end, use_position(n, owner_block))
                 b.density += weight * (1.0 if (n, i) in single_read else _read_factor(n, i))
+                b.mma_read |= n.op in FRAGMENT_READERS
+        if n.op in FRAGMENT_READERS and n.results and n.results[0] in buffers:
+            buffers[n.results[0]].mma_read = True      # and stores its fragments there
         if n.op in ("kda.tril_inv", "kda.tril_solve") and n.results[0] in buffers:
             buffers[n.results[0]].density += weight * n.results[0].shape[0] / 2
     # scan results are views of the carried buffers: extend those by the results' uses
@@ -281,9 +290,15 @@ def plan_storage(program: Program, group: KernelGroup, align: int = 16,
             for i, v in enumerate(y.operands):
                 yield_copy[(n, i)] = "skip" if v is n.body.args[1 + i] else "copy"
 
+    # the padding that keeps fragment gathers conflict-free costs shared memory (and, padded
+    # everywhere, it made the backward's dk kernel spill 8 bytes at its 96 registers): only the
+    # buffers a product gathers from or stores to take it
+    for b in {id(b): b for b in buffers.values()}.values():
+        b.row_pad = row_pad if b.mma_read else 1
+        b.nbytes = _nbytes(b.value, align, b.row_pad)
     total = _first_fit(list({id(b): b for b in buffers.values()}.values()), align)
     return StoragePlan(modes, buffers, carried, total, positions, written, yield_copy,
-                       single_read=single_read, row_pad=row_pad)
+                       single_read=single_read)
 
 
 # ops counted by :func:`expr_ops` (the rest count 1): multi-instruction special functions
