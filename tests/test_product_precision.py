@@ -141,3 +141,17 @@ def test_gdn_row_gate_adjoint_products_need_more_than_bf16x3_under_a_steep_gate(
     assert err > bar, errors["bf16x3"]
     for name, (err, bar) in errors["auto"].items():
         assert err <= bar, (name, err, bar)
+
+
+def test_scan_precision_probe_sets_only_the_state_products():
+    """tools/scan_precision_probe: in kda_fwd's chip pipeline the serial scan's only product
+    that reads the carried state is w·S; the probe sets that one and no other."""
+    pytest.importorskip("kdagen._mlir")
+    from kdagen.driver import build_module
+    from kdagen.ir.dialect import print_module
+    from tools.scan_precision_probe import set_state_products
+
+    module = build_module("kda_fwd", dict(head_k_dim=64, head_v_dim=64), "chip", "sm_90a")
+    assert 'kda.precision = "bf16"' not in print_module(module)
+    assert set_state_products(module, "bf16") == 1
+    assert print_module(module).count('kda.precision = "bf16"') == 1
