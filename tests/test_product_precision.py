@@ -66,26 +66,8 @@ def test_auto_lowers_decay_matmul_bf16x3_and_the_rest_tf32():
 def _simulated_check(tmp_path, program: str, options: dict, dot: str, label: str) -> dict:
     """{tensor: (error, bar)} of the GPU check's case ``label`` (its seed too) for ``program``
     lowered with ``dot`` on sm_120a's pipeline, run in the CPU simulator."""
-    import numpy as np
-
-    from kdagen.bundle_writer import write_bundle
-    from kdagen.codegen.lower.sim import SimLibrary
-    from kdagen.driver import build_module
-    from kdagen.runtime.launch import LoweredProgram
-    from tools import gpu_check
-    np.seterr(all="ignore")
-    out = tmp_path / dot
-    res = write_bundle(out, [(program, options, {"dot": dot, "pipeline": "chip"})], ["sm_120a"],
-                       assemble=False)
-    (vname,) = res["variants"]
-    spec = res["variants"][vname]
-    lib = SimLibrary(out, {vname: build_module(program, options, "chip", "sm_120a")},
-                     "sm_120a", options=LowerOptions(dot=dot))
-    prog = LoweredProgram(out, vname, library=lib)
-    cases = gpu_check._cases(spec, quick=False)
-    seed = next(i for i, c in enumerate(cases) if c["label"] == label)
-    rows = gpu_check.run_case(lambda **kw: prog(chip="sm_120a", **kw), spec, cases[seed],
-                              torch.device("cpu"), seed)
+    from tools.scan_precision_probe import check_case
+    rows = check_case(program, options, dot, label, "sm_120a", out=tmp_path / dot)
     return {r["tensor"]: (r["err"], r["bar"]) for r in rows}
 
 

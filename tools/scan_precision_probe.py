@@ -49,24 +49,39 @@ def set_state_products(module, precision: str) -> int:
     return count
 
 
-def probe(program: str, head_dim: int, case: str, state_products: str, chip: str,
-          gate: str = "softplus") -> dict:
-    options = dict(head_k_dim=head_dim, head_v_dim=head_dim, gate=gate)
-    out = pathlib.Path(tempfile.mkdtemp())
-    res = write_bundle(out, [(program, options, {"dot": "auto", "pipeline": "chip"})], [chip],
+def check_case(program: str, options: dict, dot: str, case: str, chip: str,
+               edit=None, out=None) -> list:
+    """The GPU check's rows (``tensor``, ``err``, ``bar``, ``floor``, ...) for its case
+    ``case`` (and that case's seed) of ``program`` lowered with ``dot`` through ``chip``'s
+    pipeline, run in the CPU simulator; ``edit(module)`` changes the module first. ``out``:
+    where the bundle's manifest goes (a fresh temporary folder by default)."""
+    out = pathlib.Path(out) if out is not None else pathlib.Path(tempfile.mkdtemp())
+    res = write_bundle(out, [(program, options, {"dot": dot, "pipeline": "chip"})], [chip],
                        assemble=False)
     (vname,) = res["variants"]
     spec = res["variants"][vname]
     module = build_module(program, options, "chip", chip)
-    changed = set_state_products(module, state_products) if state_products != "keep" else 0
-    lib = SimLibrary(out, {vname: module}, chip, options=LowerOptions(dot="auto"))
+    if edit is not None:
+        edit(module)
+    lib = SimLibrary(out, {vname: module}, chip, options=LowerOptions(dot=dot))
     prog = LoweredProgram(out, vname, library=lib)
     cases = gpu_check._cases(spec, quick=False)
     seed = next(i for i, c in enumerate(cases) if c["label"] == case)
     np.seterr(all="ignore")
-    rows = gpu_check.run_case(lambda **kw: prog(chip=chip, **kw), spec, cases[seed],
+    return gpu_check.run_case(lambda **kw: prog(chip=chip, **kw), spec, cases[seed],
                               torch.device("cpu"), seed)
-    return {"changed": changed, "rows": rows}
+
+
+def probe(program: str, head_dim: int, case: str, state_products: str, chip: str,
+          gate: str = "softplus") -> dict:
+    options = dict(head_k_dim=head_dim, head_v_dim=head_dim, gate=gate)
+    changed = []
+
+    def edit(module):
+        if state_products != "keep":
+            changed.append(set_state_products(module, state_products))
+    rows = check_case(program, options, "auto", case, chip, edit)
+    return {"changed": sum(changed), "rows": rows}
 
 
 def main(argv=None) -> None:

@@ -18,8 +18,10 @@ from dataclasses import dataclass
 
 from .._mlir import ir
 from ..ir.dialect import ops_with
-from ..ir.transforms import dce
+from ..ir.transforms import dce, walk
 from .base import ModulePass, register_pass
+from .partition import _attributes
+from .stable_reassociate import _owner
 
 #: element-wise ops that act on each element alike (no position-dependent attribute)
 ELEMENTWISE = ops_with(kind="elementwise") - {"kda.tril"}
@@ -39,13 +41,6 @@ def _dims(op) -> list[int]:
     return [int(d) for d in ir.DenseI64ArrayAttr(op.attributes["dims"])]
 
 
-def _owner(v: ir.Value):
-    if isinstance(v, ir.BlockArgument):
-        return None
-    o = v.owner
-    return o.operation if hasattr(o, "operation") else o
-
-
 @register_pass
 @dataclass
 class NarrowBroadcastsPass(ModulePass):
@@ -54,24 +49,10 @@ class NarrowBroadcastsPass(ModulePass):
 
     def run(self, module: ir.Module) -> None:
         with module.context, ir.Location.unknown():
-            for op in _scan_bodies(module):
-                _narrow_block(op.regions[0].blocks[0])
+            for op in walk(module):
+                if op.name == "kda.scan":
+                    _narrow_block(op.regions[0].blocks[0])
             dce(module.operation)
-
-
-def _scan_bodies(module: ir.Module) -> list:
-    out = []
-
-    def visit(block):
-        for op in block.operations:
-            op = op.operation
-            if op.name == "kda.scan":
-                out.append(op)
-            for r in op.regions:
-                for b in r.blocks:
-                    visit(b)
-    visit(module.body)
-    return out
 
 
 class _Narrow:
@@ -115,11 +96,9 @@ def _broadcast(x: ir.Value, dims: list[int], like: ir.Value, ip) -> ir.Value:
 
 
 def _clone_on(op, operands: list, result_shape: list[int], ip) -> ir.Value:
-    names = [a if isinstance(a, str) else a.name for a in op.attributes]
-    attrs = {n: op.attributes[n] for n in names}
     res_t = ir.RankedTensorType.get(result_shape, _element(op.results[0]))
-    return ir.Operation.create(op.name, results=[res_t], operands=operands, attributes=attrs,
-                               loc=op.location, ip=ip).results[0]
+    return ir.Operation.create(op.name, results=[res_t], operands=operands,
+                               attributes=_attributes(op), loc=op.location, ip=ip).results[0]
 
 
 def _narrow_block(block) -> None:

@@ -607,8 +607,8 @@ class TileKernelEmitter:
                 T_.emit_dot_mma(th, out, lhs, rhs, dot)
             else:
                 T_.emit_dot(th, out, lhs, rhs)
-        elif k in ("decay_dot", "decay_matmul") and self._row_gates(n) is not None:
-            gl, gr = self._row_gates(n)
+        elif k in ("decay_dot", "decay_matmul") and (gates := self._row_gates(n)) is not None:
+            gl, gr = gates
             if k == "decay_dot":
                 T_.emit_decay_dot_row_gates(th, out, ops[0], ops[1], gl, gr, int(a["diagonal"]),
                                             a.get("clamp_min"), dot)

@@ -193,7 +193,7 @@ def _row_pad(opts: LowerOptions, nat) -> int:
     (``SMEM_ROW_PAD``), else 1."""
     if opts.smem_row_pad is not None:
         return opts.smem_row_pad
-    return getattr(nat, "SMEM_ROW_PAD", 1) if nat is not None else 1
+    return getattr(nat, "SMEM_ROW_PAD", 1)
 
 
 def _register_scan_plans(program: Program, groups: list, target: Target | None,

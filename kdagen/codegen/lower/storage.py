@@ -293,10 +293,11 @@ def plan_storage(program: Program, group: KernelGroup, align: int = 16,
     # the padding that keeps fragment gathers conflict-free costs shared memory (and, padded
     # everywhere, it made the backward's dk kernel spill 8 bytes at its 96 registers): only the
     # buffers a product gathers from or stores to take it
-    for b in {id(b): b for b in buffers.values()}.values():
+    unique = list({id(b): b for b in buffers.values()}.values())
+    for b in unique:
         b.row_pad = row_pad if b.mma_read else 1
         b.nbytes = _nbytes(b.value, align, b.row_pad)
-    total = _first_fit(list({id(b): b for b in buffers.values()}.values()), align)
+    total = _first_fit(unique, align)
     return StoragePlan(modes, buffers, carried, total, positions, written, yield_copy,
                        single_read=single_read)
 

@@ -1265,23 +1265,24 @@ def emit_tril_inv_blocked(th: Threads, out: BufRef, x: Ref, precision: str = "fm
                                     epilogue=epilogue)
             return job
 
-        _warp_jobs(th, [product(blk(k, r), [(blk(r, r), block_view(x, r * S, k * S, S, S))],
-                                False) for r in range(1, n) for k in range(r)])
-        B.barrier()
-        for r in range(1, n):
-            _warp_jobs(th, [product(blk(r, c), [(blk(k, r), blk(k, c)) for k in range(c, r)],
-                                    True) for c in range(r)])
-            B.barrier()
+        def run(jobs):
+            _warp_jobs(th, jobs)
     else:
-        for r in range(1, n):
-            for k in range(r):
-                block_products(blk(k, r), [(blk(r, r), block_view(x, r * S, k * S, S, S))],
-                               False)
+        # fp32 FMA, every block product on all the threads in turn
+        def product(dst, terms, negate):
+            return lambda _: block_products(dst, terms, negate)
+
+        def run(jobs):
+            for job in jobs:
+                job(th)
+
+    run([product(blk(k, r), [(blk(r, r), block_view(x, r * S, k * S, S, S))], False)
+         for r in range(1, n) for k in range(r)])
+    B.barrier()
+    for r in range(1, n):
+        run([product(blk(r, c), [(blk(k, r), blk(k, c)) for k in range(c, r)], True)
+             for c in range(r)])
         B.barrier()
-        for r in range(1, n):
-            for c in range(r):
-                block_products(blk(r, c), [(blk(k, r), blk(k, c)) for k in range(c, r)], True)
-            B.barrier()
     for r in range(1, n):
         for k in range(r):
             foreach(th, (S, S), lambda idx, d=blk(k, r): d.write(idx, zero))
