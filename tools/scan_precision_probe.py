@@ -66,7 +66,11 @@ def check_case(program: str, options: dict, dot: str, case: str, chip: str,
     lib = SimLibrary(out, {vname: module}, chip, options=LowerOptions(dot=dot))
     prog = LoweredProgram(out, vname, library=lib)
     cases = gpu_check._cases(spec, quick=False)
-    seed = next(i for i, c in enumerate(cases) if c["label"] == case)
+    labels = [c["label"] for c in cases]
+    if case not in labels:
+        raise ValueError(f"case {case!r} is not one of {program}'s GPU-check cases: "
+                         f"{', '.join(labels)}")
+    seed = labels.index(case)
     np.seterr(all="ignore")
     return gpu_check.run_case(lambda **kw: prog(chip=chip, **kw), spec, cases[seed],
                               torch.device("cpu"), seed)
