@@ -69,6 +69,9 @@ def main(argv=None) -> int:
     ap.add_argument("--smem-row-pad", type=int, default=None,
                     help="elements padding each row of a shared-memory tile buffer (ablation; "
                          "tools/smem_banks.py counts its bank conflicts)")
+    ap.add_argument("--chunk-schedule", default=None, choices=["memory", "program"],
+                    help="order of the chunk-parallel kernels' steps (ablation: 'program' keeps "
+                         "the IR order)")
     ap.add_argument("--programs", default=None,
                     help="only these programs (comma-separated, e.g. kda_fwd)")
     ap.add_argument("--configs", default=None,
@@ -104,6 +107,8 @@ def main(argv=None) -> int:
             lower["smem_reserve"] = args.smem_reserve
         if args.smem_row_pad is not None:
             lower["smem_row_pad"] = args.smem_row_pad
+        if args.chunk_schedule is not None:
+            lower["chunk_schedule"] = args.chunk_schedule
         if args.no_register_scan:
             lower["register_scan"] = False
         write_bundle(args.out, [(program, options, lower, variant_name(program, options))],

@@ -19,6 +19,7 @@ from .emitter import REDUCE_SLOTS_BYTES, GlobalKernelEmitter, TileKernelEmitter
 from .options import LowerOptions, product_precision
 from .plan import KernelGroup, LoweringError, group_kernels
 from .program import Program, read_program, walk
+from .schedule import schedule_for_memory
 from .storage import StoragePlan, plan_storage, remat_candidates
 
 __all__ = ["LoweredKernel", "lower_program", "LowerOptions", "prepare", "PreparedKernel"]
@@ -77,6 +78,9 @@ def prepare(program: Program, target: Target | None, prefix: str,
         raise LoweringError(f"path: {opts.path!r} is not a lowering path; use 'portable' or "
                             "'native'")
     product_precision(opts.dot)          # a valid value (else a clear error)
+    if opts.chunk_schedule not in ("memory", "program"):
+        raise LoweringError(f"chunk_schedule: {opts.chunk_schedule!r} is not a schedule; use "
+                            "'memory' or 'program'")
     out = []
     groups = group_kernels(program, opts.split_scans)
     register_plans = _register_scan_plans(program, groups, target, opts)
@@ -116,6 +120,10 @@ def prepare(program: Program, target: Target | None, prefix: str,
         for _ in range(4):
             plan, native, storage, budget, need = _plan_group(program, g, target, opts, nat,
                                                               kname, keep_lazy)
+            if (opts.chunk_schedule == "memory" and g.parallel
+                    and schedule_for_memory(g.scans[0].body, plan.buffers)):
+                plan, native, storage, budget, need = _plan_group(program, g, target, opts, nat,
+                                                                  kname, keep_lazy)
             more = remat_candidates(plan, opts.remat_ops) - keep_lazy
             if not more:
                 break

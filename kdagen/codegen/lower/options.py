@@ -83,3 +83,7 @@ class LowerOptions:
     # (an mma fragment's 8 rows x 4 columns hit 32 banks); tools/smem_banks.py counts both.
     # None: the lowering path's own (sm90_native.SMEM_ROW_PAD; 1 on the portable path)
     smem_row_pad: int | None = None
+    # order of a chunk-parallel kernel's step: "memory" re-orders it so products are consumed
+    # soon after they are made (kdagen.codegen.lower.schedule: fewer tile buffers live at
+    # once, less spilled to the global scratch); "program" keeps the IR order (ablation)
+    chunk_schedule: str = "memory"
