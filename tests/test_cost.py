@@ -110,6 +110,28 @@ def test_estimate_follows_the_documented_constants():
     assert e["us_low"] < e["us"] < e["us_high"] and e["is_estimate"] is True
 
 
+def test_throughput_estimate_follows_the_documented_fit():
+    counts = {"alu.f32": 900, "ld.shared": 100, "bar.sync": 10, "global_rounds": 3,
+              "shared_rounds": 50, "loop_iters": 40, "st.shared.staging": 7}
+    th = cost_model.throughput_estimate(counts, warps=8)
+    assert th["instructions"] == 1010        # rounds, trips and the staging subset excluded
+    cycles = (1010 * 8 / cost_model.SCHEDULERS * cost_model.ISSUE_CYCLES
+              + 10 * cost_model.BARRIER_CYCLES + 3 * cost_model.THROUGHPUT_ROUND_CYCLES)
+    assert th["us"] == pytest.approx(cycles / (cost_model.CLOCK_GHZ * 1000), abs=0.01)
+    # twice the warps on one SM's four schedulers: twice the issue time
+    assert cost_model.throughput_estimate(counts, warps=16)["terms_us"]["issue"] == \
+        pytest.approx(2 * th["terms_us"]["issue"], abs=0.01)
+
+
+def test_only_chunk_parallel_kernels_get_the_throughput_estimate():
+    counter = CostCounter()
+    _toy_kernel(counter)
+    assert "throughput" not in cost_model.kernel_report(counter, serial=True, warps=8)
+    cta = cost_model.kernel_report(counter, serial=False, warps=8)
+    assert cta["throughput"]["warps"] == 8
+    assert "THROUGHPUT ESTIMATE" in cost_model.format_report("k", cta)
+
+
 def test_a_one_stage_ring_prices_its_refill():
     """``ring.refill_bytes`` (a register scan whose ring has one stage) is priced at
     RING_REFILL_GB_S and shown as its own term; without it the term is 0."""

@@ -47,6 +47,21 @@ the ring), and whether a round's loads hit L2 or HBM (the point estimate prices 
 under-estimates: for the kda_fwd K = 128 state scan on sm_90a it gives 105.8 µs per chunk
 step where the H200 measures 172.4 µs (0.61×; ``bench/results/cost_kda_fwd_k128_sm90a.txt``).
 Use it to compare lowerings and to see where a step's time goes, not as a timing.
+
+**Chunk-parallel kernels** (unit CTA, one CTA per SM) are not latency-bound that way: the model
+above gives 2.8-18.5 µs per CTA where the H200 takes 18-146 (6-11x). Their time follows what
+the SM's four schedulers issue, fitted (least squares, no intercept) to the ten chunk-parallel
+kernels of kda/gdn fwd/bwd at B1_T8k_H16 (``bench/results/h200_chunk_schedule_*``: µs per CTA =
+kernel µs / (2048 CTAs / 132 SMs))::
+
+    cycles = instructions * warps / SCHEDULERS * ISSUE_CYCLES        (per consumer thread)
+             + bar.sync * BARRIER_CYCLES + global_rounds * THROUGHPUT_ROUND_CYCLES
+
+``ISSUE_CYCLES = 4.93`` (each scheduler issues one instruction every ~5 cycles: the thread-loop
+code has little independent work per warp), ``BARRIER_CYCLES = 590`` (the drain of each op's
+loop), ``THROUGHPUT_ROUND_CYCLES = 423``. Errors of the fit: -22% .. +22% (gdn_bwd's dq kernel
+-22%, kda_fwd's output kernel +22%, the other eight within 12%). Reported as the ``throughput``
+estimate beside the latency one.
 """
 from __future__ import annotations
 
@@ -60,7 +75,8 @@ BY_OP_COLUMNS = ("ld.global", "st.global", "ld.shared", "st.shared", "bar.sync",
 
 __all__ = ["CLOCK_GHZ", "GLOBAL_ROUND_CYCLES", "GLOBAL_ROUND_HBM_CYCLES",
            "GLOBAL_ROUND_HOISTED_CYCLES", "SHARED_ROUND_CYCLES", "WGMMA_CYCLES",
-           "RING_REFILL_GB_S", "estimate",
+           "RING_REFILL_GB_S", "SCHEDULERS", "ISSUE_CYCLES", "BARRIER_CYCLES",
+           "THROUGHPUT_ROUND_CYCLES", "estimate", "throughput_estimate",
            "kernel_report", "format_report", "format_reports", "REPORT_EVENTS"]
 
 CLOCK_GHZ = 1.98
@@ -70,6 +86,13 @@ GLOBAL_ROUND_HOISTED_CYCLES = 153
 SHARED_ROUND_CYCLES = 39
 WGMMA_CYCLES = 109
 RING_REFILL_GB_S = 91.0
+SCHEDULERS = 4
+ISSUE_CYCLES = 4.93
+BARRIER_CYCLES = 590
+THROUGHPUT_ROUND_CYCLES = 423
+#: counts that are not instructions (rounds, loop trips, bytes) or count a subset of another
+NOT_INSTRUCTIONS = frozenset({"global_rounds", "shared_rounds", "loop_iters", "ring.refill_bytes",
+                              "st.shared.staging", "unknown_trip_loops"})
 
 #: the events shown in the text report, in this order (others are in the manifest only)
 REPORT_EVENTS = ("global_rounds", "shared_rounds", "loop_iters", "ld.global", "st.global",
@@ -98,7 +121,24 @@ def estimate(counts: dict) -> dict:
             "model": "kdagen.codegen.lower.cost_model (H200 latencies, 1.98 GHz)"}
 
 
-def kernel_report(counter: CostCounter, serial: bool) -> dict:
+def throughput_estimate(counts: dict, warps: int) -> dict:
+    """The chunk-parallel kernels' fit (see the module doc) for one CTA of ``warps`` consumer
+    warps whose threads each execute ``counts``."""
+    instructions = sum(v for k, v in counts.items()
+                       if k not in NOT_INSTRUCTIONS and isinstance(v, (int, float)))
+    to_us = 1.0 / (CLOCK_GHZ * 1000.0)
+    issue = instructions * warps / SCHEDULERS * ISSUE_CYCLES
+    barriers = counts.get("bar.sync", 0) * BARRIER_CYCLES
+    rounds = counts.get("global_rounds", 0) * THROUGHPUT_ROUND_CYCLES
+    return {"us": round((issue + barriers + rounds) * to_us, 2), "instructions": instructions,
+            "warps": warps,
+            "terms_us": {"issue": round(issue * to_us, 2), "barriers": round(barriers * to_us, 2),
+                         "global_rounds": round(rounds * to_us, 2)},
+            "is_estimate": True,
+            "model": "kdagen.codegen.lower.cost_model throughput fit (10 H200 kernels, +-22%)"}
+
+
+def kernel_report(counter: CostCounter, serial: bool, warps: int | None = None) -> dict:
     """The cost report of one kernel: counts per unit (``chunk step`` for a kernel with a
     chunk loop, ``CTA`` otherwise) of a consumer thread, the prologue/epilogue (once per CTA),
     the producer's counts per unit, the flagged loops and the estimate."""
@@ -111,6 +151,8 @@ def kernel_report(counter: CostCounter, serial: bool) -> dict:
         producer = counter.per_cta("producer")
     out = {"unit": unit, "per": "consumer thread (the busiest: thread 0)", "counts": counts,
            "estimate": estimate(counts)}
+    if unit == "CTA" and warps:
+        out["throughput"] = throughput_estimate(counts, warps)
     if once:
         out["once_per_cta"] = once
     if producer:
@@ -161,6 +203,12 @@ def format_report(name: str, report: dict) -> str:
                  + (f" + ring refill {t['ring_refill']:g}" if t.get("ring_refill") else "")
                  + f"); range {e['us_low']:g} "
                  f"(hoisted) .. {e['us_high']:g} (HBM)")
+    if report.get("throughput"):
+        th = report["throughput"]
+        t = th["terms_us"]
+        lines.append(f"  THROUGHPUT ESTIMATE (fit, +-22%): {th['us']:g} us per CTA (issue "
+                     f"{t['issue']:g}: {th['instructions']:g} instructions x {th['warps']} warps"
+                     f" + barriers {t['barriers']:g} + global rounds {t['global_rounds']:g})")
     return f"{name}\n" + "\n".join(lines)
 
 

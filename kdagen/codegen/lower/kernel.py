@@ -247,8 +247,10 @@ def lower_program(module, target: Target, *, name: str | None = None,
         with builder.context, builder.location:
             params = pk.emitter.params()
             pk.emitter.emit_mlir(builder, pk.name, count_cost=cost)
+        warps = (None if pk.group.kind == "global"
+                 else getattr(pk.emitter, "consumer_threads", opts.nthreads) // 32)
         report = (kernel_report(pk.emitter.cost, serial=pk.group.kind != "global"
-                                and not pk.group.parallel) if cost else None)
+                                and not pk.group.parallel, warps=warps) if cost else None)
         if pk.group.kind == "global":
             out.append(LoweredKernel(pk.name, program.name, "global", pk.group.index, builder,
                                      params, pk.launch, "none", 0, "portable", cost=report))
