@@ -111,7 +111,17 @@ def implementations(family, fla=True, bundles: dict | None = None,
         impls["fla"] = fla_fn
     except Exception as err:  # report, don't hide
         print(f"FLA unavailable for {family}: {err!r}", file=sys.stderr)
+    if family == "gdn":
+        try:        # FlashQLA (TileLang), GDN only; its own defaults (automatic intra-card CP)
+            from flash_qla import chunk_gated_delta_rule as flashqla_fn
+            impls["flashqla"] = flashqla_fn
+        except Exception as err:
+            print(f"FlashQLA unavailable: {err!r}", file=sys.stderr)
     return impls
+
+
+#: the other implementations kdagen is compared with: impl name -> its label in the tables
+REFERENCES = {"fla": "FLA", "flashqla": "FlashQLA"}
 
 
 def _with_bundle(fn, path, chunk_size: int | None = None):
@@ -134,6 +144,8 @@ def call(fn, family, x, kw, grad):
     if family != "kda":
         kw = {k: v for k, v in kw.items() if k in ("use_qk_l2norm_in_kernel", "output_final_state",
                                                     "cu_seqlens")}
+        if not fn.__module__.startswith("kdagen"):    # FLA's and FlashQLA's GDN take g in fp32
+            args["g"] = args["g"].detach().float().requires_grad_(grad)
     else:
         kw = dict(kw)
         if "use_beta_sigmoid_in_kernel" in kw and fn.__module__.startswith("fla"):
@@ -250,7 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "bundle must hold variants of that chunk size: "
                              "bench/emit_bench_bundle.py --chunk-size)")
     parser.add_argument("--no-fla", action="store_true",
-                        help="time kdagen only (no FLA columns or ratios)")
+                        help="time kdagen only (no FLA or FlashQLA columns or ratios)")
     parser.add_argument("--kernels", action="store_true",
                         help="also time every kernel a kdagen call launches (CUDA events "
                              "around each launch) and print a per-kernel table: grid, threads, "
@@ -319,23 +331,25 @@ def main(argv=None):
                     if f"{impl}_ms" in row:
                         row[f"{impl}_pct_floor"] = 100 * floor_ms / row[f"{impl}_ms"]
                 for impl in impls:
-                    if impl.startswith("kdagen") and f"{impl}_ms" in row and "fla_ms" in row:
-                        row[f"ratio_fla_over_{impl}"] = row["fla_ms"] / row[f"{impl}_ms"]
+                    for ref in REFERENCES:
+                        if impl.startswith("kdagen") and f"{impl}_ms" in row and f"{ref}_ms" in row:
+                            row[f"ratio_{ref}_over_{impl}"] = row[f"{ref}_ms"] / row[f"{impl}_ms"]
                 rows.append(row)
                 print(json.dumps(row), flush=True)
                 _write_json(args.json, rows, kernels, device_name)   # kept if cut short
     names = list(impls) if rows else []
     kd = [n for n in names if n.startswith("kdagen")]
+    refs = [ref for ref in REFERENCES if ref in names]
     header = ["op", "config", "mode", *(f"{n} ms" for n in names),
-              *(f"FLA/{n}" for n in kd if "fla" in names), "floor ms"]
+              *(f"{REFERENCES[ref]}/{n}" for ref in refs for n in kd), "floor ms"]
     print("\n" + " | ".join(header))
     for r in rows:
         cells = [r["op"], r["config"], r["mode"]]
         for n in names:
             cells.append(f"{r[n + '_ms']:.3f}" if n + "_ms" in r else ("ERR" if n + "_error" in r else "-"))
-        if "fla" in names:
+        for ref in refs:
             for n in kd:
-                key = f"ratio_fla_over_{n}"
+                key = f"ratio_{ref}_over_{n}"
                 cells.append(f"{r[key]:.3f}" if key in r else "-")
         cells.append(f"{r['floor_ms']:.3f}")
         print(" | ".join(cells))
