@@ -338,8 +338,10 @@ class TileKernelEmitter:
         self.red = T_.ReduceScratch(T_.BufRef(red_pool, 0, (REDUCE_WARP_SLOTS,), (1,)))
         self.init_gate_checks(T_.BufRef(red_pool, REDUCE_WARP_SLOTS, (GATE_CHECK_SLOTS,), (1,)))
         self.bind_memrefs(p)
+        self.pending_reads, self.pending_writes = set(), set()
         for n in self.group.nodes:
             self.node(n)
+        self.sync_pending()
 
     def bufref(self, v: Value) -> T_.BufRef:
         b = self.plan.buffers[v]
@@ -348,9 +350,75 @@ class TileKernelEmitter:
 
     def node(self, n) -> None:
         if n.op == "kda.scan":
+            self.sync_pending()
             return self.scan(n)
         with self.cost.op(op_label(n)):
             self._node(n)
+
+    # -- barriers --------------------------------------------------------------------------
+    # Every op that works across threads (products, reductions, scans of rows, state
+    # loads/stores) starts and ends at a barrier. Element-wise materialisations and tile
+    # stores, where each thread reads and writes elements on its own, are followed by a
+    # barrier only when a later op needs one: before an element-wise op that reads memory
+    # written since the last barrier, or writes memory read or written since then (a buffer
+    # region first-fit reuses, a workspace this kernel stores and reads).
+    def sync_pending(self) -> None:
+        if self.pending_reads or self.pending_writes:
+            B.barrier()
+            self.pending_reads, self.pending_writes = set(), set()
+
+    def elementwise_accesses(self, n):
+        """(regions read, regions written) of an op that runs element by element on its own
+        threads, or None for an op that needs barriers around it. Regions: ("smem"|"global",
+        first byte, end byte) of a tile buffer, ("mem", id) of a memref."""
+        mode = self.plan.mode(n.results[0]) if n.results else None
+        if n.op in STORE_OPS:
+            if n.kind not in ("store", "store_chunk"):
+                return None
+            writes = {("mem", id(n.operands[0]))}
+        elif n.op not in MATRIX_OPS and mode == "buffer":
+            writes = {self.region(n.results[0])}
+        else:
+            return None
+        reads: set = set()
+        seen: set = set()
+
+        def visit(v):
+            if id(v) in seen or v.kind not in ("tile", "memref"):
+                return
+            seen.add(id(v))
+            if v.kind == "memref":
+                if v in self.plan.written_memrefs:
+                    reads.add(("mem", id(v)))
+                return
+            if v in self.plan.buffers:
+                reads.add(self.region(v))
+                return
+            if v.owner is not None:
+                for o in v.owner.operands:
+                    visit(o)
+
+        operands = n.operands[2:] if n.kind in ("store", "store_chunk") else n.operands
+        for o in operands:
+            visit(o)
+        return reads, writes
+
+    def region(self, v: Value) -> tuple:
+        b = self.plan.buffers[v]
+        return (b.space, b.offset, b.offset + b.nbytes)
+
+    def hazard(self, reads: set, writes: set) -> bool:
+        def meets(a, regions):
+            for b in regions:
+                if a[0] != b[0]:
+                    continue
+                if a[0] == "mem" and a[1] == b[1]:
+                    return True
+                if a[0] != "mem" and a[1] < b[2] and b[1] < a[2]:
+                    return True
+            return False
+        return (any(meets(r, self.pending_writes) for r in reads)
+                or any(meets(w, self.pending_writes | self.pending_reads) for w in writes))
 
     def _node(self, n) -> None:
         op = n.op
@@ -359,27 +427,35 @@ class TileKernelEmitter:
         if op == "kda.workspace":
             return  # the memref is a kernel parameter (bound in body)
         if op == "kda.pipeline_release":
-            return  # synchronisation marker: every op is followed by a barrier already
+            return  # synchronisation marker: the step's end synchronises the ring
         if op in ("gpu.yield", "func.return"):
             raise LoweringError(f"unexpected {op}")
+        lazy = not (op in STORE_OPS or op in MATRIX_OPS
+                    or (n.results and self.plan.mode(n.results[0]) == "buffer"))
+        if lazy:
+            self.env[n.results[0]] = self.expr(n)
+            return
+        accesses = self.elementwise_accesses(n) if self.opts.elide_barriers else None
+        if accesses is None:
+            self.sync_pending()
+        elif self.hazard(*accesses):
+            self.sync_pending()
         if op in STORE_OPS:
             self.store(n)
-            B.barrier()
-            return
-        if op in MATRIX_OPS:
+        elif op in MATRIX_OPS:
             out = self.bufref(n.results[0])
             self.matrix(n, out)
             self.env[n.results[0]] = out
-            B.barrier()
-            return
-        ref = self.expr(n)
-        r = n.results[0]
-        if self.plan.mode(r) == "buffer":
+        else:
+            r = n.results[0]
             out = self.bufref(r)
-            T_.materialize(self.th, ref, out)
+            T_.materialize(self.th, self.expr(n), out)
+            self.env[r] = out
+        if accesses is None:
             B.barrier()
-            ref = out
-        self.env[r] = ref
+        else:
+            self.pending_reads |= accesses[0]
+            self.pending_writes |= accesses[1]
 
     def init_gate_checks(self, slots: T_.BufRef | None) -> None:
         """Gate checks of the decay products (:meth:`gate_check`): ``slots``, shared words
@@ -440,6 +516,7 @@ class TileKernelEmitter:
                 self.env[a] = ref
             for m in body.nodes[:-1]:
                 self.node(m)
+            self.sync_pending()
             copied = False
             for i, v in enumerate(y.operands):
                 if self.plan.yield_copy.get((n, i)) == "skip":

@@ -87,3 +87,7 @@ class LowerOptions:
     # soon after they are made (kdagen.codegen.lower.schedule: fewer tile buffers live at
     # once, less spilled to the global scratch); "program" keeps the IR order (ablation)
     chunk_schedule: str = "memory"
+    # element-wise ops (materialisations, tile stores) get a barrier only where a later op
+    # reads or overwrites what they touched (TileKernelEmitter.hazard); False: a barrier
+    # after every op (ablation)
+    elide_barriers: bool = True
