@@ -357,29 +357,28 @@ class TileKernelEmitter:
 
     # -- barriers --------------------------------------------------------------------------
     # Every op that works across threads (products, reductions, scans of rows, state
-    # loads/stores) starts and ends at a barrier. Element-wise materialisations and tile
-    # stores, where each thread reads and writes elements on its own, are followed by a
-    # barrier only when a later op needs one: before an element-wise op that reads memory
-    # written since the last barrier, or writes memory read or written since then (a buffer
-    # region first-fit reuses, a workspace this kernel stores and reads).
+    # loads/stores) ends at a barrier. Element-wise materialisations and tile stores, where
+    # each thread reads and writes elements on its own, are followed by one only when a later
+    # op needs it: an op that reads memory written since the last barrier, or writes memory
+    # read or written since then (a buffer region first-fit reuses, a workspace this kernel
+    # stores and reads), waits at a barrier first.
     def sync_pending(self) -> None:
         if self.pending_reads or self.pending_writes:
             B.barrier()
             self.pending_reads, self.pending_writes = set(), set()
 
-    def elementwise_accesses(self, n):
-        """(regions read, regions written) of an op that runs element by element on its own
-        threads, or None for an op that needs barriers around it. Regions: ("smem"|"global",
-        first byte, end byte) of a tile buffer, ("mem", id) of a memref."""
-        mode = self.plan.mode(n.results[0]) if n.results else None
+    def accesses(self, n):
+        """(regions read, regions written, element-wise) of a materialising op: element-wise
+        when it runs element by element on its own threads (a materialisation, a tile store),
+        else it works across threads and ends at a barrier. Regions: ("smem"|"global", first
+        byte, end byte) of a tile buffer, ("mem", id) of a memref. The staging tiles and
+        reduction slots that cross-thread ops use internally are disjoint from the buffers."""
         if n.op in STORE_OPS:
-            if n.kind not in ("store", "store_chunk"):
-                return None
+            elementwise = n.kind in ("store", "store_chunk")
             writes = {("mem", id(n.operands[0]))}
-        elif n.op not in MATRIX_OPS and mode == "buffer":
-            writes = {self.region(n.results[0])}
         else:
-            return None
+            elementwise = n.op not in MATRIX_OPS
+            writes = {self.region(r) for r in n.results if r in self.plan.buffers}
         reads: set = set()
         seen: set = set()
 
@@ -401,7 +400,7 @@ class TileKernelEmitter:
         operands = n.operands[2:] if n.kind in ("store", "store_chunk") else n.operands
         for o in operands:
             visit(o)
-        return reads, writes
+        return reads, writes, elementwise
 
     def region(self, v: Value) -> tuple:
         b = self.plan.buffers[v]
@@ -435,10 +434,8 @@ class TileKernelEmitter:
         if lazy:
             self.env[n.results[0]] = self.expr(n)
             return
-        accesses = self.elementwise_accesses(n) if self.opts.elide_barriers else None
-        if accesses is None:
-            self.sync_pending()
-        elif self.hazard(*accesses):
+        reads, writes, elementwise = self.accesses(n)
+        if not self.opts.elide_barriers or self.hazard(reads, writes):
             self.sync_pending()
         if op in STORE_OPS:
             self.store(n)
@@ -451,11 +448,12 @@ class TileKernelEmitter:
             out = self.bufref(r)
             T_.materialize(self.th, self.expr(n), out)
             self.env[r] = out
-        if accesses is None:
-            B.barrier()
+        if elementwise and self.opts.elide_barriers:
+            self.pending_reads |= reads
+            self.pending_writes |= writes
         else:
-            self.pending_reads |= accesses[0]
-            self.pending_writes |= accesses[1]
+            B.barrier()
+            self.pending_reads, self.pending_writes = set(), set()
 
     def init_gate_checks(self, slots: T_.BufRef | None) -> None:
         """Gate checks of the decay products (:meth:`gate_check`): ``slots``, shared words
