@@ -1,0 +1,108 @@
+"""The decode programs on a state pool (``state_pool=True``, kdagen.ir.programs.DECODE_OPTIONS):
+sequence n reads its initial state from row ``state_slots[n]`` of the pool and writes its final
+state back there; a negative slot skips the sequence (o = 0, no row written). In the float64
+interpreter the program equals the pool reference (kdagen.decode_reference) with permuted
+int32/int64 slots, a skipped sequence and the pool updated in place; the chip pipelines leave
+it unchanged; bad options name themselves."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kdagen import interpreter
+from kdagen import reference as R
+from kdagen._mlir import ir
+from kdagen.decode_reference import decode_pool_step
+from kdagen.ir.programs import ProgramOptionError, build_program
+from kdagen.passes.pipeline import run_pipeline
+from kdagen.passes.pipelines import pipeline_for
+
+F64 = torch.float64
+CHIPS = ("sm_90a", "sm_100a", "sm_120a")
+H, HV = 1, 2
+SLOTS = 7
+
+
+def _case(family, *, lengths=(1, 3, 2, 2), slots=(5, -1, 0, 3), slot_dtype=torch.int64,
+          K=64, V=64, seed=0):
+    """(program options, program inputs with the pool given as initial_state and final_state,
+    the reference's (o, pool)). Precomputed gate, beta as given (the reference's inputs), q/k
+    L2-normalised in the kernel as the reference's are here: x / sqrt(sum x^2 + 1e-6)."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape, s=1.0):
+        return torch.randn(*shape, generator=gen, dtype=F64) * s
+    T = sum(lengths)
+    x = {"q": rnd(1, T, H, K), "k": rnd(1, T, H, K), "v": rnd(1, T, HV, V),
+         "beta": torch.rand(1, T, HV, generator=gen, dtype=F64),
+         "g": -torch.rand(*((1, T, HV, K) if family == "kda" else (1, T, HV)), generator=gen,
+                          dtype=F64) * 0.5,
+         "cu_seqlens": torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])}
+    pool = rnd(SLOTS, HV, K, V, s=0.3)
+    x.update(initial_state=pool, final_state=pool,
+             state_slots=torch.tensor(slots, dtype=slot_dtype))
+    opts = dict(head_k_dim=K, head_v_dim=V, gva_ratio=HV // H, varlen=True,
+                gate="precomputed" if family == "kda" else "gdn_precomputed",
+                use_beta_sigmoid_in_kernel=False, use_qk_l2norm_in_kernel=True,
+                state_pool=True, slot_dtype="i32" if slot_dtype == torch.int32 else "i64")
+
+    def l2(t):
+        return t / torch.sqrt((t * t).sum(-1, keepdim=True) + 1e-6)
+    want = decode_pool_step(l2(x["q"]), l2(x["k"]), x["v"], x["g"], x["beta"], state_pool=pool,
+                            ssm_state_indices=x["state_slots"], cu_seqlens=x["cu_seqlens"])
+    return opts, x, want
+
+
+def _untouched(slots) -> list:
+    return [s for s in range(SLOTS) if s not in slots]
+
+
+@pytest.mark.parametrize("family", ["kda", "gdn"])
+@pytest.mark.parametrize("slot_dtype", [torch.int32, torch.int64])
+def test_pool_program_equals_the_pool_reference(family, slot_dtype):
+    opts, x, (want_o, want_pool) = _case(family, slot_dtype=slot_dtype)
+    out = interpreter.run(build_program(f"{family}_decode", **opts), x, dtype=F64)
+    assert R.rel_err(out["o"], want_o) < 1e-12
+    assert R.rel_err(out["final_state"], want_pool) < 1e-12
+    slots = x["state_slots"].tolist()
+    assert torch.equal(out["final_state"][_untouched(slots)], x["initial_state"][_untouched(slots)])
+    assert torch.count_nonzero(out["o"][0, 1:4]) == 0            # the skipped sequence
+
+
+def test_pool_program_reads_and_writes_the_slots_it_is_given():
+    """Another slot permutation moves the states accordingly: the program's result depends
+    on the slots only through which rows it reads and writes."""
+    opts, x, _ = _case("kda", slots=(0, 1, 2, 3))
+    m = build_program("kda_decode", **opts)
+    base = interpreter.run(m, x, dtype=F64)
+    perm = [6, 2, 4, 0]
+    pool = torch.zeros_like(x["initial_state"])
+    pool[perm] = x["initial_state"][:4]
+    out = interpreter.run(m, dict(x, initial_state=pool, final_state=pool,
+                                  state_slots=torch.tensor(perm)), dtype=F64)
+    assert torch.equal(out["o"], base["o"])
+    assert torch.equal(out["final_state"][perm], base["final_state"][:4])
+
+
+@pytest.mark.parametrize("chip", CHIPS)
+def test_chip_pipeline_leaves_the_pool_program_unchanged(chip):
+    opts, x, (want_o, want_pool) = _case("gdn")
+    m = build_program("gdn_decode", **opts)
+    with m.context, ir.Location.unknown():
+        run_pipeline(m, pipeline_for(chip))
+    out = interpreter.run(m, x, dtype=F64)
+    assert R.rel_err(out["o"], want_o) < 1e-12
+    assert R.rel_err(out["final_state"], want_pool) < 1e-12
+
+
+def test_pool_options_name_themselves():
+    with pytest.raises(ProgramOptionError, match="slot_dtype"):
+        build_program("kda_decode", slot_dtype="i32")
+    with pytest.raises(ProgramOptionError, match="slot_dtype"):
+        build_program("kda_decode", state_pool=True, slot_dtype="i16")
+    with pytest.raises(ProgramOptionError, match="use_initial_state"):
+        build_program("kda_decode", state_pool=True, use_initial_state=False)
+    with pytest.raises(ProgramOptionError, match="state_pool"):
+        build_program("kda_decode", state_pool="yes")
+    with pytest.raises(ProgramOptionError, match="state_pool"):
+        build_program("kda_fwd", state_pool=True)     # decode programs only
