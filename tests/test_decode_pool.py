@@ -3,7 +3,9 @@ sequence n reads its initial state from row ``state_slots[n]`` of the pool and w
 state back there; a negative slot skips the sequence (o = 0, no row written). In the float64
 interpreter the program equals the pool reference (kdagen.decode_reference) with permuted
 int32/int64 slots, a skipped sequence and the pool updated in place; the chip pipelines leave
-it unchanged; bad options name themselves."""
+it unchanged; the lowered kernels compute the same in the CTA simulator (untouched rows keep
+their bits) and through the MLIR-free launcher on a bundle; they assemble for every chip
+without spills on sm_90a; bad options name themselves."""
 from __future__ import annotations
 
 import pytest
@@ -106,3 +108,110 @@ def test_pool_options_name_themselves():
         build_program("kda_decode", state_pool="yes")
     with pytest.raises(ProgramOptionError, match="state_pool"):
         build_program("kda_fwd", state_pool=True)     # decode programs only
+
+
+def test_pool_arguments_and_ops():
+    """The pool's calling convention: state_slots [N] after cu_seqlens; the states are pool
+    rows; load_state / store_state take the slot table."""
+    from kdagen.codegen.lower.program import read_program
+    prog = read_program(build_program("kda_decode", state_pool=True, varlen=True,
+                                      slot_dtype="i32"))
+    args = {a.name: a for a in prog.args}
+    names = [a.name for a in prog.args]
+    assert names.index("state_slots") == names.index("cu_seqlens") + 1
+    assert (args["state_slots"].layout, args["state_slots"].elt) == ("slots", "i32")
+    assert args["initial_state"].layout == args["final_state"].layout == "pool"
+    slots = prog.arg_values[names.index("state_slots")]
+    assert sorted(n.op for n in prog.nodes if slots in n.operands) == \
+        ["kda.load_state", "kda.slot_valid", "kda.store_state"]
+
+
+def _lowered_inputs(x):
+    """The kernels' storage: bf16 q, k, v, g, beta (the launcher's conversion)."""
+    keep = ("initial_state", "final_state", "state_slots", "cu_seqlens")
+    return {k: (v if k in keep else v.to(torch.bfloat16).to(F64)) for k, v in x.items()}
+
+
+@pytest.mark.parametrize("family", ["kda", "gdn"])
+@pytest.mark.parametrize("slot_dtype", [torch.int32, torch.int64])
+def test_lowered_pool_kernel_in_the_simulator(family, slot_dtype):
+    """The portable lowering (after the sm_90a pipeline) in the lockstep CTA simulator, the
+    pool updated in place (one memory for initial_state and final_state): the interpreter's
+    result on the same inputs, a skipped sequence's o exactly 0, untouched rows bit-exact."""
+    from kdagen.codegen.lower.options import LowerOptions
+    from kdagen.codegen.lower.sim import simulate
+    opts, x, _ = _case(family, slot_dtype=slot_dtype)
+    m = build_program(f"{family}_decode", **opts)
+    with m.context, ir.Location.unknown():
+        run_pipeline(m, pipeline_for("sm_90a"))
+    x = _lowered_inputs(x)
+    pool = x["initial_state"].float()
+    x.update(initial_state=pool, final_state=pool)
+    out = simulate(m, x, options=LowerOptions(dot="fma"))
+    want = interpreter.run(m, x, dtype=F64)
+    assert R.rel_err(out["final_state"], want["final_state"]) < 2e-5
+    assert R.rel_err(out["o"], want["o"]) < 2.5e-3          # o is stored in bf16
+    slots = x["state_slots"].tolist()
+    assert torch.equal(out["final_state"][_untouched(slots)], pool[_untouched(slots)])
+    assert torch.count_nonzero(out["o"][0, 1:4]) == 0
+
+
+@pytest.mark.parametrize("chip", CHIPS)
+def test_pool_kernels_assemble(chip):
+    from kdagen.codegen import ptxas
+    from kdagen.codegen.lower.kernel import lower_program
+    from kdagen.codegen.lower.options import LowerOptions
+    from kdagen.codegen.to_ptx import lower_to_ptx
+    from kdagen.target import get_target
+    try:
+        exe = ptxas.find_ptxas()
+    except ptxas.PtxasNotFound:
+        pytest.skip("ptxas not available")
+    m = build_program("kda_decode", head_k_dim=128, head_v_dim=128, gate="softplus", gva_ratio=2,
+                      state_pool=True, slot_dtype="i32")
+    with m.context, ir.Location.unknown():
+        run_pipeline(m, pipeline_for(chip))
+    path = "native" if chip == "sm_90a" else "portable"
+    kernels = lower_program(m, get_target(chip), options=LowerOptions(dot="auto", path=path))
+    assert len(kernels) == 1
+    if chip == "sm_90a":
+        assert kernels[0].path == "sm90-native"
+    assert [p.name for p in kernels[0].params if p.name in ("state_slots", "initial_state",
+                                                            "final_state")] == \
+        ["initial_state", "state_slots", "final_state"]
+    res = ptxas.assemble(lower_to_ptx(kernels[0].module, get_target(chip)), chip, exe)
+    assert res.ok, res.log
+    if chip == "sm_90a":
+        assert res.resources[kernels[0].name].spill_stores == 0
+
+
+def test_pool_variant_through_the_launcher(tmp_path):
+    """The bundle's calling convention on the CPU: the MLIR-free launcher runs the pool
+    variant's kernels (in the simulator) with the pool passed as initial_state and as the
+    final_state it writes into: updated in place, the rest of it untouched."""
+    import numpy as np
+
+    from kdagen.bundle_writer import write_bundle
+    from kdagen.codegen.lower.sim import SimLibrary
+    from kdagen.driver import build_module
+    from kdagen.runtime.bundle import variant_name
+    from kdagen.runtime.launch import LoweredProgram
+    np.seterr(all="ignore")
+    opts, x, (want_o, want_pool) = _case("kda", slot_dtype=torch.int32)
+    item = ("kda_decode", opts)
+    write_bundle(tmp_path, [item], ["sm_120a"], assemble=False)
+    vname = variant_name(*item)
+    prog = LoweredProgram(tmp_path, vname,
+                          library=SimLibrary(tmp_path, {vname: build_module(*item)}, "sm_120a"))
+    pool = x["initial_state"].float()
+    before = pool.clone()
+    inputs = {k: v.float() if v.is_floating_point() else v for k, v in x.items()
+              if k not in ("initial_state", "final_state")}
+    out = prog(chip="sm_120a", device="cpu", initial_state=pool, final_state=pool, **inputs)
+    assert out["final_state"] is pool
+    assert R.rel_err(pool, want_pool) < 1e-3
+    assert R.rel_err(out["o"], want_o) < 3e-3
+    slots = x["state_slots"].tolist()
+    assert torch.equal(pool[_untouched(slots)], before[_untouched(slots)])
+    with pytest.raises(ValueError, match="final_state"):
+        prog(chip="sm_120a", device="cpu", initial_state=pool, **inputs)
