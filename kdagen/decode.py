@@ -103,6 +103,7 @@ def _run_pool(family, q, k, v, g, beta, A_log, dt_bias, state_pool, state_slots,
         family, q, k, v, g, beta, A_log, dt_bias, None, cu_seqlens, scale, False,
         use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
         allow_neg_eigval, safe_gate, lower_bound)
+    _check_pool_operands(state_pool, state_slots, sizes, q.device)
     del opts["chunk_size"]                         # one token per step
     opts.update(use_initial_state=True, output_final_state=bool(write_final_state),
                 state_pool=True, slot_dtype=_SLOT_DTYPES[state_slots.dtype])
@@ -121,6 +122,24 @@ def _run_pool(family, q, k, v, g, beta, A_log, dt_bias, state_pool, state_slots,
 _SLOT_DTYPES = {torch.int32: "i32", torch.int64: "i64"}
 
 
+def _check_pool_operands(pool: Tensor, slots: Tensor, sizes, device) -> None:
+    """What the pool kernels take (shapes and types only, nothing read): a contiguous float32
+    pool [slots, HV, K, V] and an int32/int64 slot per sequence, on the inputs' device."""
+    want = (sizes.HV, sizes.K, sizes.V)
+    if (pool.dtype != torch.float32 or pool.ndim != 4 or tuple(pool.shape[1:]) != want
+            or not pool.is_contiguous()):
+        raise KdagenInputError(f"state_pool: expected a contiguous float32 pool [slots, "
+                               f"{', '.join(map(str, want))}], got {pool.dtype} "
+                               f"{list(pool.shape)}"
+                               f"{'' if pool.is_contiguous() else ' (not contiguous)'}")
+    if slots.dtype not in _SLOT_DTYPES or tuple(slots.shape) != (sizes.N,):
+        raise KdagenInputError(f"state_slots: expected an int32/int64 tensor [N = {sizes.N}], "
+                               f"got {slots.dtype} {list(slots.shape)}")
+    for name, x in (("state_pool", pool), ("state_slots", slots)):
+        if x.device != device:
+            raise KdagenInputError(f"{name}: expected device {device}, got {x.device}")
+
+
 def _define_pool(family: str):
     def op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_log: Optional[Tensor],
            dt_bias: Optional[Tensor], state_pool: Tensor, state_slots: Tensor,
@@ -137,8 +156,8 @@ def _define_pool(family: str):
     op.__doc__ = (f"{family.upper()} decode step on a state pool [slots, HV, K, V] (float32, "
                   f"contiguous): sequence n starts from row state_slots[n] (int32/int64 [N]); "
                   f"with write_final_state its new state goes back there, in place; a negative "
-                  f"slot skips the sequence (o = 0, nothing read or written). Returns (o, "
-                  f"token_states); see kdagen.decode.")
+                  f"slot skips the sequence (it starts from 0, its o is 0, no row is written). "
+                  f"Returns (o, token_states); see kdagen.decode.")
     custom = torch.library.custom_op(f"kdagen::{family}_decode_pool",
                                      mutates_args=("state_pool",))(op)
 

@@ -305,3 +305,19 @@ def test_pool_step_reads_no_tensor_on_the_host():
              num_accepted_tokens=torch.empty(3, dtype=torch.int64, device="meta"),
              inplace_final_state=True)
     assert o.shape == meta["v"].shape
+
+
+def test_the_pool_op_checks_its_operands():
+    """torch.ops.kdagen.kda_decode_pool called directly: a pool or slot table the kernel
+    cannot take names itself (shapes and types only)."""
+    from kdagen.decode import kda_decode_pool
+    x = _inputs("kda", 3, 1)
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"], None, None)
+    tail = (None, K ** -0.5, True, False, True, False, False, False, False, None)
+    pool, slots = torch.zeros(5, 2, K, V), torch.tensor([4, -1, 0])
+    for bad_pool, bad_slots, name in ((pool.to(torch.bfloat16), slots, "state_pool"),
+                                      (torch.zeros(5, 3, K, V), slots, "state_pool"),
+                                      (pool, slots[:2], "state_slots"),
+                                      (pool, slots.float(), "state_slots")):
+        with pytest.raises(KdagenInputError, match=name):
+            kda_decode_pool(*args, bad_pool, bad_slots, *tail)

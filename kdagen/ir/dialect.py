@@ -146,7 +146,7 @@ OPS: dict[str, OpSpec] = {
         attrs=(("name", "str"),), kind="memory", effect="read",
         doc="Load src[n, hv] of an [N, HV, D...] per-(sequence, head) tensor; with `slots` (an "
             "[N] int tensor) src is a state pool [slots, HV, D...] and the row is "
-            "src[slots[n], hv], 0 where slots[n] < 0 (nothing is read)."),
+            "src[slots[n], hv], 0 where slots[n] < 0."),
     "store_state": OpSpec(
         operands=(("dst", "memref"), ("tile", "tile"), ("slots", "memref?")),
         attrs=(("name", "str"),), kind="memory", effect="write",
