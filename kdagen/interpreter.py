@@ -10,7 +10,9 @@ or after any pass) with torch and returns its outputs by name (``o``, ``final_st
   its own chunk index (a ``[N]`` tensor; reverse scans count down from each sequence's last
   chunk); sequences that have run out of chunks keep their carried values and store nothing;
 * loads read rows past a sequence end as 0; stores skip them; outputs and workspaces start
-  poisoned with NaN, so anything left unwritten shows.
+  poisoned with NaN, so anything left unwritten shows — except a state pool output (layout
+  ``pool``), which starts as the tensor given under its name among the inputs and keeps the
+  rows no sequence's slot writes.
 
 ``dtype`` is the compute type of every float tile: ``torch.float32`` really computes in
 float32 (inputs are cast on entry). With ``round_storage=True``, inputs are first rounded to

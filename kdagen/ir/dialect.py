@@ -27,6 +27,10 @@ Execution model (what the interpreter implements; docs/MATH.md §1 is the math):
   ``c*C .. c*C+C-1`` of the current sequence (varlen: offsets from ``cu_seqlens``); rows past
   the sequence end read as 0 and are not stored. ``head_map = "grouped"`` reads head
   ``hv // (HV // H)`` (GVA); ``"direct"`` reads head ``hv``.
+* State memrefs are ``[N, HV, D...]`` (layout ``state``), or a state pool ``[slots, HV, D...]``
+  (layout ``pool``) whose row for sequence n is chosen by a slot table ``[N]`` (layout
+  ``slots``, i32/i64) given to ``kda.load_state`` / ``kda.store_state``; a negative slot
+  skips the sequence (``kda.slot_valid`` is false: it loads zeros and stores nothing).
 """
 from __future__ import annotations
 
