@@ -190,7 +190,8 @@ def _cost_cell(row: dict) -> str:
                    "ptxas's report) to DIR/<variant>.<chip>/ (`kdagen show --stage` prints one).")
 @click.option("--decode", is_flag=True,
               help="Also each op's decode program (kda_decode / gdn_decode: the per-token "
-                   "recurrence, for kdagen.fused_recurrent_*).")
+                   "recurrence, for kdagen.fused_recurrent_*), plain and on a state pool "
+                   "(state_pool: the kernel reads and writes the slots of ssm_state_indices).")
 def emit(out_dir, op, targets, head_dims, gate, gate_files, path, verbose, quiet, dump_dir,
          decode):
     """Generate kernels for each chip into a bundle (manifest.json + .ptx/.cubin).

@@ -2,7 +2,8 @@
 
 - ``cpu`` tensors: :class:`InterpreterExecutor`. Builds the program (cached per options), runs
   the ``kda-stable-reassociate`` pipeline, and executes it with :func:`kdagen.interpreter.run`
-  in float32 (inputs upcast, outputs cast to the requested dtypes). A real, correct CPU
+  in float32 (inputs upcast, outputs cast to the requested dtypes; a state pool output is
+  written back into the tensor given under its name among the inputs). A real, correct CPU
   implementation: CI runs opcheck, autograd and torch.compile tests through it.
 - compile-on-demand for ``cuda`` tensors (:func:`compile_bundle`): a bundle written by
   :func:`kdagen.bundle_writer.write_bundle` with the default lowering, available where
@@ -75,6 +76,12 @@ class InterpreterExecutor(Executor):
                 args[name] = x
         with self._lock:
             result = interpreter.run(module, args, dtype=torch.float32)
+            pools = _pool_outputs(module)
+        for name in pools:
+            # a state pool: the program wrote rows of the caller's tensor (a float32 copy of
+            # it here); put them back, in place
+            with torch.no_grad():
+                inputs[name].copy_(result[name])
         out = {}
         for name, spec in outputs.items():
             if name not in result:
@@ -86,6 +93,13 @@ class InterpreterExecutor(Executor):
                                    f"expected {list(spec.shape)}")
             out[name] = y.to(device=device, dtype=spec.dtype).contiguous()
         return out
+
+
+def _pool_outputs(module) -> list[str]:
+    """The outputs of a program written into the caller's tensor (layout ``pool``)."""
+    from kdagen.ir.accessors import arg_specs, program_func
+    return [s.name for s in arg_specs(program_func(module))
+            if s.role == "output" and s.layout == "pool"]
 
 
 def compile_bundle(program: str, options, chip: str, out_dir) -> None:

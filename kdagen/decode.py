@@ -8,14 +8,25 @@ tensor value on the host, so a decode step can be captured in a CUDA graph. Sche
 ``kdagen::{family}_fwd`` (:mod:`kdagen.ops`) plus ``bool output_token_states``, returning
 ``(o, final_state, token_states)`` (empty ``[0]`` tensors where not asked for); no autograd.
 
-The pool (``ssm_state_indices``; semantics of :mod:`kdagen.decode_reference`): the states of
-the sequences are gathered from their slots, the program advances them, and the new states are
-scattered back (into ``initial_state`` itself with ``inplace_final_state``). A negative read
+The pool (``ssm_state_indices``; semantics of :mod:`kdagen.decode_reference`). A negative read
 slot skips the sequence (its outputs are 0, no slot is written), a negative write slot drops
-that token's state. The scatter is one indexed copy in which the rows that must not write
-repeat a writing row's slot and value (`_scatter_states`), so no host synchronisation is
-needed to leave the skipped slots out, and every state is stored exactly. Today the gather and scatter are torch ops around the kernels, so a step moves each state
-twice more than a kernel reading and writing its slot in place would.
+that token's state. Where the pool is a contiguous float32 tensor, the kernel reads each
+sequence's initial state from its slot itself: the ops ``torch.ops.kdagen.{kda,gdn}_decode_pool``
+run the decode program with ``state_pool=True`` (the slot of sequence n is an input
+``state_slots[n]``; :data:`kdagen.ir.programs.DECODE_OPTIONS`), which mutate the pool:
+
+- ``ssm_state_indices`` ``[N]``: the kernel reads slot ``idx[n]`` and writes the new state
+  back to it, in place — each state crosses memory once each way, and no torch op runs
+  around the kernel;
+- ``[N, T]`` (speculative): the kernel reads slot ``idx[n, num_accepted_tokens[n] - 1]`` (that
+  index is picked by a small torch gather on the ``[N, T]`` table) and returns the state after
+  every token; these are scattered into their slots by torch (`_scatter_states`).
+
+A bfloat16 or non-contiguous pool takes the torch path for both: the states are gathered from
+their slots (``index_select``), the plain decode program advances them, and the new states are
+scattered back. The scatter is one indexed copy in which the rows that must not write repeat a
+writing row's slot and value (`_scatter_states`), so no host synchronisation is needed to leave
+the skipped slots out, and every state is stored exactly.
 """
 from __future__ import annotations
 
@@ -29,7 +40,8 @@ from kdagen.runtime import backends
 from kdagen.runtime.backends import OutSpec
 from kdagen.validation import KdagenInputError, check_fla_kwargs
 
-__all__ = ["fused_recurrent_kda", "fused_recurrent_gated_delta_rule", "kda_decode", "gdn_decode"]
+__all__ = ["fused_recurrent_kda", "fused_recurrent_gated_delta_rule", "kda_decode", "gdn_decode",
+           "kda_decode_pool", "gdn_decode_pool"]
 
 
 def _run(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale,
@@ -81,6 +93,86 @@ def _define(family: str):
 
 kda_decode = _define("kda")
 gdn_decode = _define("gdn")
+
+
+def _run_pool(family, q, k, v, g, beta, A_log, dt_bias, state_pool, state_slots, cu_seqlens,
+              scale, write_final_state, output_token_states, use_qk_l2norm_in_kernel,
+              use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate,
+              lower_bound):
+    sizes, opts, inputs, outputs = ops.call_spec(
+        family, q, k, v, g, beta, A_log, dt_bias, None, cu_seqlens, scale, False,
+        use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+        allow_neg_eigval, safe_gate, lower_bound)
+    _check_pool_operands(state_pool, state_slots, sizes, q.device)
+    del opts["chunk_size"]                         # one token per step
+    opts.update(use_initial_state=True, output_final_state=bool(write_final_state),
+                state_pool=True, slot_dtype=_SLOT_DTYPES[state_slots.dtype])
+    inputs.update(initial_state=state_pool, state_slots=state_slots)
+    if write_final_state:
+        inputs["final_state"] = state_pool        # the pool output, written in place
+    if output_token_states:
+        opts["output_token_states"] = True
+        outputs["token_states"] = OutSpec((sizes.B * sizes.T, sizes.HV, sizes.K, sizes.V),
+                                          torch.float32)
+    res = backends.get_executor(q.device).run(f"{family}_decode", opts, inputs, outputs)
+    return (res["o"], res["token_states"] if output_token_states
+            else q.new_empty((0,), dtype=torch.float32))
+
+
+_SLOT_DTYPES = {torch.int32: "i32", torch.int64: "i64"}
+
+
+def _check_pool_operands(pool: Tensor, slots: Tensor, sizes, device) -> None:
+    """What the pool kernels take (shapes and types only, nothing read): a contiguous float32
+    pool [slots, HV, K, V] and an int32/int64 slot per sequence, on the inputs' device."""
+    want = (sizes.HV, sizes.K, sizes.V)
+    if (pool.dtype != torch.float32 or pool.ndim != 4 or tuple(pool.shape[1:]) != want
+            or not pool.is_contiguous()):
+        raise KdagenInputError(f"state_pool: expected a contiguous float32 pool [slots, "
+                               f"{', '.join(map(str, want))}], got {pool.dtype} "
+                               f"{list(pool.shape)}"
+                               f"{'' if pool.is_contiguous() else ' (not contiguous)'}")
+    if slots.dtype not in _SLOT_DTYPES or tuple(slots.shape) != (sizes.N,):
+        raise KdagenInputError(f"state_slots: expected an int32/int64 tensor [N = {sizes.N}], "
+                               f"got {slots.dtype} {list(slots.shape)}")
+    for name, x in (("state_pool", pool), ("state_slots", slots)):
+        if x.device != device:
+            raise KdagenInputError(f"{name}: expected device {device}, got {x.device}")
+
+
+def _define_pool(family: str):
+    def op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_log: Optional[Tensor],
+           dt_bias: Optional[Tensor], state_pool: Tensor, state_slots: Tensor,
+           cu_seqlens: Optional[Tensor], scale: float, write_final_state: bool,
+           output_token_states: bool, use_qk_l2norm_in_kernel: bool, use_gate_in_kernel: bool,
+           use_beta_sigmoid_in_kernel: bool, allow_neg_eigval: bool, safe_gate: bool,
+           lower_bound: Optional[float]) -> tuple[Tensor, Tensor]:
+        return _run_pool(family, q, k, v, g, beta, A_log, dt_bias, state_pool, state_slots,
+                         cu_seqlens, scale, write_final_state, output_token_states,
+                         use_qk_l2norm_in_kernel, use_gate_in_kernel,
+                         use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound)
+
+    op.__name__ = op.__qualname__ = f"{family}_decode_pool"
+    op.__doc__ = (f"{family.upper()} decode step on a state pool [slots, HV, K, V] (float32, "
+                  f"contiguous): sequence n starts from row state_slots[n] (int32/int64 [N]); "
+                  f"with write_final_state its new state goes back there, in place; a negative "
+                  f"slot skips the sequence (it starts from 0, its o is 0, no row is written). "
+                  f"Returns (o, token_states); see kdagen.decode.")
+    custom = torch.library.custom_op(f"kdagen::{family}_decode_pool",
+                                     mutates_args=("state_pool",))(op)
+
+    @custom.register_fake
+    def _(q, k, v, g, beta, A_log, dt_bias, state_pool, state_slots, cu_seqlens, scale,
+          write_final_state, output_token_states, *flags):
+        state = (v.shape[2], q.shape[3], v.shape[3])
+        hs = (q.new_empty((q.shape[0] * q.shape[1], *state), dtype=torch.float32)
+              if output_token_states else q.new_empty((0,), dtype=torch.float32))
+        return v.new_empty(v.shape), hs
+    return custom
+
+
+kda_decode_pool = _define_pool("kda")
+gdn_decode_pool = _define_pool("gdn")
 
 
 # ------------------------------------------------------------------------------------------
@@ -172,28 +264,52 @@ def _call(family, q, k, v, g, beta, *, A_log, dt_bias, scale, initial_state, out
     N = int(cu_seqlens.shape[0]) - 1 if cu_seqlens is not None else B
     pool, idx = initial_state, ssm_state_indices
     _check_pool(pool, idx, num_accepted_tokens, N, inplace_final_state)
-    idx = idx.to(torch.int64)
-    if idx.ndim == 1:
-        read = idx
-    else:
-        first = (num_accepted_tokens.to(torch.int64) - 1 if num_accepted_tokens is not None
-                 else torch.zeros(N, dtype=torch.int64, device=idx.device))
-        read = idx.gather(1, first.clamp(min=0)[:, None])[:, 0]
-    live = read >= 0
-    h0 = pool.index_select(0, read.clamp(min=0)).to(torch.float32)
+    read = _read_slots(idx, num_accepted_tokens, N)
     per_token = idx.ndim == 2
+    if _kernel_indexes_pool(pool):
+        pool_op = kda_decode_pool if family == "kda" else gdn_decode_pool
+        o, hs = pool_op(q, k, v, g, beta, A_log, dt_bias, pool, read.contiguous(), cu_seqlens,
+                        float(scale), not per_token, per_token, *flags)
+        if per_token:
+            _write_token_states(pool, idx, read, hs, B, T, cu_seqlens)
+        return o, pool
+    live = read >= 0
+    h0 = pool.index_select(0, read.clamp(min=0).to(torch.int64)).to(torch.float32)
     o, ht, hs = op(q, k, v, g, beta, A_log, dt_bias, h0.contiguous(), cu_seqlens, float(scale),
                    not per_token, per_token, *flags)
-    seq, pos = _token_seq(B, T, cu_seqlens, q.device)
-    token_live = live[seq]
-    o = o * token_live.view(B, T, 1, 1).to(o.dtype)          # skipped sequences: 0
+    seq, _ = _token_seq(B, T, cu_seqlens, q.device)
+    o = o * live[seq].view(B, T, 1, 1).to(o.dtype)          # skipped sequences: 0
     if per_token:
-        slots = idx[seq, pos.clamp(max=idx.shape[1] - 1)]
-        write = token_live & (slots >= 0) & (pos < idx.shape[1])
-        _scatter_states(pool, slots, hs, write)
+        _write_token_states(pool, idx, read, hs, B, T, cu_seqlens)
     else:
-        _scatter_states(pool, read, ht, live)
+        _scatter_states(pool, read.to(torch.int64), ht, live)
     return o, pool
+
+
+def _kernel_indexes_pool(pool: Tensor) -> bool:
+    """Whether the decode kernel reads (and writes) the pool's slots itself: a contiguous
+    float32 pool (what the kernels' state rows are); else the states go through torch."""
+    return pool.dtype == torch.float32 and pool.is_contiguous() and pool.shape[0] > 0
+
+
+def _read_slots(idx: Tensor, num_accepted: Tensor | None, N: int) -> Tensor:
+    """The slot each sequence starts from ([N], idx's dtype, negative = skipped): ``idx`` [N],
+    or ``idx[n, num_accepted[n] - 1]`` of an [N, T] table (column 0 without it)."""
+    if idx.ndim == 1:
+        return idx
+    first = (num_accepted.to(torch.int64) - 1 if num_accepted is not None
+             else torch.zeros(N, dtype=torch.int64, device=idx.device))
+    return idx.gather(1, first.clamp(min=0)[:, None])[:, 0]
+
+
+def _write_token_states(pool, idx, read, token_states, B, T, cu_seqlens) -> None:
+    """The state after token t of sequence n into slot ``idx[n, t]`` (not for a skipped
+    sequence, a negative slot, or a token past the table's columns)."""
+    seq, pos = _token_seq(B, T, cu_seqlens, pool.device)
+    idx = idx.to(torch.int64)
+    slots = idx[seq, pos.clamp(max=idx.shape[1] - 1)]
+    write = (read >= 0)[seq] & (slots >= 0) & (pos < idx.shape[1])
+    _scatter_states(pool, slots, token_states, write)
 
 
 def fused_recurrent_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
@@ -215,8 +331,10 @@ def fused_recurrent_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor
     or bf16) updated in place (``inplace_final_state=True``): ``[N]`` reads and writes slot
     ``idx[n]``; ``[N, T]`` writes the state after token t to ``idx[n, t]`` and reads
     ``idx[n, num_accepted_tokens[n] - 1]`` (``idx[n, 0]`` without it); a negative read slot
-    skips the sequence (o = 0, nothing written), a negative write slot drops that state. The
-    pool is returned as the second result. See :mod:`kdagen.decode`."""
+    skips the sequence (o = 0, nothing written), a negative write slot drops that state; the
+    slots of the sequences that run must differ. The pool is returned as the second result.
+    A contiguous float32 pool is read (and with ``[N]``, written) by the kernel itself, in
+    place; see :mod:`kdagen.decode`."""
     return _call("kda", q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, scale=scale,
                  initial_state=initial_state, output_final_state=output_final_state,
                  use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,

@@ -136,7 +136,7 @@ def _resource_cells(entry: KernelEntry) -> dict:
 
 def program_variants(ops: list[str], head_dim, gate, decode: bool = False) -> list[tuple[str, dict]]:
     """(program, options) for each requested op: forward and backward (and with ``decode`` the
-    op's decode program), K = V = head_dim for
+    op's decode program, plain and on a state pool), K = V = head_dim for
     each head dim of ``head_dim`` (one or several). ``gate``: None (each op's default gate), a
     gate name, or several (a list or comma-separated): each gate's programs go to the ops of
     its family, so one bundle holds kernels for several gates. A user's gate carries its
@@ -164,8 +164,10 @@ def program_variants(ops: list[str], head_dim, gate, decode: bool = False) -> li
             options = dict(head_k_dim=dim, head_v_dim=dim, gate=gobj.name)
             if not gobj.builtin:
                 options["gate_digest"] = gobj.digest
-            programs = OPS[op] + ((f"{op}_decode",) if decode else ())
-            out.extend((program, dict(options)) for program in programs)
+            out.extend((program, dict(options)) for program in OPS[op])
+            if decode:
+                out.append((f"{op}_decode", dict(options)))
+                out.append((f"{op}_decode", dict(options, state_pool=True)))
     return out
 
 

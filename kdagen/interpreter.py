@@ -10,7 +10,9 @@ or after any pass) with torch and returns its outputs by name (``o``, ``final_st
   its own chunk index (a ``[N]`` tensor; reverse scans count down from each sequence's last
   chunk); sequences that have run out of chunks keep their carried values and store nothing;
 * loads read rows past a sequence end as 0; stores skip them; outputs and workspaces start
-  poisoned with NaN, so anything left unwritten shows.
+  poisoned with NaN, so anything left unwritten shows — except a state pool output (layout
+  ``pool``), which starts as the tensor given under its name among the inputs and keeps the
+  rows no sequence's slot writes.
 
 ``dtype`` is the compute type of every float tile: ``torch.float32`` really computes in
 float32 (inputs are cast on entry). With ``round_storage=True``, inputs are first rounded to
@@ -97,7 +99,7 @@ def _compile_block(block, ids) -> CBlock:
     return CBlock([ids(a) for a in block.arguments], nodes, [type_info(a.type) for a in block.arguments])
 
 
-_LEAD = {"token": 3, "head": 1, "state": 2, "chunk": 2}
+_LEAD = {"token": 3, "head": 1, "state": 2, "chunk": 2, "pool": 2}
 _STORAGE = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 
 
@@ -145,7 +147,7 @@ class Executor:
             if not isinstance(x, torch.Tensor):
                 raise InterpreterError(f"input {s.name!r} must be a torch.Tensor")
             x = x.detach().cpu()
-            if s.layout == "seqlens":
+            if s.layout in ("seqlens", "slots"):
                 self.args[s.name] = x.to(torch.int64)
                 continue
             if x.dim() != len(s.shape) or any(d >= 0 and d != x.shape[i] for i, d in enumerate(s.shape)):
@@ -202,9 +204,31 @@ class Executor:
                 x = self.args[s.name]
                 if x.shape[0] != self.HV:
                     raise InterpreterError(f"input {s.name!r}: leading dim {x.shape[0]}, expected HV = {self.HV}")
+            if s.role == "input" and s.layout == "slots":
+                x = self.args[s.name]
+                if tuple(x.shape) != (self.N,):
+                    raise InterpreterError(f"input {s.name!r}: shape {list(x.shape)}, expected "
+                                           f"[N] = [{self.N}] (a slot per sequence)")
         for s in self.specs:
-            if s.role == "output":
+            if s.role == "output" and s.layout == "pool":
+                self.args[s.name] = self._bind_pool_output(s, inputs.get(s.name))
+            elif s.role == "output":
                 self.args[s.name] = self.alloc(s.layout, s.shape[_LEAD[s.layout]:], s.elt, s.heads)
+        for s in self.specs:
+            if s.layout == "pool" and self.args[s.name].shape[1] != self.HV:
+                raise InterpreterError(f"{s.name!r}: a state pool [slots, HV = {self.HV}, ...], "
+                                       f"got {list(self.args[s.name].shape)}")
+
+    def _bind_pool_output(self, s, dest):
+        """A pool output starts as the caller's tensor (given among the inputs by its name):
+        the program writes the rows of its sequences' slots and leaves the others."""
+        if not isinstance(dest, torch.Tensor):
+            raise InterpreterError(f"output {s.name!r} is a state pool: pass the pool it "
+                                   f"writes into among the inputs (as {s.name!r})")
+        if dest.dim() != len(s.shape) or tuple(dest.shape[2:]) != tuple(s.shape[2:]):
+            raise InterpreterError(f"output {s.name!r}: shape {list(dest.shape)} does not "
+                                   f"match the program's {_fmt_shape(s.shape)}")
+        return dest.detach().cpu().to(self.dtype).clone()
 
     def torch_dtype(self, elt):
         if elt in ("i1",):
@@ -387,14 +411,31 @@ def _load_head(ex, node, mem):
 
 
 @op_impl("kda.load_state")
-def _load_state(ex, node, mem):
-    return mem.clone()
+def _load_state(ex, node, mem, slots=None):
+    if slots is None:
+        return mem.clone()
+    live = slots >= 0                                  # a skipped sequence reads nothing: 0
+    rows = mem[slots.clamp(min=0)]
+    return torch.where(live.view(-1, *([1] * (rows.dim() - 1))), rows,
+                       torch.zeros((), dtype=rows.dtype))
 
 
 @op_impl("kda.store_state")
-def _store_state(ex, node, mem, tile):
-    mem[...] = tile.to(mem.dtype)
+def _store_state(ex, node, mem, tile, slots=None):
+    if slots is None:
+        mem[...] = tile.to(mem.dtype)
+        return []
+    live = slots >= 0
+    if int(torch.unique(slots[live]).numel()) != int(live.sum()):
+        raise InterpreterError(f"store_state {node.attrs.get('name')}: two sequences write one "
+                               f"slot ({slots.tolist()})")
+    mem[slots[live]] = tile[live].to(mem.dtype)
     return []
+
+
+@op_impl("kda.slot_valid")
+def _slot_valid(ex, node, slots):
+    return (slots >= 0).view(ex.N, 1).expand(ex.N, ex.HV)
 
 
 @op_impl("kda.load_chunk")

@@ -512,3 +512,6 @@ def test_emit_decode_adds_the_decode_program(tmp_path):
     manifest = json.loads((out / "manifest.json").read_text())
     programs = {k["name"].split("_K")[0] for k in manifest["kernels"]}
     assert programs == {"gdn_fwd", "gdn_bwd", "gdn_decode"}
+    decode = [v for v in json.loads((out / "lowered.json").read_text())["variants"].values()
+              if v["program"] == "gdn_decode"]
+    assert sorted(bool(v["attrs"].get("state_pool")) for v in decode) == [False, True]

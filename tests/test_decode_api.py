@@ -3,7 +3,9 @@
 (kdagen.decode_reference) for plain, in-place pool, per-token (speculative) writes with
 num_accepted_tokens, skipped sequences and dropped slots; prefill with the chunked op then
 decode token by token equals the chunked op on the whole sequence; bad pool arguments name
-themselves."""
+themselves. A float32 pool goes through the pool ops (the kernel reads and writes the slots):
+which program each case runs, permuted int32/int64 slots, opcheck, torch.compile and meta
+tensors (nothing read on the host)."""
 from __future__ import annotations
 
 import pytest
@@ -178,3 +180,144 @@ def test_pool_scatter_reads_nothing_on_the_host():
     _scatter_states(pool, torch.tensor([5, 5, 2]), torch.tensor([1.0, 9.0, 3.0]).view(3, 1, 1, 1),
                     torch.tensor([True, False, True]))
     assert pool.flatten().tolist() == [0, 0, 3, 0, 0, 1, 0, 0]
+
+
+# ------------------------------------------------------------------------------------------
+# the pool in the kernel (kdagen::{kda,gdn}_decode_pool)
+# ------------------------------------------------------------------------------------------
+
+
+def _recorded(call) -> list:
+    from kdagen.runtime.backends import recording
+    with recording("cpu") as rec:
+        call()
+    return rec.calls
+
+
+def test_an_fp32_pool_is_read_and_written_by_the_kernel():
+    """Which program each pool case runs: [N] slots -> the decode program on the pool
+    (state_pool, the slot table's int type, the final state written to the pool); [N, T] ->
+    the pool read in the kernel, the per-token states returned for torch to scatter; a bf16
+    or non-contiguous pool -> the plain program on gathered states."""
+    x = _inputs("kda", 3, 1)
+    f = kdagen.fused_recurrent_kda
+    pool = torch.zeros(5, 2, K, V)
+    (prog, opts), = _recorded(lambda: f(**x, initial_state=pool, inplace_final_state=True,
+                                        ssm_state_indices=torch.tensor([4, -1, 0],
+                                                                       dtype=torch.int32)))
+    assert prog == "kda_decode" and opts["state_pool"] and opts["slot_dtype"] == "i32"
+    assert opts["output_final_state"] and not opts.get("output_token_states")
+    x2 = _inputs("kda", 3, 2)
+    (prog, opts), = _recorded(lambda: f(**x2, initial_state=pool, inplace_final_state=True,
+                                        ssm_state_indices=torch.arange(6).view(3, 2) % 5))
+    assert opts["state_pool"] and opts["slot_dtype"] == "i64"
+    assert opts["output_token_states"] and not opts["output_final_state"]
+    for other in (pool.to(torch.bfloat16), torch.zeros(2, 5, K, V).transpose(0, 1)):
+        (prog, opts), = _recorded(lambda: f(**x, initial_state=other, inplace_final_state=True,
+                                            ssm_state_indices=torch.tensor([4, -1, 0])))
+        assert "state_pool" not in opts
+
+
+@pytest.mark.parametrize("family", ["kda", "gdn"])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_pool_in_place_with_permuted_slots(family, dtype):
+    """Slots in any order, a skipped sequence in the middle, a pool larger than the batch:
+    the in-kernel pool step equals the reference; unused and skipped slots keep their bits."""
+    B = 5
+    x = _inputs(family, B, 1, seed=7)
+    pool = torch.randn(9, 2, K, V) * 0.3
+    idx = torch.tensor([7, 2, -1, 0, 5], dtype=dtype)
+    want_o, want_pool = decode_pool_step(*_ref_inputs(x, 1, 2), state_pool=pool.double(),
+                                         ssm_state_indices=idx)
+    before = pool.clone()
+    o, out = _fn(family)(**x, initial_state=pool, use_qk_l2norm_in_kernel=True,
+                         ssm_state_indices=idx, inplace_final_state=True)
+    assert out is pool
+    assert R.rel_err(o, want_o) < 1e-5 and R.rel_err(pool, want_pool) < 1e-5
+    assert torch.equal(pool[[1, 3, 4, 6, 8]], before[[1, 3, 4, 6, 8]])
+    assert torch.count_nonzero(o[2]) == 0
+
+
+def test_a_non_contiguous_pool_takes_the_torch_path_and_agrees():
+    x = _inputs("gdn", 3, 2, seed=8)
+    pool = (torch.randn(2, 6, K, V) * 0.3).transpose(0, 1)            # [slots, HV, K, V] view
+    idx = torch.tensor([4, -1, 1])
+    want_o, want_pool = decode_pool_step(*_ref_inputs(x, 1, 2), state_pool=pool.double(),
+                                         ssm_state_indices=idx)
+    o, _ = kdagen.fused_recurrent_gated_delta_rule(**x, initial_state=pool,
+                                                   use_qk_l2norm_in_kernel=True,
+                                                   ssm_state_indices=idx,
+                                                   inplace_final_state=True)
+    assert R.rel_err(o, want_o) < 1e-5 and R.rel_err(pool, want_pool) < 1e-5
+
+
+@pytest.mark.parametrize("family", ["kda", "gdn"])
+@pytest.mark.parametrize("per_token", [False, True])
+def test_opcheck_decode_pool_ops(family, per_token):
+    """The pool ops' schema (the pool mutated, nothing else), fake kernel and AOT dispatch."""
+    from kdagen.decode import gdn_decode_pool, kda_decode_pool
+    B, T = 3, 2 if per_token else 1
+    x = _inputs(family, B, T, seed=9)
+    pool = torch.randn(5, 2, K, V) * 0.3
+    slots = torch.tensor([4, -1, 0])
+    op = kda_decode_pool if family == "kda" else gdn_decode_pool
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"], None, None, pool, slots, None,
+            K ** -0.5, not per_token, per_token, True, False, False, False, False, None)
+    torch.library.opcheck(op, args)
+
+
+def test_compiled_pool_step_matches_eager():
+    """torch.compile(fullgraph=True) of a decode step on the pool: the mutation of the pool
+    survives functionalisation (the same pool and o as eagerly)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+    torch._dynamo.reset()
+    x = _inputs("kda", 3, 1, seed=10)
+    pool = torch.randn(5, 2, K, V) * 0.3
+    slots = torch.tensor([4, -1, 0])
+
+    def step(q, k, v, g, beta, pool, slots):
+        o, _ = kdagen.fused_recurrent_kda(q, k, v, g, beta, initial_state=pool,
+                                          ssm_state_indices=slots, inplace_final_state=True,
+                                          use_qk_l2norm_in_kernel=True)
+        return o * 2
+    args = [x[n] for n in ("q", "k", "v", "g", "beta")]
+    eager_pool, compiled_pool = pool.clone(), pool.clone()
+    o_eager = step(*args, eager_pool, slots)
+    counter = CompileCounterWithBackend("aot_eager")
+    o_compiled = torch.compile(step, backend=counter, fullgraph=True)(*args, compiled_pool, slots)
+    assert counter.frame_count == 1
+    assert torch.equal(o_compiled, o_eager) and torch.equal(compiled_pool, eager_pool)
+    assert not torch.equal(eager_pool, pool)
+
+
+def test_pool_step_reads_no_tensor_on_the_host():
+    """The whole pool step (both cases) runs on meta tensors, which have no data: nothing reads
+    a value on the host, so a CUDA graph can capture it."""
+    f = kdagen.fused_recurrent_kda
+    meta = {n: t.to("meta") for n, t in _inputs("kda", 3, 1).items()}
+    o, pool = f(**meta, initial_state=torch.empty(5, 2, K, V, device="meta"),
+                ssm_state_indices=torch.empty(3, dtype=torch.int32, device="meta"),
+                inplace_final_state=True)
+    assert o.shape == meta["v"].shape and pool.shape == (5, 2, K, V)
+    meta = {n: t.to("meta") for n, t in _inputs("kda", 3, 2).items()}
+    o, _ = f(**meta, initial_state=torch.empty(8, 2, K, V, device="meta"),
+             ssm_state_indices=torch.empty(3, 2, dtype=torch.int64, device="meta"),
+             num_accepted_tokens=torch.empty(3, dtype=torch.int64, device="meta"),
+             inplace_final_state=True)
+    assert o.shape == meta["v"].shape
+
+
+def test_the_pool_op_checks_its_operands():
+    """torch.ops.kdagen.kda_decode_pool called directly: a pool or slot table the kernel
+    cannot take names itself (shapes and types only)."""
+    from kdagen.decode import kda_decode_pool
+    x = _inputs("kda", 3, 1)
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"], None, None)
+    tail = (None, K ** -0.5, True, False, True, False, False, False, False, None)
+    pool, slots = torch.zeros(5, 2, K, V), torch.tensor([4, -1, 0])
+    for bad_pool, bad_slots, name in ((pool.to(torch.bfloat16), slots, "state_pool"),
+                                      (torch.zeros(5, 3, K, V), slots, "state_pool"),
+                                      (pool, slots[:2], "state_slots"),
+                                      (pool, slots.float(), "state_slots")):
+        with pytest.raises(KdagenInputError, match=name):
+            kda_decode_pool(*args, bad_pool, bad_slots, *tail)

@@ -1,8 +1,9 @@
 """The decode ops on the GPU kernels (skipped without CUDA): K = V = 128, bf16 inputs, fp32 pool,
 against the float64 pool reference (kdagen.decode_reference) with docs/MATH.md §3's bars (bf16
-outputs 2e-3, fp32 states 1e-3, relative L2), in-place and per-token (speculative) pool
-writes, skipped sequences untouched; a decode step captured in a CUDA graph and replayed
-equals eager.
+outputs 2e-3, fp32 states 1e-3, relative L2), in-place (int64 and int32 slots: the kernel
+reads and writes the pool rows itself) and per-token (speculative) pool writes, skipped
+sequences untouched; an in-place step launches no torch gather/scatter kernel; a decode step
+captured in a CUDA graph and replayed equals eager.
 
 ``python tests/test_decode_gpu.py DIR [CHIP]`` writes the bundle these tests use (no GPU
 needed); run them with ``KDAGEN_BUNDLE=DIR``."""
@@ -54,13 +55,14 @@ def _pool(slots, seed=5):
 @requires_gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", ["kda", "gdn"])
-@pytest.mark.parametrize("mode", ["in_place", "per_token"])
+@pytest.mark.parametrize("mode", ["in_place", "in_place_i32", "per_token"])
 def test_gpu_decode_pool_matches_the_reference(family, mode):
-    B, T = (64, 1) if mode == "in_place" else (8, 4)
+    B, T = (64, 1) if mode.startswith("in_place") else (8, 4)
     x = _inputs(family, B, T, "cuda", seed=1)
     pool = _pool(B * T + 3)
-    if mode == "in_place":
-        idx = torch.randperm(B * T + 3)[:B].cuda()
+    if mode.startswith("in_place"):
+        dtype = torch.int32 if mode == "in_place_i32" else torch.int64
+        idx = torch.randperm(B * T + 3)[:B].to(dtype).cuda()
         idx[5] = -1                                            # a skipped sequence
         kw = dict(ssm_state_indices=idx)
     else:
@@ -81,15 +83,48 @@ def test_gpu_decode_pool_matches_the_reference(family, mode):
     written = set(int(i) for i in idx.flatten().tolist() if i >= 0)
     untouched = [s for s in range(pool.shape[0]) if s not in written]
     assert torch.equal(pool[untouched], before[untouched])
+    if mode.startswith("in_place"):
+        assert torch.count_nonzero(o[5]) == 0                 # the skipped sequence
     print(f"{family} {mode}: o {rel_err(o, want_o):.2e}, pool {rel_err(pool, want_pool):.2e}")
 
 
 @requires_gpu
 @pytest.mark.gpu
-def test_gpu_decode_step_in_a_cuda_graph_equals_eager():
+@pytest.mark.parametrize("family", ["kda", "gdn"])
+def test_gpu_in_place_step_moves_no_state_through_torch(family):
+    """With ssm_state_indices [N] on a float32 pool the decode kernel reads and writes the
+    pool rows itself: the step launches no torch gather/scatter (index_select / index_copy)
+    kernel, only the decode kernel (and no state-sized copy)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+    B = 64
+    x = _inputs(family, B, 1, "cuda", seed=2)
+    pool = _pool(B + 3)
+    idx = torch.randperm(B + 3)[:B].cuda()
+    kw = dict(initial_state=pool, use_qk_l2norm_in_kernel=True, ssm_state_indices=idx,
+              inplace_final_state=True)
+    with kernels_or_skip():
+        _fn(family)(**x, **kw)                                 # load the kernels first
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            _fn(family)(**x, **kw)
+            torch.cuda.synchronize()
+    kernels = [e.name for e in prof.events() if e.device_type == DeviceType.CUDA
+               and "memcpy" not in e.name.lower() and "memset" not in e.name.lower()]
+    print(f"{family}: kernels of one step: {kernels}")
+    assert not [k for k in kernels if "index" in k.lower() or "scatter" in k.lower()
+                or "gather" in k.lower()], kernels
+    assert sum(f"{family}_decode" in k for k in kernels) == 1, kernels
+
+
+@requires_gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_gpu_decode_step_in_a_cuda_graph_equals_eager(dtype):
     B = 32
     x = _inputs("kda", B, 1, "cuda", seed=3)
-    idx = torch.arange(B).cuda()
+    idx = torch.randperm(B).to(dtype).cuda()
+    idx[7] = -1                                                # a skipped sequence
     pool_eager, pool_graph = _pool(B), _pool(B)
     with kernels_or_skip():
         o_eager, _ = kdagen.fused_recurrent_kda(**x, initial_state=pool_eager, use_qk_l2norm_in_kernel=True,
@@ -119,8 +154,11 @@ def variants_used() -> list:
     with recording("cpu") as rec:
         for family in ("kda", "gdn"):
             x = _inputs(family, 2, 2, "cpu")
-            _fn(family)(**x, initial_state=torch.zeros(4, HV, K, V), use_qk_l2norm_in_kernel=True,
-                        ssm_state_indices=torch.tensor([0, 1]), inplace_final_state=True)
+            for dtype in (torch.int64, torch.int32):
+                _fn(family)(**x, initial_state=torch.zeros(4, HV, K, V),
+                            use_qk_l2norm_in_kernel=True,
+                            ssm_state_indices=torch.tensor([0, 1], dtype=dtype),
+                            inplace_final_state=True)
             _fn(family)(**x, initial_state=torch.zeros(4, HV, K, V), use_qk_l2norm_in_kernel=True,
                         ssm_state_indices=torch.tensor([[0, 1], [2, 3]]),
                         inplace_final_state=True)

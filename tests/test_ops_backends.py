@@ -402,3 +402,23 @@ def test_bundle_executor_run_with_a_stub_launcher(tmp_path, monkeypatch):
     assert calls[0] == ["g", "k", "q", "scale", "v"]                 # None inputs are dropped
     with pytest.raises(RuntimeError, match="returned no \\['dq'\\]"):
         ex.run("kda_fwd", OPTS, inputs, {"dq": OutSpec((1,), torch.float32)})
+
+
+def test_find_variant_keeps_calling_conventions_apart(tmp_path):
+    """A decode variant on a state pool (or with per-token states) takes other arguments: it
+    is found only when the call asks for it, and a plain call never lands on it (sorted first
+    here, it would match every option a plain call names)."""
+    attrs = dict(OPTS)
+    write_lowered(tmp_path, {
+        "a_pool": {"program": "kda_decode", "attrs": dict(attrs, state_pool=True,
+                                                          slot_dtype="i64")},
+        "b_plain": {"program": "kda_decode", "attrs": attrs},
+        "c_tokens": {"program": "kda_decode", "attrs": dict(attrs, output_token_states=True)},
+    })
+    assert backends.find_variant(tmp_path, "kda_decode", OPTS) == "b_plain"
+    assert backends.find_variant(tmp_path, "kda_decode", dict(OPTS, state_pool=True)) == "a_pool"
+    assert backends.find_variant(tmp_path, "kda_decode",
+                                 dict(OPTS, output_token_states=True)) == "c_tokens"
+    with pytest.raises(BundleNotFoundError):
+        backends.find_variant(tmp_path, "kda_decode",
+                              dict(OPTS, state_pool=True, output_token_states=True))

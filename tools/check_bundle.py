@@ -27,6 +27,11 @@ NATIVE_SET = [
     # decode steps (the per-token programs of kdagen.fused_recurrent_*)
     ("kda_decode", dict(head_k_dim=128, head_v_dim=128, gate="softplus", gva_ratio=2, varlen=True), NATIVE),
     ("gdn_decode", dict(head_k_dim=128, head_v_dim=128, gate="gdn_softplus"), NATIVE),
+    # ... on a state pool (the kernel reads and writes the sequences' slots, in place)
+    ("kda_decode", dict(head_k_dim=128, head_v_dim=128, gate="softplus", gva_ratio=2, varlen=True,
+                        state_pool=True, slot_dtype="i32"), NATIVE),
+    ("gdn_decode", dict(head_k_dim=128, head_v_dim=128, gate="gdn_softplus", state_pool=True),
+     NATIVE),
 ]
 DEFAULT_SET = [
     ("kda_fwd", dict(head_k_dim=128, head_v_dim=128, gate="lower_bound", gva_ratio=2, varlen=True), PART),
@@ -46,6 +51,7 @@ DEFAULT_SET = [
     ("gdn_bwd", dict(head_k_dim=64, head_v_dim=64, gate="gdn_lower_bound")),
     ("kda_bwd", dict(head_k_dim=128, head_v_dim=128, gate="lower_bound")),
     ("kda_decode", dict(head_k_dim=64, head_v_dim=64, gate="lower_bound", gva_ratio=2, varlen=True), PART),
+    ("gdn_decode", dict(head_k_dim=64, head_v_dim=64, gate="gdn_lower_bound", state_pool=True), PART),
 ]
 
 

@@ -36,6 +36,7 @@ GRAD_OF = {"q": "dq", "k": "dk", "v": "dv", "g_raw": "dg_raw", "g": "dg", "beta_
            "beta": "dbeta", "A_log": "dA_log", "dt_bias": "ddt_bias", "initial_state": "dh0"}
 _DT = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32, "fp16": torch.float16,
        "fp32": torch.float32}
+_INT = {"i32": torch.int32, "i64": torch.int64}
 
 
 def _cases(spec: dict, quick: bool) -> list[dict]:
@@ -139,7 +140,15 @@ def _inputs(spec: dict, case: dict, device, seed: int) -> tuple[dict, dict]:
             t[:, T // 3] = -math.inf
     bname = "beta_raw" if "beta_raw" in names else "beta"
     x[bname] = rnd(B, T, HV) if bname == "beta_raw" else torch.sigmoid(rnd(B, T, HV))
-    if "initial_state" in names:
+    slots = None
+    if "state_slots" in names:
+        # a state pool (decode with state_pool): 3 slots more than sequences, the sequences'
+        # slots in random order, one sequence skipped (negative slot)
+        x["initial_state"] = rnd(N + 3, HV, K, V, scale=0.5)
+        slots = torch.randperm(N + 3, generator=g)[:N]
+        if N > 1:
+            slots[N // 2] = -1
+    elif "initial_state" in names:
         x["initial_state"] = rnd(N, HV, K, V, scale=0.5)
     if "do" in names:
         x["do"] = rnd(B, T, HV, V)
@@ -154,7 +163,31 @@ def _inputs(spec: dict, case: dict, device, seed: int) -> tuple[dict, dict]:
     if cu is not None:
         kern["cu_seqlens"] = cu.to(device)
         ref["cu_seqlens"] = cu.to(device)
+    if slots is not None:
+        kern["state_slots"] = slots.to(_INT[names["state_slots"]["dtype"]]).to(device)
+        kern["final_state"] = kern["initial_state"]          # the pool, updated in place
+        ref["state_slots"] = slots.to(device)
     return kern, ref
+
+
+def _pool_refs(fn, ref_in: dict) -> dict:
+    """o and the updated pool of a state-pool decode step: the reference from the sequences'
+    slots (zeros for a skipped sequence), o zero on a skipped sequence's tokens, the final
+    states written to their slots and every other row as it was."""
+    x = dict(ref_in)
+    pool, slots = x.pop("initial_state"), x.pop("state_slots")
+    live = slots >= 0
+    h0 = torch.where(live.view(-1, 1, 1, 1), pool[slots.clamp(min=0)], torch.zeros_like(pool[:1]))
+    with torch.no_grad():
+        o, ht = fn(**x, initial_state=h0)
+    B, T = o.shape[:2]
+    cu = x.get("cu_seqlens")
+    tok = torch.arange(B * T, device=o.device)
+    seq = tok // T if cu is None else torch.searchsorted(cu[1:], tok, right=True)
+    o = o * live[seq].view(B, T, 1, 1).to(o.dtype)
+    new = pool.clone()
+    new[slots[live]] = ht[live]
+    return {"o": o, "final_state": new}
 
 
 def _reference_fn(spec: dict):
@@ -199,10 +232,17 @@ def run_case(prog: LoweredProgram, spec: dict, case: dict, device, seed: int) ->
     names = {a["name"]: a for a in spec["args"]}
     rows = []
     cuda = torch.device(device).type == "cuda"
-    out1 = prog(device=device, **kern)
+
+    def run(**kw):
+        args = dict(kern)
+        if "state_slots" in kern:       # in place: every run on a fresh copy of the pool
+            pool = kern["initial_state"].clone()
+            args.update(initial_state=pool, final_state=pool)
+        return prog(device=device, **args, **kw)
+    out1 = run()
     if cuda:
         torch.cuda.synchronize()
-    out2 = prog(device=device, **kern)
+    out2 = run()
     ms = float("nan")
     if cuda:
         torch.cuda.synchronize()
@@ -210,7 +250,7 @@ def run_case(prog: LoweredProgram, spec: dict, case: dict, device, seed: int) ->
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(reps):
-            prog(device=device, poison=False, **kern)
+            run(poison=False)
         end.record()
         torch.cuda.synchronize()
         ms = start.elapsed_time(end) / reps
@@ -223,7 +263,9 @@ def run_case(prog: LoweredProgram, spec: dict, case: dict, device, seed: int) ->
                              det=deterministic, ms=ms, note="no reference for this gate"))
         return rows
     refs = {}
-    if not spec["program"].endswith("_bwd"):          # forward and decode: o, final_state
+    if "state_slots" in kern:                          # decode on a state pool
+        refs = _pool_refs(fn, ref_in)
+    elif not spec["program"].endswith("_bwd"):        # forward and decode: o, final_state
         with torch.no_grad():
             o, ht = fn(**ref_in)
         refs = {"o": o, "final_state": ht}
@@ -294,13 +336,15 @@ def _widen(kern: dict, spec: dict, H: int, ratio: int) -> dict:
             reps = [1] * x.dim()
             reps[2] = -(-heads // x.shape[2])
             out[name] = x.repeat(*reps)[:, :, :heads].contiguous()
-        elif a["layout"] in ("head", "state"):
+        elif a["layout"] in ("head", "state", "pool"):
             dim = 0 if a["layout"] == "head" else 1
             reps = [1] * x.dim()
             reps[dim] = -(-HV // x.shape[dim])
             out[name] = x.repeat(*reps).narrow(dim, 0, HV).contiguous()
         else:
             out[name] = x
+    if kern.get("final_state") is not None and kern["final_state"] is kern.get("initial_state"):
+        out["final_state"] = out["initial_state"]          # a pool updated in place
     return out
 
 

@@ -27,6 +27,10 @@ Execution model (what the interpreter implements; docs/MATH.md §1 is the math):
   ``c*C .. c*C+C-1`` of the current sequence (varlen: offsets from ``cu_seqlens``); rows past
   the sequence end read as 0 and are not stored. ``head_map = "grouped"`` reads head
   ``hv // (HV // H)`` (GVA); ``"direct"`` reads head ``hv``.
+* State memrefs are ``[N, HV, D...]`` (layout ``state``), or a state pool ``[slots, HV, D...]``
+  (layout ``pool``) whose row for sequence n is chosen by a slot table ``[N]`` (layout
+  ``slots``, i32/i64) given to ``kda.load_state`` / ``kda.store_state``; a negative slot
+  skips the sequence (``kda.slot_valid`` is false: it loads zeros and stores nothing).
 """
 from __future__ import annotations
 
@@ -95,7 +99,8 @@ KINDS = {
 
 @dataclass(frozen=True)
 class OpSpec:
-    """One kda op: operands/results as ``(name, kind)`` (kind ``"...*"`` = variadic),
+    """One kda op: operands/results as ``(name, kind)`` (kind ``"...*"`` = variadic,
+    ``"...?"`` = optional),
     required attributes as ``(name, kind)``, region names, a one-line doc, its ``effect``
     (:data:`EFFECTS`) and its ``kind`` (:data:`KINDS`)."""
 
@@ -141,11 +146,21 @@ OPS: dict[str, OpSpec] = {
         operands=(("src", "memref"),), results=(("tile", "tile"),), attrs=(("name", "str"),),
         kind="memory", effect="read", doc="Load the per-head parameter row src[hv] of an [HV, D...] tensor."),
     "load_state": OpSpec(
-        operands=(("src", "memref"),), results=(("tile", "tile"),), attrs=(("name", "str"),),
-        kind="memory", effect="read", doc="Load src[n, hv] of an [N, HV, D...] per-(sequence, head) tensor."),
+        operands=(("src", "memref"), ("slots", "memref?")), results=(("tile", "tile"),),
+        attrs=(("name", "str"),), kind="memory", effect="read",
+        doc="Load src[n, hv] of an [N, HV, D...] per-(sequence, head) tensor; with `slots` (an "
+            "[N] int tensor) src is a state pool [slots, HV, D...] and the row is "
+            "src[slots[n], hv], 0 where slots[n] < 0."),
     "store_state": OpSpec(
-        operands=(("dst", "memref"), ("tile", "tile")), attrs=(("name", "str"),), kind="memory", effect="write",
-        doc="Store dst[n, hv] of an [N, HV, D...] per-(sequence, head) tensor."),
+        operands=(("dst", "memref"), ("tile", "tile"), ("slots", "memref?")),
+        attrs=(("name", "str"),), kind="memory", effect="write",
+        doc="Store dst[n, hv] of an [N, HV, D...] per-(sequence, head) tensor; with `slots`, "
+            "dst[slots[n], hv] of a state pool [slots, HV, D...], nothing where slots[n] < 0."),
+    "slot_valid": OpSpec(
+        operands=(("slots", "memref"),), results=(("valid", "tile"),), kind="memory",
+        effect="read",
+        doc="tensor<i1> (rank 0): whether the sequence's slot slots[n] of an [N] int tensor is "
+            ">= 0 (a negative slot skips the sequence)."),
     "load_chunk": OpSpec(
         operands=(("src", "memref"), ("chunk", "index")), results=(("tile", "tile"),),
         attrs=(("name", "str"),), kind="memory", effect="read",
@@ -315,8 +330,8 @@ def irdl_text() -> str:
         def seg(items):
             out = []
             for nm, kind in items:
-                variadic = kind.endswith("*")
-                out.append(f"{nm}: {'variadic ' if variadic else ''}{var(kind.rstrip('*'), _KINDS)}")
+                arity = {"*": "variadic ", "?": "optional "}.get(kind[-1], "")
+                out.append(f"{nm}: {arity}{var(kind.rstrip('*?'), _KINDS)}")
             return ", ".join(out)
 
         body = []
@@ -566,12 +581,25 @@ def _check_op(op):
         lead = 1 if name == "load_head" else 2
         if tuple(_shape(mem)[lead:]) != _shape(tile) or _etype(mem) != _etype(tile):
             _fail(op, f"tile {tile} does not match memref {mem}")
+        slots = ins[1:] if name == "load_state" else ins[2:]
+        if slots:
+            _check_slots(op, slots[0])
+    elif name == "slot_valid":
+        _check_slots(op, ins[0])
+        if _etype(outs[0]) != "i1" or _shape(outs[0]):
+            _fail(op, "slot_valid gives tensor<i1> (rank 0)")
     elif name == "workspace":
         if _attr(op, "layout") not in ("chunk", "token", "state"):
             _fail(op, "layout must be 'chunk', 'token' or 'state'")
     elif name == "valid_rows":
         if _etype(outs[0]) != "i1" or len(_shape(outs[0])) != 1:
             _fail(op, "valid_rows gives tensor<Cxi1>")
+
+
+def _check_slots(op, t) -> None:
+    """A slot table: an [N] memref of i32 or i64 (one state-pool row per sequence)."""
+    if len(_shape(t)) != 1 or _etype(t) not in ("i32", "i64"):
+        _fail(op, f"slots must be an [N] memref of i32 or i64, got {t}")
 
 
 def verify_kda(module) -> None:

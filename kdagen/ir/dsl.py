@@ -588,14 +588,17 @@ class Mem:
 
     @property
     def tail(self) -> tuple:
-        lead = {"token": 3, "head": 1, "state": 2, "chunk": 2}[self.layout]
-        return tuple(self.type.shape[lead:])
+        return tuple(self.type.shape[_LEADING_DIMS[self.layout]:])
 
     def __repr__(self):
         return f"Mem({self.name}: {self.value.type})"
 
 
-_LEADING_DIMS = {"token": 3, "head": 1, "state": 2, "chunk": 2, "seqlens": 1}
+#: the leading (dynamic) dims of each memref layout: token [B, T, H], head [HV], state
+#: [N, HV], chunk [total chunks, HV], seqlens [N + 1], pool [slots, HV] (a state pool, rows
+#: chosen per sequence by a slot table), slots [N] (the slot table)
+_LEADING_DIMS = {"token": 3, "head": 1, "state": 2, "chunk": 2, "seqlens": 1, "pool": 2,
+                 "slots": 1}
 
 
 def memref_type(layout: str, tail: Sequence[int], dtype) -> ir.MemRefType:
@@ -676,7 +679,7 @@ class ProgramBuilder:
         return name
 
     def input(self, name, layout, tail, dtype, heads=None, **extra):
-        """A global input tensor (``layout``: token / head / state / seqlens)."""
+        """A global input tensor (``layout``: token / head / state / seqlens / pool / slots)."""
         with self.ctx, ir.Location.unknown():
             t = memref_type(layout, tail, dtype)
         self._arg(name, t, dict(role="input", layout=layout, heads=heads, **extra))
@@ -760,10 +763,25 @@ class ProgramBuilder:
         return _op1("load_head", tile_type(mem.tail, mem.dtype), [mem], {"name": _str(mem.name)},
                     name or f"{mem.name}_h")
 
-    def load_state(self, mem, name=None) -> Tile:
+    def load_state(self, mem, name=None, slots=None) -> Tile:
+        """The state row of the (sequence, head); with ``slots`` (a ``slots``-layout input)
+        ``mem`` is a state pool and the row is the sequence's slot (0 for a negative slot)."""
         mem = self.mems[mem] if isinstance(mem, str) else mem
-        return _op1("load_state", tile_type(mem.tail, mem.dtype), [mem], {"name": _str(mem.name)},
-                    name or f"{mem.name}_h")
+        operands = [mem] + ([self._slots(slots)] if slots is not None else [])
+        return _op1("load_state", tile_type(mem.tail, mem.dtype), operands,
+                    {"name": _str(mem.name)}, name or f"{mem.name}_h")
+
+    def slot_valid(self, slots, name=None) -> Tile:
+        """tensor<i1> (rank 0): whether the sequence's slot is >= 0 (else it is skipped)."""
+        return _op1("slot_valid", tile_type((), "i1"), [self._slots(slots)], None,
+                    name or "slot_valid")
+
+    def _slots(self, slots) -> Mem:
+        slots = self.mems[slots] if isinstance(slots, str) else slots
+        if slots.layout != "slots":
+            raise ValueError(f"{slots.name}: a slot table needs layout 'slots', not "
+                             f"{slots.layout!r}")
+        return slots
 
     def store_chunk(self, mem, chunk, tile, name=None):
         """Store one tile per chunk into a ``chunk``-layout buffer (row = the chunk's slot:
@@ -772,9 +790,13 @@ class ProgramBuilder:
         create("store_chunk", [], [mem, chunk, _as_tile(tile)._plain()],
                {"name": _str(name or mem.name)})
 
-    def store_state(self, mem, tile, name=None):
+    def store_state(self, mem, tile, name=None, slots=None):
+        """Store the state row of the (sequence, head); with ``slots``, into the sequence's
+        slot of the pool ``mem`` (nothing for a negative slot)."""
         mem = self.mems[mem] if isinstance(mem, str) else mem
-        create("store_state", [], [mem, _as_tile(tile)._plain()], {"name": _str(name or mem.name)})
+        operands = [mem, _as_tile(tile)._plain()] + ([self._slots(slots)] if slots is not None
+                                                     else [])
+        create("store_state", [], operands, {"name": _str(name or mem.name)})
 
     def scalar(self, name) -> Tile:
         return _op1("scalar", tile_type((), "fp32"), [self.mems[name]], None, f"{name}_t")

@@ -24,7 +24,7 @@ from kdagen.ir.dsl import (LOG2E, ProgramBuilder, cumsum, exp2, l2norm, last_row
 from kdagen.ir.gates import Gate, get_gate
 
 __all__ = ["PROGRAMS", "Program", "build_program", "list_programs", "program_options",
-           "DEFAULT_OPTIONS", "ProgramOptionError"]
+           "DEFAULT_OPTIONS", "DECODE_OPTIONS", "ProgramOptionError"]
 
 
 class ProgramOptionError(ValueError):
@@ -135,10 +135,13 @@ def _program_attrs(name: str, family: str, C: int, opt: dict, gate, gate_opts: d
     return attrs
 
 
-def _declare_arguments(p: ProgramBuilder, family: str, opt: dict, gate) -> str:
+def _declare_arguments(p: ProgramBuilder, family: str, opt: dict, gate,
+                       slot_dtype: str | None = None) -> str:
     """The arguments of a forward-direction program (FLA's names): inputs q, k, v, the gate's
     input and parameters, beta, initial_state, cu_seqlens, scale; outputs o, final_state.
-    Returns beta's argument name."""
+    With ``slot_dtype`` (a state pool) the states are pool rows (layout ``pool``
+    [slots, HV, K, V]) chosen by the input ``state_slots`` [N] of that int type, declared
+    after cu_seqlens. Returns beta's argument name."""
     K, V, dt = opt["head_k_dim"], opt["head_v_dim"], opt["dtype"]
     gate_tail = [K] if family == "kda" else []
     beta_name = "beta_raw" if opt["use_beta_sigmoid_in_kernel"] else "beta"
@@ -149,14 +152,17 @@ def _declare_arguments(p: ProgramBuilder, family: str, opt: dict, gate) -> str:
     p.input(beta_name, "token", [], opt["beta_dtype"], heads="v")
     for pname, kind in gate.params.items():
         p.input(pname, "head", [K] if kind == "channel" else [], "fp32")
+    state = "state" if slot_dtype is None else "pool"
     if opt["use_initial_state"]:
-        p.input("initial_state", "state", [K, V], "fp32", grad_name="dh0")
+        p.input("initial_state", state, [K, V], "fp32", grad_name="dh0")
     if opt["varlen"]:
         p.input("cu_seqlens", "seqlens", [], "i64")
+    if slot_dtype is not None:
+        p.input("state_slots", "slots", [], slot_dtype)
     p.scalar_input("scale", default=K ** -0.5)
     p.output("o", "token", [V], dt, heads="v")
     if opt["output_final_state"]:
-        p.output("final_state", "state", [K, V], "fp32", grad_name="dht")
+        p.output("final_state", state, [K, V], "fp32", grad_name="dht")
     return beta_name
 
 
@@ -187,13 +193,15 @@ def _step_inputs(p: ProgramBuilder, c, family: str, opt: dict, gate, gate_opts: 
                 valid=valid, g_valid=g_valid)
 
 
-def _state_scan(p: ProgramBuilder, opt: dict, gate) -> tuple:
+def _state_scan(p: ProgramBuilder, opt: dict, gate, slots: str | None = None) -> tuple:
     """(scale, the gate's per-head parameters, the forward scan over the state S from
-    initial_state or zeros): how the forward and the decode program open their body."""
+    initial_state or zeros): how the forward and the decode program open their body.
+    ``slots``: the slot table choosing initial_state's pool row."""
     K, V = opt["head_k_dim"], opt["head_v_dim"]
     scale = p.scalar("scale")
     params = {pname: p.load_head(pname) for pname in gate.params}
-    S0 = p.load_state("initial_state", name="h0") if opt["use_initial_state"] else zeros((K, V), name="h0")
+    S0 = (p.load_state("initial_state", name="h0", slots=slots) if opt["use_initial_state"]
+          else zeros((K, V), name="h0"))
     return scale, params, p.scan([S0], names=["S"], name="S_final")
 
 
@@ -244,34 +252,68 @@ def _delta_rule_fwd(family: str, name: str, options: dict) -> ir.Module:
     return p.finish()
 
 
-def _delta_rule_decode(family: str, name: str, options: dict) -> ir.Module:
-    """The per-token recurrence (docs/MATH.md §1) for decoding: the scan steps one token at a
-    time (``chunk_size`` 1), so a sequence of T tokens (1..8 in a decode or speculative verify
-    step) takes T steps from its state; the same arguments as the chunked forward."""
+#: the options only the decode programs take: name -> (default, help)
+DECODE_OPTIONS = {
+    "output_token_states": (False, "write token_states [tokens, HV, K, V], the state after "
+                                   "every token (a speculative verify step keeps one per draft "
+                                   "token)"),
+    "state_pool": (False, "initial_state / final_state are a state pool [slots, HV, K, V]: "
+                          "sequence n reads and writes row state_slots[n] (input [N]), in "
+                          "place when both are one tensor; a negative slot skips the sequence "
+                          "(its o is 0, nothing is read or written)"),
+    "slot_dtype": ("i64", "state_pool: the element type of state_slots, i32 or i64"),
+}
+
+
+def _decode_options(name: str, options: dict) -> tuple[dict, dict]:
+    """(the decode-only options resolved, the rest for :func:`_resolve`)."""
     if options.get("chunk_size", 1) != 1:
         raise ProgramOptionError(f"chunk_size: {name} steps one token at a time; leave "
                                  f"chunk_size unset (1), got {options['chunk_size']!r}")
-    token_states = options.get("output_token_states", False)
-    if not isinstance(token_states, bool):
-        raise ProgramOptionError(f"output_token_states: expected true or false, got "
-                                 f"{token_states!r}")
-    options = {k: v for k, v in options.items() if k not in ("chunk_size", "output_token_states")}
-    if options.get("output_chunk_states"):
+    own = {k: options.get(k, default) for k, (default, _) in DECODE_OPTIONS.items()}
+    for flag in ("output_token_states", "state_pool"):
+        if not isinstance(own[flag], bool):
+            raise ProgramOptionError(f"{flag}: expected true or false, got {own[flag]!r}")
+    if own["slot_dtype"] not in ("i32", "i64"):
+        raise ProgramOptionError(f"slot_dtype: {own['slot_dtype']!r} is not one of "
+                                 f"['i32', 'i64']")
+    if "slot_dtype" in options and not own["state_pool"]:
+        raise ProgramOptionError("slot_dtype: only with state_pool=True")
+    rest = {k: v for k, v in options.items() if k not in DECODE_OPTIONS and k != "chunk_size"}
+    if rest.get("output_chunk_states"):
         raise ProgramOptionError(f"output_chunk_states: not an option of {name} (its "
                                  f"output_token_states gives the state after every token)")
+    if own["state_pool"] and not rest.get("use_initial_state", True):
+        raise ProgramOptionError("state_pool: needs use_initial_state (the pool holds the "
+                                 "initial states)")
+    return own, rest
+
+
+def _delta_rule_decode(family: str, name: str, options: dict) -> ir.Module:
+    """The per-token recurrence (docs/MATH.md §1) for decoding: the scan steps one token at a
+    time (``chunk_size`` 1), so a sequence of T tokens (1..8 in a decode or speculative verify
+    step) takes T steps from its state; the same arguments as the chunked forward, plus
+    :data:`DECODE_OPTIONS` (per-token states, a state pool indexed by a slot table)."""
+    own, options = _decode_options(name, options)
+    token_states, pool = own["output_token_states"], own["state_pool"]
     opt, gate, gate_opts = _resolve(family, options)
     K, V, dt = opt["head_k_dim"], opt["head_v_dim"], opt["dtype"]
     attrs = _program_attrs(name, family, 1, opt, gate, gate_opts)
     if token_states:
         attrs["output_token_states"] = True
+    if pool:
+        attrs.update(state_pool=True, slot_dtype=own["slot_dtype"])
     p = ProgramBuilder(name, attrs)
-    beta_name = _declare_arguments(p, family, opt, gate)
+    slots = "state_slots" if pool else None
+    beta_name = _declare_arguments(p, family, opt, gate, own["slot_dtype"] if pool else None)
     if token_states:
         # the state after every token (a speculative verify step keeps one per draft token)
         p.output("token_states", "chunk", [K, V], "fp32", heads="v")
 
     with p.body():
-        scale, params, scan = _state_scan(p, opt, gate)
+        # a skipped sequence (negative slot) starts from 0 and its outputs are 0
+        live = p.slot_valid(slots) if pool else None
+        scale, params, scan = _state_scan(p, opt, gate, slots)
         with scan as (t, S):
             # -- token t ([1, ...] tiles)
             x = _step_inputs(p, t, family, opt, gate, gate_opts, params, beta_name, 1)
@@ -288,13 +330,15 @@ def _delta_rule_decode(family: str, name: str, options: dict) -> ir.Module:
                       * dsl.broadcast_to(last_row(err)[None, :], (K, V)))
             q_kb = dsl.row_sum(qn * kb)
             o_t = ((qn * decay[None, :]) @ S + q_kb[:, None] * err) * scale
+            if live is not None:
+                o_t = where(live, o_t, 0.0)
             p.store("o", t, o_t.to(dt))
             if token_states:
                 p.store_chunk("token_states", t, S_next)
             scan.yield_(S_next)
             name_locals({**locals(), **x})
         if opt["output_final_state"]:
-            p.store_state("final_state", scan.results[0])
+            p.store_state("final_state", scan.results[0], slots=slots)
     return p.finish()
 
 
@@ -393,9 +437,12 @@ def list_programs() -> list[tuple[str, str]]:
 
 def program_options(name: str | None = None) -> dict[str, tuple]:
     """Option name -> (default, help) for the programs (the gate adds its own options, see
-    ``kdagen.ir.gates.get_gate(name).options``)."""
+    ``kdagen.ir.gates.get_gate(name).options``; the decode programs add
+    :data:`DECODE_OPTIONS`)."""
     out = dict(DEFAULT_OPTIONS)
     if name is not None:
         fam = PROGRAMS[name].family
         out["gate"] = ("softplus" if fam == "kda" else "gdn_softplus", DEFAULT_OPTIONS["gate"][1])
+        if name.endswith("_decode"):
+            out.update(DECODE_OPTIONS)
     return out

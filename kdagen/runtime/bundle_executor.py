@@ -52,11 +52,23 @@ def _option_matches(spec: Mapping[str, Any], name: str, value: Any) -> bool:
     return have == value
 
 
+#: options that change a variant's arguments (its calling convention): a variant built with
+#: one of them on is found only when the call asks for it
+CONVENTION_OPTIONS = ("output_token_states", "state_pool")
+
+
+def _convention_matches(spec: Mapping[str, Any], options: Mapping[str, Any]) -> bool:
+    attrs = spec.get("attrs") or {}
+    return all(bool(attrs.get(k, False)) == bool(options.get(k, False))
+               for k in CONVENTION_OPTIONS)
+
+
 def find_variant(bundle_dir: str | os.PathLike, program: str, options: Mapping[str, Any],
                  chip: str = "sm_90a") -> str:
     """The name of the variant of ``program`` with ``options`` in a bundle's lowered.json
     (the name :func:`kdagen.runtime.bundle.variant_name` gives it, else any variant of the
-    program whose resolved options match). Raises :class:`BundleNotFoundError`."""
+    program whose resolved options match, :data:`CONVENTION_OPTIONS` both ways). Raises
+    :class:`BundleNotFoundError`."""
     path = Path(bundle_dir) / LOWERED
     try:
         variants = json.loads(path.read_text())["variants"]
@@ -68,7 +80,7 @@ def find_variant(bundle_dir: str | os.PathLike, program: str, options: Mapping[s
     if name in variants:
         return name
     for name, spec in sorted(variants.items()):
-        if spec.get("program") == program and all(
+        if spec.get("program") == program and _convention_matches(spec, options) and all(
                 _option_matches(spec, k, v) for k, v in options.items()):
             return name
     have = sorted(f"{n}" for n, sp in variants.items() if sp.get("program") == program)

@@ -5,7 +5,10 @@ The torch ops of :mod:`kdagen.ops` hand an executor a program name, the program 
 (``q``, ``k``, ``v``, ``g``/``g_raw``, ``beta``/``beta_raw``, ``A_log``, ``dt_bias``,
 ``initial_state``, ``cu_seqlens``, ``scale``, ``do``, ``dht``) and the outputs it wants
 (name -> :class:`OutSpec`: shape and dtype). It returns ``{name: tensor}`` on the inputs'
-device, in the requested dtypes.
+device, in the requested dtypes. An output of layout ``pool`` (a decode program's
+``final_state`` with ``state_pool``) is not allocated: the caller passes the pool among the
+inputs under the output's name, and the executor writes the rows of the sequences' slots
+into it, in place (the same tensor as ``initial_state`` updates the pool in place).
 
 Executors are chosen per device type (:func:`get_executor`); :func:`register_executor`
 installs or replaces one: the runtime registers its bundle executor for ``cuda``, the compiler

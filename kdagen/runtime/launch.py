@@ -9,8 +9,11 @@
     out["o"], out["final_state"]
 
 Inputs are converted to the dtypes the kernels take (bf16/f16/f32 storage as the program
-declares, cu_seqlens int64) and made contiguous; outputs, workspaces and scratch are allocated
-here (outputs poisoned with NaN unless ``poison=False``); kernels are launched in the order of
+declares, cu_seqlens int64, state_slots int32/int64) and made contiguous; outputs, workspaces
+and scratch are allocated here (outputs poisoned with NaN unless ``poison=False``), except an
+output of layout ``pool`` (a state pool the kernels write rows of): the caller passes it under
+its name (``final_state=pool``, the same tensor as ``initial_state`` to update the pool in
+place), in the kernels' dtype, contiguous, and it is written there; kernels are launched in the order of
 the bundle on torch's current stream. The parameter order of each kernel is taken from the
 manifest, so this file encodes no calling convention beyond the names:
 program arguments and workspaces by name, ``T``/``N``/``HV`` (i32), f32 scalars by name,
@@ -166,6 +169,22 @@ class LoweredProgram:
             x.fill_(float("nan"))
         return x
 
+    def _pool_output(self, a: dict, x, device):
+        """The caller's tensor a pool output is written into (checked, never copied: a copy
+        would not be written back)."""
+        name, dtype = a["name"], _TORCH_DTYPES[a["dtype"]]
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"{self.variant}: output {name!r} is a state pool; pass the "
+                             f"tensor it writes into as {name}=...")
+        if x.dtype != dtype or not x.is_contiguous() or x.device != device:
+            raise ValueError(f"{self.variant}: output {name!r} must be a contiguous {dtype} "
+                             f"tensor on {device}, got {x.dtype} on {x.device}"
+                             f"{'' if x.is_contiguous() else ' (not contiguous)'}")
+        if x.dim() != 2 + len(a["tail"]) or list(x.shape[2:]) != list(a["tail"]):
+            raise ValueError(f"{self.variant}: output {name!r}: a pool [slots, HV, "
+                             f"{', '.join(map(str, a['tail']))}], got {list(x.shape)}")
+        return x
+
     def __call__(self, device=None, poison: bool = True, stream=None, chip: str | None = None,
                  profile: list | None = None, **tensors) -> dict:
         """Run the variant; ``profile`` (a list): append (kernel name, start, end) CUDA events
@@ -188,6 +207,10 @@ class LoweredProgram:
                 if x.data_ptr() % 16:        # TMA and vector loads want 16-byte aligned rows
                     x = x.clone()
                 values[name] = x
+            elif a["layout"] == "pool":
+                x = self._pool_output(a, tensors.get(name), device)
+                values[name] = x
+                outputs[name] = x
             else:
                 x = self._alloc(a["layout"], a["heads"], a["tail"], a["dtype"], sz, device, poison)
                 values[name] = x

@@ -45,3 +45,32 @@ module {
     return
   }
 }
+
+// -----
+
+// A state pool: load_state / store_state take the slot table (an [N] int memref) as an
+// optional last operand, slot_valid gives the rank-0 check of the sequence's slot.
+// IDENTITY: verify changes nothing in a module that verifies
+// CHECK-LABEL: func.func @pool
+// CHECK-NEXT:    %[[L:.*]] = "kda.slot_valid"(%slots) : (memref<?xi32>) -> tensor<i1>
+// CHECK-NEXT:    %[[H:.*]] = "kda.load_state"(%pool, %slots) {name = "pool"} : (memref<?x?x4xf32>, memref<?xi32>) -> tensor<4xf32>
+// CHECK-NEXT:    "kda.store_state"(%pool_out, %[[H]], %slots) {name = "pool_out"}
+module {
+  func.func @pool(%pool: memref<?x?x4xf32> {kda.layout = "pool", kda.name = "pool", kda.role = "input"}, %slots: memref<?xi32> {kda.layout = "slots", kda.name = "slots", kda.role = "input"}, %pool_out: memref<?x?x4xf32> {kda.layout = "pool", kda.name = "pool_out", kda.role = "output"}) {
+    %live = "kda.slot_valid"(%slots) : (memref<?xi32>) -> tensor<i1>
+    %h = "kda.load_state"(%pool, %slots) {name = "pool"} : (memref<?x?x4xf32>, memref<?xi32>) -> tensor<4xf32>
+    "kda.store_state"(%pool_out, %h, %slots) {name = "pool_out"} : (memref<?x?x4xf32>, tensor<4xf32>, memref<?xi32>) -> ()
+    return
+  }
+}
+
+// -----
+
+// A slot table holds one int slot per sequence: a float or 2-D one is refused.
+// ERR: Error: pass 'verify' failed: kda.load_state: slots must be an [N] memref of i32 or i64, got memref<?xf32>
+module {
+  func.func @bad_slots(%pool: memref<?x?x4xf32> {kda.layout = "pool", kda.name = "pool", kda.role = "input"}, %slots: memref<?xf32> {kda.layout = "slots", kda.name = "slots", kda.role = "input"}) {
+    %h = "kda.load_state"(%pool, %slots) {name = "pool"} : (memref<?x?x4xf32>, memref<?xf32>) -> tensor<4xf32>
+    return
+  }
+}

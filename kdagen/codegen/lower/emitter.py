@@ -13,8 +13,14 @@ Parameters, in this order:
 
 1. one ``ptr`` per program memref argument the kernel reads or writes, in the program's
    argument order (q, k, v, g_raw/g, beta_raw/beta, A_log, dt_bias, initial_state, cu_seqlens,
-   do, dht, o, final_state, dq, ... as the program declares them); element type as in the
-   program (bf16/f16/f32 storage; cu_seqlens int64, always passed with varlen);
+   state_slots, do, dht, o, final_state, dq, ... as the program declares them); element type
+   as in the program (bf16/f16/f32 storage; cu_seqlens int64, always passed with varlen;
+   state_slots int32 or int64). A state of layout ``pool`` ``[slots, HV, *tail]`` is
+   addressed by the sequence's slot ``state_slots[n]`` instead of n: the kernel reads the
+   slot once, reads its initial state from that row (zeros, and o = 0, for a negative slot)
+   and stores its final state there (nothing for a negative slot); ``initial_state`` and
+   ``final_state`` may be one tensor (in place: each CTA reads its row before writing it,
+   and live slots must be distinct);
 2. one ``ptr`` per workspace the kernel uses (``kda.workspace``, by name), in program order;
    layouts ``chunk`` ``[total_chunks, HV, *tail]`` (the chunks of sequence n at rows
    ``sum_{m<n} ceil(len_m / C) + c``), ``token`` ``[B, T, HV, *tail]``, ``state``
@@ -74,7 +80,7 @@ class MemRef:
     name: str
     ptr: object
     elt: str
-    layout: str            # token | head | state | chunk | seqlens
+    layout: str            # token | head | state | chunk | seqlens | pool | slots
     heads: str | None
     tail: tuple
     #: how a workspace tile is stored, chosen by the lowering of its readers
@@ -177,8 +183,15 @@ class Geometry:
             else:
                 self.chunk_off = self.n * ((self.T + (C - 1)) // C)
 
-    def state_row(self):
-        return B.wide(self.n) * B.wide(self.HV) + B.wide(self.hv)
+    def state_row(self, slot=None):
+        """The row of this CTA's (sequence, head) in a ``state`` tensor [N, HV, ...], or with
+        ``slot`` (an int-like) in a ``pool`` [slots, HV, ...]."""
+        seq = self.n if slot is None else slot
+        return B.wide(seq) * B.wide(self.HV) + B.wide(self.hv)
+
+    def read_slot(self, slots: MemRef):
+        """The sequence's entry of a slot table (``slots`` layout, [N] int), 64-bit."""
+        return B.uniform(B.wide(slots.load(self.n, ())))
 
     def chunk_row(self, c):
         return B.wide(self.chunk_off + c) * B.wide(self.HV) + B.wide(self.hv)
@@ -338,10 +351,17 @@ class TileKernelEmitter:
         self.red = T_.ReduceScratch(T_.BufRef(red_pool, 0, (REDUCE_WARP_SLOTS,), (1,)))
         self.init_gate_checks(T_.BufRef(red_pool, REDUCE_WARP_SLOTS, (GATE_CHECK_SLOTS,), (1,)))
         self.bind_memrefs(p)
+        self.read_slots()
         self.pending_reads, self.pending_writes = set(), set()
         for n in self.group.nodes:
             self.node(n)
         self.sync_pending()
+
+    def read_slots(self) -> None:
+        """The sequence's slot in each slot table the kernel uses (``self.slots``: memref
+        value -> 64-bit int-like), read once at the top so that every region can use it."""
+        self.slots = {v: self.geo.read_slot(self.env[v]) for v in self.memrefs()[0]
+                      if v.arg.layout == "slots"}
 
     def bufref(self, v: Value) -> T_.BufRef:
         b = self.plan.buffers[v]
@@ -595,9 +615,19 @@ class TileKernelEmitter:
         if k == "load_head":
             mem = ops[0]
             return T_.FnRef(shape, lambda idx: mem.load(geo.hv, idx))
+        if k == "load_state" and len(n.operands) == 2:
+            # a pool row: the sequence's slot; a skipped sequence (slot < 0) reads zeros (its
+            # loads go to slot 0, which they leave unused)
+            mem, slot = ops[0], self.slots[n.operands[1]]
+            live = B.icmp("ge", slot, 0)
+            row = geo.state_row(B.isel(live, slot, 0))
+            return T_.FnRef(shape, lambda idx: B.sel(live, mem.load(row, idx), B.f(0.0)))
         if k == "load_state":
             mem = ops[0]
             return T_.FnRef(shape, lambda idx: mem.load(geo.state_row(), idx))
+        if k == "slot_valid":
+            live = B.sel(B.icmp("ge", self.slots[n.operands[0]], 0), B.f(1.0), B.f(0.0))
+            return T_.ScalarRef(live, shape)
         if k == "load_chunk":
             mem, c = ops
             return T_.FnRef(shape, lambda idx: mem.load(geo.chunk_row(c), idx))
@@ -636,6 +666,12 @@ class TileKernelEmitter:
             # the tile is read for rows past the sequence end too (they are computed, from
             # zero-masked loads) and only the rows inside it are stored
             T_.foreach_batched(self.th, src.shape, src.read, write)
+        elif k == "store_state" and len(n.operands) == 3:
+            # a pool row: the sequence's slot, nothing for a skipped sequence (slot < 0)
+            src, slot = self.env[n.operands[1]], self.slots[n.operands[2]]
+            row = geo.state_row(slot)
+            B.if_then(B.icmp("ge", slot, 0), lambda: T_.foreach_batched(
+                self.th, src.shape, src.read, lambda idx, v: mem.store(v, row, idx)))
         elif k == "store_state":
             src = self.env[n.operands[1]]
             T_.foreach_batched(self.th, src.shape, src.read,

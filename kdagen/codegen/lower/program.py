@@ -84,6 +84,7 @@ class ArgInfo:
     name: str
     role: str                 # "input" | "output"
     layout: str               # "token" | "head" | "state" | "seqlens" | "scalar" | "chunk"
+                              # | "pool" (a state pool) | "slots" (its per-sequence slots)
     heads: str | None         # token layouts: "qk" (H heads) or "v" (HV heads)
     elt: str
     tail: tuple               # trailing static dims after the leading (B, T, H) / (HV) / (N, HV)
@@ -112,7 +113,7 @@ class Program:
         return bool(self.attrs.get("varlen", False)) or any(a.layout == "seqlens" for a in self.args)
 
 
-_LEAD = {"token": 3, "head": 1, "state": 2, "chunk": 2, "seqlens": 1}
+_LEAD = {"token": 3, "head": 1, "state": 2, "chunk": 2, "seqlens": 1, "pool": 2, "slots": 1}
 
 
 def _type_info(t) -> tuple[str, tuple, str]:

@@ -362,6 +362,9 @@ def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT,
         if n.op not in ("kda.workspace", "kda.load_state", "kda.store_state", "kda.scalar",
                         "kda.constant"):
             raise NoMatch(f"{n.op} outside the scan")
+        if any(o.kind == "memref" and o.arg is not None and o.arg.layout == "slots"
+               for o in n.operands):
+            raise NoMatch(f"{n.op} of a state pool (rows chosen by a slot table)")
     if len(scan.results) != 1:
         raise NoMatch("the scan carries more than one value")
     carried = scan.body.args[1]

@@ -29,7 +29,7 @@ def _to_storage(x: torch.Tensor, elt: str) -> np.ndarray:
         return x.detach().to(torch.bfloat16).to(torch.float32).cpu().numpy().copy()
     if elt == "f16":
         return x.detach().to(torch.float16).to(torch.float32).cpu().numpy().copy()
-    if elt == "i64":
+    if elt in ("i32", "i64"):                  # ints are held as int64 (loads read them so)
         return x.detach().to(torch.int64).cpu().numpy().copy()
     return x.detach().to(torch.float32).cpu().numpy().copy()
 
@@ -91,13 +91,22 @@ def simulate(module, inputs: dict, *, options: LowerOptions | None = None, stora
     program = read_program(module)
     sz = program_sizes(program, inputs)
     mems: dict = {}
+    given: dict = {}            # id of an input tensor -> its memory (one tensor, one memory)
     for a in program.args:
         if a.layout == "scalar":
             continue
-        if a.role == "input":
+        if a.role == "input" or a.layout == "pool":
+            # a pool output is written into the tensor given under its name (in place when
+            # it is also an input: the kernels then read and write one memory, as on a GPU)
             if a.name not in inputs:
-                raise ValueError(f"missing input {a.name!r}")
-            mems[a.name] = SimMemory(a.name, _to_storage(inputs[a.name], a.elt), a.elt)
+                raise ValueError(f"missing {a.role} {a.name!r}" + (
+                    " (a state pool: pass the tensor it writes into)" if a.role == "output"
+                    else ""))
+            x = inputs[a.name]
+            mem = given.get(id(x))
+            if mem is None:
+                mem = given[id(x)] = SimMemory(a.name, _to_storage(x, a.elt), a.elt)
+            mems[a.name] = mem
         else:
             mems[a.name] = SimMemory(a.name, _alloc(a.layout, a.tail, sz, a.heads), a.elt)
     for w in workspace_specs(program):
@@ -147,7 +156,8 @@ def simulate(module, inputs: dict, *, options: LowerOptions | None = None, stora
     out = {}
     for a in program.args:
         if a.role == "output":
-            out[a.name] = torch.from_numpy(mems[a.name].data.reshape(_shape_of(a, sz)).copy())
+            shape = inputs[a.name].shape if a.layout == "pool" else _shape_of(a, sz)
+            out[a.name] = torch.from_numpy(mems[a.name].data.reshape(shape).copy())
     if return_workspaces:
         for w in workspace_specs(program):
             out["workspace:" + w["name"]] = torch.from_numpy(mems[w["name"]].data.copy())
@@ -201,19 +211,25 @@ class SimKernel:
         params = self.entry.params
         if len(args) != len(params):
             raise TypeError(f"{self.entry.name}: expected {len(params)} arguments, got {len(args)}")
-        p, backs = {}, []
+        p, backs, seen = {}, [], {}
         for prm, a in zip(params, args):
             if prm["kind"] == "ptr":
                 if not isinstance(a, torch.Tensor):
                     raise TypeError(f"{self.entry.name}: parameter {prm['name']} needs a tensor")
                 want = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32,
-                        "i64": torch.int64}[prm["elem"]]
+                        "i32": torch.int32, "i64": torch.int64}[prm["elem"]]
                 if a.dtype != want:
                     raise TypeError(f"{self.entry.name}: {prm['name']} is {a.dtype}, kernel takes {want}")
                 if not a.is_contiguous():
                     raise TypeError(f"{self.entry.name}: {prm['name']} is not contiguous")
-                arr = (a.to(torch.int64) if prm["elem"] == "i64" else a.to(torch.float32)).numpy().copy()
+                key = (a.data_ptr(), a.dtype, tuple(a.shape))
+                if key in seen:          # one tensor passed twice (a pool updated in place)
+                    p[prm["name"]] = SimPtr(seen[key])
+                    continue
+                integer = prm["elem"] in ("i32", "i64")
+                arr = (a.to(torch.int64) if integer else a.to(torch.float32)).numpy().copy()
                 mem = SimMemory(prm["name"], arr, prm["elem"], track=prm["name"] == "scratch")
+                seen[key] = mem
                 p[prm["name"]] = SimPtr(mem)
                 backs.append((a, mem))
             elif prm["kind"] == "i32":

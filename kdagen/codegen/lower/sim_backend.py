@@ -374,7 +374,7 @@ class SimBackend:
             conflict |= mem.r_key[a] != me          # several lanes read it in this access
             if conflict.any():
                 mem.r_key[a[conflict]] = ek + self._MANY
-        dt = np.int64 if elt == "i64" else np.float32
+        dt = np.int64 if elt in ("i32", "i64") else np.float32
         if m is None:
             return vals.astype(dt, copy=False)
         out = np.zeros(self.nt, dt)

@@ -149,7 +149,8 @@ def plan_storage(program: Program, group: KernelGroup, align: int = 16,
                 modes[r], cheap[r] = "ring", True
             elif n.op == "kda.constant":
                 modes[r], cheap[r] = "const", True
-            elif n.op == "kda.scalar":
+            elif n.op in ("kda.scalar", "kda.slot_valid"):
+                # one value per CTA (a scalar argument, the sequence's slot check): a register
                 modes[r], cheap[r] = "param", True
             elif n.op in MATRIX_OPS:
                 modes[r], cheap[r] = "buffer", True
