@@ -66,7 +66,8 @@ __all__ = ["TileKernelEmitter", "GlobalKernelEmitter", "Geometry", "MemRef", "me
 REDUCE_WARP_SLOTS = 16
 GATE_CHECK_SLOTS = 4
 REDUCE_SLOTS_BYTES = 4 * (REDUCE_WARP_SLOTS + GATE_CHECK_SLOTS)
-#: loads in flight per thread while a scan's initial carried value is read in
+#: loads in flight per thread while a scan's initial carried value is read in (a path whose
+#: consumers hold more registers raises it: Sm90NativeTileEmitter.state_load_batch)
 STATE_LOAD_BATCH = 32
 
 
@@ -382,6 +383,8 @@ class TileKernelEmitter:
     # op needs it: an op that reads memory written since the last barrier, or writes memory
     # read or written since then (a buffer region first-fit reuses, a workspace this kernel
     # stores and reads), waits at a barrier first.
+    state_load_batch = STATE_LOAD_BATCH
+
     def sync_pending(self) -> None:
         if self.pending_reads or self.pending_writes:
             B.barrier()
@@ -513,7 +516,8 @@ class TileKernelEmitter:
         carried = [self.bufref(r) for r in n.results]
         # the initial state: once per CTA, before anything else can run, so its loads go out
         # STATE_LOAD_BATCH at a time (a [128, 128] state on 128 threads: 4 rounds, not 16)
-        state_th = T_.Threads(self.th.tid, self.th.count, max(self.th.batch, STATE_LOAD_BATCH))
+        state_th = T_.Threads(self.th.tid, self.th.count, max(self.th.batch,
+                                                              self.state_load_batch))
         for i, init in enumerate(n.operands):
             src = self.env[init]
             if not carried[i].same_storage(src):

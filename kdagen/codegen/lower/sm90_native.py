@@ -393,6 +393,10 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
     """A tile kernel on the sm_90a native path (see the module doc)."""
 
     path = PATH_NAME
+    # the consumers hold at least 136 registers (setmaxnreg) and nothing else is live while
+    # a scan's initial state is read in: twice the portable path's loads in flight (a decode
+    # step's [128, 128] state on 128 threads in 2 rounds instead of 4)
+    state_load_batch = 64
 
     def __init__(self, program, group, plan, storage, opts, target: Target, layout: NativeLayout):
         for capability in CAPABILITIES:
