@@ -20,16 +20,10 @@ SMALL_SMEM = dict(storage="hybrid", smem_reserve=227 * 1024 - 48 * 1024, dot="tf
 
 
 def _gdn_case():
+    from test_lowering_sim import _with_cotangents
     case = make_case("gdn", gate="gdn_lower_bound", H=1, HV=1, K=64, V=64, lengths=[70],
                      seed=5, decay="weak")
-    g = torch.Generator().manual_seed(4)
-    sz = case.sizes
-    inputs = dict(case.inputs)
-    inputs["do"] = torch.randn(sz["B"], sz["T"], sz["HV"], sz["V"], generator=g,
-                               dtype=torch.float64)
-    inputs["dht"] = torch.randn(sz["N"], sz["HV"], sz["K"], sz["V"], generator=g,
-                                dtype=torch.float64)
-    return case, inputs
+    return case, _with_cotangents(case, 4)
 
 
 @pytest.mark.parametrize("program", ["gdn_fwd", "gdn_bwd"])

@@ -158,31 +158,14 @@ def test_lowered_pool_kernel_in_the_simulator(family, slot_dtype):
 
 @pytest.mark.parametrize("chip", CHIPS)
 def test_pool_kernels_assemble(chip):
-    from kdagen.codegen import ptxas
-    from kdagen.codegen.lower.kernel import lower_program
-    from kdagen.codegen.lower.options import LowerOptions
-    from kdagen.codegen.to_ptx import lower_to_ptx
-    from kdagen.target import get_target
-    try:
-        exe = ptxas.find_ptxas()
-    except ptxas.PtxasNotFound:
-        pytest.skip("ptxas not available")
-    m = build_program("kda_decode", head_k_dim=128, head_v_dim=128, gate="softplus", gva_ratio=2,
-                      state_pool=True, slot_dtype="i32")
-    with m.context, ir.Location.unknown():
-        run_pipeline(m, pipeline_for(chip))
-    path = "native" if chip == "sm_90a" else "portable"
-    kernels = lower_program(m, get_target(chip), options=LowerOptions(dot="auto", path=path))
+    from test_decode_program import assemble_decode
+    kernels = assemble_decode(chip, "auto", gva_ratio=2, state_pool=True, slot_dtype="i32")
     assert len(kernels) == 1
     if chip == "sm_90a":
         assert kernels[0].path == "sm90-native"
     assert [p.name for p in kernels[0].params if p.name in ("state_slots", "initial_state",
                                                             "final_state")] == \
         ["initial_state", "state_slots", "final_state"]
-    res = ptxas.assemble(lower_to_ptx(kernels[0].module, get_target(chip)), chip, exe)
-    assert res.ok, res.log
-    if chip == "sm_90a":
-        assert res.resources[kernels[0].name].spill_stores == 0
 
 
 def test_pool_variant_through_the_launcher(tmp_path):
@@ -227,31 +210,14 @@ def test_gpu_check_runs_the_pool_cases(tmp_path, item):
     launcher, the kernels in the simulator): permuted slots with one sequence skipped, the
     pool updated in place on a fresh copy per run, against the float64 reference gathered
     from the slots; every case within the bars, finite and deterministic."""
-    import numpy as np
+    from test_decode_program import gpu_check_on_cpu
 
-    from kdagen.bundle_writer import write_bundle
-    from kdagen.codegen.lower.sim import SimLibrary
-    from kdagen.driver import build_module
-    from kdagen.runtime.bundle import variant_name
-    from kdagen.runtime.launch import LoweredProgram
     from tools import gpu_check
-    np.seterr(all="ignore")
-    res = write_bundle(tmp_path, [item], ["sm_120a"], assemble=False)
-    vname = variant_name(*item)
-    spec = res["variants"][vname]
-    prog = LoweredProgram(tmp_path, vname,
-                          library=SimLibrary(tmp_path, {vname: build_module(*item)}, "sm_120a"))
-
-    class OnCpu:
-        def __call__(self, **kw):
-            return prog(chip="sm_120a", **kw)
-
-    cases = gpu_check._cases(spec, quick=False)
+    spec, cases, run = gpu_check_on_cpu(tmp_path, item)
     for case in cases[:3]:
         kern, _ = gpu_check._inputs(spec, case, torch.device("cpu"), 0)
         assert (kern["state_slots"] < 0).sum() == (1 if kern["state_slots"].numel() > 1 else 0)
-        rows = {r["tensor"]: r for r in gpu_check.run_case(OnCpu(), spec, case,
-                                                            torch.device("cpu"), 0)}
+        rows = run(case)
         assert set(rows) == {"o", "final_state"}
         for name, r in rows.items():
             assert r["finite"] and r["det"], (case["label"], name)

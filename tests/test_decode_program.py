@@ -147,8 +147,10 @@ def test_lowered_decode_kernels_compute_the_recurrence_in_the_simulator(family):
     assert R.rel_err(out["o"], want["o"]) < 2.2e-3          # o is stored in bf16
 
 
-@pytest.mark.parametrize("chip", CHIPS)
-def test_decode_kernels_assemble(chip):
+def assemble_decode(chip: str, dot: str, **options) -> list:
+    """The kda_decode program with ``options`` through ``chip``'s pipeline and lowering (its
+    native path where it has one), every kernel assembled by ptxas (no spills on sm_90a);
+    returns the lowered kernels (skips without ptxas)."""
     from kdagen.codegen import ptxas
     from kdagen.codegen.lower.kernel import lower_program
     from kdagen.codegen.lower.options import LowerOptions
@@ -158,24 +160,29 @@ def test_decode_kernels_assemble(chip):
         exe = ptxas.find_ptxas()
     except ptxas.PtxasNotFound:
         pytest.skip("ptxas not available")
-    m = build_program("kda_decode", head_k_dim=128, head_v_dim=128, gate="softplus", varlen=True,
-                      gva_ratio=2)
+    m = build_program("kda_decode", head_k_dim=128, head_v_dim=128, gate="softplus", **options)
     with m.context, ir.Location.unknown():
         run_pipeline(m, pipeline_for(chip))
     path = "native" if chip == "sm_90a" else "portable"
-    kernels = lower_program(m, get_target(chip), options=LowerOptions(dot="bf16x3", path=path))
+    kernels = lower_program(m, get_target(chip), options=LowerOptions(dot=dot, path=path))
     assert kernels
     for k in kernels:
         res = ptxas.assemble(lower_to_ptx(k.module, get_target(chip)), chip, exe)
         assert res.ok, res.log
         if chip == "sm_90a":
             assert res.resources[k.name].spill_stores == 0, k.name
+    return kernels
 
 
-def test_gpu_check_runs_the_decode_cases(tmp_path):
-    """tools/gpu_check's decode cases (1..8 tokens per sequence, strong and weak decay, varlen)
-    end to end on the CPU: the bundle, the MLIR-free launcher, the kernels in the simulator,
-    the float64 reference and the bars. What the GPU check runs on the decode variants."""
+@pytest.mark.parametrize("chip", CHIPS)
+def test_decode_kernels_assemble(chip):
+    assemble_decode(chip, "bf16x3", varlen=True, gva_ratio=2)
+
+
+def gpu_check_on_cpu(tmp_path, item):
+    """tools/gpu_check on the CPU for one (program, options) variant: the bundle (sm_120a, not
+    assembled), the MLIR-free launcher, the kernels in the simulator. Returns (spec, cases,
+    run) with run(case) -> {tensor: gpu_check's row}."""
     import numpy as np
 
     from kdagen.bundle_writer import write_bundle
@@ -185,24 +192,32 @@ def test_gpu_check_runs_the_decode_cases(tmp_path):
     from kdagen.runtime.launch import LoweredProgram
     from tools import gpu_check
     np.seterr(all="ignore")
-    item = ("kda_decode", dict(head_k_dim=64, head_v_dim=64, gate="softplus", gva_ratio=2,
-                               varlen=True))
     res = write_bundle(tmp_path, [item], ["sm_120a"], assemble=False)
     vname = variant_name(*item)
     spec = res["variants"][vname]
     prog = LoweredProgram(tmp_path, vname,
                           library=SimLibrary(tmp_path, {vname: build_module(*item)}, "sm_120a"))
 
-    class OnCpu:
-        def __call__(self, **kw):
-            return prog(chip="sm_120a", **kw)
+    def on_cpu(**kw):
+        return prog(chip="sm_120a", **kw)
 
-    cases = gpu_check._cases(spec, quick=False)
+    def run(case):
+        return {r["tensor"]: r for r in gpu_check.run_case(on_cpu, spec, case,
+                                                           torch.device("cpu"), 0)}
+    return spec, gpu_check._cases(spec, quick=False), run
+
+
+def test_gpu_check_runs_the_decode_cases(tmp_path):
+    """tools/gpu_check's decode cases (1..8 tokens per sequence, strong and weak decay, varlen)
+    end to end on the CPU: the bundle, the MLIR-free launcher, the kernels in the simulator,
+    the float64 reference and the bars. What the GPU check runs on the decode variants."""
+    item = ("kda_decode", dict(head_k_dim=64, head_v_dim=64, gate="softplus", gva_ratio=2,
+                               varlen=True))
+    _, cases, run = gpu_check_on_cpu(tmp_path, item)
     assert [c["label"] for c in cases] == ["varlen[1,8,3,5]", "varlen[1,4] strong",
                                            "varlen[8,2] weak"]
     for case in cases:
-        rows = {r["tensor"]: r for r in gpu_check.run_case(OnCpu(), spec, case,
-                                                            torch.device("cpu"), 0)}
+        rows = run(case)
         assert set(rows) == {"o", "final_state"}
         for name, r in rows.items():
             assert r["finite"] and r["det"], (case["label"], name)

@@ -21,16 +21,10 @@ SMALL_SMEM = dict(storage="hybrid", smem_reserve=227 * 1024 - 48 * 1024, dot="tf
 
 
 def _bwd_case():
+    from test_lowering_sim import _with_cotangents
     case = make_case("kda", gate="softplus", H=1, HV=1, K=64, V=64, lengths=[70], seed=11,
                      decay="weak")
-    g = torch.Generator().manual_seed(3)
-    sz = case.sizes
-    inputs = dict(case.inputs)
-    inputs["do"] = torch.randn(sz["B"], sz["T"], sz["HV"], sz["V"], generator=g,
-                               dtype=torch.float64)
-    inputs["dht"] = torch.randn(sz["N"], sz["HV"], sz["K"], sz["V"], generator=g,
-                                dtype=torch.float64)
-    return case, inputs
+    return case, _with_cotangents(case, 3)
 
 
 def _plans(module, target, schedule, **opts):
