@@ -51,15 +51,21 @@ def _run(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, sc
         family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale,
         output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel,
         use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound)
-    del opts["chunk_size"]                         # one token per step
-    if output_token_states:
-        opts["output_token_states"] = True
-        outputs["token_states"] = OutSpec((sizes.B * sizes.T, sizes.HV, sizes.K, sizes.V),
-                                          torch.float32)
+    _decode_options(sizes, opts, outputs, output_token_states)
     res = backends.get_executor(q.device).run(f"{family}_decode", opts, inputs, outputs)
     empty = q.new_empty((0,), dtype=torch.float32)
     return (res["o"], res["final_state"] if output_final_state else empty,
             res["token_states"] if output_token_states else empty)
+
+
+def _decode_options(sizes, opts: dict, outputs: dict, output_token_states: bool) -> None:
+    """The chunked op's call spec made a decode step's: one token per scan step, and the
+    state after every token as an output where asked for."""
+    del opts["chunk_size"]
+    if output_token_states:
+        opts["output_token_states"] = True
+        outputs["token_states"] = OutSpec((sizes.B * sizes.T, sizes.HV, sizes.K, sizes.V),
+                                          torch.float32)
 
 
 def _define(family: str):
@@ -104,16 +110,12 @@ def _run_pool(family, q, k, v, g, beta, A_log, dt_bias, state_pool, state_slots,
         use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
         allow_neg_eigval, safe_gate, lower_bound)
     _check_pool_operands(state_pool, state_slots, sizes, q.device)
-    del opts["chunk_size"]                         # one token per step
+    _decode_options(sizes, opts, outputs, output_token_states)
     opts.update(use_initial_state=True, output_final_state=bool(write_final_state),
                 state_pool=True, slot_dtype=_SLOT_DTYPES[state_slots.dtype])
     inputs.update(initial_state=state_pool, state_slots=state_slots)
     if write_final_state:
         inputs["final_state"] = state_pool        # the pool output, written in place
-    if output_token_states:
-        opts["output_token_states"] = True
-        outputs["token_states"] = OutSpec((sizes.B * sizes.T, sizes.HV, sizes.K, sizes.V),
-                                          torch.float32)
     res = backends.get_executor(q.device).run(f"{family}_decode", opts, inputs, outputs)
     return (res["o"], res["token_states"] if output_token_states
             else q.new_empty((0,), dtype=torch.float32))

@@ -56,7 +56,7 @@ from .mlir_backend import MlirBackend, W64
 from .options import LowerOptions, product_precision
 from .plan import MATRIX_OPS, STORE_OPS, KernelGroup, LoweringError
 from .program import Program, Value, walk
-from .storage import GLOBAL_ALIGN, StoragePlan, buffer_strides
+from .storage import GLOBAL_ALIGN, StoragePlan, buffer_strides, expression_reads
 
 __all__ = ["TileKernelEmitter", "GlobalKernelEmitter", "Geometry", "MemRef", "mem_info",
            "workspace_specs", "REDUCE_SLOTS_BYTES"]
@@ -386,9 +386,13 @@ class TileKernelEmitter:
     state_load_batch = STATE_LOAD_BATCH
 
     def sync_pending(self) -> None:
+        """A barrier if an element-wise op touched memory since the last one."""
         if self.pending_reads or self.pending_writes:
-            B.barrier()
-            self.pending_reads, self.pending_writes = set(), set()
+            self.barrier()
+
+    def barrier(self) -> None:
+        B.barrier()
+        self.pending_reads, self.pending_writes = set(), set()
 
     def accesses(self, n):
         """(regions read, regions written, element-wise) of a materialising op: element-wise
@@ -402,27 +406,10 @@ class TileKernelEmitter:
         else:
             elementwise = n.op not in MATRIX_OPS
             writes = {self.region(r) for r in n.results if r in self.plan.buffers}
-        reads: set = set()
-        seen: set = set()
-
-        def visit(v):
-            if id(v) in seen or v.kind not in ("tile", "memref"):
-                return
-            seen.add(id(v))
-            if v.kind == "memref":
-                if v in self.plan.written_memrefs:
-                    reads.add(("mem", id(v)))
-                return
-            if v in self.plan.buffers:
-                reads.add(self.region(v))
-                return
-            if v.owner is not None:
-                for o in v.owner.operands:
-                    visit(o)
-
         operands = n.operands[2:] if n.kind in ("store", "store_chunk") else n.operands
-        for o in operands:
-            visit(o)
+        buffered, memrefs = expression_reads(operands, self.plan.buffers)
+        reads = {self.region(v) for v in buffered} | {
+            ("mem", id(m)) for m in memrefs if m in self.plan.written_memrefs}
         return reads, writes, elementwise
 
     def region(self, v: Value) -> tuple:
@@ -475,8 +462,7 @@ class TileKernelEmitter:
             self.pending_reads |= reads
             self.pending_writes |= writes
         else:
-            B.barrier()
-            self.pending_reads, self.pending_writes = set(), set()
+            self.barrier()
 
     def init_gate_checks(self, slots: T_.BufRef | None) -> None:
         """Gate checks of the decay products (:meth:`gate_check`): ``slots``, shared words
@@ -515,7 +501,8 @@ class TileKernelEmitter:
         geo = self.geo
         carried = [self.bufref(r) for r in n.results]
         # the initial state: once per CTA, before anything else can run, so its loads go out
-        # STATE_LOAD_BATCH at a time (a [128, 128] state on 128 threads: 4 rounds, not 16)
+        # state_load_batch at a time (a [128, 128] state on 128 threads and 32 at a time: 4
+        # rounds, not 16)
         state_th = T_.Threads(self.th.tid, self.th.count, max(self.th.batch,
                                                               self.state_load_batch))
         for i, init in enumerate(n.operands):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from .plan import LOAD_OPS, NOOP_OPS, STORE_OPS
 from .program import Block, Node, Value
+from .storage import expression_reads
 
 __all__ = ["schedule_for_memory"]
 
@@ -97,21 +98,9 @@ def _dependencies(nodes: list) -> dict:
 
 def _buffers_read(n: Node, buffers: dict) -> set:
     """The buffered values that evaluating n reads (through lazy expressions and views)."""
-    out: set = set()
     if n.op in NOOP_OPS:
-        return out
-
-    def leaves(v: Value):
-        if v in buffers:
-            out.add(v)
-        elif v.owner is not None and v.kind == "tile":
-            for o in v.owner.operands:
-                leaves(o)
-
-    for o in n.operands:
-        if o.kind == "tile":
-            leaves(o)
-    return out
+        return set()
+    return expression_reads(n.operands, buffers)[0]
 
 
 def _nbytes(v: Value) -> int:

@@ -24,8 +24,8 @@ from .plan import (EXPR_OPS, LOAD_OPS, MATRIX_OPS, MULTI_READ, NOOP_OPS, STORE_O
                    KernelGroup, LoweringError)
 from .program import Block, Node, Program, Value, walk
 
-__all__ = ["StoragePlan", "plan_storage", "remat_candidates", "expr_ops", "buffer_strides",
-           "buffer_elems", "GLOBAL_ALIGN"]
+__all__ = ["StoragePlan", "plan_storage", "remat_candidates", "expr_ops", "expression_reads",
+           "buffer_strides", "buffer_elems", "GLOBAL_ALIGN"]
 
 
 #: byte alignment of buffers in the global scratch (whole 128-byte lines; the per-CTA
@@ -244,17 +244,6 @@ def plan_storage(program: Program, group: KernelGroup, align: int = 16,
             if modes.get(r) == "buffer":
                 buffers[r] = Buffer(r, _nbytes(r, align), positions[n], positions[n])
 
-    def leaves(v: Value, acc: set):
-        """Buffers read when v is evaluated."""
-        if v in buffers:
-            acc.add(buffers[v])
-            return acc
-        if v.owner is None or v.kind != "tile":
-            return acc
-        for o in v.owner.operands:
-            leaves(o, acc)
-        return acc
-
     def use_position(u: Node, v_block: Block) -> int:
         """Position until which a value defined in v_block must live for a use at node u."""
         pos = positions.get(u)
@@ -274,7 +263,7 @@ def plan_storage(program: Program, group: KernelGroup, align: int = 16,
         for i, o in enumerate(operands):
             if o.kind != "tile":
                 continue
-            for b in leaves(o, set()):
+            for b in {buffers[v] for v in expression_reads([o], buffers)[0]}:
                 owner_block = b.value.block if b.value.carried is None else b.value.carried[0].block
                 b.end = max(b.end, use_position(n, owner_block))
                 b.density += weight * (1.0 if (n, i) in single_read else _read_factor(n, i))
@@ -301,6 +290,26 @@ def plan_storage(program: Program, group: KernelGroup, align: int = 16,
     total = _first_fit(unique, align)
     return StoragePlan(modes, buffers, carried, total, positions, written, yield_copy,
                        single_read=single_read)
+
+
+def expression_reads(values, buffers) -> tuple[set, set]:
+    """What evaluating ``values`` where they are used reads: the values among ``buffers`` that
+    it reaches through element-wise expressions and views (lazy values are evaluated in their
+    consumer), and the memrefs their loads read."""
+    found, memrefs, seen = set(), set(), set()
+    stack = list(values)
+    while stack:
+        v = stack.pop()
+        if v in seen:
+            continue
+        seen.add(v)
+        if v in buffers:
+            found.add(v)
+        elif v.kind == "memref":
+            memrefs.add(v)
+        elif v.kind == "tile" and v.owner is not None:
+            stack.extend(v.owner.operands)
+    return found, memrefs
 
 
 # ops counted by :func:`expr_ops` (the rest count 1): multi-instruction special functions
