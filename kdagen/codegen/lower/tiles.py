@@ -510,8 +510,208 @@ def _mma_atom(precision: str, a_elem, b_elem, g, t) -> tuple:
     return 16, afrag, bfrag, mma
 
 
+@dataclass(frozen=True)
+class LiveTriangle:
+    """Where a product with a (block-)triangular operand mask can be nonzero, per 16-row
+    block ``rb`` of its output (static ints): ``k_range(rb) -> (lo, hi)``, the partners
+    [lo, hi) of the contraction that may contribute (the rest are masked to exact zeros), and
+    ``cols(rb)``, the output columns [0, cols) that may be nonzero (the rest are zero). Either
+    may be None (all of it). :func:`mma_contraction` skips the rest and gives the warps equal
+    shares of what is left (:func:`triangle_jobs`); the sums are the same, bit for bit (what
+    it skips adds exact zeros)."""
+    k_range: object = None
+    cols: object = None
+
+
+@dataclass(frozen=True)
+class WarpSegment:
+    """One pass of a warp over a 16-row block: output column atoms (8 wide)
+    [c0, c0 + atoms), contraction [k_lo, k_hi), ``slots`` atoms held (>= atoms: the extra
+    slots repeat the last atom, their results unused)."""
+    rb: int
+    c0: int
+    atoms: int
+    k_lo: int
+    k_hi: int
+
+
+def _balanced_column_split(live: list, warps: int):
+    """Warps per row block (each warp one row block, whole atoms) such that the most atoms any
+    warp holds is smallest: every block with live atoms gets a warp, the rest go one at a
+    time to the block whose warps hold the most. None when there are fewer warps than blocks."""
+    blocks = [rb for rb, n in enumerate(live) if n]
+    if len(blocks) > warps:
+        return None
+    share = {rb: 1 for rb in blocks}
+    for _ in range(warps - len(blocks)):
+        rb = max(blocks, key=lambda b: (-(-live[b] // share[b]), live[b]))
+        if share[rb] >= live[rb]:
+            break
+        share[rb] += 1
+    return share
+
+
+def triangle_jobs(M: int, N: int, K: int, kstep: int, warps: int, live: LiveTriangle,
+                  max_acc: int = 32):
+    """Each warp's passes (:class:`WarpSegment` lists, the same number of passes and held
+    atoms on every warp) for a product whose live part is ``live``, or None where the plain
+    tiling is as good or the shape does not split.
+
+    - Live columns (decay_dot: block row rb keeps columns up to its block's diagonal): each
+      warp takes consecutive atoms of one row block, warps spread over the blocks by their
+      live atoms (:func:`_balanced_column_split`): at 64 x 64 on 8 warps 3 atoms each
+      instead of 4.
+    - Live partners (decay_matmul: block row rb sums the partners up to, or from, its
+      block): row blocks paired first with last, second with second-to-last, ..., so every
+      pair sums the same number of partners; each warp takes both blocks of a pair on its
+      share of the columns: at 64 rows the longest warp runs 5/8 of the partner steps."""
+    if M % 16 or N % 8 or K % kstep or M // 16 < 2:
+        return None
+    R, atoms_n = M // 16, N // 8
+
+    def k_of(rb):
+        lo, hi = live.k_range(rb) if live.k_range is not None else (0, K)
+        lo, hi = max(0, lo) // kstep * kstep, min(K, -(-hi // kstep) * kstep)
+        return lo, max(lo, hi)
+    if live.cols is not None:
+        n_live = [max(0, min(atoms_n, -(-live.cols(rb) // 8))) for rb in range(R)]
+        share = _balanced_column_split(n_live, warps)
+        if share is None:
+            return None
+        slots = max(-(-n_live[rb] // share[rb]) for rb in share)
+        plain = mma_plan(M, N, warps * 32, max_acc)
+        if slots * 4 > max_acc or slots >= plain.am * plain.an * plain.row_passes * plain.col_passes:
+            return None
+        jobs = []
+        for rb in sorted(share, reverse=True):
+            c = 0
+            for w in range(share[rb]):
+                take = -(-(n_live[rb] - c) // (share[rb] - w))
+                jobs.append([WarpSegment(rb, c, take, *k_of(rb))])
+                c += take
+        while len(jobs) < warps:                   # spare warps: nothing to hold
+            jobs.append([WarpSegment(0, 0, 0, 0, 0)])
+        return jobs, [slots]
+    if R % 2:
+        return None
+    pairs = R // 2
+    if warps % pairs:
+        return None
+    per_pair = warps // pairs
+    if atoms_n % per_pair:
+        return None
+    held = atoms_n // per_pair
+    if held * 4 > max_acc:
+        return None
+    trips = [(k_of(rb)[1] - k_of(rb)[0]) // kstep for rb in range(R)]
+    longest = max(trips[p] + trips[R - 1 - p] for p in range(pairs)) * held
+    plain = mma_plan(M, N, warps * 32, max_acc)
+    plain_longest = max(trips) * plain.an * plain.am * plain.row_passes * plain.col_passes
+    if longest >= plain_longest:
+        return None
+    jobs = []
+    for p in range(pairs):
+        for w in range(per_pair):
+            jobs.append([WarpSegment(rb, w * held, held, *k_of(rb)) for rb in (p, R - 1 - p)])
+    return jobs, [held, held]
+
+
+def _per_warp(warp, values: list):
+    """``values[warp]`` for a run-time warp index (a chain of selects; a constant when all
+    are equal)."""
+    v = values[0]
+    for w in range(1, len(values)):
+        if values[w] != values[0]:
+            v = B.isel(B.icmp("eq", warp, w), values[w], v)
+    return v
+
+
+def _mma_triangle(th: Threads, out: BufRef, jobs, slots, live: LiveTriangle, kstep: int,
+                  afrag, bfrag, mma, epilogue, b_per_atom: bool) -> None:
+    """The product over :func:`triangle_jobs`' passes, then zeros in the columns
+    ``live.cols`` leaves out."""
+    lane = th.tid % 32
+    warp = th.tid // 32
+    g, t = lane // 4, lane % 4
+    zero = B.f(0.0)
+    for s, held in enumerate(slots):
+        segs = [j[s] for j in jobs]
+        rb = _per_warp(warp, [x.rb * 16 for x in segs])
+        c0 = _per_warp(warp, [x.c0 for x in segs])
+        atoms = _per_warp(warp, [x.atoms for x in segs])
+        k_lo = _per_warp(warp, [x.k_lo // kstep for x in segs])
+        k_hi = _per_warp(warp, [x.k_hi // kstep for x in segs])
+        vary = len({x.atoms for x in segs}) > 1
+        cbases = []
+        for y in range(held):
+            a = c0 + y if not vary else B.isel(B.icmp("lt", y, atoms), c0 + y, c0)
+            cbases.append(a * 8)
+        trips = max((x.k_hi - x.k_lo) // kstep for x in segs)
+
+        def step(kk, *acc):
+            k0 = kk * kstep
+            afr = afrag(rb, k0)
+            new = list(acc)
+            for y, cb in enumerate(cbases):
+                new[4 * y:4 * y + 4] = mma(afr, bfrag(cb, rb, k0), new[4 * y:4 * y + 4])
+            return new
+
+        acc = B.for_range(k_lo, k_hi, 1, step, [zero] * (4 * held), trips=trips)
+
+        for y, cb in enumerate(cbases):
+            def write(y=y, cb=cb):
+                for i in range(4):
+                    r = rb + g + 8 * (i // 2)
+                    c = cb + 2 * t + (i % 2)
+                    v = acc[4 * y + i]
+                    if epilogue is not None:
+                        v = epilogue(r, c, v)
+                    out.write([r, c], v)
+            if vary or any(x.atoms == 0 for x in segs):
+                B.if_then(B.icmp("lt", y, atoms), write)
+            else:
+                write()
+    if live.cols is None:
+        return
+    M, N = out.shape
+
+    def clear(idx):
+        i, j = idx
+        limit = 0
+        for rb in range(M // 16):          # the live width of row i's block
+            limit = B.isel(B.icmp("ge", i, rb * 16),
+                           min(N, -(-live.cols(rb) // 8) * 8), limit)
+        B.if_then(B.icmp("ge", j, limit), lambda: out.write([i, j], zero))
+    foreach(th, (M, N), clear)
+
+
+def _below_diagonal(diagonal: int) -> LiveTriangle:
+    """decay_dot's live part: row i keeps the columns j <= i + diagonal."""
+    return LiveTriangle(cols=lambda rb: 16 * rb + 16 + diagonal)
+
+
+def _partners(C: int, diagonal: int, transpose_w: bool, S: int | None = None,
+              in_block: bool = True) -> LiveTriangle:
+    """decay_matmul's live partners for a 16-row output block rb: not transposed, row i sums
+    the partners j <= i + diagonal; transposed, row j sums the partners i >= j - diagonal.
+    ``S``: the factored form's S-row blocks, whose partners also stop at (not transposed) or
+    start after (transposed) the block (``in_block``) or its diagonal block (not
+    ``in_block``)."""
+    def k_range(rb):
+        lo, hi = (16 * rb - diagonal, C) if transpose_w else (0, 16 * rb + 16 + diagonal)
+        if S is not None:
+            bs = (16 * rb) // S * S
+            if transpose_w:
+                lo = max(lo, bs if in_block else bs + S)
+            else:
+                hi = min(hi, bs + S if in_block else bs)
+        return lo, hi
+    return LiveTriangle(k_range=k_range)
+
+
 def mma_contraction(th: Threads, out: BufRef, K: int, a_elem, b_elem, precision: str = "bf16x3",
-                    epilogue=None, b_per_atom: bool = False, max_acc: int = 32) -> None:
+                    epilogue=None, b_per_atom: bool = False, max_acc: int = 32,
+                    live: LiveTriangle | None = None) -> None:
     """``out[i, j] = epilogue(i, j, sum_k a_elem(i, k) * b_elem(k, j, atom_row0))`` on tensor
     cores. Each lane loads its fragment elements straight from the operands (any Ref: buffers
     with any strides, views, lazy expressions) and rounds them to bf16 (``bf16x3``: hi + lo
@@ -527,6 +727,11 @@ def mma_contraction(th: Threads, out: BufRef, K: int, a_elem, b_elem, precision:
     row0 = (warp // plan.wn) * (M // plan.wm)
     col0 = (warp % plan.wn) * (N // plan.wn)
     kstep, afrag, bfrag, mma = _mma_atom(precision, a_elem, b_elem, g, t)
+    if live is not None and th.count % 32 == 0:
+        split = triangle_jobs(M, N, K, kstep, th.count // 32, live, max_acc)
+        if split is not None:
+            _mma_triangle(th, out, *split, live, kstep, afrag, bfrag, mma, epilogue, b_per_atom)
+            return
 
     def body():
         for pss, cps in [(p_, q_) for p_ in range(plan.row_passes) for q_ in range(plan.col_passes)]:
@@ -574,8 +779,8 @@ def emit_decay_dot_mma(th: Threads, out: BufRef, lhs: Ref, rhs: Ref, gl: Ref, gr
     """decay_dot with subblock S (a multiple of 16) on tensor cores, factored through
     r = gl[first row of the S-row block]: out[i, j] = sum_d (lhs[i, d] 2^(gl[i, d] - r_d)) *
     (rhs[j, d] 2^(r_d - gr[j, d])), both exponents proven bounded by kda-stable-reassociate for
-    j <= block end + diagonal; later columns are zeroed before the product (their factor may
-    overflow) and the result is masked to j <= i + diagonal."""
+    j <= block end + diagonal; a later column's factor may overflow, which reaches only that
+    output column, and the result is selected to j <= i + diagonal."""
     S = subblock
     zero = B.f(0.0)
 
@@ -585,14 +790,15 @@ def emit_decay_dot_mma(th: Threads, out: BufRef, lhs: Ref, rhs: Ref, gl: Ref, gr
                                                      clamp_min))
 
     def b_elem(d, j, rb):
+        # column j's factor may overflow past the block; only output column j reads it, and
+        # the epilogue selects it away there
         bs = (rb // S) * S
-        v = B.mul(rhs.read([j, d]), B.exp2_clamped(B.sub(gl.read([bs, d]), gr.read([j, d])),
-                                                  clamp_min))
-        return B.sel(B.icmp("le", j, addk(bs, S - 1 + diagonal)), v, zero)
+        return B.mul(rhs.read([j, d]), B.exp2_clamped(B.sub(gl.read([bs, d]), gr.read([j, d])),
+                                                     clamp_min))
 
     mma_contraction(th, out, lhs.shape[1], a_elem, b_elem, precision,
                     epilogue=lambda i, j, v: B.sel(B.icmp("le", j, addk(i, diagonal)), v, zero),
-                    b_per_atom=True)
+                    b_per_atom=True, live=_below_diagonal(diagonal))
 
 
 def emit_decay_dot_row_gates(th: Threads, out: BufRef, lhs: Ref, rhs: Ref, gl: Ref, gr: Ref,
@@ -614,7 +820,8 @@ def emit_decay_dot_row_gates(th: Threads, out: BufRef, lhs: Ref, rhs: Ref, gl: R
     D = lhs.shape[1]
     if precision in MMA_PRECISIONS and mma_supported(M, N, D):
         mma_contraction(th, out, D, lambda i, d: lhs.read([i, d]),
-                        lambda d, j, rb: rhs.read([j, d]), precision, epilogue=epilogue)
+                        lambda d, j, rb: rhs.read([j, d]), precision, epilogue=epilogue,
+                        live=_below_diagonal(diagonal))
         return
     contraction(th, out, D, lambda i, d: [lhs.read([i, d])], lambda d, j: [rhs.read([j, d])],
                 lambda acc, rv, cv, pre, i, j, d: B.fma(rv[0], cv[0], acc), epilogue=epilogue)
@@ -639,7 +846,8 @@ def emit_decay_matmul_row_gates(th: Threads, out: BufRef, w: Ref, x: Ref, g_row:
     # a_elem(r, k): row r of the output, partner k
     a_elem = (lambda j, i: weight(i, j)) if transpose_w else weight
     if precision in MMA_PRECISIONS and mma_supported(M, N, C):
-        mma_contraction(th, out, C, a_elem, lambda k, d, rb: x.read([k, d]), precision)
+        mma_contraction(th, out, C, a_elem, lambda k, d, rb: x.read([k, d]), precision,
+                        live=_partners(C, diagonal, transpose_w))
         return
     contraction(th, out, C, lambda r, k: [a_elem(r, k)], lambda k, d: [x.read([k, d])],
                 lambda acc, rv, cv, pre, r, d, k: B.fma(rv[0], cv[0], acc))
@@ -834,8 +1042,11 @@ def emit_decay_dot_mma_exact_diagonal(th: Threads, out: BufRef, lhs: Ref, rhs: R
 
     def product(in_block: bool):
         def b_elem(d, j, rb):
-            return _factored_from_block_start(rhs.read([j, d]), g, j, d, rb, S, in_block,
-                                              clamp_min)
+            # column j's factor may overflow past the block (or, not in_block, in it): only
+            # output column j reads it, and the epilogue selects it away there (no mask here)
+            bs = (rb // S) * S
+            return B.mul(rhs.read([j, d]), B.exp2_clamped(B.sub(g.read([bs, d]), g.read([j, d])),
+                                                         clamp_min))
 
         def epilogue(i, j, v):
             below = B.sel(B.icmp("le", j, addk(i, diagonal)), v, zero)
@@ -844,7 +1055,7 @@ def emit_decay_dot_mma_exact_diagonal(th: Threads, out: BufRef, lhs: Ref, rhs: R
             return B.sel(B.icmp("eq", i // S, j // S), out.read([i, j]), below)
 
         mma_contraction(th, out, D, a_elem, b_elem, precision, epilogue=epilogue,
-                        b_per_atom=True)
+                        b_per_atom=True, live=_below_diagonal(diagonal))
 
     _factored_or_exact(th, g, S, M, product, diagonal_block, gate_check)
 
@@ -981,7 +1192,8 @@ def emit_decay_matmul_mma_exact_diagonal(th: Threads, out: BufRef, w: Ref, x: Re
                 return v if in_block else B.add(v, out.read([j, d]))
 
         mma_contraction(th, out, C, a_elem, b_elem, precision, epilogue=epilogue,
-                        b_per_atom=True)
+                        b_per_atom=True,
+                        live=_partners(C, diagonal, transpose_w, S, in_block))
 
     _factored_or_exact(th, g, S, C, product, diagonal_block, gate_check)
 
