@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from kdagen import cp, ops
+from kdagen import cp, head_pad, ops
 from kdagen.validation import (KdagenInputError, check_cu_seqlens_values, check_fla_kwargs,
                                validate_inputs)
 
@@ -174,17 +174,21 @@ def _call(family, q, k, v, g, beta, *, scale, initial_state, output_final_state,
         family, q, k, v, g, beta, initial_state=initial_state, cu_seqlens=cu_seqlens,
         A_log=A_log, dt_bias=dt_bias, use_gate_in_kernel=use_gate_in_kernel, safe_gate=safe_gate,
         lower_bound=lower_bound, allowed_dtypes=ops.SUPPORTED_DTYPES,
-        supported_head_dims=ops.SUPPORTED_HEAD_DIMS, require_contiguous=True,
+        supported_head_dims=None, require_contiguous=True,
         check_values=_read_values(q, cu_seqlens))
+    pad = head_pad.plan(sizes.K, sizes.V, ops.SUPPORTED_HEAD_DIMS)
     if scale is None:
         scale = sizes.K ** -0.5
     elif isinstance(scale, torch.Tensor):
         raise KdagenInputError("scale: expected a Python float, got a tensor; pass float(scale)")
     if use_gate_in_kernel:
         if family == "kda":
-            dt_bias = dt_bias.reshape(sizes.HV, sizes.K)   # [HV * K] -> [HV, K] (a view)
+            dt_bias = pad.keys(dt_bias.reshape(sizes.HV, sizes.K))   # [HV * K] -> [HV, K]
     else:
         A_log = dt_bias = None                               # unused, as in FLA
+    q, k, v, initial_state = pad.keys(q), pad.keys(k), pad.values(v), pad.state(initial_state)
+    if family == "kda":
+        g = pad.keys(g)
     args = (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, float(scale),
             bool(output_final_state), bool(use_qk_l2norm_in_kernel), bool(use_gate_in_kernel),
             bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval), bool(safe_gate),
@@ -197,6 +201,7 @@ def _call(family, q, k, v, g, beta, *, scale, initial_state, output_final_state,
         op = ops.kda_fwd if family == "kda" else ops.gdn_fwd
         o, ht = op(*args)
         h = None
+    o, ht, h = pad.out(o), pad.out_state(ht), pad.out_state(h)
     if state_v_first:
         ht = ht.transpose(-1, -2).contiguous() if output_final_state else None
         h = h.transpose(-1, -2).contiguous() if h is not None else None
@@ -329,19 +334,26 @@ def _call_gated(family, q, k, v, g, beta, *, scale, initial_state, output_final_
     initial_state = _initial_state(initial_state, state_v_first)
     sizes = validate_inputs(
         family, q, k, v, g, beta, initial_state=initial_state, cu_seqlens=cu_seqlens,
-        allowed_dtypes=ops.SUPPORTED_DTYPES, supported_head_dims=ops.SUPPORTED_HEAD_DIMS,
+        allowed_dtypes=ops.SUPPORTED_DTYPES, supported_head_dims=None,
         require_contiguous=True, check_values=_read_values(q, cu_seqlens))
+    pad = head_pad.plan(sizes.K, sizes.V, ops.SUPPORTED_HEAD_DIMS)
     params = _gate_param_tensors(gobj, gate_params, _as_head_vector(A_log, sizes.HV), dt_bias,
                                  sizes.HV, sizes.K)
+    params = [pad.keys(x) if kind == "channel" else x
+              for x, kind in zip(params, gobj.params.values())]
     if scale is None:
         scale = sizes.K ** -0.5
     elif isinstance(scale, torch.Tensor):
         raise KdagenInputError("scale: expected a Python float, got a tensor; pass float(scale)")
+    q, k, v, initial_state = pad.keys(q), pad.keys(k), pad.values(v), pad.state(initial_state)
+    if family == "kda":
+        g = pad.keys(g)
     op = ops.kda_gated_fwd if family == "kda" else ops.gdn_gated_fwd
     o, ht = op(q, k, v, g, beta, params, initial_state, cu_seqlens, float(scale),
                bool(output_final_state), bool(use_qk_l2norm_in_kernel),
                bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval), gobj.name,
                _options_json(gate_options))
+    o, ht = pad.out(o), pad.out_state(ht)
     if state_v_first and output_final_state:
         ht = ht.transpose(-1, -2).contiguous()
     return o, (ht if output_final_state else None)

@@ -1,0 +1,84 @@
+"""Head dims the kernels are not built for: zero channels up to the next size they are.
+
+The chunked kernels are built for K, V in ``ops.SUPPORTED_HEAD_DIMS`` (K and V chosen
+independently). Any other K, V up to the largest of them runs at the next built size, with
+zeros in the extra key channels of q, k (and of KDA's gate and its per-channel parameters)
+and in the extra value channels of v and of the initial state. That changes no result and no
+gradient: a zero key channel adds nothing to q·kᵀ, k·kᵀ or an L2 norm and gives the state a
+row that stays zero whatever its decay (k is zero there and so is the initial row), a zero
+value channel gives o and the state a column that stays zero, and the gate of a zero row
+receives a zero gradient, so nothing leaks into A_log either. The outputs are cut back to K,
+V; autograd cuts the gradients (``torch.nn.functional.pad``'s backward). The cost is the
+padded size's work (K = 60 runs at 64, K = 100 at 128, K = 32 at 64).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from kdagen.validation import KdagenInputError
+
+__all__ = ["HeadPad", "plan"]
+
+
+def _next_built(n: int, built: tuple) -> int | None:
+    fits = [d for d in sorted(built) if d >= n]
+    return fits[0] if fits else None
+
+
+def plan(K: int, V: int, built: tuple) -> "HeadPad":
+    """The padding that runs head dims K, V on kernels built for ``built``; a clear error
+    naming the argument when one is larger than every built size."""
+    largest = max(built)
+    for name, what, n in (("q", "K", K), ("v", "V", V)):
+        if _next_built(n, built) is None:
+            raise KdagenInputError(
+                f"{name}: head dim {what} = {n} is not supported; kdagen's kernels take head "
+                f"dims up to {largest} (any size up to it: the kernels for "
+                f"{sorted(built)} run it with zero-padded channels); split the head into "
+                f"heads of at most {largest}")
+    return HeadPad(K, V, _next_built(K, built), _next_built(V, built))
+
+
+@dataclass(frozen=True)
+class HeadPad:
+    K: int
+    V: int
+    Kp: int       # the built key dim the call runs at
+    Vp: int       # the built value dim
+
+    @property
+    def active(self) -> bool:
+        return (self.K, self.V) != (self.Kp, self.Vp)
+
+    def keys(self, x: torch.Tensor | None) -> torch.Tensor | None:
+        """A tensor whose last dim is K (q, k, KDA's g, a per-channel gate parameter)."""
+        if x is None or self.Kp == self.K:
+            return x
+        return F.pad(x, (0, self.Kp - self.K))
+
+    def values(self, x: torch.Tensor | None) -> torch.Tensor | None:
+        """A tensor whose last dim is V (v)."""
+        if x is None or self.Vp == self.V:
+            return x
+        return F.pad(x, (0, self.Vp - self.V))
+
+    def state(self, x: torch.Tensor | None) -> torch.Tensor | None:
+        """A state ``[..., K, V]``."""
+        if x is None or not self.active:
+            return x
+        return F.pad(x, (0, self.Vp - self.V, 0, self.Kp - self.K))
+
+    def out(self, o: torch.Tensor | None) -> torch.Tensor | None:
+        """An output ``[..., Vp]`` cut back to V (contiguous, as the kernels return it)."""
+        if o is None or self.Vp == self.V:
+            return o
+        return o[..., :self.V].contiguous()
+
+    def out_state(self, x: torch.Tensor | None) -> torch.Tensor | None:
+        """A state ``[..., Kp, Vp]`` cut back to ``[..., K, V]``."""
+        if x is None or not self.active:
+            return x
+        return x[..., :self.K, :self.V].contiguous()

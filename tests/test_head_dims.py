@@ -1,0 +1,91 @@
+"""Head dims the kernels are not built for (kdagen.head_pad): any K, V up to the largest built
+size, K != V included, run zero-padded to the next built size. On CPU (the interpreter):
+outputs and every gradient against the float64 reference at the reference's own K, V (bf16
+bars and the fp32 bar), a researcher's gate with per-channel parameters, FLA's intermediate
+states and state_v_first, and the errors past the largest size."""
+import pytest
+import torch
+
+import kdagen
+from kdagen import ops
+from kdagen import reference as R
+from kdagen.head_pad import plan
+from kdagen.validation import KdagenInputError
+
+from test_api import BARS, FP32_BAR, make_inputs, run_and_compare
+from test_api_gates import _load
+
+
+@pytest.mark.parametrize("family,K,V,gate,dtype", [
+    ("kda", 60, 100, "softplus", "bf16"),      # FLA's test sizes, K != V, in-kernel gate
+    ("kda", 32, 64, "precomputed", "bf16"),    # padded K, built V
+    ("kda", 128, 100, "lower_bound", "bf16"),  # built K, padded V
+    ("gdn", 100, 48, "precomputed", "bf16"),
+    ("kda", 60, 60, "softplus", "fp32"),       # the fp32 bar: the padding changes nothing
+    ("gdn", 32, 100, "softplus", "fp32"),
+])
+def test_unbuilt_head_dims_match_the_reference(family, K, V, gate, dtype):
+    dt = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
+    x, flags = make_inputs(family, dtype=dt, T=70, H=1, HV=2, K=K, V=V, gate=gate,
+                           beta_sigmoid=gate != "precomputed")
+    bar = (lambda n: FP32_BAR) if dtype == "fp32" else (lambda n: BARS[n])
+    run_and_compare(family, x, flags, bar)
+
+
+def test_padding_plan_picks_the_next_built_size_per_dim():
+    p = plan(60, 100, (64, 128))
+    assert (p.Kp, p.Vp, p.active) == (64, 128, True)
+    assert not plan(64, 128, (64, 128)).active
+    assert plan(1, 2, (64, 128)).Kp == 64
+
+
+def test_a_researchers_channel_gate_at_an_unbuilt_head_dim():
+    """gate= with [HV, K] parameters: they are padded with the keys, their gradients cut."""
+    gate, mod = _load("kda_channel_rate.py")
+    K, HV, T = 60, 2, 40
+    gen = torch.Generator().manual_seed(3)
+    r = lambda *s: torch.randn(*s, generator=gen)   # noqa: E731
+    x = dict(q=r(1, T, 1, K), k=r(1, T, 1, K), v=r(1, T, HV, 48), g=r(1, T, HV, K) - 1.0,
+             beta=r(1, T, HV), initial_state=r(1, HV, K, 48) * 0.3)
+    params = {n: t.float() for n, t in mod.sample_params(HV, K, "strong", gen).items()}
+    kw = dict(use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True,
+              output_final_state=True)
+    leaves = {n: t.clone().requires_grad_(True) for n, t in {**x, **params}.items()}
+    o, ht = kdagen.chunk_kda(**{n: leaves[n] for n in x}, gate=gate.name,
+                             gate_params={n: leaves[n] for n in params}, **kw)
+    assert o.shape == (1, T, HV, 48) and ht.shape == (1, HV, K, 48)
+    do, dht = torch.randn(o.shape, generator=gen), torch.randn(ht.shape, generator=gen)
+    torch.autograd.backward([o, ht], [do, dht])
+    ref = R.reference_grads(lambda **a: R.chunk_kda(**{n: a[n] for n in x}, gate=gate,
+                                                    gate_params={n: a[n] for n in params}, **kw),
+                            {**x, **params}, do, dht)
+    assert R.rel_err(o, ref["o"]) < 1e-5 and R.rel_err(ht, ref["final_state"]) < 1e-5
+    for n, leaf in leaves.items():
+        assert leaf.grad.shape == leaf.shape and R.rel_err(leaf.grad, ref[n]) < 1e-4, n
+
+
+def test_intermediate_states_and_v_first_come_back_at_the_callers_dims():
+    K, V = 60, 100
+    x, flags = make_inputs("kda", dtype=torch.bfloat16, T=130, H=1, HV=2, K=K, V=V)
+    x = {n: t.detach() for n, t in x.items()}
+    with torch.inference_mode():
+        o, ht, h = kdagen.chunk_kda(**x, **flags, return_intermediate_states=True)
+        o2, htv = kdagen.chunk_kda(**dict(x, initial_state=x["initial_state"].transpose(-1, -2)),
+                                   **flags, state_v_first=True)
+    assert o.shape == (1, 130, 2, V) and o.is_contiguous()
+    assert ht.shape == (1, 2, K, V) and h.shape == (1, 3, 2, K, V)
+    assert torch.equal(h[0, 0].float(), x["initial_state"][0].to(h.dtype).float())
+    assert torch.equal(o, o2) and torch.equal(htv, ht.transpose(-1, -2))
+
+
+@pytest.mark.parametrize("family", ["kda", "gdn"])
+def test_head_dims_past_the_largest_built_size_name_the_argument(family):
+    big = max(ops.SUPPORTED_HEAD_DIMS) * 2
+    fn = kdagen.chunk_kda if family == "kda" else kdagen.chunk_gated_delta_rule
+    for K, V, name in ((big, 64, "q"), (64, big + 32, "v")):
+        x, flags = make_inputs(family, dtype=torch.bfloat16, T=8, K=K, V=V, h0=False)
+        with pytest.raises(KdagenInputError) as info:
+            fn(**x, **flags)
+        msg = str(info.value)
+        assert msg.startswith(f"{name}:") and f"= {K if name == 'q' else V}" in msg, msg
+        assert f"up to {max(ops.SUPPORTED_HEAD_DIMS)}" in msg and "split the head" in msg
