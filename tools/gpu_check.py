@@ -68,6 +68,10 @@ def _cases(spec: dict, quick: bool) -> list[dict]:
         # gates falling by far more than 64 (log2) across 16 tokens: the decay products'
         # diagonal blocks take their exact fallback (tiles.FACTORED_SPAN_MAX) in every chunk
         cases.append(dict(label="B1_T200 steep", B=1, T=200, decay="steep"))
+        # FLA's own test_chunk case (D = 100, gate_logit_normalizer 0.1): positive keys, so
+        # every pair of keys is strongly correlated, and g = logsigmoid(randn) / 0.1, steep
+        # with a heavy tail; it caught the TF32 merge of the unit-lower inverse
+        cases.append(dict(label="B1_T200 correlated steep", B=1, T=200, decay="correlated"))
         cases.append(dict(label="B1_T200 out-of-range", B=1, T=200, decay="extreme"))
     if quick:
         cases = cases[:2]
@@ -91,7 +95,8 @@ def _inputs(spec: dict, case: dict, device, seed: int) -> tuple[dict, dict]:
     else:
         B, T = case["B"], case["T"]
         cu, N = None, case["B"]
-    steep = case["decay"] == "steep"
+    correlated = case["decay"] == "correlated"
+    steep = case["decay"] in ("steep", "correlated")
     strong = case["decay"] == "strong" or steep
     gate = attrs.get("gate", "")
 
@@ -99,6 +104,10 @@ def _inputs(spec: dict, case: dict, device, seed: int) -> tuple[dict, dict]:
         return torch.randn(*s, generator=g, dtype=torch.float64) * scale
 
     x = {"q": rnd(B, T, H, K), "k": rnd(B, T, H, K), "v": rnd(B, T, HV, V)}
+    if correlated:      # FLA's test inputs: uniform [0, 1) keys and queries, unit rows
+        for n in ("q", "k"):
+            u = torch.rand(B, T, H, K, generator=g, dtype=torch.float64)
+            x[n] = u / u.norm(dim=-1, keepdim=True)
     gshape = (B, T, HV, K) if fam == "kda" else (B, T, HV)
     names = {a["name"]: a for a in spec["args"]}
     weak = case["decay"] == "weak"
@@ -106,6 +115,8 @@ def _inputs(spec: dict, case: dict, device, seed: int) -> tuple[dict, dict]:
         lb = (attrs.get("gate_options") or {}).get("lower_bound")
         span = -(lb if lb is not None else (-20.0 if steep else -5.0 if strong else -1.0))
         x["g"] = -torch.rand(*gshape, generator=g, dtype=torch.float64) * (0.01 if weak else span)
+        if correlated:
+            x["g"] = torch.nn.functional.logsigmoid(rnd(*gshape)) / 0.1
     elif weak:
         # g ~ -0.005 per token (PERF.md §4: weak decay exposes state-path rounding):
         # exp(A_log) = 1, dt_bias = 0, softplus(g_raw) ~ 0.005 or lb * sigmoid(g_raw) ~ 0.005

@@ -66,11 +66,15 @@ class LowerOptions:
     # chunk_warpgroups): the tile loops run on all of their threads (more warps per scheduler
     # to hide latency) and each warpgroup computes a slice of every wgmma product's N columns
     chunk_warpgroups: int | str = "auto"
-    # the unit-lower inverse (kda.tril_inv): "blocked" (16x16 diagonal blocks in registers,
-    # merged by block products in the op's kda.precision: one warp's tensor-core contraction
-    # per block), "blocked-fma" (the merge in fp32 FMA over all threads; ablation) or
-    # "columns" (forward substitution, one thread per column; ablation)
-    tril_inv: str = "blocked"
+    # the unit-lower inverse (kda.tril_inv): "blocked-fma" (16x16 diagonal blocks in
+    # registers, merged by block products in fp32 FMA over all threads), "blocked" (the merge
+    # in the op's kda.precision, one warp's tensor-core contraction per block: ~15 us faster
+    # per prologue kernel on the H200, but on FLA's test_chunk case D = 100 with
+    # gate_logit_normalizer 0.1 it gave o 2.7e-3, dq 9.3e-3, dh0 6.2e-2 where the fp32 merge
+    # gives 4.5e-4, 6.8e-4, 2.8e-4: bench/results/h200_fla_compat_tril_inv_ablation.log; an
+    # ablation until that is understood) or "columns" (forward substitution, one thread per
+    # column; ablation)
+    tril_inv: str = "blocked-fma"
     # element loops and row folds of the tile lowering issue the loads of this many elements
     # (rows) before using them (kdagen.codegen.lower.tiles.foreach_batched / fold_batched)
     load_batch: int = 8
