@@ -9,7 +9,9 @@ row that stays zero whatever its decay (k is zero there and so is the initial ro
 value channel gives o and the state a column that stays zero, and the gate of a zero row
 receives a zero gradient, so nothing leaks into A_log either. The outputs are cut back to K,
 V; autograd cuts the gradients (``torch.nn.functional.pad``'s backward). The cost is the
-padded size's work (K = 60 runs at 64, K = 100 at 128, K = 32 at 64).
+padded size's work (K = 60 runs at 64, K = 100 at 128, K = 32 at 64). Used by the chunked
+API (kdagen.api) and the decode API (kdagen.decode, where a state pool of such dims goes
+through torch's gather and scatter: the kernels index only pools of the built dims).
 """
 from __future__ import annotations
 
@@ -78,7 +80,8 @@ class HeadPad:
         return o[..., :self.V].contiguous()
 
     def out_state(self, x: torch.Tensor | None) -> torch.Tensor | None:
-        """A state ``[..., Kp, Vp]`` cut back to ``[..., K, V]``."""
-        if x is None or not self.active:
+        """A state ``[..., Kp, Vp]`` cut back to ``[..., K, V]`` (an op's empty placeholder
+        for a state it was not asked for passes through)."""
+        if x is None or not self.active or x.ndim < 2:
             return x
         return x[..., :self.K, :self.V].contiguous()

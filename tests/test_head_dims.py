@@ -89,3 +89,42 @@ def test_head_dims_past_the_largest_built_size_name_the_argument(family):
         msg = str(info.value)
         assert msg.startswith(f"{name}:") and f"= {K if name == 'q' else V}" in msg, msg
         assert f"up to {max(ops.SUPPORTED_HEAD_DIMS)}" in msg and "split the head" in msg
+
+
+# --- decode (kdagen.decode): the same padding; a pool of unbuilt dims goes through torch -----
+
+def _decode_inputs(family, B, T, K, V, HV=2, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=gen)   # noqa: E731
+    x = dict(q=r(B, T, 1, K), k=r(B, T, 1, K), v=r(B, T, HV, V),
+             beta=torch.rand(B, T, HV, generator=gen))
+    x["g"] = (-torch.rand(B, T, HV, K, generator=gen) * 0.5 if family == "kda"
+              else -torch.rand(B, T, HV, generator=gen) * 0.5)
+    return x
+
+
+@pytest.mark.parametrize("family", ["kda", "gdn"])
+def test_decode_at_unbuilt_head_dims_matches_the_reference(family):
+    from test_decode_api import _ref_inputs
+    from kdagen.decode_reference import decode_pool_step
+    K, V = 60, 100
+    fn = kdagen.fused_recurrent_kda if family == "kda" else kdagen.fused_recurrent_gated_delta_rule
+    x = _decode_inputs(family, 3, 2, K, V)
+    h0 = torch.randn(3, 2, K, V) * 0.3
+    o, ht = fn(**x, initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True)
+    ref = R.chunk_kda if family == "kda" else R.chunk_gated_delta_rule
+    o_ref, ht_ref = ref(*(t.double() for t in (x["q"], x["k"], x["v"], x["g"], x["beta"])),
+                        initial_state=h0.double(), output_final_state=True,
+                        use_qk_l2norm_in_kernel=True)
+    assert o.shape == (3, 2, 2, V) and ht.shape == (3, 2, K, V)
+    assert R.rel_err(o, o_ref) < 1e-5 and R.rel_err(ht, ht_ref) < 1e-5
+    # an fp32 pool in place, one sequence skipped, per-token (speculative) writes
+    pool = torch.randn(8, 2, K, V) * 0.3
+    idx = torch.tensor([[0, 1], [-1, 3], [4, 5]])
+    want_o, want_pool = decode_pool_step(*_ref_inputs(x, 1, 2), state_pool=pool.double(),
+                                         ssm_state_indices=idx)
+    before = pool.clone()
+    o, out = fn(**x, initial_state=pool, use_qk_l2norm_in_kernel=True, ssm_state_indices=idx,
+                inplace_final_state=True)
+    assert out is pool and R.rel_err(o, want_o) < 1e-5 and R.rel_err(pool, want_pool) < 1e-5
+    assert torch.equal(pool[[2, 3, 6, 7]], before[[2, 3, 6, 7]])
