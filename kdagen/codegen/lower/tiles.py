@@ -525,9 +525,10 @@ class LiveTriangle:
 
 @dataclass(frozen=True)
 class WarpSegment:
-    """One pass of a warp over a 16-row block: output column atoms (8 wide)
-    [c0, c0 + atoms), contraction [k_lo, k_hi), ``slots`` atoms held (>= atoms: the extra
-    slots repeat the last atom, their results unused)."""
+    """One pass of a warp over a 16-row block (first row 16 rb): output column atoms (8
+    wide) [c0, c0 + atoms), contraction [k_lo, k_hi). Every warp's pass holds the same
+    number of atoms (:func:`triangle_jobs`' slots); a warp with fewer repeats its first atom
+    in the rest and does not write them."""
     rb: int
     c0: int
     atoms: int
@@ -627,7 +628,7 @@ def _per_warp(warp, values: list):
 
 
 def _mma_triangle(th: Threads, out: BufRef, jobs, slots, live: LiveTriangle, kstep: int,
-                  afrag, bfrag, mma, epilogue, b_per_atom: bool) -> None:
+                  afrag, bfrag, mma, epilogue) -> None:
     """The product over :func:`triangle_jobs`' passes, then zeros in the columns
     ``live.cols`` leaves out."""
     lane = th.tid % 32
@@ -731,7 +732,8 @@ def mma_contraction(th: Threads, out: BufRef, K: int, a_elem, b_elem, precision:
     if live is not None and th.count % 32 == 0:
         split = triangle_jobs(M, N, K, kstep, th.count // 32, live, max_acc)
         if split is not None:
-            _mma_triangle(th, out, *split, live, kstep, afrag, bfrag, mma, epilogue, b_per_atom)
+            # B fragments per pass: each pass is one row block (b_per_atom holds either way)
+            _mma_triangle(th, out, *split, live, kstep, afrag, bfrag, mma, epilogue)
             return
 
     def body():
