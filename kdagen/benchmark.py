@@ -209,8 +209,23 @@ def _kernel_rows_of_call(run, grad: bool, reps: int, context: dict, **sizes) -> 
         return []
 
 
+def reference_stack() -> dict:
+    """The installed versions of the reference implementations and what picks their paths
+    (None: not installed). FLA takes TileLang kernels for some ops when TileLang is
+    importable, which changes its times (on the H200, KDA B1_T8k_H16 forward 0.82 ms without
+    TileLang, 1.36 ms with it in another process), so every result records it."""
+    from importlib import metadata
+    out = {}
+    for dist in ("fla-core", "flash-qla", "tilelang", "triton", "torch"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
 def _write_json(path, rows, kernels, device_name) -> None:
-    data = {"rows": rows, "device": device_name}
+    data = {"rows": rows, "device": device_name, "references": reference_stack()}
     if kernels is not None:
         data["kernels"] = kernels
     with open(path, "w") as f:
@@ -291,6 +306,8 @@ def main(argv=None):
         return 2
     device = "cuda"
     device_name = torch.cuda.get_device_name()
+    print("references: " + ", ".join(f"{k} {v or '-'}" for k, v in reference_stack().items()),
+          flush=True)
     rows = []
     kernels = [] if args.kernels else None
     for family in args.ops.split(","):

@@ -32,3 +32,16 @@ def test_make_inputs_varlen_and_gva_shapes():
 def test_bench_without_gpu_says_so():
     result = CliRunner().invoke(main, ["bench", "--ops", "kda"])
     assert result.exit_code == 2
+
+
+def test_results_record_the_reference_stack():
+    """Which FLA path ran depends on whether TileLang is importable: every JSON says."""
+    from importlib import metadata
+    stack = benchmark.reference_stack()
+    assert set(stack) == {"fla-core", "flash-qla", "tilelang", "triton", "torch"}
+    assert stack["torch"] == metadata.version("torch")
+    for dist, version in stack.items():
+        try:
+            assert version == metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            assert version is None, dist
