@@ -186,9 +186,8 @@ def _call(family, q, k, v, g, beta, *, scale, initial_state, output_final_state,
             dt_bias = pad.keys(dt_bias.reshape(sizes.HV, sizes.K))   # [HV * K] -> [HV, K]
     else:
         A_log = dt_bias = None                               # unused, as in FLA
-    q, k, v, initial_state = pad.keys(q), pad.keys(k), pad.values(v), pad.state(initial_state)
-    if family == "kda":
-        g = pad.keys(g)
+    q, k, v, g = pad.operands(family, q, k, v, g)
+    initial_state = pad.state(initial_state)
     args = (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, float(scale),
             bool(output_final_state), bool(use_qk_l2norm_in_kernel), bool(use_gate_in_kernel),
             bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval), bool(safe_gate),
@@ -345,9 +344,8 @@ def _call_gated(family, q, k, v, g, beta, *, scale, initial_state, output_final_
         scale = sizes.K ** -0.5
     elif isinstance(scale, torch.Tensor):
         raise KdagenInputError("scale: expected a Python float, got a tensor; pass float(scale)")
-    q, k, v, initial_state = pad.keys(q), pad.keys(k), pad.values(v), pad.state(initial_state)
-    if family == "kda":
-        g = pad.keys(g)
+    q, k, v, g = pad.operands(family, q, k, v, g)
+    initial_state = pad.state(initial_state)
     op = ops.kda_gated_fwd if family == "kda" else ops.gdn_gated_fwd
     o, ht = op(q, k, v, g, beta, params, initial_state, cu_seqlens, float(scale),
                bool(output_final_state), bool(use_qk_l2norm_in_kernel),

@@ -251,22 +251,20 @@ def _call(family, q, k, v, g, beta, *, A_log, dt_bias, scale, initial_state, out
                               dtype=torch.float32, device=q.device)
     if not use_gate_in_kernel:
         A_log = dt_bias = None
-    pad = _head_pad(family, q, k, v, g, dt_bias, initial_state, ssm_state_indices)
-    if pad is not None:       # head dims between the built ones: zero channels (head_pad)
-        q, k, v = pad.keys(q), pad.keys(k), pad.values(v)
-        if family == "kda":
-            g = pad.keys(g)
-            dt_bias = pad.keys(dt_bias.reshape(v.shape[2], pad.K)) if dt_bias is not None else None
+    pad = _head_pad(family, q, k, v, g, dt_bias, initial_state)
+    if pad.active:            # head dims between the built ones: zero channels (head_pad)
+        q, k, v, g = pad.operands(family, q, k, v, g)
+        if family == "kda" and dt_bias is not None:
+            dt_bias = pad.keys(dt_bias.reshape(v.shape[2], pad.K))
     op = kda_decode if family == "kda" else gdn_decode
     flags = (bool(use_qk_l2norm_in_kernel), bool(use_gate_in_kernel),
              bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval), bool(safe_gate),
              float(lower_bound) if safe_gate else None)
-    unpad = pad or head_pad.HeadPad(0, 0, 0, 0)
     if ssm_state_indices is None:
-        o, ht, _ = op(q, k, v, g, beta, A_log, dt_bias, unpad.state(initial_state), cu_seqlens,
+        o, ht, _ = op(q, k, v, g, beta, A_log, dt_bias, pad.state(initial_state), cu_seqlens,
                       float(scale), bool(output_final_state or inplace_final_state), False,
                       *flags)
-        o, ht = unpad.out(o), unpad.out_state(ht)
+        o, ht = pad.out(o), pad.out_state(ht)
         if inplace_final_state and initial_state is not None:
             initial_state.copy_(ht.to(initial_state.dtype))
             return o, initial_state
@@ -277,7 +275,7 @@ def _call(family, q, k, v, g, beta, *, A_log, dt_bias, scale, initial_state, out
     _check_pool(pool, idx, num_accepted_tokens, N, inplace_final_state)
     read = _read_slots(idx, num_accepted_tokens, N)
     per_token = idx.ndim == 2
-    if pad is None and _kernel_indexes_pool(pool):
+    if not pad.active and _kernel_indexes_pool(pool):
         pool_op = kda_decode_pool if family == "kda" else gdn_decode_pool
         o, hs = pool_op(q, k, v, g, beta, A_log, dt_bias, pool, read.contiguous(), cu_seqlens,
                         float(scale), not per_token, per_token, *flags)
@@ -286,9 +284,9 @@ def _call(family, q, k, v, g, beta, *, A_log, dt_bias, scale, initial_state, out
         return o, pool
     live = read >= 0
     h0 = pool.index_select(0, read.clamp(min=0).to(torch.int64)).to(torch.float32)
-    o, ht, hs = op(q, k, v, g, beta, A_log, dt_bias, unpad.state(h0).contiguous(), cu_seqlens,
+    o, ht, hs = op(q, k, v, g, beta, A_log, dt_bias, pad.state(h0).contiguous(), cu_seqlens,
                    float(scale), not per_token, per_token, *flags)
-    o, ht, hs = unpad.out(o), unpad.out_state(ht), unpad.out_state(hs)
+    o, ht, hs = pad.out(o), pad.out_state(ht), pad.out_state(hs)
     seq, _ = _token_seq(B, T, cu_seqlens, q.device)
     o = o * live[seq].view(B, T, 1, 1).to(o.dtype)          # skipped sequences: 0
     if per_token:
@@ -298,23 +296,22 @@ def _call(family, q, k, v, g, beta, *, A_log, dt_bias, scale, initial_state, out
     return o, pool
 
 
-def _head_pad(family, q, k, v, g, dt_bias, state, slots) -> "head_pad.HeadPad | None":
-    """The padding of a call whose head dims lie between the built ones (None: built dims,
-    or inputs whose shapes disagree, which the op then reports). The pool path takes the
-    gathered states through torch (the kernels index only pools of the built dims)."""
+def _head_pad(family, q, k, v, g, dt_bias, state) -> head_pad.HeadPad:
+    """The padding of a call whose head dims lie between the built ones (UNPADDED: built
+    dims, or inputs whose shapes disagree, which the op then reports). The pool path takes
+    the gathered states through torch (the kernels index only pools of the built dims)."""
     if not all(isinstance(x, Tensor) and x.ndim == 4 for x in (q, k, v)):
-        return None
+        return head_pad.UNPADDED
     K, V, HV = int(q.shape[3]), int(v.shape[3]), int(v.shape[2])
     if K in ops.SUPPORTED_HEAD_DIMS and V in ops.SUPPORTED_HEAD_DIMS:
-        return None
+        return head_pad.UNPADDED
     consistent = (k.shape[3] == K and (family == "gdn" or (isinstance(g, Tensor) and g.ndim == 4
                                                             and g.shape[3] == K))
                   and (dt_bias is None or family == "gdn" or dt_bias.numel() == HV * K)
                   and (state is None or (state.ndim == 4 and tuple(state.shape[2:]) == (K, V))))
     if not consistent:
-        return None
-    pad = head_pad.plan(K, V, ops.SUPPORTED_HEAD_DIMS)
-    return pad if pad.active else None
+        return head_pad.UNPADDED
+    return head_pad.plan(K, V, ops.SUPPORTED_HEAD_DIMS)
 
 
 def _kernel_indexes_pool(pool: Tensor) -> bool:

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from kdagen.validation import KdagenInputError
 
-__all__ = ["HeadPad", "plan"]
+__all__ = ["HeadPad", "plan", "UNPADDED"]
 
 
 def _next_built(n: int, built: tuple) -> int | None:
@@ -61,6 +61,11 @@ class HeadPad:
             return x
         return F.pad(x, (0, self.Kp - self.K))
 
+    def operands(self, family: str, q, k, v, g) -> tuple:
+        """q, k, v and the gate of a call (the gate has key channels for KDA only)."""
+        return (self.keys(q), self.keys(k), self.values(v),
+                self.keys(g) if family == "kda" else g)
+
     def values(self, x: torch.Tensor | None) -> torch.Tensor | None:
         """A tensor whose last dim is V (v)."""
         if x is None or self.Vp == self.V:
@@ -85,3 +90,7 @@ class HeadPad:
         if x is None or not self.active or x.ndim < 2:
             return x
         return x[..., :self.K, :self.V].contiguous()
+
+
+#: the plan of a call that runs at its own head dims (every method passes its tensors through)
+UNPADDED = HeadPad(0, 0, 0, 0)

@@ -26,8 +26,9 @@ it. Where FLA only warns (``dA`` of KDA's test_chunk / test_chunk_varlen) a miss
 here too; FLA's extra leniency under its CI environment variable is not taken over.
 
 Cases whose head dims exceed the largest of ``kdagen.ops.SUPPORTED_HEAD_DIMS`` (read at run
-time; smaller dims run zero-padded, kdagen.head_pad) are skipped, saying so. Backend plumbing tests (FlashKDA/FlashQLA dispatch spies and verifiers,
-Triton-Ascend routing, autotuner guards) are not ported; the FlashKDA/FlashQLA *parity* tests
+time; smaller dims run zero-padded, kdagen.head_pad) are skipped, saying so. Backend plumbing
+tests (FlashKDA/FlashQLA dispatch spies and verifiers, Triton-Ascend routing, autotuner
+guards) are not ported; the FlashKDA/FlashQLA *parity* tests
 are, as plain calls of kdagen's function with the same arguments and gold reference.
 
 Kernels: ``python tests/test_fla_compat.py DIR [CHIP]`` writes (on any machine, no GPU) one

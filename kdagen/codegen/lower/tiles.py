@@ -722,12 +722,9 @@ def mma_contraction(th: Threads, out: BufRef, K: int, a_elem, b_elem, precision:
     if precision not in MMA_PRECISIONS:
         raise ValueError(f"mma precision must be one of {MMA_PRECISIONS}, got {precision!r}")
     M, N = out.shape
-    plan = mma_plan(M, N, th.count, max_acc)
     lane = th.tid % 32
     warp = th.tid // 32
     g, t = lane // 4, lane % 4
-    row0 = (warp // plan.wn) * (M // plan.wm)
-    col0 = (warp % plan.wn) * (N // plan.wn)
     kstep, afrag, bfrag, mma = _mma_atom(precision, a_elem, b_elem, g, t)
     if live is not None and th.count % 32 == 0:
         split = triangle_jobs(M, N, K, kstep, th.count // 32, live, max_acc)
@@ -735,6 +732,9 @@ def mma_contraction(th: Threads, out: BufRef, K: int, a_elem, b_elem, precision:
             # B fragments per pass: each pass is one row block (b_per_atom holds either way)
             _mma_triangle(th, out, *split, live, kstep, afrag, bfrag, mma, epilogue)
             return
+    plan = mma_plan(M, N, th.count, max_acc)
+    row0 = (warp // plan.wn) * (M // plan.wm)
+    col0 = (warp % plan.wn) * (N // plan.wn)
 
     def body():
         for pss, cps in [(p_, q_) for p_ in range(plan.row_passes) for q_ in range(plan.col_passes)]:
@@ -777,6 +777,13 @@ def emit_dot_mma(th: Threads, out: BufRef, a: Ref, b: Ref, precision: str) -> No
                     lambda k, j, rb: b.read([k, j]), precision)
 
 
+def _to_block_start(val, g_ref: Ref, g_own: Ref, j, d, rb, S: int, clamp_min):
+    """``val`` (row j, column d) times 2^(g_ref[bs, d] - g_own[j, d]), bs the first row of
+    the S-row block of ``rb``: unmasked, so it may overflow for rows past the block."""
+    bs = (rb // S) * S
+    return B.mul(val, B.exp2_clamped(B.sub(g_ref.read([bs, d]), g_own.read([j, d])), clamp_min))
+
+
 def emit_decay_dot_mma(th: Threads, out: BufRef, lhs: Ref, rhs: Ref, gl: Ref, gr: Ref,
                        diagonal: int, clamp_min, subblock: int, precision: str) -> None:
     """decay_dot with subblock S (a multiple of 16) on tensor cores, factored through
@@ -795,9 +802,7 @@ def emit_decay_dot_mma(th: Threads, out: BufRef, lhs: Ref, rhs: Ref, gl: Ref, gr
     def b_elem(d, j, rb):
         # column j's factor may overflow past the block; only output column j reads it, and
         # the epilogue selects it away there
-        bs = (rb // S) * S
-        return B.mul(rhs.read([j, d]), B.exp2_clamped(B.sub(gl.read([bs, d]), gr.read([j, d])),
-                                                     clamp_min))
+        return _to_block_start(rhs.read([j, d]), gl, gr, j, d, rb, S, clamp_min)
 
     mma_contraction(th, out, lhs.shape[1], a_elem, b_elem, precision,
                     epilogue=lambda i, j, v: B.sel(B.icmp("le", j, addk(i, diagonal)), v, zero),
@@ -1008,7 +1013,7 @@ def _factored_from_block_start(val, g: Ref, j, d, rb, S: int, in_block: bool, cl
     own rows when ``in_block``), zero after them: later rows' factors may overflow, so they
     are selected away, not multiplied by a zero."""
     bs = (rb // S) * S
-    v = B.mul(val, B.exp2_clamped(B.sub(g.read([bs, d]), g.read([j, d])), clamp_min))
+    v = _to_block_start(val, g, g, j, d, rb, S, clamp_min)
     return B.sel(B.icmp("lt", j, addk(bs, S) if in_block else bs), v, B.f(0.0))
 
 
@@ -1047,9 +1052,7 @@ def emit_decay_dot_mma_exact_diagonal(th: Threads, out: BufRef, lhs: Ref, rhs: R
         def b_elem(d, j, rb):
             # column j's factor may overflow past the block (or, not in_block, in it): only
             # output column j reads it, and the epilogue selects it away there (no mask here)
-            bs = (rb // S) * S
-            return B.mul(rhs.read([j, d]), B.exp2_clamped(B.sub(g.read([bs, d]), g.read([j, d])),
-                                                         clamp_min))
+            return _to_block_start(rhs.read([j, d]), g, g, j, d, rb, S, clamp_min)
 
         def epilogue(i, j, v):
             below = B.sel(B.icmp("le", j, addk(i, diagonal)), v, zero)
