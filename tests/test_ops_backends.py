@@ -323,6 +323,26 @@ def test_find_variant_by_resolved_options(tmp_path):
         backends.find_variant(tmp_path / "nothing", "kda_fwd", OPTS)
 
 
+def test_find_variant_skips_a_variant_built_with_an_option_the_call_leaves_out(tmp_path):
+    """A bundle holding a precomputed-gate variant with lower_bound = -5 (a clamp of g) and
+    one without: a call without lower_bound must get the second, whatever the names' order
+    (the first was taken before: FLA's steep-gate D = 100 case failed on the H200)."""
+    fp32_gate = dict(OPTS, gate="precomputed", gate_dtype="fp32")
+    write_lowered(tmp_path, {
+        "a_clamped": {"program": "kda_fwd", "options": dict(fp32_gate, lower_bound=-5.0),
+                      "attrs": dict(fp32_gate, gate_options={"lower_bound": -5.0})},
+        "b_split": {"program": "kda_decode", "options": dict(OPTS, value_split=4),
+                    "attrs": dict(OPTS, value_split=4)},
+        "c_plain": {"program": "kda_fwd", "options": fp32_gate, "attrs": fp32_gate},
+        "d_plain": {"program": "kda_decode", "options": dict(OPTS), "attrs": dict(OPTS)},
+    })
+    assert backends.find_variant(tmp_path, "kda_fwd", fp32_gate) == "c_plain"
+    assert backends.find_variant(tmp_path, "kda_fwd", dict(fp32_gate, lower_bound=-5.0)) \
+        == "a_clamped"
+    assert backends.find_variant(tmp_path, "kda_decode", OPTS) == "d_plain"
+    assert backends.find_variant(tmp_path, "kda_decode", dict(OPTS, value_split=4)) == "b_split"
+
+
 def test_find_variant_uses_the_variant_name(tmp_path):
     from kdagen.runtime.bundle import variant_name
     name = variant_name("kda_fwd", OPTS)

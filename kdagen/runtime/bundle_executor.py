@@ -63,11 +63,33 @@ def _convention_matches(spec: Mapping[str, Any], options: Mapping[str, Any]) -> 
                for k in CONVENTION_OPTIONS)
 
 
+def _unrequested(spec: Mapping[str, Any], options: Mapping[str, Any]) -> str | None:
+    """An option the variant was built with that the call leaves out, where leaving it out
+    means another program (the API names these only when they differ from the default:
+    kdagen.ops.program_options, kdagen.decode): its name, else None. Without this check a
+    call without lower_bound took a variant built with lower_bound = -5 (a gate clamp) from a
+    bundle that held both: FLA's test_chunk D = 100 case on the H200, dh0 6.2e-2."""
+    emitted = spec.get("options") or {}
+    attrs = spec.get("attrs") or {}
+    if "lower_bound" not in options and (
+            emitted.get("lower_bound") is not None
+            or (attrs.get("gate_options") or {}).get("lower_bound") is not None):
+        return "lower_bound"
+    dtype = emitted.get("dtype", attrs.get("dtype", "bf16"))
+    defaults = {"gate_dtype": (None, dtype), "beta_dtype": (None, dtype), "value_split": (1,),
+                "output_chunk_states": (False,), "gate_digest": (None,)}
+    for name, same in defaults.items():
+        if name not in options and name in emitted and emitted[name] not in same:
+            return name
+    return None
+
+
 def find_variant(bundle_dir: str | os.PathLike, program: str, options: Mapping[str, Any],
                  chip: str = "sm_90a") -> str:
     """The name of the variant of ``program`` with ``options`` in a bundle's lowered.json
     (the name :func:`kdagen.runtime.bundle.variant_name` gives it, else any variant of the
-    program whose resolved options match, :data:`CONVENTION_OPTIONS` both ways). Raises
+    program whose resolved options match, :data:`CONVENTION_OPTIONS` both ways, built with no
+    option the call leaves at its default: :func:`_unrequested`). Raises
     :class:`BundleNotFoundError`."""
     path = Path(bundle_dir) / LOWERED
     try:
@@ -81,7 +103,8 @@ def find_variant(bundle_dir: str | os.PathLike, program: str, options: Mapping[s
         return name
     for name, spec in sorted(variants.items()):
         if spec.get("program") == program and _convention_matches(spec, options) and all(
-                _option_matches(spec, k, v) for k, v in options.items()):
+                _option_matches(spec, k, v) for k, v in options.items()) and (
+                _unrequested(spec, options) is None):
             return name
     have = sorted(f"{n}" for n, sp in variants.items() if sp.get("program") == program)
     raise BundleNotFoundError(
