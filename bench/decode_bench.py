@@ -41,8 +41,10 @@ def emit(out_dir: str, heads, head_dim: int) -> None:
     with recording("cpu") as rec:
         for op in ("kda", "gdn"):
             for HV in heads:
-                x = _inputs(op, 2, HV, head_dim, torch.device("cpu"))
-                kdagen_call(op, x, torch.arange(2))()
+                # a small and a large batch: kdagen.decode.value_split differs between them
+                for N in (2, 64):
+                    x = _inputs(op, N, HV, head_dim, torch.device("cpu"))
+                    kdagen_call(op, x, torch.arange(N))()
     write_variants_bundle(rec.variants(), out_dir)
 
 
@@ -51,7 +53,13 @@ def main(argv=None) -> int:
     add_size_arguments(ap)
     ap.add_argument("--emit", default=None, metavar="DIR",
                     help="write the bundle of the variants this benchmark uses (no GPU needed)")
+    ap.add_argument("--value-split", type=int, default=None,
+                    help="force kdagen.decode.VALUE_SPLIT for this run (an ablation; emit the "
+                         "bundle with the same value)")
     args = ap.parse_args(argv)
+    if args.value_split is not None:
+        import kdagen.decode
+        kdagen.decode.VALUE_SPLIT = args.value_split
     heads = [int(h) for h in args.heads.split(",")]
     if args.emit:
         emit(args.emit, heads, args.head_dim)
@@ -60,8 +68,9 @@ def main(argv=None) -> int:
     dev = torch.device("cuda")
     K = args.head_dim
     rows = []
-    print(f"{'op':4s} {'N':>4s} {'HV':>3s}  {'kdagen us':>9s} {'FLA us':>8s} {'copy us':>8s}  "
-          f"{'kdagen GB/s':>11s} {'% copy':>6s}  {'FLA/kdagen':>10s}")
+    import kdagen.decode
+    print(f"{'op':4s} {'N':>4s} {'HV':>3s} {'P':>2s}  {'kdagen us':>9s} {'FLA us':>8s} "
+          f"{'copy us':>8s}  {'kdagen GB/s':>11s} {'% copy':>6s}  {'FLA/kdagen':>10s}")
     for op in ("kda", "gdn"):
         for HV in heads:
             for N in map(int, args.batches.split(",")):
@@ -74,13 +83,15 @@ def main(argv=None) -> int:
                     torch.cuda.synchronize()
                     times[name] = do_bench_cudagraph(fn, rep=200) * 1e3
                 nbytes, copy_us = state_copy(x[5])
-                r = dict(op=op, N=N, HV=HV, K=K, kdagen_us=times["kdagen"], fla_us=times["fla"],
+                r = dict(op=op, N=N, HV=HV, K=K, value_split=kdagen.decode.value_split(N, HV, K),
+                         kdagen_us=times["kdagen"], fla_us=times["fla"],
                          copy_us=copy_us, state_MB=nbytes / 1e6,
                          kdagen_GBps=nbytes / times["kdagen"] / 1e3,
                          kdagen_pct_of_copy=100 * copy_us / times["kdagen"],
                          ratio_fla_over_kdagen=times["fla"] / times["kdagen"])
                 rows.append(r)
-                print(f"{op:4s} {N:4d} {HV:3d}  {r['kdagen_us']:9.2f} {r['fla_us']:8.2f} "
+                print(f"{op:4s} {N:4d} {HV:3d} {r['value_split']:2d}  {r['kdagen_us']:9.2f} "
+                      f"{r['fla_us']:8.2f} "
                       f"{copy_us:8.2f}  {r['kdagen_GBps']:11.0f} {r['kdagen_pct_of_copy']:6.1f}  "
                       f"{r['ratio_fla_over_kdagen']:10.3f}", flush=True)
                 if args.json:                  # after each row: a cut-short run keeps its rows

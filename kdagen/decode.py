@@ -58,10 +58,34 @@ def _run(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, sc
             res["token_states"] if output_token_states else empty)
 
 
+#: a fixed number of CTAs per (sequence, value head) for every decode step (an ablation:
+#: bench/decode_bench.py --value-split); None: value_split() chooses per call
+VALUE_SPLIT = None
+#: (sequence, head) pairs up to which a decode step splits each state over 4 CTAs, not 2
+FEW_PAIRS = 128
+
+
+def value_split(N: int, HV: int, V: int) -> int:
+    """CTAs per (sequence, value head) of a decode step, each owning V / value_split columns
+    of the state, v and o (the decode programs' option). Measured on the H200 (K = V = 128,
+    fp32 pool in place, CUDA graphs; bench/results/h200_decode_value_split_*): with few
+    sequences the step's latency is one CTA's chain, which 4 parts shorten most (KDA N = 1,
+    HV = 16: 7.34 us unsplit, 5.39 with 2 parts, 4.24 with 4; FLA 4.11); with many, 2 parts
+    keep the most state bytes in flight (N = 256, HV = 16: 171.2, 163.0, 188.8 us)."""
+    parts = VALUE_SPLIT if VALUE_SPLIT is not None else (4 if N * HV <= FEW_PAIRS else 2)
+    while parts > 1 and V % (8 * parts):
+        parts //= 2
+    return parts
+
+
 def _decode_options(sizes, opts: dict, outputs: dict, output_token_states: bool) -> None:
-    """The chunked op's call spec made a decode step's: one token per scan step, and the
-    state after every token as an output where asked for."""
+    """The chunked op's call spec made a decode step's: one token per scan step, the value
+    columns split over value_split() CTAs, and the state after every token as an output where
+    asked for."""
     del opts["chunk_size"]
+    parts = value_split(sizes.N, sizes.HV, sizes.V)
+    if parts > 1:
+        opts["value_split"] = parts
     if output_token_states:
         opts["output_token_states"] = True
         outputs["token_states"] = OutSpec((sizes.B * sizes.T, sizes.HV, sizes.K, sizes.V),

@@ -134,9 +134,15 @@ def _resource_cells(entry: KernelEntry) -> dict:
             if k in res}
 
 
+#: the value splits kdagen.decode.value_split chooses from at the built head dims (a decode
+#: step's CTAs per sequence and head: 4 for few sequences, 2 for many)
+DECODE_VALUE_SPLITS = (2, 4)
+
+
 def program_variants(ops: list[str], head_dim, gate, decode: bool = False) -> list[tuple[str, dict]]:
     """(program, options) for each requested op: forward and backward (and with ``decode`` the
-    op's decode program, plain and on a state pool), K = V = head_dim for
+    op's decode program, plain and on a state pool, at each of DECODE_VALUE_SPLITS), K = V =
+    head_dim for
     each head dim of ``head_dim`` (one or several). ``gate``: None (each op's default gate), a
     gate name, or several (a list or comma-separated): each gate's programs go to the ops of
     its family, so one bundle holds kernels for several gates. A user's gate carries its
@@ -166,8 +172,10 @@ def program_variants(ops: list[str], head_dim, gate, decode: bool = False) -> li
                 options["gate_digest"] = gobj.digest
             out.extend((program, dict(options)) for program in OPS[op])
             if decode:
-                out.append((f"{op}_decode", dict(options)))
-                out.append((f"{op}_decode", dict(options, state_pool=True)))
+                for parts in DECODE_VALUE_SPLITS:
+                    split = dict(options, value_split=parts)
+                    out.append((f"{op}_decode", split))
+                    out.append((f"{op}_decode", dict(split, state_pool=True)))
     return out
 
 

@@ -514,4 +514,5 @@ def test_emit_decode_adds_the_decode_program(tmp_path):
     assert programs == {"gdn_fwd", "gdn_bwd", "gdn_decode"}
     decode = [v for v in json.loads((out / "lowered.json").read_text())["variants"].values()
               if v["program"] == "gdn_decode"]
-    assert sorted(bool(v["attrs"].get("state_pool")) for v in decode) == [False, True]
+    assert sorted((bool(v["attrs"].get("state_pool")), v["attrs"]["value_split"])
+                  for v in decode) == [(False, 2), (False, 4), (True, 2), (True, 4)]

@@ -154,11 +154,15 @@ def variants_used() -> list:
     with recording("cpu") as rec:
         for family in ("kda", "gdn"):
             x = _inputs(family, 2, 2, "cpu")
-            for dtype in (torch.int64, torch.int32):
-                _fn(family)(**x, initial_state=torch.zeros(4, HV, K, V),
-                            use_qk_l2norm_in_kernel=True,
-                            ssm_state_indices=torch.tensor([0, 1], dtype=dtype),
-                            inplace_final_state=True)
+            # 2 and 64 sequences: the tests' batches take both of kdagen.decode.value_split's
+            # choices (4 parts for few (sequence, head) pairs, 2 for many)
+            for B in (2, 64):
+                xb = _inputs(family, B, 1, "cpu")
+                for dtype in (torch.int64, torch.int32):
+                    _fn(family)(**xb, initial_state=torch.zeros(B + 2, HV, K, V),
+                                use_qk_l2norm_in_kernel=True,
+                                ssm_state_indices=torch.arange(B, dtype=dtype),
+                                inplace_final_state=True)
             _fn(family)(**x, initial_state=torch.zeros(4, HV, K, V), use_qk_l2norm_in_kernel=True,
                         ssm_state_indices=torch.tensor([[0, 1], [2, 3]]),
                         inplace_final_state=True)

@@ -126,16 +126,17 @@ def test_decode_rejects_a_chunk_size():
         build_program("gdn_decode", output_chunk_states=True)
 
 
-@pytest.mark.parametrize("family", ["kda", "gdn"])
-def test_lowered_decode_kernels_compute_the_recurrence_in_the_simulator(family):
+@pytest.mark.parametrize("family,parts", [("kda", 1), ("gdn", 1), ("kda", 2), ("gdn", 4)])
+def test_lowered_decode_kernels_compute_the_recurrence_in_the_simulator(family, parts):
     """The portable lowering of the decode program (after the sm_90a pipeline), run in the
     lockstep CTA simulator on bf16-rounded inputs, against the interpreter on the same (the
-    sm_90a pipeline: fp32 workspaces; sm_120a keeps its workspaces in bf16)."""
+    sm_90a pipeline: fp32 workspaces; sm_120a keeps its workspaces in bf16). ``parts``:
+    value_split, each (sequence, head) as that many CTAs over the value columns."""
     from kdagen.codegen.lower.options import LowerOptions
     from kdagen.codegen.lower.sim import simulate
     gate = "softplus" if family == "kda" else "gdn_softplus"
     opts, x, _ = _case(family, gate=gate, lengths=[1, 4, 2])
-    m = build_program(f"{family}_decode", **opts)
+    m = build_program(f"{family}_decode", value_split=parts, **opts)
     with m.context, ir.Location.unknown():
         run_pipeline(m, pipeline_for("sm_90a"))
     keep = ("A_log", "dt_bias", "initial_state", "cu_seqlens", "scale")
@@ -222,3 +223,56 @@ def test_gpu_check_runs_the_decode_cases(tmp_path):
         for name, r in rows.items():
             assert r["finite"] and r["det"], (case["label"], name)
             assert r["err"] <= r["bar"], (case["label"], name, r["err"], r["bar"])
+
+
+@pytest.mark.parametrize("parts", [2, 4])
+@pytest.mark.parametrize("name", ["kda_softplus_T3_gva2", "gdn_precomputed_varlen"])
+def test_value_split_runs_each_part_of_the_value_columns_on_its_own(name, parts):
+    """value_split=P: the program holds V / P value columns (state, v, o) and runs once per
+    part; the columns never mix, so the outputs equal the unsplit program's (float64)."""
+    spec = dict(CASES[name])
+    family = spec.pop("family")
+    opts, x, ref = _case(family, **spec)
+    m = build_program(f"{family}_decode", value_split=parts, **opts)
+    shapes = [line for line in str(m).splitlines() if '"kda.load_state"' in line]
+    assert shapes and f"tensor<64x{64 // parts}xf32>" in shapes[0]
+    out = interpreter.run(m, x, dtype=F64)
+    for k in ("o", "final_state"):
+        assert R.rel_err(out[k], ref[k]) < 1e-12, (k, R.rel_err(out[k], ref[k]))
+
+
+def test_value_split_on_a_pool_in_place_with_token_states():
+    """In place on a state pool (read and written through the slot table, a skipped
+    sequence), with per-token states: every part reads and writes only its own columns."""
+    opts, x, _ = _case("kda", gate="softplus", lengths=[2, 1, 3])
+    pool = torch.randn(5, 2, 64, 64, dtype=F64, generator=torch.Generator().manual_seed(4))
+    slots = torch.tensor([3, -1, 0])
+    outs = []
+    for parts in (1, 4):
+        m = build_program("kda_decode", value_split=parts, state_pool=True,
+                          output_token_states=True, **opts)
+        p = pool.clone()
+        xi = dict(x, initial_state=p, final_state=p, state_slots=slots)   # in place
+        outs.append(interpreter.run(m, xi, dtype=F64))
+    for k in ("o", "final_state", "token_states"):
+        assert torch.allclose(outs[0][k], outs[1][k], rtol=0, atol=1e-13), k
+
+
+def test_value_split_needs_whole_parts():
+    with pytest.raises(ProgramOptionError, match="value_split"):
+        build_program("kda_decode", head_k_dim=64, head_v_dim=64, value_split=3)
+    with pytest.raises(ProgramOptionError, match="value_split"):
+        build_program("kda_decode", head_k_dim=64, head_v_dim=64, value_split=16)
+
+
+def test_decode_api_splits_few_pairs_over_4_ctas_and_many_over_2():
+    from kdagen import decode
+    assert decode.value_split(1, 16, 128) == 4
+    assert decode.value_split(8, 16, 128) == 4          # 128 (sequence, head) pairs
+    assert decode.value_split(9, 16, 128) == 2
+    assert decode.value_split(256, 32, 128) == 2
+    assert decode.value_split(1, 16, 16) == 2           # parts keep a multiple of 8 columns
+    assert decode.value_split(1, 16, 8) == 1
+    from kdagen.emit import DECODE_VALUE_SPLITS                # what `kdagen emit --decode` builds
+    assert {decode.value_split(n, 16, d) for n in (1, 256) for d in (64, 128)} \
+        == set(DECODE_VALUE_SPLITS)

@@ -32,6 +32,11 @@ NATIVE_SET = [
                         state_pool=True, slot_dtype="i32"), NATIVE),
     ("gdn_decode", dict(head_k_dim=128, head_v_dim=128, gate="gdn_softplus", state_pool=True),
      NATIVE),
+    # ... split over the value columns (value_split CTAs per sequence and head)
+    ("kda_decode", dict(head_k_dim=128, head_v_dim=128, gate="softplus", gva_ratio=2, varlen=True,
+                        state_pool=True, value_split=4), NATIVE),
+    ("gdn_decode", dict(head_k_dim=128, head_v_dim=128, gate="gdn_softplus", value_split=2),
+     NATIVE),
 ]
 DEFAULT_SET = [
     ("kda_fwd", dict(head_k_dim=128, head_v_dim=128, gate="lower_bound", gva_ratio=2, varlen=True), PART),

@@ -562,7 +562,7 @@ def _check_op(op):
         if tuple(_shape(ins[0])[2:]) != _shape(outs[0]) or _etype(ins[0]) != _etype(outs[0]):
             _fail(op, f"tile {outs[0]} does not match the chunk workspace {ins[0]}")
     elif name in ("load", "load_chunk"):
-        mem = _shape(ins[0])
+        mem = _value_part(op, _shape(ins[0]))
         tile = _shape(outs[0])
         lead, rows = (3, 1) if name == "load" else (2, 0)
         if tuple(mem[lead:]) != tuple(tile[rows:]) or _etype(ins[0]) != _etype(outs[0]):
@@ -570,7 +570,7 @@ def _check_op(op):
         if name == "load" and _attr(op, "head_map") not in ("direct", "grouped"):
             _fail(op, "head_map must be 'direct' or 'grouped'")
     elif name in ("store", "store_chunk"):
-        mem = _shape(ins[0])
+        mem = _value_part(op, _shape(ins[0]))
         tile = _shape(ins[2])
         lead, rows = (3, 1) if name == "store" else (2, 0)
         if tuple(mem[lead:]) != tuple(tile[rows:]) or _etype(ins[0]) != _etype(ins[2]):
@@ -579,7 +579,8 @@ def _check_op(op):
         mem = ins[0]
         tile = outs[0] if name != "store_state" else ins[1]
         lead = 1 if name == "load_head" else 2
-        if tuple(_shape(mem)[lead:]) != _shape(tile) or _etype(mem) != _etype(tile):
+        if (tuple(_value_part(op, _shape(mem))[lead:]) != _shape(tile)
+                or _etype(mem) != _etype(tile)):
             _fail(op, f"tile {tile} does not match memref {mem}")
         slots = ins[1:] if name == "load_state" else ins[2:]
         if slots:
@@ -594,6 +595,16 @@ def _check_op(op):
     elif name == "valid_rows":
         if _etype(outs[0]) != "i1" or len(_shape(outs[0])) != 1:
             _fail(op, "valid_rows gives tensor<Cxi1>")
+
+
+def _value_part(op, mem_shape: tuple) -> tuple:
+    """A memref shape as one part of its value (last) dim sees it (attribute value_parts)."""
+    parts = _attr(op, "value_parts") if "value_parts" in _attr_names(op) else None
+    if parts is None or int(parts) <= 1:
+        return tuple(mem_shape)
+    if mem_shape[-1] % int(parts):
+        _fail(op, f"value_parts = {parts} does not divide the last dim of {list(mem_shape)}")
+    return (*mem_shape[:-1], mem_shape[-1] // int(parts))
 
 
 def _check_slots(op, t) -> None:

@@ -106,6 +106,22 @@ def create(opname: str, result_types=(), operands=(), attrs=None, name=None, reg
                                attributes=dict(attrs or {}), regions=regions, loc=_loc(name))
 
 
+def _parts(value_parts: int) -> dict:
+    """The ``value_parts`` attribute of a memory op that moves one part of the value dim: a
+    program split over the value columns (the decode programs' ``value_split``) runs once per
+    part, part p holding columns [p·V/P, (p+1)·V/P) of every value-indexed tile; nothing for
+    an unsplit op."""
+    return {"value_parts": _int(value_parts)} if value_parts > 1 else {}
+
+
+def _part_tail(tail: tuple, value_parts: int) -> tuple:
+    if value_parts > 1:
+        if tail[-1] % value_parts:
+            raise ValueError(f"{tail[-1]} value columns do not split into {value_parts} parts")
+        return (*tail[:-1], tail[-1] // value_parts)
+    return tuple(tail)
+
+
 def _op1(opname, result_type, operands, attrs=None, name=None) -> "Tile":
     return Tile(create(opname, [result_type], operands, attrs, name).result)
 
@@ -746,30 +762,34 @@ class ProgramBuilder:
     def scan(self, inits, names=None, reverse=False, name=None) -> Scan:
         return Scan(inits, names=names, reverse=reverse, name=name)
 
-    def load(self, mem: Mem | str, chunk, name=None) -> Tile:
-        """The [C, ...] tile of chunk ``chunk`` of a token tensor (GVA-mapped for q/k)."""
+    def load(self, mem: Mem | str, chunk, name=None, value_parts=1) -> Tile:
+        """The [C, ...] tile of chunk ``chunk`` of a token tensor (GVA-mapped for q/k);
+        ``value_parts`` > 1: only this CTA's part of the last (value) dim (:func:`_parts`)."""
         mem = self.mems[mem] if isinstance(mem, str) else mem
         C = self.attrs["chunk_size"]
         hm = "grouped" if mem.heads == "qk" else "direct"
-        return _op1("load", tile_type((C, *mem.tail), mem.dtype), [mem, chunk],
-                    {"name": _str(mem.name), "head_map": _str(hm)}, name or f"{mem.name}_c")
+        return _op1("load", tile_type((C, *_part_tail(mem.tail, value_parts)), mem.dtype),
+                    [mem, chunk], {"name": _str(mem.name), "head_map": _str(hm),
+                                   **_parts(value_parts)}, name or f"{mem.name}_c")
 
-    def store(self, mem: Mem | str, chunk, tile, name=None):
+    def store(self, mem: Mem | str, chunk, tile, name=None, value_parts=1):
         mem = self.mems[mem] if isinstance(mem, str) else mem
-        create("store", [], [mem, chunk, _as_tile(tile)._plain()], {"name": _str(name or mem.name)})
+        create("store", [], [mem, chunk, _as_tile(tile)._plain()],
+               {"name": _str(name or mem.name), **_parts(value_parts)})
 
     def load_head(self, mem, name=None) -> Tile:
         mem = self.mems[mem] if isinstance(mem, str) else mem
         return _op1("load_head", tile_type(mem.tail, mem.dtype), [mem], {"name": _str(mem.name)},
                     name or f"{mem.name}_h")
 
-    def load_state(self, mem, name=None, slots=None) -> Tile:
+    def load_state(self, mem, name=None, slots=None, value_parts=1) -> Tile:
         """The state row of the (sequence, head); with ``slots`` (a ``slots``-layout input)
         ``mem`` is a state pool and the row is the sequence's slot (0 for a negative slot)."""
         mem = self.mems[mem] if isinstance(mem, str) else mem
         operands = [mem] + ([self._slots(slots)] if slots is not None else [])
-        return _op1("load_state", tile_type(mem.tail, mem.dtype), operands,
-                    {"name": _str(mem.name)}, name or f"{mem.name}_h")
+        return _op1("load_state", tile_type(_part_tail(mem.tail, value_parts), mem.dtype),
+                    operands, {"name": _str(mem.name), **_parts(value_parts)},
+                    name or f"{mem.name}_h")
 
     def slot_valid(self, slots, name=None) -> Tile:
         """tensor<i1> (rank 0): whether the sequence's slot is >= 0 (else it is skipped)."""
@@ -783,20 +803,21 @@ class ProgramBuilder:
                              f"{slots.layout!r}")
         return slots
 
-    def store_chunk(self, mem, chunk, tile, name=None):
+    def store_chunk(self, mem, chunk, tile, name=None, value_parts=1):
         """Store one tile per chunk into a ``chunk``-layout buffer (row = the chunk's slot:
         sequences' chunks numbered consecutively)."""
         mem = self.mems[mem] if isinstance(mem, str) else mem
         create("store_chunk", [], [mem, chunk, _as_tile(tile)._plain()],
-               {"name": _str(name or mem.name)})
+               {"name": _str(name or mem.name), **_parts(value_parts)})
 
-    def store_state(self, mem, tile, name=None, slots=None):
+    def store_state(self, mem, tile, name=None, slots=None, value_parts=1):
         """Store the state row of the (sequence, head); with ``slots``, into the sequence's
         slot of the pool ``mem`` (nothing for a negative slot)."""
         mem = self.mems[mem] if isinstance(mem, str) else mem
         operands = [mem, _as_tile(tile)._plain()] + ([self._slots(slots)] if slots is not None
                                                      else [])
-        create("store_state", [], operands, {"name": _str(name or mem.name)})
+        create("store_state", [], operands, {"name": _str(name or mem.name),
+                                             **_parts(value_parts)})
 
     def scalar(self, name) -> Tile:
         return _op1("scalar", tile_type((), "fp32"), [self.mems[name]], None, f"{name}_t")

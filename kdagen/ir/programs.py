@@ -167,16 +167,16 @@ def _declare_arguments(p: ProgramBuilder, family: str, opt: dict, gate,
 
 
 def _step_inputs(p: ProgramBuilder, c, family: str, opt: dict, gate, gate_opts: dict,
-                 params: dict, beta_name: str, rows: int) -> dict:
+                 params: dict, beta_name: str, rows: int, value_parts: int = 1) -> dict:
     """The inputs of scan step ``c`` (``rows`` tokens: a chunk, or one token) as the delta
     rule uses them, fp32: q, k (L2-normalised in kernel), v, beta (sigmoid in kernel) and the
     gate (natural-log decay in its declared range, 0 on rows past the sequence end, which read
     as 0; GDN's per-head gate broadcast over K). The tiles come back by their variable names,
-    for the caller's ``name_locals``."""
+    for the caller's ``name_locals``. ``value_parts``: v is this part's columns only."""
     K = opt["head_k_dim"]
     qf = p.load("q", c).f32()
     kf = p.load("k", c).f32()
-    vf = p.load("v", c).f32()
+    vf = p.load("v", c, value_parts=value_parts).f32()
     beta_in = p.load(beta_name, c).f32()
     g_in = p.load(gate.input_name, c).f32()
     qn, kn = (l2norm(qf), l2norm(kf)) if opt["use_qk_l2norm_in_kernel"] else (qf, kf)
@@ -193,15 +193,17 @@ def _step_inputs(p: ProgramBuilder, c, family: str, opt: dict, gate, gate_opts: 
                 valid=valid, g_valid=g_valid)
 
 
-def _state_scan(p: ProgramBuilder, opt: dict, gate, slots: str | None = None) -> tuple:
+def _state_scan(p: ProgramBuilder, opt: dict, gate, slots: str | None = None,
+                value_parts: int = 1) -> tuple:
     """(scale, the gate's per-head parameters, the forward scan over the state S from
     initial_state or zeros): how the forward and the decode program open their body.
-    ``slots``: the slot table choosing initial_state's pool row."""
-    K, V = opt["head_k_dim"], opt["head_v_dim"]
+    ``slots``: the slot table choosing initial_state's pool row; ``value_parts``: the state
+    holds this part's value columns only."""
+    K, V = opt["head_k_dim"], opt["head_v_dim"] // value_parts
     scale = p.scalar("scale")
     params = {pname: p.load_head(pname) for pname in gate.params}
-    S0 = (p.load_state("initial_state", name="h0", slots=slots) if opt["use_initial_state"]
-          else zeros((K, V), name="h0"))
+    S0 = (p.load_state("initial_state", name="h0", slots=slots, value_parts=value_parts)
+          if opt["use_initial_state"] else zeros((K, V), name="h0"))
     return scale, params, p.scan([S0], names=["S"], name="S_final")
 
 
@@ -262,6 +264,8 @@ DECODE_OPTIONS = {
                           "place when both are one tensor; a negative slot skips the sequence "
                           "(its o is 0, nothing is read or written)"),
     "slot_dtype": ("i64", "state_pool: the element type of state_slots, i32 or i64"),
+    "value_split": (1, "run each (sequence, head) as this many CTAs, each owning V / value_split "
+                       "value columns of the state, v, o (the columns never mix: 1, 2, 4 or 8)"),
 }
 
 
@@ -274,6 +278,8 @@ def _decode_options(name: str, options: dict) -> tuple[dict, dict]:
     for flag in ("output_token_states", "state_pool"):
         if not isinstance(own[flag], bool):
             raise ProgramOptionError(f"{flag}: expected true or false, got {own[flag]!r}")
+    if own["value_split"] not in (1, 2, 4, 8):
+        raise ProgramOptionError(f"value_split: one of 1, 2, 4, 8, got {own['value_split']!r}")
     if own["slot_dtype"] not in ("i32", "i64"):
         raise ProgramOptionError(f"slot_dtype: {own['slot_dtype']!r} is not one of "
                                  f"['i32', 'i64']")
@@ -297,8 +303,15 @@ def _delta_rule_decode(family: str, name: str, options: dict) -> ir.Module:
     own, options = _decode_options(name, options)
     token_states, pool = own["output_token_states"], own["state_pool"]
     opt, gate, gate_opts = _resolve(family, options)
-    K, V, dt = opt["head_k_dim"], opt["head_v_dim"], opt["dtype"]
+    K, dt = opt["head_k_dim"], opt["dtype"]
+    parts = own["value_split"]
+    if opt["head_v_dim"] % (8 * parts):
+        raise ProgramOptionError(f"value_split: {opt['head_v_dim']} value columns do not split "
+                                 f"into {parts} parts of a multiple of 8")
+    V = opt["head_v_dim"] // parts          # this CTA's value columns
     attrs = _program_attrs(name, family, 1, opt, gate, gate_opts)
+    if parts > 1:
+        attrs["value_split"] = parts
     if token_states:
         attrs["output_token_states"] = True
     if pool:
@@ -308,15 +321,16 @@ def _delta_rule_decode(family: str, name: str, options: dict) -> ir.Module:
     beta_name = _declare_arguments(p, family, opt, gate, own["slot_dtype"] if pool else None)
     if token_states:
         # the state after every token (a speculative verify step keeps one per draft token)
-        p.output("token_states", "chunk", [K, V], "fp32", heads="v")
+        p.output("token_states", "chunk", [K, opt["head_v_dim"]], "fp32", heads="v")
 
     with p.body():
         # a skipped sequence (negative slot) starts from 0 and its outputs are 0
         live = p.slot_valid(slots) if pool else None
-        scale, params, scan = _state_scan(p, opt, gate, slots)
+        scale, params, scan = _state_scan(p, opt, gate, slots, value_parts=parts)
         with scan as (t, S):
-            # -- token t ([1, ...] tiles)
-            x = _step_inputs(p, t, family, opt, gate, gate_opts, params, beta_name, 1)
+            # -- token t ([1, ...] tiles; value-indexed ones hold this part's V columns)
+            x = _step_inputs(p, t, family, opt, gate, gate_opts, params, beta_name, 1,
+                             value_parts=parts)
             qn, kn, vf, beta, g_valid = (x[n] for n in ("qn", "kn", "vf", "beta", "g_valid"))
             # -- S' = diag(a) S + β kᵀ e with a = exp g, e = v − k diag(a) S;  o = scale q S'.
             # Reassociated so that S is read only by products and by the one element-wise
@@ -332,13 +346,13 @@ def _delta_rule_decode(family: str, name: str, options: dict) -> ir.Module:
             o_t = ((qn * decay[None, :]) @ S + q_kb[:, None] * err) * scale
             if live is not None:
                 o_t = where(live, o_t, 0.0)
-            p.store("o", t, o_t.to(dt))
+            p.store("o", t, o_t.to(dt), value_parts=parts)
             if token_states:
-                p.store_chunk("token_states", t, S_next)
+                p.store_chunk("token_states", t, S_next, value_parts=parts)
             scan.yield_(S_next)
             name_locals({**locals(), **x})
         if opt["output_final_state"]:
-            p.store_state("final_state", scan.results[0], slots=slots)
+            p.store_state("final_state", scan.results[0], slots=slots, value_parts=parts)
     return p.finish()
 
 

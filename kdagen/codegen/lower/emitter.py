@@ -45,7 +45,7 @@ and parameters (src, dst, T, N, HV) in the manifest.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kdagen.codegen.common.kernel import GpuModuleBuilder, Param
 
@@ -89,6 +89,9 @@ class MemRef:
     #: rounded on store (e.g. "tf32" for a tile read only as a TF32 wgmma operand)
     transposed: bool = False
     round: str | None = None
+    #: first column of the last dim this view addresses (int-like): the running part's value
+    #: columns, for the memory ops of a program split over them (value_parts)
+    col0: object = 0
 
     @property
     def inner(self) -> int:
@@ -97,6 +100,8 @@ class MemRef:
     def flat(self, idx):
         """Offset within the row of a tail index (int-like), in the stored order."""
         idx, tail = list(idx), list(self.tail)
+        if not (isinstance(self.col0, int) and self.col0 == 0):
+            idx[-1] = idx[-1] + self.col0
         if self.transposed:
             idx[-2:], tail[-2:] = idx[-2:][::-1], tail[-2:][::-1]
         off = 0
@@ -160,6 +165,13 @@ class Geometry:
         self.hv = coords["hv"]
         self.n = coords["n"]
         self.T, self.N, self.HV = p["T"], p["N"], p["HV"]
+        # a program split over its value columns: value_split CTAs per head (blockIdx.x =
+        # head · value_split + part), part p owning columns [p·V/P, (p+1)·V/P)
+        self.value_split = program.value_split
+        self.v_part = 0
+        if self.value_split > 1:
+            self.hv = coords["hv"] // self.value_split
+            self.v_part = coords["hv"] % self.value_split
         self.H = self.HV // self.ratio if self.ratio > 1 else self.HV
         if program.varlen:
             cu = p["cu_seqlens"]
@@ -346,7 +358,7 @@ class TileKernelEmitter:
             self.pools["smem"] = T_.Scratch(smem_base, "smem")
         if self.uses_global:
             gx, gy = coords["grid"]
-            cta = (B.wide(coords["z"]) * B.wide(gy) + B.wide(geo.n)) * B.wide(gx) + B.wide(geo.hv)
+            cta = (B.wide(coords["z"]) * B.wide(gy) + B.wide(geo.n)) * B.wide(gx) + B.wide(coords["hv"])
             self.pools["global"] = T_.Scratch(B.gep(p["scratch"], cta * self.scratch_elems), "global")
         red_pool = self.pools["smem" if self.uses_smem else "global"]
         self.red = T_.ReduceScratch(T_.BufRef(red_pool, 0, (REDUCE_WARP_SLOTS,), (1,)))
@@ -601,6 +613,8 @@ class TileKernelEmitter:
             c = ops[0]
             return T_.FnRef(shape, lambda idx: B.sel(
                 B.icmp("lt", c * geo.C + idx[0], geo.seqlen), B.f(1.0), B.f(0.0)))
+        if k in ("load", "load_state", "load_chunk"):
+            ops[0] = self.value_part(n, ops[0])
         if k == "load":
             return self.load_token(n, ops[0], ops[1])
         if k == "load_head":
@@ -624,6 +638,14 @@ class TileKernelEmitter:
             return T_.FnRef(shape, lambda idx: mem.load(geo.chunk_row(c), idx))
         raise LoweringError(f"{n.op}: no expression lowering")
 
+    def value_part(self, n, mem: MemRef) -> MemRef:
+        """``mem`` as memory op ``n`` addresses it: with ``value_parts`` P, the running part's
+        V / P columns of the last dim (Geometry.v_part), else all of it."""
+        parts = int(n.attrs.get("value_parts", 1))
+        if parts == 1:
+            return mem
+        return replace(mem, col0=self.geo.v_part * (mem.tail[-1] // parts))
+
     def load_token(self, n, mem: MemRef, c) -> T_.Ref:
         geo = self.geo
         C = geo.C
@@ -645,7 +667,7 @@ class TileKernelEmitter:
     def store(self, n) -> None:
         geo = self.geo
         k = n.kind
-        mem = self.env[n.operands[0]]
+        mem = self.value_part(n, self.env[n.operands[0]])
         if k == "store":
             c = self.env[n.operands[1]]
             src = self.env[n.operands[2]]

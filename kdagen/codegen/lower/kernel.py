@@ -137,7 +137,8 @@ def prepare(program: Program, target: Target | None, prefix: str,
             em = TileKernelEmitter(program, g, plan, storage, opts)
             block = opts.nthreads
         em.workspace_storage = storage_of
-        launch = {"grid": ["HV", "N", "max_chunks" if g.parallel else "1"],
+        heads = "HV" if program.value_split == 1 else f"HV * {program.value_split}"
+        launch = {"grid": [heads, "N", "max_chunks" if g.parallel else "1"],
                   "block": [block, 1, 1], "parallel_chunks": g.parallel,
                   "dynamic_shared_memory": em.smem_bytes, "kind": "tile",
                   "order": g.index, "storage": storage,

@@ -109,6 +109,12 @@ class Program:
         return int(self.attrs.get("gva_ratio", 1))
 
     @property
+    def value_split(self) -> int:
+        """CTAs per (sequence, value head), each owning V / value_split value columns (the
+        decode programs' option; memory ops of value-indexed tiles carry value_parts)."""
+        return int(self.attrs.get("value_split", 1))
+
+    @property
     def varlen(self) -> bool:
         return bool(self.attrs.get("varlen", False)) or any(a.layout == "seqlens" for a in self.args)
 

@@ -356,6 +356,8 @@ def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT,
         raise NoMatch("the chip lacks wgmma, TMA or setmaxnreg")
     if group.kind != "tile" or group.parallel or len(group.scans) != 1:
         raise NoMatch("not a kernel of one serial scan")
+    if program.value_split > 1:
+        raise NoMatch("a program split over its value columns (value_split)")
     scan = group.scans[0]
     outside = [n for n in group.nodes if n is not scan]
     for n in outside:

@@ -137,11 +137,12 @@ def simulate(module, inputs: dict, *, options: LowerOptions | None = None, stora
             continue
         elems = max(1, em.scratch_elems)
         gz = sz["max_chunks"] if pk.group.parallel else 1
+        gx = sz["HV"] * program.value_split          # the launch's grid.x (kernel.py)
         for z in range(gz):
             for n in range(sz["N"]):
-                for hv in range(sz["HV"]):
+                for hv in range(gx):
                     be = SimBackend(opts.nthreads, check_races, counter)
-                    cta = (z * sz["N"] + n) * sz["HV"] + hv
+                    cta = (z * sz["N"] + n) * gx + hv
                     base = None
                     if em.uses_global:
                         scratch = SimMemory("scratch", np.full(elems, np.nan, np.float32), "f32",
@@ -151,7 +152,7 @@ def simulate(module, inputs: dict, *, options: LowerOptions | None = None, stora
                         base = SimPtr(SimMemory("smem", np.full(max(1, em.smem_elems), np.nan,
                                                                     np.float32), "f32", track=True))
                     with B.use(be):
-                        em.body(p, dict(tid=be.lanes, hv=hv, n=n, z=z, grid=(sz["HV"], sz["N"])),
+                        em.body(p, dict(tid=be.lanes, hv=hv, n=n, z=z, grid=(gx, sz["N"])),
                                 base)
     out = {}
     for a in program.args:

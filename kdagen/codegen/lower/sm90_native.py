@@ -56,7 +56,7 @@ from ..sm90 import regalloc, tma, wgmma
 from . import backend as B
 from . import tiles as T_
 from .cost import CHUNKS, CostCounter, NullCounter
-from .emitter import Geometry, TileKernelEmitter, mem_info
+from .emitter import STATE_LOAD_BATCH, Geometry, TileKernelEmitter, mem_info
 from .mlir_backend import MlirBackend
 from .options import product_precision
 from .plan import CHUNK_LOADS, MULTI_READ, NOOP_OPS, VIEW_OPS, LoweringError
@@ -205,7 +205,9 @@ def _tma_slot(n, program) -> TmaSlot | None:
     if n.op == "kda.load" and layout == "token":
         if len(tail) != 1:
             return None
-        box, flatten = (program.chunk_size, 1, tail[0]), 2
+        # a load of one part of the value columns (value_parts): a box of that part's width,
+        # at the part's first column (producer_body)
+        box, flatten = (program.chunk_size, 1, tail[0] // int(n.attrs.get("value_parts", 1))), 2
     elif n.op == "kda.load_chunk" and layout == "chunk":
         if not 1 <= len(tail) <= 3:
             return None
@@ -393,10 +395,15 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
     """A tile kernel on the sm_90a native path (see the module doc)."""
 
     path = PATH_NAME
-    # the consumers hold at least 136 registers (setmaxnreg) and nothing else is live while
-    # a scan's initial state is read in: twice the portable path's loads in flight (a decode
-    # step's [128, 128] state on 128 threads in 2 rounds instead of 4)
-    state_load_batch = 64
+    @property
+    def state_load_batch(self) -> int:
+        """Loads in flight per thread while a scan's initial state is read in (nothing else
+        is live then): 64, twice the portable path's (a decode step's [128, 128] state on 128
+        threads in 2 rounds instead of 4), where the kernel enters with 80 or more registers;
+        32 where more CTAs per SM leave it 64 (ptxas allocates the entry count throughout: a
+        value-split decode step at 4 CTAs per SM spilled 144 bytes with 64)."""
+        threads = self.block_threads * self.ctas_per_sm
+        return 64 if REGISTER_FILE // threads >= 80 else STATE_LOAD_BATCH
 
     def __init__(self, program, group, plan, storage, opts, target: Target, layout: NativeLayout):
         for capability in CAPABILITIES:
@@ -521,7 +528,8 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
                     grouped = s.node.attrs.get("head_map") == "grouped" and s.heads == "qk" and ratio > 1
                     head = geo.hv // ratio if grouped else geo.hv
                     row = B.narrow(geo.start + B.wide(c * geo.C))
-                    crd = [0, head, row]
+                    col = geo.v_part * s.box[-1] if "value_parts" in s.node.attrs else 0
+                    crd = [col, head, row]
                 else:
                     crd = [0] * (len(s.box) - 1) + [B.narrow(geo.chunk_row(c))]
                 tma.tma_load(self.target, dst, maps[s.param], crd, self._full(stage))
