@@ -69,11 +69,13 @@ class LowerOptions:
     # the unit-lower inverse (kda.tril_inv): "blocked-fma" (16x16 diagonal blocks in
     # registers, merged by block products in fp32 FMA over all threads), "blocked" (the merge
     # in the op's kda.precision, one warp's tensor-core contraction per block: ~15 us faster
-    # per prologue kernel on the H200, but on FLA's test_chunk case D = 100 with
-    # gate_logit_normalizer 0.1 it gave o 2.7e-3, dq 9.3e-3, dh0 6.2e-2 where the fp32 merge
-    # gives 4.5e-4, 6.8e-4, 2.8e-4: bench/results/h200_fla_compat_tril_inv_ablation.log; an
-    # ablation until that is understood) or "columns" (forward substitution, one thread per
-    # column; ablation)
+    # per prologue kernel on the H200) or "columns" (forward substitution, one thread per
+    # column; ablation). "blocked" was the default until FLA's test_chunk D = 100 steep-gate
+    # case failed; that failure was the runtime taking a lower_bound-clamped variant
+    # (bench/results/h200_fla_compat_variant_lookup_bug.log), and with the lookup fixed both
+    # merges pass FLA's matrix alike (h200_fla_compat_after_lookup_fix_{tf32,fp32}_merge.log).
+    # "blocked" may become the default again once the backward's GPU check (with its
+    # correlated steep-gate case) has run with it
     tril_inv: str = "blocked-fma"
     # element loops and row folds of the tile lowering issue the loads of this many elements
     # (rows) before using them (kdagen.codegen.lower.tiles.foreach_batched / fold_batched)
