@@ -395,6 +395,7 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
     """A tile kernel on the sm_90a native path (see the module doc)."""
 
     path = PATH_NAME
+
     @property
     def state_load_batch(self) -> int:
         """Loads in flight per thread while a scan's initial state is read in (nothing else
