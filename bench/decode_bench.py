@@ -57,8 +57,8 @@ def main(argv=None) -> int:
                     help="force kdagen.decode.VALUE_SPLIT for this run (an ablation; emit the "
                          "bundle with the same value)")
     args = ap.parse_args(argv)
+    import kdagen.decode
     if args.value_split is not None:
-        import kdagen.decode
         kdagen.decode.VALUE_SPLIT = args.value_split
     heads = [int(h) for h in args.heads.split(",")]
     if args.emit:
@@ -68,7 +68,6 @@ def main(argv=None) -> int:
     dev = torch.device("cuda")
     K = args.head_dim
     rows = []
-    import kdagen.decode
     print(f"{'op':4s} {'N':>4s} {'HV':>3s} {'P':>2s}  {'kdagen us':>9s} {'FLA us':>8s} "
           f"{'copy us':>8s}  {'kdagen GB/s':>11s} {'% copy':>6s}  {'FLA/kdagen':>10s}")
     for op in ("kda", "gdn"):

@@ -353,7 +353,7 @@ def run(module, inputs: dict, dtype: torch.dtype = torch.float64, *, round_stora
     ex.workspaces = {}
     ex.active = None
     # a program split over the value columns runs once per part (its ops never mix columns;
-    # value_parts loads and stores address the part's columns: _cols)
+    # value_parts loads and stores address the part's columns: _part)
     for part in range(int(ex.fattrs.get("kda.value_split", 1))):
         ex.v_part = part
         ex.run_block(block, dict(env))
@@ -376,19 +376,19 @@ def _shape(node, i=0):
     return node.result_types[i][0]
 
 
-def _cols(ex, node, width: int) -> slice:
-    """The last-dim columns a memory op moves: all of them, or with ``value_parts`` P the
-    running part's V / P (``width``: the memref's last dim)."""
+def _part(ex, node, mem):
+    """The memref as memory op ``node`` addresses it: all of it, or with ``value_parts`` P a
+    view of the running part's V / P columns of the last dim (stores write through it)."""
     parts = int(node.attrs.get("value_parts", 1))
     if parts == 1:
-        return slice(None)
-    size = width // parts
-    return slice(ex.v_part * size, (ex.v_part + 1) * size)
+        return mem
+    size = mem.shape[-1] // parts
+    return mem[..., ex.v_part * size:(ex.v_part + 1) * size]
 
 
 @op_impl("kda.load")
 def _load(ex, node, mem, c):
-    mem = mem[..., _cols(ex, node, mem.shape[-1])]
+    mem = _part(ex, node, mem)
     valid, t = ex.rows(c)
     b = ex.batch[:, None].expand_as(t)
     x = mem[b, t]                                     # [N, C, Hm, *D]
@@ -411,11 +411,7 @@ def _store(ex, node, mem, c, tile):
         raise InterpreterError(f"store {node.attrs.get('name')}: memref has {mem.shape[2]} heads, stores write HV = {ex.HV}")
     n_i, r_i = valid.nonzero(as_tuple=True)
     src = tile.movedim(1, 2)                          # [N, C, HV, *D]
-    cols = _cols(ex, node, mem.shape[-1])
-    if cols == slice(None):
-        mem[ex.batch[n_i], t[n_i, r_i]] = src[n_i, r_i].to(mem.dtype)
-    else:
-        mem[ex.batch[n_i], t[n_i, r_i], ..., cols] = src[n_i, r_i].to(mem.dtype)
+    _part(ex, node, mem)[ex.batch[n_i], t[n_i, r_i]] = src[n_i, r_i].to(mem.dtype)
     return []
 
 
@@ -432,7 +428,7 @@ def _load_head(ex, node, mem):
 
 @op_impl("kda.load_state")
 def _load_state(ex, node, mem, slots=None):
-    mem = mem[..., _cols(ex, node, mem.shape[-1])]
+    mem = _part(ex, node, mem)
     if slots is None:
         return mem.clone()
     live = slots >= 0                                  # a skipped sequence reads nothing: 0
@@ -443,15 +439,15 @@ def _load_state(ex, node, mem, slots=None):
 
 @op_impl("kda.store_state")
 def _store_state(ex, node, mem, tile, slots=None):
-    cols = _cols(ex, node, mem.shape[-1])
+    mem = _part(ex, node, mem)
     if slots is None:
-        mem[..., cols] = tile.to(mem.dtype)
+        mem[...] = tile.to(mem.dtype)
         return []
     live = slots >= 0
     if int(torch.unique(slots[live]).numel()) != int(live.sum()):
         raise InterpreterError(f"store_state {node.attrs.get('name')}: two sequences write one "
                                f"slot ({slots.tolist()})")
-    mem[slots[live], ..., cols] = tile[live].to(mem.dtype)
+    mem[slots[live]] = tile[live].to(mem.dtype)
     return []
 
 
@@ -470,7 +466,7 @@ def _load_chunk(ex, node, mem, c):
 @op_impl("kda.store_chunk")
 def _store_chunk(ex, node, mem, c, tile):
     active, idx = ex.chunk_slot(c)
-    mem[idx[active], ..., _cols(ex, node, mem.shape[-1])] = tile[active].to(mem.dtype)
+    _part(ex, node, mem)[idx[active]] = tile[active].to(mem.dtype)
     return []
 
 

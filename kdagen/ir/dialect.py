@@ -597,14 +597,23 @@ def _check_op(op):
             _fail(op, "valid_rows gives tensor<Cxi1>")
 
 
-def _value_part(op, mem_shape: tuple) -> tuple:
-    """A memref shape as one part of its value (last) dim sees it (attribute value_parts)."""
-    parts = _attr(op, "value_parts") if "value_parts" in _attr_names(op) else None
-    if parts is None or int(parts) <= 1:
+def value_part_shape(mem_shape, parts: int) -> tuple:
+    """A memref shape as one of ``parts`` parts of its value (last) dim sees it (a memory op's
+    value_parts); ValueError where they do not divide it."""
+    if parts <= 1:
         return tuple(mem_shape)
-    if mem_shape[-1] % int(parts):
-        _fail(op, f"value_parts = {parts} does not divide the last dim of {list(mem_shape)}")
-    return (*mem_shape[:-1], mem_shape[-1] // int(parts))
+    if mem_shape[-1] % parts:
+        raise ValueError(f"value_parts = {parts} does not divide the last dim of "
+                         f"{list(mem_shape)}")
+    return (*mem_shape[:-1], mem_shape[-1] // parts)
+
+
+def _value_part(op, mem_shape: tuple) -> tuple:
+    parts = int(_attr(op, "value_parts")) if "value_parts" in _attr_names(op) else 1
+    try:
+        return value_part_shape(mem_shape, parts)
+    except ValueError as err:
+        _fail(op, str(err))
 
 
 def _check_slots(op, t) -> None:

@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from typing import Sequence
 
 from kdagen._mlir import func, ir
-from kdagen.ir.dialect import make_context, verify
+from kdagen.ir.dialect import make_context, value_part_shape, verify
 
 LOG2E = 1.0 / math.log(2.0)
 LN2 = math.log(2.0)
@@ -112,14 +112,6 @@ def _parts(value_parts: int) -> dict:
     part, part p holding columns [p·V/P, (p+1)·V/P) of every value-indexed tile; nothing for
     an unsplit op."""
     return {"value_parts": _int(value_parts)} if value_parts > 1 else {}
-
-
-def _part_tail(tail: tuple, value_parts: int) -> tuple:
-    if value_parts > 1:
-        if tail[-1] % value_parts:
-            raise ValueError(f"{tail[-1]} value columns do not split into {value_parts} parts")
-        return (*tail[:-1], tail[-1] // value_parts)
-    return tuple(tail)
 
 
 def _op1(opname, result_type, operands, attrs=None, name=None) -> "Tile":
@@ -768,7 +760,7 @@ class ProgramBuilder:
         mem = self.mems[mem] if isinstance(mem, str) else mem
         C = self.attrs["chunk_size"]
         hm = "grouped" if mem.heads == "qk" else "direct"
-        return _op1("load", tile_type((C, *_part_tail(mem.tail, value_parts)), mem.dtype),
+        return _op1("load", tile_type((C, *value_part_shape(mem.tail, value_parts)), mem.dtype),
                     [mem, chunk], {"name": _str(mem.name), "head_map": _str(hm),
                                    **_parts(value_parts)}, name or f"{mem.name}_c")
 
@@ -787,7 +779,7 @@ class ProgramBuilder:
         ``mem`` is a state pool and the row is the sequence's slot (0 for a negative slot)."""
         mem = self.mems[mem] if isinstance(mem, str) else mem
         operands = [mem] + ([self._slots(slots)] if slots is not None else [])
-        return _op1("load_state", tile_type(_part_tail(mem.tail, value_parts), mem.dtype),
+        return _op1("load_state", tile_type(value_part_shape(mem.tail, value_parts), mem.dtype),
                     operands, {"name": _str(mem.name), **_parts(value_parts)},
                     name or f"{mem.name}_h")
 

@@ -14,6 +14,8 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
+from kdagen.runtime.launch import eval_rule
+
 from . import backend as B
 from .cost import NullCounter
 from .emitter import workspace_specs
@@ -137,7 +139,7 @@ def simulate(module, inputs: dict, *, options: LowerOptions | None = None, stora
             continue
         elems = max(1, em.scratch_elems)
         gz = sz["max_chunks"] if pk.group.parallel else 1
-        gx = sz["HV"] * program.value_split          # the launch's grid.x (kernel.py)
+        gx = eval_rule(pk.launch["grid"][0], sz)     # HV, or HV * value_split
         for z in range(gz):
             for n in range(sz["N"]):
                 for hv in range(gx):

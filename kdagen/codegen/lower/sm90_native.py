@@ -98,6 +98,12 @@ def chunk_warpgroups(option, storage: str) -> int:
     return option
 
 
+def entry_registers(threads: int, ctas: int) -> int:
+    """Registers per thread a CTA of ``threads`` enters with at ``ctas`` CTAs per SM (what
+    ptxas derives from the launch bounds: 65536 / (threads x ctas), rounded down to 8)."""
+    return min(255, REGISTER_FILE // (threads * ctas)) // 8 * 8
+
+
 def register_split(warpgroups: int, ctas: int = 1) -> tuple[int, int]:
     """(producer, consumer) ``setmaxnreg`` counts for ``warpgroups`` consumer warpgroups and
     ``ctas`` resident CTAs per SM.
@@ -108,7 +114,7 @@ def register_split(warpgroups: int, ctas: int = 1) -> tuple[int, int]:
     168 x 384 = 128 x 40 + 256 x 232). With 4 warpgroups, or several CTAs per SM, the producer
     keeps the minimum, 24."""
     threads = WG_THREADS * warpgroups + PRODUCER_THREADS
-    entry = min(255, REGISTER_FILE // (threads * ctas)) // 8 * 8
+    entry = entry_registers(threads, ctas)
     producer = PRODUCER_REGISTERS if warpgroups <= 2 and ctas == 1 else 24
     consumer = (entry * threads - PRODUCER_THREADS * producer) // (WG_THREADS * warpgroups) // 8 * 8
     return producer, min(CONSUMER_REGISTERS, consumer)
@@ -403,8 +409,8 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
         threads in 2 rounds instead of 4), where the kernel enters with 80 or more registers;
         32 where more CTAs per SM leave it 64 (ptxas allocates the entry count throughout: a
         value-split decode step at 4 CTAs per SM spilled 144 bytes with 64)."""
-        threads = self.block_threads * self.ctas_per_sm
-        return 64 if REGISTER_FILE // threads >= 80 else STATE_LOAD_BATCH
+        entry = entry_registers(self.block_threads, self.ctas_per_sm)
+        return 64 if entry >= 80 else STATE_LOAD_BATCH
 
     def __init__(self, program, group, plan, storage, opts, target: Target, layout: NativeLayout):
         for capability in CAPABILITIES:
