@@ -198,7 +198,7 @@ def _call(family, q, k, v, g, beta, *, scale, initial_state, output_final_state,
         o, ht, h = ops.forward_with_chunk_states(family, *args)
     else:
         op = ops.kda_fwd if family == "kda" else ops.gdn_fwd
-        o, ht = op(*args)
+        o, ht, _ = op(*args, save_residuals=ops.save_residuals_wanted(*args[:8]))
         h = None
     o, ht, h = pad.out(o), pad.out_state(ht), pad.out_state(h)
     if state_v_first:
@@ -347,10 +347,12 @@ def _call_gated(family, q, k, v, g, beta, *, scale, initial_state, output_final_
     q, k, v, g = pad.operands(family, q, k, v, g)
     initial_state = pad.state(initial_state)
     op = ops.kda_gated_fwd if family == "kda" else ops.gdn_gated_fwd
-    o, ht = op(q, k, v, g, beta, params, initial_state, cu_seqlens, float(scale),
-               bool(output_final_state), bool(use_qk_l2norm_in_kernel),
-               bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval), gobj.name,
-               _options_json(gate_options))
+    o, ht, _ = op(q, k, v, g, beta, params, initial_state, cu_seqlens, float(scale),
+                  bool(output_final_state), bool(use_qk_l2norm_in_kernel),
+                  bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval), gobj.name,
+                  _options_json(gate_options),
+                  save_residuals=ops.save_residuals_wanted(q, k, v, g, beta, initial_state,
+                                                           *params))
     o, ht = pad.out(o), pad.out_state(ht)
     if state_v_first and output_final_state:
         ht = ht.transpose(-1, -2).contiguous()

@@ -8,9 +8,10 @@ GDN, and ``dt_bias`` ``[HV, K]``/``[HV * K]`` resp. ``[HV]``)::
                     bool output_final_state, bool use_qk_l2norm_in_kernel,
                     bool use_gate_in_kernel, bool use_beta_sigmoid_in_kernel,
                     bool allow_neg_eigval, bool safe_gate, float? lower_bound)
-        -> (Tensor o, Tensor final_state)
+                    bool save_residuals)
+        -> (Tensor o, Tensor final_state, Tensor[] residuals)
     kdagen::kda_bwd(Tensor do, Tensor? dht, <the forward's inputs from q to lower_bound,
-                    without output_final_state>)
+                    without output_final_state>, Tensor[] residuals)
         -> (Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor dbeta, Tensor dA_log,
             Tensor ddt_bias, Tensor dh0)
 
@@ -29,10 +30,19 @@ The ops run the programs ``kda_fwd``/``kda_bwd``/``gdn_fwd``/``gdn_bwd`` through
 of the tensors' device (:mod:`kdagen.runtime.backends`; the compiler's CPU executor and
 compile-on-demand are registered by :mod:`kdagen.compiler_hooks`). Nothing here
 synchronises with a CUDA device: ``cu_seqlens`` values are read only for CPU tensors
-(validation), sizes come from shapes. The backward recomputes the forward from the saved inputs (the derived backward
-programs carry their own recompute scan), so the forward saves only its inputs.
+(validation), sizes come from shapes.
+
+The backward recomputes the forward's state scan from the saved inputs (the derived backward
+programs carry their own recompute scan). With ``save_residuals`` (what autograd asks for when
+a gradient is needed, unless ``KDAGEN_SAVE_RESIDUALS=0``) the forward also returns the chunk
+products the backward would recompute, ``residuals`` = [res_kk, res_Akk_inv, res_qk]
+(:data:`kdagen.ir.programs.RESIDUALS`; float32 ``[chunks, HV, 64, 64]`` each, chunks = B ·
+ceil(T / 64), or ceil(T / 64) + N with cu_seqlens: a bound that needs no host read), and the
+backward reads them instead: its prologue and dq kernels skip the decay products and the
+inverse. Without it ``residuals`` holds three empty tensors ``[0]``.
 """
 # No `from __future__ import annotations`: torch.library infers the schemas from the annotations.
+import os
 from typing import Optional
 
 import torch
@@ -51,6 +61,32 @@ SUPPORTED_HEAD_DIMS = (64, 128)
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 CHUNK_SIZE = 64
+#: the residual outputs of a forward with save_residuals (kdagen.ir.programs.RESIDUALS)
+RESIDUALS = ("res_kk", "res_Akk_inv", "res_qk")
+
+
+def save_residuals_wanted(*tensors) -> bool:
+    """Whether a forward should save residuals for its backward: a gradient is needed and
+    ``KDAGEN_SAVE_RESIDUALS`` is not ``0`` (a switch for memory: residuals take 48 KB per
+    chunk and value head, the backward then recomputes them)."""
+    if os.environ.get("KDAGEN_SAVE_RESIDUALS", "1") == "0" or not torch.is_grad_enabled():
+        return False
+    return any(isinstance(t, Tensor) and t.requires_grad for t in tensors)
+
+
+def _residual_rows(q: Tensor, cu_seqlens: Optional[Tensor]) -> tuple[int, int]:
+    """(rows the residuals have, rows the program writes): a bound from shapes only
+    (B · ceil(T / C); with cu_seqlens ceil(T / C) + N, what the bundle executor allocates), and
+    on CPU, where cu_seqlens may be read, the interpreter's exact count."""
+    T, C = q.shape[1], CHUNK_SIZE
+    if cu_seqlens is None:
+        rows = q.shape[0] * -(-T // C)
+        return rows, rows
+    bound = -(-T // C) + cu_seqlens.shape[0] - 1
+    if q.device.type != "cpu":
+        return bound, bound
+    lens = torch.diff(cu_seqlens.detach().to(torch.int64)).tolist()
+    return bound, sum(-(-n // C) for n in lens)
 
 
 # --------------------------------------------------------------------------------------
@@ -164,7 +200,7 @@ def call_spec(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlen
 
 
 def _run_fwd(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale,
-             output_final_state, *flags, chunk_states=False) -> dict:
+             output_final_state, *flags, chunk_states=False, save_residuals=False) -> dict:
     """Run ``{family}_fwd``: ``o``, ``final_state`` with ``output_final_state``, and with
     ``chunk_states`` the state entering every chunk as ``[B, NT, HV, K, V]`` in q's dtype
     (varlen: B = 1 and NT the chunks of all sequences, which reads ``cu_seqlens`` on the host).
@@ -174,6 +210,11 @@ def _run_fwd(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens
                                              initial_state, cu_seqlens, scale,
                                              output_final_state, *flags)
     state = (sizes.HV, sizes.K, sizes.V)
+    if save_residuals:
+        opts["save_residuals"] = True
+        bound, rows = _residual_rows(q, cu_seqlens)
+        for name in RESIDUALS:
+            outputs[name] = OutSpec((rows, sizes.HV, CHUNK_SIZE, CHUNK_SIZE), torch.float32)
     if chunk_states:
         C = CHUNK_SIZE
         if cu_seqlens is None:
@@ -187,18 +228,34 @@ def _run_fwd(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens
     res = backends.get_executor(q.device).run(f"{family}_fwd", opts, inputs, outputs)
     if chunk_states:   # a bundle's buffer may hold more rows (it is sized without reading cu_seqlens)
         res["chunk_states"] = res["chunk_states"][:rows].reshape(*lead, *state)
+    if save_residuals:
+        res["residuals"] = [_pad_rows(res[name], bound) for name in RESIDUALS]
     return res
 
 
+def _pad_rows(x: Tensor, rows: int) -> Tensor:
+    """``x`` with zero rows appended up to ``rows`` (the shape the fake kernel promises)."""
+    if x.shape[0] == rows:
+        return x
+    return torch.cat([x, x.new_zeros((rows - x.shape[0], *x.shape[1:]))])
+
+
 def _fwd_impl(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale,
-              output_final_state, *flags):
+              output_final_state, *flags, save_residuals=False):
     res = _run_fwd(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale,
-                   output_final_state, *flags)
-    return res["o"], (res["final_state"] if output_final_state else _empty(q))
+                   output_final_state, *flags, save_residuals=save_residuals)
+    return (res["o"], (res["final_state"] if output_final_state else _empty(q)),
+            res.get("residuals") or _no_residuals(q))
+
+
+def _no_residuals(q: Tensor) -> list:
+    """The residuals output of a forward that saves none: empty tensors (an empty list
+    output trips torch's autograd bookkeeping)."""
+    return [_empty(q) for _ in RESIDUALS]
 
 
 def _fwd_fake(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale,
-              output_final_state, *flags):
+              output_final_state, save_residuals=False):
     # shapes only: never read data, never specialise symbolic sizes
     o = v.new_empty(v.shape)
     if output_final_state:
@@ -206,16 +263,34 @@ def _fwd_fake(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlen
         ht = q.new_empty((N, v.shape[2], q.shape[3], v.shape[3]), dtype=torch.float32)
     else:
         ht = _empty(q)
-    return o, ht
+    residuals = _no_residuals(q)
+    if save_residuals:
+        T, C = q.shape[1], CHUNK_SIZE
+        rows = (q.shape[0] * -(-T // C) if cu_seqlens is None
+                else -(-T // C) + cu_seqlens.shape[0] - 1)
+        residuals = [q.new_empty((rows, v.shape[2], C, C), dtype=torch.float32)
+                     for _ in RESIDUALS]
+    return o, ht, residuals
+
+
+def _add_residuals(opts: dict, inputs: dict, residuals) -> None:
+    """A backward call reads the forward's residuals (``residuals``: None or the list)."""
+    if residuals and any(x.numel() for x in residuals):
+        if len(residuals) != len(RESIDUALS):
+            raise KdagenInputError(f"residuals: expected {len(RESIDUALS)} tensors "
+                                   f"({', '.join(RESIDUALS)}), got {len(residuals)}")
+        opts["save_residuals"] = True
+        inputs.update(zip(RESIDUALS, residuals))
 
 
 def _bwd_impl(family, do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale,
               use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
-              allow_neg_eigval, safe_gate, lower_bound):
+              allow_neg_eigval, safe_gate, lower_bound, residuals=None):
     sizes, opts, inputs, _ = call_spec(
         family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale, dht is not None,
         use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
         safe_gate, lower_bound)
+    _add_residuals(opts, inputs, residuals)
     _check_cotangent("do", do, tuple(v.shape), q.device)
     if dht is not None:
         _check_cotangent("dht", dht, (sizes.N, sizes.HV, sizes.K, sizes.V), q.device)
@@ -261,7 +336,7 @@ def _check_cotangent(name, x, shape, device):
 
 
 def _bwd_fake(family, do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale,
-              use_qk_l2norm_in_kernel, use_gate_in_kernel, *flags):
+              use_qk_l2norm_in_kernel, use_gate_in_kernel, *flags, residuals=None):
     use_gate = use_gate_in_kernel and A_log is not None and dt_bias is not None
     return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), g.new_empty(g.shape),
             beta.new_empty(beta.shape),
@@ -280,25 +355,28 @@ def _define(family: str):
             dt_bias: Optional[Tensor], initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor],
             scale: float, output_final_state: bool, use_qk_l2norm_in_kernel: bool,
             use_gate_in_kernel: bool, use_beta_sigmoid_in_kernel: bool, allow_neg_eigval: bool,
-            safe_gate: bool, lower_bound: Optional[float]) -> tuple[Tensor, Tensor]:
+            safe_gate: bool, lower_bound: Optional[float], save_residuals: bool
+            ) -> tuple[Tensor, Tensor, list[Tensor]]:
         return _fwd_impl(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale,
                          output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel,
-                         use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound)
+                         use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound,
+                         save_residuals=save_residuals)
 
     def bwd(do: Tensor, dht: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, g: Tensor,
             beta: Tensor, A_log: Optional[Tensor], dt_bias: Optional[Tensor],
             initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor], scale: float,
             use_qk_l2norm_in_kernel: bool, use_gate_in_kernel: bool,
             use_beta_sigmoid_in_kernel: bool, allow_neg_eigval: bool, safe_gate: bool,
-            lower_bound: Optional[float]
+            lower_bound: Optional[float], residuals: list[Tensor]
             ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
         return _bwd_impl(family, do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state,
                          cu_seqlens, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel,
-                         use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound)
+                         use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound,
+                         residuals)
 
     fwd.__name__ = fwd.__qualname__ = f"{family}_fwd"
     bwd.__name__ = bwd.__qualname__ = f"{family}_bwd"
-    fwd.__doc__ = f"{family.upper()} forward: (o, final_state); see kdagen.ops."
+    fwd.__doc__ = f"{family.upper()} forward: (o, final_state, residuals); see kdagen.ops."
     bwd.__doc__ = f"{family.upper()} backward: (dq, dk, dv, dg, dbeta, dA_log, ddt_bias, dh0); see kdagen.ops."
     fwd_op = torch.library.custom_op(f"kdagen::{family}_fwd", mutates_args=())(fwd)
     bwd_op = torch.library.custom_op(f"kdagen::{family}_bwd", mutates_args=())(bwd)
@@ -306,28 +384,29 @@ def _define(family: str):
     @fwd_op.register_fake
     def _(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale, output_final_state,
           use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
-          safe_gate, lower_bound):
+          safe_gate, lower_bound, save_residuals):
         return _fwd_fake(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale,
-                         output_final_state)
+                         output_final_state, save_residuals)
 
     @bwd_op.register_fake
     def _(do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale,
           use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
-          safe_gate, lower_bound):
+          safe_gate, lower_bound, residuals):
         return _bwd_fake(family, do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state,
                          cu_seqlens, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel)
 
     def setup_context(ctx, inputs, output):
         (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale, output_final_state,
          use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
-         safe_gate, lower_bound) = inputs
-        ctx.save_for_backward(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens)
+         safe_gate, lower_bound, *_save) = inputs
+        ctx.save_for_backward(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens,
+                              *output[2])
         ctx.output_final_state = output_final_state
         ctx.flags = (scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
                      allow_neg_eigval, safe_gate, lower_bound)
 
-    def backward(ctx, grad_o, grad_ht):
-        q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens = ctx.saved_tensors
+    def backward(ctx, grad_o, grad_ht, _grad_residuals=None):
+        q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, *residuals = ctx.saved_tensors
         use_gate_in_kernel = ctx.flags[2]
         do = torch.zeros_like(v) if grad_o is None else grad_o.contiguous()
         dht = None
@@ -336,14 +415,16 @@ def _define(family: str):
             dht = (grad_ht.contiguous() if grad_ht is not None else
                    q.new_zeros((N, v.shape[2], q.shape[3], v.shape[3]), dtype=torch.float32))
         dq, dk, dv, dg, dbeta, dA_log, ddt_bias, dh0 = bwd_op(
-            do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, *ctx.flags)
+            do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, *ctx.flags,
+            residuals=list(residuals))
         use_gate = use_gate_in_kernel and A_log is not None and dt_bias is not None
         return (dq, dk, dv, dg, dbeta,
                 dA_log if use_gate else None,
                 ddt_bias if use_gate else None,
                 dh0 if initial_state is not None else None,
                 None,                                   # cu_seqlens
-                None, None, None, None, None, None, None, None)   # scale and flags
+                None, None, None, None, None, None, None, None,   # scale and flags
+                None)                                   # save_residuals
 
     fwd_op.register_autograd(backward, setup_context=setup_context)
     return fwd_op, bwd_op
@@ -445,7 +526,7 @@ def _gated_setup(family, q, k, v, g, beta, gate_params, initial_state, cu_seqlen
 
 def _gated_fwd_impl(family, q, k, v, g, beta, gate_params, initial_state, cu_seqlens, scale,
                     output_final_state, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel,
-                    allow_neg_eigval, gate, gate_options):
+                    allow_neg_eigval, gate, gate_options, save_residuals=False):
     gobj, sizes, opts, inputs = _gated_setup(
         family, q, k, v, g, beta, gate_params, initial_state, cu_seqlens, scale,
         output_final_state, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel,
@@ -453,17 +534,25 @@ def _gated_fwd_impl(family, q, k, v, g, beta, gate_params, initial_state, cu_seq
     outputs = {"o": OutSpec(tuple(v.shape), v.dtype)}
     if output_final_state:
         outputs["final_state"] = OutSpec((sizes.N, sizes.HV, sizes.K, sizes.V), torch.float32)
+    if save_residuals:
+        opts["save_residuals"] = True
+        bound, rows = _residual_rows(q, cu_seqlens)
+        for name in RESIDUALS:
+            outputs[name] = OutSpec((rows, sizes.HV, CHUNK_SIZE, CHUNK_SIZE), torch.float32)
     res = backends.get_executor(q.device).run(f"{family}_fwd", opts, inputs, outputs)
-    return res["o"], (res["final_state"] if output_final_state else _empty(q))
+    residuals = ([_pad_rows(res[name], bound) for name in RESIDUALS] if save_residuals
+                 else _no_residuals(q))
+    return res["o"], (res["final_state"] if output_final_state else _empty(q)), residuals
 
 
 def _gated_bwd_impl(family, do, dht, q, k, v, g, beta, gate_params, initial_state, cu_seqlens,
                     scale, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel,
-                    allow_neg_eigval, gate, gate_options):
+                    allow_neg_eigval, gate, gate_options, residuals=None):
     gobj, sizes, opts, inputs = _gated_setup(
         family, q, k, v, g, beta, gate_params, initial_state, cu_seqlens, scale, dht is not None,
         use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, gate,
         gate_options)
+    _add_residuals(opts, inputs, residuals)
     _check_cotangent("do", do, tuple(v.shape), q.device)
     if dht is not None:
         _check_cotangent("dht", dht, (sizes.N, sizes.HV, sizes.K, sizes.V), q.device)
@@ -490,23 +579,28 @@ def _define_gated(family: str):
             initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor], scale: float,
             output_final_state: bool, use_qk_l2norm_in_kernel: bool,
             use_beta_sigmoid_in_kernel: bool, allow_neg_eigval: bool, gate: str,
-            gate_options: str) -> tuple[Tensor, Tensor]:
+            gate_options: str, save_residuals: bool
+            ) -> tuple[Tensor, Tensor, list[Tensor]]:
         return _gated_fwd_impl(family, q, k, v, g, beta, gate_params, initial_state, cu_seqlens,
                                scale, output_final_state, use_qk_l2norm_in_kernel,
-                               use_beta_sigmoid_in_kernel, allow_neg_eigval, gate, gate_options)
+                               use_beta_sigmoid_in_kernel, allow_neg_eigval, gate, gate_options,
+                               save_residuals=save_residuals)
 
     def bwd(do: Tensor, dht: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor, g: Tensor,
             beta: Tensor, gate_params: list[Tensor], initial_state: Optional[Tensor],
             cu_seqlens: Optional[Tensor], scale: float, use_qk_l2norm_in_kernel: bool,
             use_beta_sigmoid_in_kernel: bool, allow_neg_eigval: bool, gate: str,
-            gate_options: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, list[Tensor], Tensor]:
+            gate_options: str, residuals: list[Tensor]
+            ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, list[Tensor], Tensor]:
         return _gated_bwd_impl(family, do, dht, q, k, v, g, beta, gate_params, initial_state,
                                cu_seqlens, scale, use_qk_l2norm_in_kernel,
-                               use_beta_sigmoid_in_kernel, allow_neg_eigval, gate, gate_options)
+                               use_beta_sigmoid_in_kernel, allow_neg_eigval, gate, gate_options,
+                               residuals)
 
     fwd.__name__ = fwd.__qualname__ = f"{family}_gated_fwd"
     bwd.__name__ = bwd.__qualname__ = f"{family}_gated_bwd"
-    fwd.__doc__ = f"{family.upper()} forward with any registered gate: (o, final_state)."
+    fwd.__doc__ = (f"{family.upper()} forward with any registered gate: (o, final_state, "
+                   f"residuals).")
     bwd.__doc__ = (f"{family.upper()} backward with any registered gate: (dq, dk, dv, dg, dbeta, "
                    f"[d param for each gate parameter], dh0).")
     fwd_op = torch.library.custom_op(f"kdagen::{family}_gated_fwd", mutates_args=())(fwd)
@@ -514,9 +608,10 @@ def _define_gated(family: str):
 
     @fwd_op.register_fake
     def _(q, k, v, g, beta, gate_params, initial_state, cu_seqlens, scale, output_final_state,
-          *rest):
+          use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, gate,
+          gate_options, save_residuals):
         return _fwd_fake(family, q, k, v, g, beta, None, None, initial_state, cu_seqlens, scale,
-                         output_final_state)
+                         output_final_state, save_residuals)
 
     @bwd_op.register_fake
     def _(do, dht, q, k, v, g, beta, gate_params, initial_state, cu_seqlens, *rest):
@@ -529,12 +624,16 @@ def _define_gated(family: str):
     def setup_context(ctx, inputs, output):
         (q, k, v, g, beta, gate_params, initial_state, cu_seqlens, scale, output_final_state,
          *flags) = inputs
-        ctx.save_for_backward(q, k, v, g, beta, initial_state, cu_seqlens, *gate_params)
+        flags = flags[:5]                     # without save_residuals
+        ctx.save_for_backward(q, k, v, g, beta, initial_state, cu_seqlens, *output[2],
+                              *gate_params)
+        ctx.residual_count = len(output[2])       # empty tensors when none were saved
         ctx.output_final_state = output_final_state
         ctx.flags = (scale, *flags)
 
-    def backward(ctx, grad_o, grad_ht):
-        q, k, v, g, beta, initial_state, cu_seqlens, *gate_params = ctx.saved_tensors
+    def backward(ctx, grad_o, grad_ht, _grad_residuals=None):
+        q, k, v, g, beta, initial_state, cu_seqlens, *rest = ctx.saved_tensors
+        residuals, gate_params = rest[:ctx.residual_count], rest[ctx.residual_count:]
         do = torch.zeros_like(v) if grad_o is None else grad_o.contiguous()
         dht = None
         if ctx.output_final_state:
@@ -542,10 +641,12 @@ def _define_gated(family: str):
             dht = (grad_ht.contiguous() if grad_ht is not None else
                    q.new_zeros((N, v.shape[2], q.shape[3], v.shape[3]), dtype=torch.float32))
         dq, dk, dv, dg, dbeta, dparams, dh0 = bwd_op(
-            do, dht, q, k, v, g, beta, list(gate_params), initial_state, cu_seqlens, *ctx.flags)
+            do, dht, q, k, v, g, beta, list(gate_params), initial_state, cu_seqlens, *ctx.flags,
+            residuals=list(residuals))
         return (dq, dk, dv, dg, dbeta, list(dparams),
                 dh0 if initial_state is not None else None,
-                None, None, None, None, None, None, None, None)   # cu_seqlens, scale, flags
+                None, None, None, None, None, None, None, None,   # cu_seqlens, scale, flags
+                None)                                             # save_residuals
 
     fwd_op.register_autograd(backward, setup_context=setup_context)
     return fwd_op, bwd_op

@@ -106,12 +106,16 @@ def test_opcheck_gated_ops(which):
     flags = (x["initial_state"], None, 64 ** -0.5)
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"], params, *flags)
     if which == "fwd":
-        args = args + (True, True, True, False, "kda_channel_rate", "{}")
+        args = args + (True, True, True, False, "kda_channel_rate", "{}", True)
         op = torch.ops.kdagen.kda_gated_fwd.default
     else:
         do = torch.randn_like(x["v"])
         dht = torch.randn(1, 2, 64, 64)
-        args = (do, dht) + args + (True, True, False, "kda_channel_rate", "{}")
+        # the residuals its forward saved (save_residuals=True)
+        residuals = list(torch.ops.kdagen.kda_gated_fwd(
+            *args, True, True, True, False, "kda_channel_rate", "{}", True)[2])
+        assert [tuple(r.shape) for r in residuals] == [(1, 2, 64, 64)] * 3
+        args = (do, dht) + args + (True, True, False, "kda_channel_rate", "{}", residuals)
         op = torch.ops.kdagen.kda_gated_bwd.default
     torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor",
                                                  "test_autograd_registration"))

@@ -126,7 +126,8 @@ def test_the_ops_validate_too():
     do = torch.zeros(1, 8, 1, 64, dtype=torch.bfloat16)
     with pytest.raises(KdagenInputError, match="^do: expected shape"):
         torch.ops.kdagen.kda_bwd(do.expand(1, 8, 1, 64)[:, :4], None, *[a.detach() if isinstance(a, torch.Tensor) else a
-                                                                       for a in args[:10]], *args[11:])
+                                                                       for a in args[:10]], *args[11:17],
+                                 [])
 
 
 def test_unsupported_device_type_names_the_fix():

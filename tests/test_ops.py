@@ -18,18 +18,19 @@ F32 = torch.float32
 BF16 = torch.bfloat16
 
 
-def fwd_args(family, x, flags, *, scale=0.125):
+def fwd_args(family, x, flags, *, scale=0.125, save_residuals=False):
     """Positional arguments of kdagen::{family}_fwd from make_inputs' (tensors, flags)."""
     return [x["q"], x["k"], x["v"], x["g"], x["beta"], x.get("A_log"), x.get("dt_bias"),
             x.get("initial_state"), flags.get("cu_seqlens"), scale,
             flags.get("output_final_state", False), flags.get("use_qk_l2norm_in_kernel", False),
             flags.get("use_gate_in_kernel", False), flags.get("use_beta_sigmoid_in_kernel", False),
             flags.get("allow_neg_eigval", False), flags.get("safe_gate", False),
-            flags.get("lower_bound")]
+            flags.get("lower_bound"), save_residuals]
 
 
-def bwd_args(fargs):
-    """kdagen::{family}_bwd arguments for forward arguments `fargs` (detached, random do/dht)."""
+def bwd_args(fargs, residuals=None):
+    """kdagen::{family}_bwd arguments for forward arguments `fargs` (detached, random do/dht);
+    ``residuals``: what the forward saved (default: none, three empty tensors)."""
     fargs = [a.detach() if isinstance(a, torch.Tensor) else a for a in fargs]
     q, v = fargs[0], fargs[2]
     gen = torch.Generator().manual_seed(1)
@@ -39,7 +40,9 @@ def bwd_args(fargs):
         cu = fargs[8]
         N = cu.shape[0] - 1 if cu is not None else q.shape[0]
         dht = torch.randn(N, v.shape[2], q.shape[3], v.shape[3], generator=gen)
-    return [do, dht] + fargs[:10] + fargs[11:]
+    if residuals is None:
+        residuals = [q.new_empty(0, dtype=torch.float32) for _ in ops.RESIDUALS]
+    return [do, dht] + fargs[:10] + fargs[11:17] + [[r.detach() for r in residuals]]
 
 
 @contextlib.contextmanager
@@ -65,9 +68,11 @@ def test_op_schemas():
                               "Tensor? A_log, Tensor? dt_bias, Tensor? initial_state, Tensor? cu_seqlens, "
                               "float scale, bool output_final_state, bool use_qk_l2norm_in_kernel, "
                               "bool use_gate_in_kernel, bool use_beta_sigmoid_in_kernel, "
-                              "bool allow_neg_eigval, bool safe_gate, float? lower_bound)"), fwd
-        assert fwd.endswith("-> (Tensor, Tensor)"), fwd
+                              "bool allow_neg_eigval, bool safe_gate, float? lower_bound, "
+                              "bool save_residuals)"), fwd
+        assert fwd.endswith("-> (Tensor, Tensor, Tensor[])"), fwd
         assert bwd.startswith(f"kdagen::{family}_bwd(Tensor do, Tensor? dht, Tensor q, "), bwd
+        assert "float? lower_bound, Tensor[] residuals)" in bwd, bwd
         assert bwd.endswith("-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)"), bwd
         # nothing is mutated or aliased
         assert "!" not in fwd and "!" not in bwd and "(a" not in fwd
@@ -76,7 +81,9 @@ def test_op_schemas():
         gated_bwd = str(getattr(torch.ops.kdagen, f"{family}_gated_bwd").default._schema)
         assert gated_fwd.startswith(f"kdagen::{family}_gated_fwd(Tensor q, Tensor k, Tensor v, Tensor g, "
                                     "Tensor beta, Tensor[] gate_params, "), gated_fwd
-        assert "str gate, str gate_options)" in gated_fwd and gated_fwd.endswith("-> (Tensor, Tensor)")
+        assert "str gate, str gate_options, bool save_residuals)" in gated_fwd
+        assert gated_fwd.endswith("-> (Tensor, Tensor, Tensor[])"), gated_fwd
+        assert "str gate_options, Tensor[] residuals)" in gated_bwd, gated_bwd
         assert gated_bwd.endswith("-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor[], Tensor)"), gated_bwd
         assert "!" not in gated_fwd and "!" not in gated_bwd
     assert set(ops.OPS) == {f"kdagen::{family}{gated}_{step}" for family in ("kda", "gdn")
@@ -98,17 +105,19 @@ OPCHECK_CASES = {
 
 @pytest.mark.parametrize("name", list(OPCHECK_CASES))
 @pytest.mark.parametrize("which", ["fwd", "bwd"])
-def test_opcheck(name, which):
+@pytest.mark.parametrize("save_residuals", [False, True])
+def test_opcheck(name, which, save_residuals):
     spec = dict(OPCHECK_CASES[name])
     family = spec.pop("family")
     final_state = spec.pop("final_state", True)
     x, flags = make_inputs(family, **spec)
     flags["output_final_state"] = final_state
-    args = fwd_args(family, x, flags)
+    args = fwd_args(family, x, flags, save_residuals=save_residuals)
     if which == "fwd":
         op = getattr(ops, f"{family}_fwd")
     else:
-        op, args = getattr(ops, f"{family}_bwd"), bwd_args(args)
+        residuals = getattr(ops, f"{family}_fwd")(*args)[2] if save_residuals else None
+        op, args = getattr(ops, f"{family}_bwd"), bwd_args(args, residuals)
     result = torch.library.opcheck(op, args)
     assert set(result.values()) == {"SUCCESS"}, result
 
@@ -136,26 +145,32 @@ def test_fake_tensor_tracing_of_the_ops(final_state):
         A_log, dt_bias = torch.empty(8), torch.empty(8, 128)
         h0 = torch.empty(3, 8, 128, 128)
         cu = torch.empty(4, dtype=torch.int64)
-        o, ht = torch.ops.kdagen.kda_fwd(q, q, v, g, beta, A_log, dt_bias, h0, cu, 0.1, final_state,
-                                         True, True, True, False, False, None)
+        o, ht, res = torch.ops.kdagen.kda_fwd(q, q, v, g, beta, A_log, dt_bias, h0, cu, 0.1,
+                                              final_state, True, True, True, False, False, None,
+                                              True)
+        # the residuals' rows: a bound from shapes (ceil(T / 64) + N with cu_seqlens)
+        assert [tuple(r.shape) for r in res] == [(64 + 3, 8, 64, 64)] * 3
         assert o.shape == v.shape and o.dtype == BF16
         assert ht.dtype == F32 and ht.shape == ((3, 8, 128, 128) if final_state else (0,))
         dht = torch.empty(3, 8, 128, 128) if final_state else None
         grads = torch.ops.kdagen.kda_bwd(o, dht, q, q, v, g, beta, A_log, dt_bias, h0, cu, 0.1,
-                                         True, True, True, False, False, None)
+                                         True, True, True, False, False, None, list(res))
         for gr, like in zip(grads, (q, q, v, g, beta, A_log, dt_bias, h0)):
             assert gr.shape == like.shape and gr.dtype == like.dtype
         # GDN, batch 2, no optional tensors: empty placeholders for the absent gradients
         q = torch.empty(2, 100, 4, 64, dtype=torch.float16)
         v = torch.empty(2, 100, 4, 64, dtype=torch.float16)
         g, beta = torch.empty(2, 100, 4), torch.empty(2, 100, 4)
-        o, ht = torch.ops.kdagen.gdn_fwd(q, q, v, g, beta, None, None, None, None, 0.1, final_state,
-                                         False, False, False, False, False, None)
+        o, ht, res = torch.ops.kdagen.gdn_fwd(q, q, v, g, beta, None, None, None, None, 0.1,
+                                              final_state, False, False, False, False, False,
+                                              None, False)
+        assert [tuple(r.shape) for r in res] == [(0,)] * 3
         assert o.shape == v.shape and o.dtype == torch.float16
         assert ht.shape == ((2, 4, 64, 64) if final_state else (0,))
         dht = torch.empty(2, 4, 64, 64) if final_state else None
         dq, dk, dv, dg, dbeta, dA, ddt, dh0 = torch.ops.kdagen.gdn_bwd(
-            o, dht, q, q, v, g, beta, None, None, None, None, 0.1, False, False, False, False, False, None)
+            o, dht, q, q, v, g, beta, None, None, None, None, 0.1, False, False, False, False, False,
+            None, list(res))
         assert dg.shape == g.shape and dg.dtype == F32 and dv.dtype == torch.float16
         assert dA.shape == ddt.shape == dh0.shape == (0,)
 
@@ -294,8 +309,10 @@ def test_flags_map_to_program_options(name):
     else:
         assert "lower_bound" not in fopts
     assert fins == {"q", "k", "v", "scale", "initial_state"} | in_names
-    assert set(fouts) == {"o", "final_state"}
-    assert bins == fins | {"do", "dht"}
+    # training: the forward saves the residuals, the backward reads them (same options)
+    residuals = set(ops.RESIDUALS)
+    assert set(fouts) == {"o", "final_state"} | residuals and fopts["save_residuals"]
+    assert bins == fins | {"do", "dht"} | residuals
     assert set(bouts) == {"dq", "dk", "dv", "dh0"} | grad_names
     if "dt_bias" in in_names and family == "kda":
         assert bouts["ddt_bias"].shape == (x["v"].shape[2], 64)

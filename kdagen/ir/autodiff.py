@@ -103,8 +103,15 @@ class _AD:
         self._activity()
 
     # ---------------------------------------------------------------- analysis
+    def _residual_store(self, op) -> bool:
+        """A store of a value the backward reads instead of recomputing (an output marked
+        ``kda.residual``: the forward's save_residuals)."""
+        spec = self.arg_spec.get(op.operands[0])
+        return spec is not None and spec.role == "output" and bool(spec.attrs.get("kda.residual"))
+
     def _check(self):
         loads = {}
+        self.residuals = {}       # forward value -> (its residual output, the chunk index)
 
         def visit(block, depth):
             for op in _ops(block):
@@ -112,6 +119,9 @@ class _AD:
                     if depth:
                         raise AutodiffError("autodiff: nested kda.scan is not supported")
                     visit(op.regions[0].blocks[0], depth + 1)
+                if op.name == "kda.store_chunk" and self._residual_store(op):
+                    self.residuals[op.operands[2]] = (op.operands[0], op.operands[1])
+                    continue
                 if op.name in ("kda.load_chunk", "kda.store_chunk", "kda.workspace"):
                     raise AutodiffError(f"autodiff: forward programs may not use {op.name}")
                 if op.name in _LOADS:
@@ -188,7 +198,12 @@ class _AD:
             if s.role == "input":
                 p.declare(s.name, a.type, raw(s))
         for a, s in zip(self.fargs, self.specs):
-            if s.role == "output":
+            if s.role == "output" and s.attrs.get("kda.residual"):
+                d = raw(s)          # the forward's residual output, read by the backward
+                d.update(role="input")
+                p.declare(s.name, a.type, d)
+        for a, s in zip(self.fargs, self.specs):
+            if s.role == "output" and not s.attrs.get("kda.residual"):
                 d = raw(s)
                 d.pop("grad_name", None)
                 d.update(role="input", cotangent_of=s.name)
@@ -207,7 +222,7 @@ class _AD:
             self.cot = {}
             self.grad = {}
             for a, s in zip(self.fargs, self.specs):
-                if s.role == "input":
+                if s.role == "input" or s.attrs.get("kda.residual"):
                     m = mems[s.name]
                     self.pm[a] = m.value if isinstance(m, dsl.Mem) else m
                 else:
@@ -230,6 +245,14 @@ class _AD:
 
     # -- primal
     def _clone(self, op):
+        if len(op.results) == 1 and op.results[0] in self.residuals:
+            # the forward stored this value for us: load it instead of recomputing it
+            mem, chunk = self.residuals[op.results[0]]
+            name = self.arg_spec[mem].name
+            self.pm[op.results[0]] = create(
+                "load_chunk", [op.results[0].type], [self.pm[mem], self.pm[chunk]],
+                {"name": ir.StringAttr.get(name)}, name=value_name(op.results[0]) or name).result
+            return None
         new = ir.Operation.create(op.name, results=[r.type for r in op.results],
                                   operands=[self.pm[v] for v in op.operands],
                                   attributes={k: op.attributes[k] for k in

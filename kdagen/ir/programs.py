@@ -24,7 +24,7 @@ from kdagen.ir.dsl import (LOG2E, ProgramBuilder, cumsum, exp2, l2norm, last_row
 from kdagen.ir.gates import Gate, get_gate
 
 __all__ = ["PROGRAMS", "Program", "build_program", "list_programs", "program_options",
-           "DEFAULT_OPTIONS", "DECODE_OPTIONS", "ProgramOptionError"]
+           "DEFAULT_OPTIONS", "DECODE_OPTIONS", "ProgramOptionError", "RESIDUALS"]
 
 
 class ProgramOptionError(ValueError):
@@ -52,9 +52,18 @@ DEFAULT_OPTIONS = {
     "output_chunk_states": (False, "forward: write chunk_states [chunks, HV, K, V], the state "
                                    "at the start of every chunk (FLA's return_intermediate_states)"),
     "varlen": (False, "sequences given by cu_seqlens (B = 1)"),
+    "save_residuals": (False, "forward: also write the chunk products the backward would "
+                              "recompute (RESIDUALS: [chunks, HV, C, C] fp32 each); backward: "
+                              "read them (inputs of those names, from the forward of the same "
+                              "options) instead of recomputing them"),
     "gate_digest": (None, "a user gate's digest (Gate.digest): the program is built only if the "
                           "registered gate still has it; keys compiled kernels by the gate's source"),
 }
+
+#: the chunk values a forward with save_residuals writes for its backward ([C, C] fp32 per
+#: chunk and value head): the masked key-key decay product, the inverse (I + Akk)^-1, and the
+#: masked query-key decay product, each the backward's costliest recomputation
+RESIDUALS = ("res_kk", "res_Akk_inv", "res_qk")
 
 _CHUNKS = (16, 32, 64, 128)
 _HEAD_DIMS = (64, 128)
@@ -100,9 +109,13 @@ def _resolve(family: str, options: dict) -> tuple[dict, Gate, dict]:
     if not isinstance(opts["gva_ratio"], int) or isinstance(opts["gva_ratio"], bool) or opts["gva_ratio"] < 1:
         raise ProgramOptionError(f"gva_ratio: expected a positive int, got {opts['gva_ratio']!r}")
     for flag in ("use_qk_l2norm_in_kernel", "use_beta_sigmoid_in_kernel", "allow_neg_eigval",
-                 "use_initial_state", "output_final_state", "output_chunk_states", "varlen"):
+                 "use_initial_state", "output_final_state", "output_chunk_states", "varlen",
+                 "save_residuals"):
         if not isinstance(opts[flag], bool):
             raise ProgramOptionError(f"{flag}: expected true or false, got {opts[flag]!r}")
+    if opts["save_residuals"] and opts["output_chunk_states"]:
+        raise ProgramOptionError("save_residuals: not with output_chunk_states (that is an "
+                                 "inference output; residuals serve the backward)")
     if opts["allow_neg_eigval"] and not opts["use_beta_sigmoid_in_kernel"]:
         raise ProgramOptionError("allow_neg_eigval: needs use_beta_sigmoid_in_kernel=True")
     try:
@@ -132,6 +145,8 @@ def _program_attrs(name: str, family: str, C: int, opt: dict, gate, gate_opts: d
                  output_final_state=opt["output_final_state"], varlen=opt["varlen"])
     if opt["gate_digest"] is not None:
         attrs["gate_digest"] = opt["gate_digest"]
+    if opt["save_residuals"]:
+        attrs["save_residuals"] = True
     return attrs
 
 
@@ -219,6 +234,9 @@ def _delta_rule_fwd(family: str, name: str, options: dict) -> ir.Module:
     if opt["output_chunk_states"]:
         # inference only (FLA's return_intermediate_states): in the storage type, as FLA's h
         p.output("chunk_states", "chunk", [K, V], dt, heads="v")
+    residuals = opt["save_residuals"]
+    for res in RESIDUALS if residuals else ():
+        p.output(res, "chunk", [C, C], "fp32", heads="v", residual=True)
 
     with p.body():
         scale, params, scan = _state_scan(p, opt, gate)
@@ -236,11 +254,18 @@ def _delta_rule_fwd(family: str, name: str, options: dict) -> ir.Module:
             qd = qn * eG                  # q ⊙ exp(Γ)
             kr = kn * exp2(G_C - G)       # k ⊙ exp(Γ_C − Γ)
             # -- WY/UT form: T = (I + Akk)^-1 diag(β);  w = T kd,  u = T v
-            Akk = strict_tril(kd @ ki.T) * beta[:, None]
+            _kk = strict_tril(kd @ ki.T)
+            Akk = _kk * beta[:, None]
             Akk_inv = tril_inv(Akk)
             w = Akk_inv @ (kd * beta[:, None])
             u = Akk_inv @ (vf * beta[:, None])
-            Aqk = tril(qd @ ki.T) * scale
+            _qk = tril(qd @ ki.T)
+            Aqk = _qk * scale
+            if residuals:
+                # what the backward would recompute: its chunk products (autodiff loads
+                # the stored values in their place, kdagen/ir/autodiff.py)
+                for res, value in zip(RESIDUALS, (_kk, Akk_inv, _qk)):
+                    p.store_chunk(res, c, value)
             # -- state-dependent part: v' = u − w S;  o = scale qd S + Aqk v'
             v_new = u - w @ S
             o_c = (qd @ S) * scale + Aqk @ v_new
@@ -286,6 +311,9 @@ def _decode_options(name: str, options: dict) -> tuple[dict, dict]:
     if "slot_dtype" in options and not own["state_pool"]:
         raise ProgramOptionError("slot_dtype: only with state_pool=True")
     rest = {k: v for k, v in options.items() if k not in DECODE_OPTIONS and k != "chunk_size"}
+    if rest.get("save_residuals"):
+        raise ProgramOptionError(f"save_residuals: not an option of {name} (decode has no "
+                                 f"backward)")
     if rest.get("output_chunk_states"):
         raise ProgramOptionError(f"output_chunk_states: not an option of {name} (its "
                                  f"output_token_states gives the state after every token)")

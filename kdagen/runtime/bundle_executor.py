@@ -77,7 +77,8 @@ def _unrequested(spec: Mapping[str, Any], options: Mapping[str, Any]) -> str | N
         return "lower_bound"
     dtype = emitted.get("dtype", attrs.get("dtype", "bf16"))
     defaults = {"gate_dtype": (None, dtype), "beta_dtype": (None, dtype), "value_split": (1,),
-                "output_chunk_states": (False,), "gate_digest": (None,)}
+                "output_chunk_states": (False,), "gate_digest": (None,),
+                "save_residuals": (False,)}
     for name, same in defaults.items():
         if name not in options and name in emitted and emitted[name] not in same:
             return name
