@@ -23,6 +23,8 @@ def bench_variants(ops: list[str], configs: list[str] | None = None) -> list[tup
     from kdagen import benchmark as bench_fla
     from kdagen.runtime.backends import recording
 
+    import os
+    saved = os.environ.get("KDAGEN_SAVE_RESIDUALS")
     with recording("cpu") as rec:
         for family in ops:
             fn = bench_fla.implementations(family, fla=False)["kdagen"]
@@ -31,8 +33,18 @@ def bench_variants(ops: list[str], configs: list[str] | None = None) -> list[tup
                     continue
                 small = [min(n, 70) for n in lengths] if lengths else None
                 x, kw, _ = bench_fla.make_inputs(family, 1 if small else B, 70, H, HV, small, "cpu")
-                with torch.enable_grad():
-                    bench_fla.call(fn, family, x, kw, grad=True)
+                with torch.no_grad():                 # the forward-only timing
+                    bench_fla.call(fn, family, x, kw, grad=False)
+                # training, with the residual pair (the default) and without
+                # (KDAGEN_SAVE_RESIDUALS=0, for the ablation)
+                for flag in ("1", "0"):
+                    os.environ["KDAGEN_SAVE_RESIDUALS"] = flag
+                    with torch.enable_grad():
+                        bench_fla.call(fn, family, x, kw, grad=True)
+    if saved is None:
+        os.environ.pop("KDAGEN_SAVE_RESIDUALS", None)
+    else:
+        os.environ["KDAGEN_SAVE_RESIDUALS"] = saved
     return rec.variants()
 
 

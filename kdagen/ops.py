@@ -35,11 +35,11 @@ synchronises with a CUDA device: ``cu_seqlens`` values are read only for CPU ten
 The backward recomputes the forward's state scan from the saved inputs (the derived backward
 programs carry their own recompute scan). With ``save_residuals`` (what autograd asks for when
 a gradient is needed, unless ``KDAGEN_SAVE_RESIDUALS=0``) the forward also returns the chunk
-products the backward would recompute, ``residuals`` = [res_kk, res_Akk_inv, res_qk]
+products the backward would recompute, ``residuals`` = [res_kk, res_Akk_inv]
 (:data:`kdagen.ir.programs.RESIDUALS`; float32 ``[chunks, HV, 64, 64]`` each, chunks = B ·
 ceil(T / 64), or ceil(T / 64) + N with cu_seqlens: a bound that needs no host read), and the
-backward reads them instead: its prologue and dq kernels skip the decay products and the
-inverse. Without it ``residuals`` holds three empty tensors ``[0]``.
+backward reads them instead: its prologue skips the key-key decay product and the inverse.
+Without it ``residuals`` holds empty tensors ``[0]``.
 """
 # No `from __future__ import annotations`: torch.library infers the schemas from the annotations.
 import os
@@ -62,7 +62,7 @@ SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 CHUNK_SIZE = 64
 #: the residual outputs of a forward with save_residuals (kdagen.ir.programs.RESIDUALS)
-RESIDUALS = ("res_kk", "res_Akk_inv", "res_qk")
+RESIDUALS = ("res_kk", "res_Akk_inv")
 
 
 def save_residuals_wanted(*tensors) -> bool:

@@ -30,7 +30,7 @@ def fwd_args(family, x, flags, *, scale=0.125, save_residuals=False):
 
 def bwd_args(fargs, residuals=None):
     """kdagen::{family}_bwd arguments for forward arguments `fargs` (detached, random do/dht);
-    ``residuals``: what the forward saved (default: none, three empty tensors)."""
+    ``residuals``: what the forward saved (default: none, empty tensors)."""
     fargs = [a.detach() if isinstance(a, torch.Tensor) else a for a in fargs]
     q, v = fargs[0], fargs[2]
     gen = torch.Generator().manual_seed(1)
@@ -149,7 +149,7 @@ def test_fake_tensor_tracing_of_the_ops(final_state):
                                               final_state, True, True, True, False, False, None,
                                               True)
         # the residuals' rows: a bound from shapes (ceil(T / 64) + N with cu_seqlens)
-        assert [tuple(r.shape) for r in res] == [(64 + 3, 8, 64, 64)] * 3
+        assert [tuple(r.shape) for r in res] == [(64 + 3, 8, 64, 64)] * len(ops.RESIDUALS)
         assert o.shape == v.shape and o.dtype == BF16
         assert ht.dtype == F32 and ht.shape == ((3, 8, 128, 128) if final_state else (0,))
         dht = torch.empty(3, 8, 128, 128) if final_state else None
@@ -164,7 +164,7 @@ def test_fake_tensor_tracing_of_the_ops(final_state):
         o, ht, res = torch.ops.kdagen.gdn_fwd(q, q, v, g, beta, None, None, None, None, 0.1,
                                               final_state, False, False, False, False, False,
                                               None, False)
-        assert [tuple(r.shape) for r in res] == [(0,)] * 3
+        assert [tuple(r.shape) for r in res] == [(0,)] * len(ops.RESIDUALS)
         assert o.shape == v.shape and o.dtype == torch.float16
         assert ht.shape == ((2, 4, 64, 64) if final_state else (0,))
         dht = torch.empty(2, 4, 64, 64) if final_state else None

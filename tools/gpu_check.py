@@ -237,8 +237,27 @@ def _floor(ref: torch.Tensor, dtype) -> float:
     return R.rel_err(ref.to(dtype), ref)
 
 
-def run_case(prog: LoweredProgram, spec: dict, case: dict, device, seed: int) -> list[dict]:
+def residual_source(bundle, variants: dict, spec: dict):
+    """The forward variant whose residuals a backward variant built with save_residuals reads
+    (same options, in the same bundle), as a LoweredProgram; None for any other variant."""
+    if not (spec["program"].endswith("_bwd") and (spec.get("options") or {}).get("save_residuals")):
+        return None
+    fwd = spec["program"][:-len("_bwd")] + "_fwd"
+    for name, other in variants.items():
+        if other["program"] == fwd and other.get("options") == spec.get("options"):
+            return LoweredProgram(bundle, name)
+    raise LookupError(f"{spec['program']} with save_residuals: the bundle has no {fwd} of the "
+                      f"same options to produce its residuals")
+
+
+def run_case(prog: LoweredProgram, spec: dict, case: dict, device, seed: int,
+             residuals_from: LoweredProgram | None = None) -> list[dict]:
     kern, ref_in = _inputs(spec, case, device, seed)
+    if residuals_from is not None:
+        # what the forward wrote for this backward, on the same inputs
+        fwd_in = {k: v for k, v in kern.items() if k not in ("do", "dht")}
+        fwd_out = residuals_from(device=device, **fwd_in)
+        kern.update({k: v for k, v in fwd_out.items() if k.startswith("res_")})
     fn = _reference_fn(spec)
     names = {a["name"]: a for a in spec["args"]}
     rows = []
@@ -287,6 +306,11 @@ def run_case(prog: LoweredProgram, spec: dict, case: dict, device, seed: int) ->
             if k in GRAD_OF and v is not None:
                 refs[GRAD_OF[k]] = v
     for k, v in out1.items():
+        if k.startswith("res_"):
+            # residuals: the rows of the chunks (the buffer's bound may hold more, unwritten)
+            C = int(spec["chunk_size"])
+            lens = case.get("lengths") or [case["T"]] * case["B"]
+            v = v[:sum(-(-n // C) for n in lens)]
         finite = bool(torch.isfinite(v.float()).all())
         r = refs.get(k)
         if r is None:
@@ -391,13 +415,14 @@ def main(argv=None) -> int:
         spec = variants[vname]
         try:
             prog = LoweredProgram(args.bundle, vname)
+            source = residual_source(args.bundle, variants, spec)
         except Exception as exc:  # noqa: BLE001 - report and go on
             print(f"{vname:58s} {'(load)':26s} ERROR {type(exc).__name__}: {exc}")
             n_err += 1
             continue
         for ci, case in enumerate(_cases(spec, args.quick)):
             try:
-                rows = run_case(prog, spec, case, device, args.seed + ci)
+                rows = run_case(prog, spec, case, device, args.seed + ci, source)
             except Exception as exc:  # noqa: BLE001
                 print(f"{vname:58s} {case['label']:26s} ERROR {type(exc).__name__}: {exc}")
                 traceback.print_exc(limit=3, file=sys.stdout)

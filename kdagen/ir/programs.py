@@ -61,9 +61,12 @@ DEFAULT_OPTIONS = {
 }
 
 #: the chunk values a forward with save_residuals writes for its backward ([C, C] fp32 per
-#: chunk and value head): the masked key-key decay product, the inverse (I + Akk)^-1, and the
-#: masked query-key decay product, each the backward's costliest recomputation
-RESIDUALS = ("res_kk", "res_Akk_inv", "res_qk")
+#: chunk and value head): the masked key-key decay product and the inverse (I + Akk)^-1, the
+#: costliest recomputation of the backward's prologue. The masked query-key decay product is
+#: not one: the forward computes it in its output kernel, and saving it moved it into the
+#: prologue (+148 us) while the dq kernel that loaded it got slower (929 -> 996 us; H200,
+#: KDA B1_T8k_H16, bench/results/h200_residuals3_B1_T8k_H16.log)
+RESIDUALS = ("res_kk", "res_Akk_inv")
 
 _CHUNKS = (16, 32, 64, 128)
 _HEAD_DIMS = (64, 128)
@@ -259,12 +262,11 @@ def _delta_rule_fwd(family: str, name: str, options: dict) -> ir.Module:
             Akk_inv = tril_inv(Akk)
             w = Akk_inv @ (kd * beta[:, None])
             u = Akk_inv @ (vf * beta[:, None])
-            _qk = tril(qd @ ki.T)
-            Aqk = _qk * scale
+            Aqk = tril(qd @ ki.T) * scale
             if residuals:
                 # what the backward would recompute: its chunk products (autodiff loads
                 # the stored values in their place, kdagen/ir/autodiff.py)
-                for res, value in zip(RESIDUALS, (_kk, Akk_inv, _qk)):
+                for res, value in zip(RESIDUALS, (_kk, Akk_inv)):
                     p.store_chunk(res, c, value)
             # -- state-dependent part: v' = u − w S;  o = scale qd S + Aqk v'
             v_new = u - w @ S
