@@ -140,8 +140,7 @@ DECODE_VALUE_SPLITS = (2, 4)
 
 
 def program_variants(ops: list[str], head_dim, gate, decode: bool = False) -> list[tuple[str, dict]]:
-    """(program, options) for each requested op: forward and backward, each also with
-    ``save_residuals`` (the pair training runs), (and with ``decode`` the
+    """(program, options) for each requested op: forward and backward (and with ``decode`` the
     op's decode program, plain and on a state pool, at each of DECODE_VALUE_SPLITS), K = V =
     head_dim for
     each head dim of ``head_dim`` (one or several). ``gate``: None (each op's default gate), a
@@ -172,9 +171,6 @@ def program_variants(ops: list[str], head_dim, gate, decode: bool = False) -> li
             if not gobj.builtin:
                 options["gate_digest"] = gobj.digest
             out.extend((program, dict(options)) for program in OPS[op])
-            # training: the forward that saves the residuals and the backward that reads them
-            # (what autograd runs unless KDAGEN_SAVE_RESIDUALS=0)
-            out.extend((program, dict(options, save_residuals=True)) for program in OPS[op])
             if decode:
                 for parts in DECODE_VALUE_SPLITS:
                     split = dict(options, value_split=parts)

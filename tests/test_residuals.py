@@ -5,7 +5,7 @@ derived backward loads them instead (kdagen/ir/autodiff.py), and autograd passes
 - the chip pipeline: the residual backward's kernels hold no inverse and fewer decay products,
   the residual forward stores them;
 - options: clear errors where residuals make no sense;
-- the API on CPU: training with residuals equals training without (KDAGEN_SAVE_RESIDUALS=0).
+- the API on CPU: training with residuals (KDAGEN_SAVE_RESIDUALS=1) equals training without.
 """
 import pytest
 import torch
