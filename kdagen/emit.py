@@ -139,8 +139,10 @@ def _resource_cells(entry: KernelEntry) -> dict:
 DECODE_VALUE_SPLITS = (2, 4)
 
 
-def program_variants(ops: list[str], head_dim, gate, decode: bool = False) -> list[tuple[str, dict]]:
-    """(program, options) for each requested op: forward and backward (and with ``decode`` the
+def program_variants(ops: list[str], head_dim, gate, decode: bool = False,
+                     residuals: bool = False) -> list[tuple[str, dict]]:
+    """(program, options) for each requested op: forward and backward (with ``residuals`` also
+    training's save_residuals pair; and with ``decode`` the
     op's decode program, plain and on a state pool, at each of DECODE_VALUE_SPLITS), K = V =
     head_dim for
     each head dim of ``head_dim`` (one or several). ``gate``: None (each op's default gate), a
@@ -171,6 +173,8 @@ def program_variants(ops: list[str], head_dim, gate, decode: bool = False) -> li
             if not gobj.builtin:
                 options["gate_digest"] = gobj.digest
             out.extend((program, dict(options)) for program in OPS[op])
+            if residuals:
+                out.extend((program, dict(options, save_residuals=True)) for program in OPS[op])
             if decode:
                 for parts in DECODE_VALUE_SPLITS:
                     split = dict(options, value_split=parts)
@@ -182,7 +186,8 @@ def program_variants(ops: list[str], head_dim, gate, decode: bool = False) -> li
 def emit_programs(out_dir: str | Path, targets: list[Target], ops: list[str], head_dim=128,
                   gate=None, verbose: bool = False,
                   path: str = "native", progress=None, replace: bool = True,
-                  dump_dir=None, timing: dict | None = None, decode: bool = False) -> list[dict]:
+                  dump_dir=None, timing: dict | None = None, decode: bool = False,
+                  residuals: bool = False) -> list[dict]:
     """Lower the programs of ``ops`` for every target into the bundle ``out_dir``; returns the
     per-kernel report rows (kernel, chip, path, program, variant, registers, spills, shared
     memory). ``path``: "native" (the chip's own path where kdagen has one, else portable) or
@@ -193,7 +198,8 @@ def emit_programs(out_dir: str | Path, targets: list[Target], ops: list[str], he
     :func:`kdagen.bundle_writer.write_bundle`; ``timing`` (a dict) receives its seconds per
     stage."""
     lowering = dict(DEFAULT_LOWERING, path=path)
-    result = write_bundle(out_dir, program_variants(ops, head_dim, gate, decode), targets, verbose=verbose,
+    result = write_bundle(out_dir, program_variants(ops, head_dim, gate, decode, residuals),
+                          targets, verbose=verbose,
                           lower_options=lowering, progress=progress, replace=replace,
                           dump_dir=dump_dir)
     if timing is not None:

@@ -34,12 +34,13 @@ synchronises with a CUDA device: ``cu_seqlens`` values are read only for CPU ten
 
 The backward recomputes the forward's state scan from the saved inputs (the derived backward
 programs carry their own recompute scan). With ``save_residuals`` (what autograd asks for when
-a gradient is needed and ``KDAGEN_SAVE_RESIDUALS=1``) the forward also returns the chunk
+a gradient is needed, unless ``KDAGEN_SAVE_RESIDUALS=0``) the forward also returns the chunk
 products the backward would recompute, ``residuals`` = [res_kk, res_Akk_inv]
 (:data:`kdagen.ir.programs.RESIDUALS`; float32 ``[chunks, HV, 64, 64]`` each, chunks = B ·
 ceil(T / 64), or ceil(T / 64) + N with cu_seqlens: a bound that needs no host read), and the
 backward reads them instead: its prologue skips the key-key decay product and the inverse.
-Without it ``residuals`` holds empty tensors ``[0]``.
+Without it, or where the bundle has no such variant (``kdagen emit --residuals`` builds them),
+``residuals`` holds empty tensors ``[0]`` and the backward recomputes.
 """
 # No `from __future__ import annotations`: torch.library infers the schemas from the annotations.
 import os
@@ -66,13 +67,37 @@ RESIDUALS = ("res_kk", "res_Akk_inv")
 
 
 def save_residuals_wanted(*tensors) -> bool:
-    """Whether a forward should save residuals for its backward: ``KDAGEN_SAVE_RESIDUALS=1``
-    (opt-in for now: residuals take 32 KB per chunk and value head, measured ~2% faster on the
-    H200, and bundles from ``kdagen emit`` do not hold the residual variants yet) and a
-    gradient is needed."""
-    if os.environ.get("KDAGEN_SAVE_RESIDUALS", "0") != "1" or not torch.is_grad_enabled():
+    """Whether a forward should save residuals for its backward: a gradient is needed and
+    ``KDAGEN_SAVE_RESIDUALS`` is not ``0`` (a switch for memory: residuals take 32 KB per
+    chunk and value head, and the backward then recomputes them)."""
+    if os.environ.get("KDAGEN_SAVE_RESIDUALS", "1") == "0" or not torch.is_grad_enabled():
         return False
     return any(isinstance(t, Tensor) and t.requires_grad for t in tensors)
+
+
+#: (executor, program, options, $KDAGEN_BUNDLE) whose save_residuals variant was not found
+_NO_RESIDUAL_VARIANT: set = set()
+
+
+def _run_program(device, program: str, opts: dict, inputs: dict, outputs: dict) -> tuple:
+    """(outputs, whether the residual variant ran): ``program`` through the executor of
+    ``device``. A save_residuals call that finds no such variant (a bundle emitted without
+    ``--residuals``) runs the plain variant instead: the forward then saves nothing and its
+    backward recomputes, with the same results."""
+    executor = backends.get_executor(device)
+    plain = {k: v for k, v in opts.items() if k != "save_residuals"}
+    memo = (id(executor), program, backends.freeze_options(plain),
+            os.environ.get("KDAGEN_BUNDLE"))
+    if not opts.get("save_residuals") or memo not in _NO_RESIDUAL_VARIANT:
+        try:
+            return executor.run(program, opts, inputs, outputs), bool(opts.get("save_residuals"))
+        except backends.BundleNotFoundError:
+            if not opts.get("save_residuals"):
+                raise
+            _NO_RESIDUAL_VARIANT.add(memo)      # look once, not on every call
+    inputs = {k: v for k, v in inputs.items() if k not in RESIDUALS}
+    outputs = {k: v for k, v in outputs.items() if k not in RESIDUALS}
+    return executor.run(program, plain, inputs, outputs), False
 
 
 def _residual_rows(q: Tensor, cu_seqlens: Optional[Tensor]) -> tuple[int, int]:
@@ -226,10 +251,10 @@ def _run_fwd(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens
         rows = lead[0] * lead[1]
         opts["output_chunk_states"] = True
         outputs["chunk_states"] = OutSpec((rows, *state), q.dtype)
-    res = backends.get_executor(q.device).run(f"{family}_fwd", opts, inputs, outputs)
+    res, saved = _run_program(q.device, f"{family}_fwd", opts, inputs, outputs)
     if chunk_states:   # a bundle's buffer may hold more rows (it is sized without reading cu_seqlens)
         res["chunk_states"] = res["chunk_states"][:rows].reshape(*lead, *state)
-    if save_residuals:
+    if saved:
         res["residuals"] = [_pad_rows(res[name], bound) for name in RESIDUALS]
     return res
 
@@ -308,7 +333,7 @@ def _bwd_impl(family, do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, 
         outputs["ddt_bias"] = OutSpec(tuple(inputs["dt_bias"].shape), dt_bias.dtype)
     if initial_state is not None:
         outputs["dh0"] = OutSpec(tuple(initial_state.shape), initial_state.dtype)
-    res = backends.get_executor(q.device).run(f"{family}_bwd", opts, inputs, outputs)
+    res, _ = _run_program(q.device, f"{family}_bwd", opts, inputs, outputs)
     return (res["dq"], res["dk"], res["dv"], res[gname], res[bname],
             res["dA_log"] if use_gate_in_kernel else _empty(q),
             res["ddt_bias"].reshape(dt_bias.shape) if use_gate_in_kernel else _empty(q),
@@ -540,8 +565,8 @@ def _gated_fwd_impl(family, q, k, v, g, beta, gate_params, initial_state, cu_seq
         bound, rows = _residual_rows(q, cu_seqlens)
         for name in RESIDUALS:
             outputs[name] = OutSpec((rows, sizes.HV, CHUNK_SIZE, CHUNK_SIZE), torch.float32)
-    res = backends.get_executor(q.device).run(f"{family}_fwd", opts, inputs, outputs)
-    residuals = ([_pad_rows(res[name], bound) for name in RESIDUALS] if save_residuals
+    res, saved = _run_program(q.device, f"{family}_fwd", opts, inputs, outputs)
+    residuals = ([_pad_rows(res[name], bound) for name in RESIDUALS] if saved
                  else _no_residuals(q))
     return res["o"], (res["final_state"] if output_final_state else _empty(q)), residuals
 
@@ -569,7 +594,7 @@ def _gated_bwd_impl(family, do, dht, q, k, v, g, beta, gate_params, initial_stat
         outputs["d" + pname] = OutSpec(tuple(x.shape), x.dtype)
     if initial_state is not None:
         outputs["dh0"] = OutSpec(tuple(initial_state.shape), initial_state.dtype)
-    res = backends.get_executor(q.device).run(f"{family}_bwd", opts, inputs, outputs)
+    res, _ = _run_program(q.device, f"{family}_bwd", opts, inputs, outputs)
     return (res["dq"], res["dk"], res["dv"], res[gname], res[bname],
             [res["d" + pname] for pname in gobj.params],
             res["dh0"] if initial_state is not None else _empty(q))

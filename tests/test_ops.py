@@ -309,9 +309,10 @@ def test_flags_map_to_program_options(name):
     else:
         assert "lower_bound" not in fopts
     assert fins == {"q", "k", "v", "scale", "initial_state"} | in_names
-    # residuals are opt-in (KDAGEN_SAVE_RESIDUALS=1, tests/test_residuals.py)
-    assert set(fouts) == {"o", "final_state"} and "save_residuals" not in fopts
-    assert bins == fins | {"do", "dht"}
+    # training: the forward saves the residuals, the backward reads them (same options)
+    residuals = set(ops.RESIDUALS)
+    assert set(fouts) == {"o", "final_state"} | residuals and fopts["save_residuals"]
+    assert bins == fins | {"do", "dht"} | residuals
     assert set(bouts) == {"dq", "dk", "dv", "dh0"} | grad_names
     if "dt_bias" in in_names and family == "kda":
         assert bouts["ddt_bias"].shape == (x["v"].shape[2], 64)

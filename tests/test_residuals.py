@@ -5,7 +5,9 @@ derived backward loads them instead (kdagen/ir/autodiff.py), and autograd passes
 - the chip pipeline: the residual backward's kernels hold no inverse and fewer decay products,
   the residual forward stores them;
 - options: clear errors where residuals make no sense;
-- the API on CPU: training with residuals (KDAGEN_SAVE_RESIDUALS=1) equals training without.
+- the API on CPU: training with residuals equals training without (KDAGEN_SAVE_RESIDUALS=0),
+  and from a bundle without the residual variants training runs the plain pair;
+- kdagen emit --residuals lists the pair.
 """
 import pytest
 import torch
@@ -121,3 +123,50 @@ def test_api_training_with_and_without_residuals(monkeypatch):
     for a, b in zip(results["1"], results["0"]):
         assert a.abs().max() > 0
         assert rel_err(a.double(), b.double()) <= 1e-6
+
+
+def test_missing_residual_variants_fall_back_to_the_plain_pair(monkeypatch):
+    """An executor (a bundle) without the save_residuals variants: the forward runs the plain
+    variant, saves nothing, and the backward recomputes (same results, no error)."""
+    import kdagen
+    from kdagen.runtime import backends
+    from kdagen.runtime.backends import BundleNotFoundError
+    from kdagen.runtime.executors import Executor
+
+    cpu = backends.get_executor("cpu")
+    calls = []
+
+    class WithoutResiduals(Executor):
+        name = "without-residuals"
+
+        def run(self, program, options, inputs, outputs):
+            calls.append((program, bool(options.get("save_residuals")), sorted(inputs)))
+            if options.get("save_residuals"):
+                raise BundleNotFoundError(f"no variant of {program} with save_residuals")
+            return cpu.run(program, options, inputs, outputs)
+
+    old = backends.executors()["cpu"]
+    backends.register_executor("cpu", WithoutResiduals())
+    try:
+        gen = torch.Generator().manual_seed(3)
+        xs = [torch.randn(1, 40, 1, 64, generator=gen) for _ in range(3)]
+        xs += [-torch.rand(1, 40, 1, 64, generator=gen), torch.rand(1, 40, 1, generator=gen)]
+        xs = [x.requires_grad_() for x in xs]
+        o, ht = kdagen.chunk_kda(*xs, output_final_state=True)
+        (o.sum() + ht.sum()).backward()
+    finally:
+        backends.register_executor("cpu", old)
+    assert [(p, r) for p, r, _ in calls] == [("kda_fwd", True), ("kda_fwd", False),
+                                             ("kda_bwd", False)]
+    assert not any(n in RESIDUALS for n in calls[-1][2])
+    assert all(x.grad is not None and x.grad.abs().sum() > 0 for x in xs)
+
+
+def test_emit_lists_the_residual_pair_on_request():
+    from kdagen.emit import program_variants
+    plain = program_variants(["kda", "gdn"], 128, None)
+    both = program_variants(["kda", "gdn"], 128, None, residuals=True)
+    assert not any(o.get("save_residuals") for _, o in plain)
+    extra = [(p, o) for p, o in both if o.get("save_residuals")]
+    assert sorted(p for p, _ in extra) == ["gdn_bwd", "gdn_fwd", "kda_bwd", "kda_fwd"]
+    assert len(both) == 2 * len(plain)
