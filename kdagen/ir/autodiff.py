@@ -30,8 +30,14 @@ The backward program of a forward ``f(inputs) -> outputs``:
   tokens before it is the ``kda.reduce_sum`` adjoint of the gate's ``kda.broadcast`` plus the
   ``kda.sum_chunks`` over chunks. The adjoint of ``kda.load_state`` (h0) is stored to ``dh0``.
 
+* **Residuals.** A forward may store chunk values into outputs marked ``kda.residual``
+  (``save_residuals``: values its backward would otherwise recompute). They become inputs of
+  the backward, and wherever the backward re-emits the op computing such a value (in the
+  recompute scan and in the reverse scan's recompute) it loads the stored value instead; the
+  producers left unused are dead code.
+
 Limits (checked, with clear errors): each differentiable input is loaded once; no nested scans;
-forward programs may not themselves read workspaces.
+forward programs may not themselves read workspaces, nor write them except residuals.
 """
 from __future__ import annotations
 
