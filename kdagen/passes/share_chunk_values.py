@@ -17,7 +17,11 @@ a workspace may be written between two kernels, so a value read from one never m
 
 What is shared: results of matrix and solve ops (``kda.dot``, ``decay_dot``, ``decay_matmul``,
 ``tril_inv``, ``tril_solve``), the work that dominates a chunk kernel; the elementwise work
-feeding them stays recomputed where something else still uses it. A shared value is loaded
+feeding them stays recomputed where something else still uses it. Sharing the gate's cumsum
+too (a [C, K] fp32 value per chunk) was measured slower: KDA B1_T8k_H16 fwd+bwd 5.195 ->
+5.528 ms on the H200, the kernels that load it slower than those that recomputed it (the
+dq kernel 927 -> 1143 us) and the ones that store it too
+(bench/results/h200_share_cumsum_ablation_B1_T8k_H16.log). A shared value is loaded
 only where the kernel still needs it after the others are loaded (w replaces its own inverse
 unless the kernel uses the inverse elsewhere). Workspaces keep the value's element type (fp32),
 so a loaded value is the recomputed one.
