@@ -8,7 +8,8 @@ executor of the tensors' device: the kernels on CUDA, the interpreter on CPU
 (:mod:`kdagen.runtime.backends`). Both work under ``torch.compile(fullgraph=True)``.
 
 Supported: q, k, v in bfloat16, float16 or float32 (all three alike; g and beta in the same
-dtype or float32, kept as given), head dims K, V in {64, 128}, tensors of any strides on one
+dtype or float32, kept as given), head dims K up to 128 and any V (other than 64 and 128 they
+run zero-padded, V above 128 in parts of the value columns), tensors of any strides on one
 device (non-contiguous ones are copied), ``initial_state`` ``[N, HV, K, V]`` (or FLA's
 ``state_v_first`` ``[N, HV, V, K]``) in fp32/fp64 or bf16/fp16, GVA (HV a multiple of H),
 varlen (B = 1 with ``cu_seqlens``, a tensor or a list). A q whose shape reads as T < H draws a
@@ -122,11 +123,54 @@ def _warn_if_head_first(q) -> None:
             f"head-first [B, H, T, K], pass them with .transpose(1, 2).", stacklevel=4)
 
 
+def _value_parts(V: int) -> list[tuple[int, int]]:
+    """[start, end) of the value columns each call of a value-split op takes: parts of the
+    largest built value dim (the last one shorter, zero-padded by kdagen.head_pad)."""
+    part = max(ops.SUPPORTED_HEAD_DIMS)
+    return [(a, min(a + part, V)) for a in range(0, V, part)]
+
+
+def _call_value_parts(family, q, k, v, g, beta, *, initial_state, state_v_first,
+                      output_final_state, return_intermediate_states, **rest):
+    """A value head dim larger than the built ones (FLA's V = 256): the delta rule never mixes
+    value columns (o, the state and their gradients are column-separable in v and h0), so the
+    op runs once per part of the columns, on the same q, k, gate and beta, and the parts'
+    outputs are concatenated. Autograd sums the parts' gradients of the shared inputs. The
+    cost: each part repeats the chunk products that do not depend on v (the key-key products
+    and the inverse)."""
+    state_dim = -2 if state_v_first else -1           # the value axis of initial_state, ht, h
+    outs = []
+    for a, b in _value_parts(int(v.shape[-1])):
+        h0 = initial_state
+        if isinstance(h0, torch.Tensor):
+            h0 = h0.narrow(state_dim, a, b - a)
+        outs.append(_call(family, q, k, v[..., a:b], g, beta, initial_state=h0,
+                          state_v_first=state_v_first, output_final_state=output_final_state,
+                          return_intermediate_states=return_intermediate_states, **rest))
+    o = torch.cat([r[0] for r in outs], dim=-1)
+    ht = torch.cat([r[1] for r in outs], dim=state_dim) if output_final_state else None
+    if return_intermediate_states:
+        return o, ht, torch.cat([r[2] for r in outs], dim=state_dim)
+    return o, ht
+
+
 def _call(family, q, k, v, g, beta, *, scale, initial_state, output_final_state,
           use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
           safe_gate, lower_bound, cu_seqlens, A_log, dt_bias, chunk_size, state_v_first,
           return_intermediate_states, gate=None, gate_params=None, gate_options=None,
           cp_context=None):
+    if (isinstance(v, torch.Tensor) and v.ndim == 4
+            and int(v.shape[-1]) > max(ops.SUPPORTED_HEAD_DIMS)):
+        if scale is None and isinstance(q, torch.Tensor) and q.ndim == 4:
+            scale = int(q.shape[-1]) ** -0.5       # every part scales as the whole head does
+        return _call_value_parts(
+            family, q, k, v, g, beta, scale=scale, initial_state=initial_state,
+            output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+            use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+            allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, lower_bound=lower_bound,
+            cu_seqlens=cu_seqlens, A_log=A_log, dt_bias=dt_bias, chunk_size=chunk_size,
+            state_v_first=state_v_first, return_intermediate_states=return_intermediate_states,
+            gate=gate, gate_params=gate_params, gate_options=gate_options, cp_context=cp_context)
     if cp_context is not None:
         return _call_cp(family, cp_context, q, k, v, g, beta, scale=scale,
                         initial_state=initial_state, output_final_state=output_final_state,

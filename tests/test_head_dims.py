@@ -1,5 +1,6 @@
 """Head dims the kernels are not built for (kdagen.head_pad): any K, V up to the largest built
-size, K != V included, run zero-padded to the next built size. On CPU (the interpreter):
+size, K != V included, run zero-padded to the next built size; a larger V runs in parts of
+the value columns (kdagen.api._call_value_parts). On CPU (the interpreter):
 outputs and every gradient against the float64 reference at the reference's own K, V (bf16
 bars and the fp32 bar), a researcher's gate with per-channel parameters, FLA's intermediate
 states and state_v_first, and the errors past the largest size."""
@@ -79,16 +80,44 @@ def test_intermediate_states_and_v_first_come_back_at_the_callers_dims():
 
 
 @pytest.mark.parametrize("family", ["kda", "gdn"])
-def test_head_dims_past_the_largest_built_size_name_the_argument(family):
+def test_key_dims_past_the_largest_built_size_name_the_argument(family):
     big = max(ops.SUPPORTED_HEAD_DIMS) * 2
     fn = kdagen.chunk_kda if family == "kda" else kdagen.chunk_gated_delta_rule
-    for K, V, name in ((big, 64, "q"), (64, big + 32, "v")):
-        x, flags = make_inputs(family, dtype=torch.bfloat16, T=8, K=K, V=V, h0=False)
-        with pytest.raises(KdagenInputError) as info:
-            fn(**x, **flags)
-        msg = str(info.value)
-        assert msg.startswith(f"{name}:") and f"= {K if name == 'q' else V}" in msg, msg
-        assert f"up to {max(ops.SUPPORTED_HEAD_DIMS)}" in msg and "split the head" in msg
+    x, flags = make_inputs(family, dtype=torch.bfloat16, T=8, K=big, V=64, h0=False)
+    with pytest.raises(KdagenInputError) as info:
+        fn(**x, **flags)
+    msg = str(info.value)
+    assert msg.startswith("q:") and f"= {big}" in msg, msg
+    assert f"up to {max(ops.SUPPORTED_HEAD_DIMS)}" in msg and "split the head" in msg
+
+
+# --- value dims past the largest built size: the op runs once per part of the columns --------
+
+@pytest.mark.parametrize("family,K,V,gate,dtype", [
+    ("kda", 64, 256, "softplus", "bf16"),      # FLA's V = 256: two parts of 128
+    ("kda", 60, 200, "precomputed", "fp32"),   # 128 + 72 (padded), padded K, the fp32 bar
+    ("gdn", 64, 192, "softplus", "bf16"),
+])
+def test_value_dims_past_the_largest_built_size_run_in_parts(family, K, V, gate, dtype):
+    dt = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
+    x, flags = make_inputs(family, dtype=dt, T=70, H=1, HV=2, K=K, V=V, gate=gate,
+                           beta_sigmoid=gate != "precomputed")
+    bar = (lambda n: FP32_BAR) if dtype == "fp32" else (lambda n: BARS[n])
+    run_and_compare(family, x, flags, bar)
+
+
+def test_value_parts_keep_the_callers_layouts():
+    """state_v_first and FLA's intermediate states come back whole, at the caller's dims."""
+    K, V = 64, 160
+    x, flags = make_inputs("kda", dtype=torch.bfloat16, T=130, H=1, HV=2, K=K, V=V)
+    x = {n: t.detach() for n, t in x.items()}
+    with torch.inference_mode():
+        o, ht, h = kdagen.chunk_kda(**x, **flags, return_intermediate_states=True)
+        o2, htv = kdagen.chunk_kda(**dict(x, initial_state=x["initial_state"].transpose(-1, -2)),
+                                   **flags, state_v_first=True)
+    assert o.shape == (1, 130, 2, V) and ht.shape == (1, 2, K, V) and h.shape == (1, 3, 2, K, V)
+    assert torch.equal(h[0, 0].float(), x["initial_state"][0].to(h.dtype).float())
+    assert torch.equal(o, o2) and torch.equal(htv, ht.transpose(-1, -2))
 
 
 # --- decode (kdagen.decode): the same padding; a pool of unbuilt dims goes through torch -----
