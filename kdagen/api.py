@@ -159,38 +159,24 @@ def _call(family, q, k, v, g, beta, *, scale, initial_state, output_final_state,
           safe_gate, lower_bound, cu_seqlens, A_log, dt_bias, chunk_size, state_v_first,
           return_intermediate_states, gate=None, gate_params=None, gate_options=None,
           cp_context=None):
+    # the call's options, as the dispatchers below pass them on
+    kw = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+              use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+              use_gate_in_kernel=use_gate_in_kernel,
+              use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+              allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, lower_bound=lower_bound,
+              cu_seqlens=cu_seqlens, A_log=A_log, dt_bias=dt_bias, chunk_size=chunk_size,
+              state_v_first=state_v_first, return_intermediate_states=return_intermediate_states,
+              gate=gate, gate_params=gate_params, gate_options=gate_options)
     if (isinstance(v, torch.Tensor) and v.ndim == 4
             and int(v.shape[-1]) > max(ops.SUPPORTED_HEAD_DIMS)):
         if scale is None and isinstance(q, torch.Tensor) and q.ndim == 4:
-            scale = int(q.shape[-1]) ** -0.5       # every part scales as the whole head does
-        return _call_value_parts(
-            family, q, k, v, g, beta, scale=scale, initial_state=initial_state,
-            output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-            use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
-            allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, lower_bound=lower_bound,
-            cu_seqlens=cu_seqlens, A_log=A_log, dt_bias=dt_bias, chunk_size=chunk_size,
-            state_v_first=state_v_first, return_intermediate_states=return_intermediate_states,
-            gate=gate, gate_params=gate_params, gate_options=gate_options, cp_context=cp_context)
+            kw["scale"] = int(q.shape[-1]) ** -0.5     # every part scales as the whole head does
+        return _call_value_parts(family, q, k, v, g, beta, cp_context=cp_context, **kw)
     if cp_context is not None:
-        return _call_cp(family, cp_context, q, k, v, g, beta, scale=scale,
-                        initial_state=initial_state, output_final_state=output_final_state,
-                        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-                        use_gate_in_kernel=use_gate_in_kernel,
-                        use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
-                        allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate,
-                        lower_bound=lower_bound, cu_seqlens=cu_seqlens, A_log=A_log,
-                        dt_bias=dt_bias, chunk_size=chunk_size, state_v_first=state_v_first,
-                        return_intermediate_states=return_intermediate_states, gate=gate,
-                        gate_params=gate_params, gate_options=gate_options)
+        return _call_cp(family, cp_context, q, k, v, g, beta, **kw)
     if gate is not None:
-        return _call_gated(
-            family, q, k, v, g, beta, scale=scale, initial_state=initial_state,
-            output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-            use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
-            allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, lower_bound=lower_bound,
-            cu_seqlens=cu_seqlens, A_log=A_log, dt_bias=dt_bias, chunk_size=chunk_size,
-            state_v_first=state_v_first, return_intermediate_states=return_intermediate_states,
-            gate=gate, gate_params=gate_params, gate_options=gate_options)
+        return _call_gated(family, q, k, v, g, beta, **kw)
     if gate_params is not None or gate_options is not None:
         raise KdagenInputError("gate_params/gate_options: given without gate=; pass the gate "
                                "they belong to")

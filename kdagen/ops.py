@@ -238,9 +238,9 @@ def _run_fwd(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens
     state = (sizes.HV, sizes.K, sizes.V)
     if save_residuals:
         opts["save_residuals"] = True
-        bound, rows = _residual_rows(q, cu_seqlens)
+        bound, written = _residual_rows(q, cu_seqlens)
         for name in RESIDUALS:
-            outputs[name] = OutSpec((rows, sizes.HV, CHUNK_SIZE, CHUNK_SIZE), torch.float32)
+            outputs[name] = OutSpec((written, sizes.HV, CHUNK_SIZE, CHUNK_SIZE), torch.float32)
     if chunk_states:
         C = CHUNK_SIZE
         if cu_seqlens is None:
@@ -562,9 +562,9 @@ def _gated_fwd_impl(family, q, k, v, g, beta, gate_params, initial_state, cu_seq
         outputs["final_state"] = OutSpec((sizes.N, sizes.HV, sizes.K, sizes.V), torch.float32)
     if save_residuals:
         opts["save_residuals"] = True
-        bound, rows = _residual_rows(q, cu_seqlens)
+        bound, written = _residual_rows(q, cu_seqlens)
         for name in RESIDUALS:
-            outputs[name] = OutSpec((rows, sizes.HV, CHUNK_SIZE, CHUNK_SIZE), torch.float32)
+            outputs[name] = OutSpec((written, sizes.HV, CHUNK_SIZE, CHUNK_SIZE), torch.float32)
     res, saved = _run_program(q.device, f"{family}_fwd", opts, inputs, outputs)
     residuals = ([_pad_rows(res[name], bound) for name in RESIDUALS] if saved
                  else _no_residuals(q))

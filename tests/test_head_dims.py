@@ -24,6 +24,10 @@ from test_api_gates import _load
     ("gdn", 100, 48, "precomputed", "bf16"),
     ("kda", 60, 60, "softplus", "fp32"),       # the fp32 bar: the padding changes nothing
     ("gdn", 32, 100, "softplus", "fp32"),
+    # V past the largest built size: one call per part of the value columns
+    ("kda", 64, 256, "softplus", "bf16"),      # FLA's V = 256: two parts of 128
+    ("kda", 60, 200, "precomputed", "fp32"),   # 128 + 72 (padded), padded K, the fp32 bar
+    ("gdn", 64, 192, "softplus", "bf16"),
 ])
 def test_unbuilt_head_dims_match_the_reference(family, K, V, gate, dtype):
     dt = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
@@ -65,8 +69,8 @@ def test_a_researchers_channel_gate_at_an_unbuilt_head_dim():
         assert leaf.grad.shape == leaf.shape and R.rel_err(leaf.grad, ref[n]) < 1e-4, n
 
 
-def test_intermediate_states_and_v_first_come_back_at_the_callers_dims():
-    K, V = 60, 100
+@pytest.mark.parametrize("K,V", [(60, 100), (64, 160)])   # padded; V in parts (128 + 32)
+def test_intermediate_states_and_v_first_come_back_at_the_callers_dims(K, V):
     x, flags = make_inputs("kda", dtype=torch.bfloat16, T=130, H=1, HV=2, K=K, V=V)
     x = {n: t.detach() for n, t in x.items()}
     with torch.inference_mode():
@@ -89,35 +93,6 @@ def test_key_dims_past_the_largest_built_size_name_the_argument(family):
     msg = str(info.value)
     assert msg.startswith("q:") and f"= {big}" in msg, msg
     assert f"up to {max(ops.SUPPORTED_HEAD_DIMS)}" in msg and "split the head" in msg
-
-
-# --- value dims past the largest built size: the op runs once per part of the columns --------
-
-@pytest.mark.parametrize("family,K,V,gate,dtype", [
-    ("kda", 64, 256, "softplus", "bf16"),      # FLA's V = 256: two parts of 128
-    ("kda", 60, 200, "precomputed", "fp32"),   # 128 + 72 (padded), padded K, the fp32 bar
-    ("gdn", 64, 192, "softplus", "bf16"),
-])
-def test_value_dims_past_the_largest_built_size_run_in_parts(family, K, V, gate, dtype):
-    dt = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
-    x, flags = make_inputs(family, dtype=dt, T=70, H=1, HV=2, K=K, V=V, gate=gate,
-                           beta_sigmoid=gate != "precomputed")
-    bar = (lambda n: FP32_BAR) if dtype == "fp32" else (lambda n: BARS[n])
-    run_and_compare(family, x, flags, bar)
-
-
-def test_value_parts_keep_the_callers_layouts():
-    """state_v_first and FLA's intermediate states come back whole, at the caller's dims."""
-    K, V = 64, 160
-    x, flags = make_inputs("kda", dtype=torch.bfloat16, T=130, H=1, HV=2, K=K, V=V)
-    x = {n: t.detach() for n, t in x.items()}
-    with torch.inference_mode():
-        o, ht, h = kdagen.chunk_kda(**x, **flags, return_intermediate_states=True)
-        o2, htv = kdagen.chunk_kda(**dict(x, initial_state=x["initial_state"].transpose(-1, -2)),
-                                   **flags, state_v_first=True)
-    assert o.shape == (1, 130, 2, V) and ht.shape == (1, 2, K, V) and h.shape == (1, 3, 2, K, V)
-    assert torch.equal(h[0, 0].float(), x["initial_state"][0].to(h.dtype).float())
-    assert torch.equal(o, o2) and torch.equal(htv, ht.transpose(-1, -2))
 
 
 # --- decode (kdagen.decode): the same padding; a pool of unbuilt dims goes through torch -----
