@@ -267,6 +267,18 @@ def _call(family, q, k, v, g, beta, *, A_log, dt_bias, scale, initial_state, out
     if state_v_first:
         raise KdagenInputError("state_v_first: the decode path keeps states [.., K, V]; "
                                "transpose the pool, or pass state_v_first=False")
+    if (isinstance(v, Tensor) and v.ndim == 4 and int(v.shape[-1]) > max(ops.SUPPORTED_HEAD_DIMS)
+            and (initial_state is None or (isinstance(initial_state, Tensor)
+                                           and initial_state.shape[-1] == v.shape[-1]))):
+        return _call_value_parts(
+            family, q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, scale=scale,
+            initial_state=initial_state, output_final_state=output_final_state,
+            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+            use_gate_in_kernel=use_gate_in_kernel,
+            use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
+            lower_bound=lower_bound, state_v_first=state_v_first, cu_seqlens=cu_seqlens,
+            ssm_state_indices=ssm_state_indices, num_accepted_tokens=num_accepted_tokens,
+            inplace_final_state=inplace_final_state, fla_kwargs=fla_kwargs)
     safe_gate = lower_bound is not None and use_gate_in_kernel
     if scale is None:
         scale = q.shape[-1] ** -0.5
@@ -318,6 +330,34 @@ def _call(family, q, k, v, g, beta, *, A_log, dt_bias, scale, initial_state, out
     else:
         _scatter_states(pool, read.to(torch.int64), ht, live)
     return o, pool
+
+
+def _call_value_parts(family, q, k, v, g, beta, *, initial_state, output_final_state,
+                      inplace_final_state, ssm_state_indices, **rest):
+    """A value head dim larger than the built ones: one step per part of the value columns
+    (the delta rule never mixes them; as kdagen.api's chunked op does). Each part reads and
+    writes its columns of the states through a view: of a state pool (in place, on torch's
+    gather/scatter path, since the view is not dense) or of an initial state updated in place."""
+    part = max(ops.SUPPORTED_HEAD_DIMS)
+    pool = ssm_state_indices is not None
+    write_back = not pool and inplace_final_state and initial_state is not None
+    outs = []
+    for a in range(0, int(v.shape[-1]), part):
+        b = min(a + part, int(v.shape[-1]))
+        h0 = initial_state[..., a:b] if initial_state is not None else None
+        if h0 is not None and not pool:
+            h0 = h0.contiguous()         # a plain initial state is read densely, written below
+        o, ht = _call(family, q, k, v[..., a:b].contiguous(), g, beta, initial_state=h0,
+                      output_final_state=output_final_state or write_back,
+                      inplace_final_state=inplace_final_state and pool,
+                      ssm_state_indices=ssm_state_indices, **rest)
+        if write_back:
+            initial_state[..., a:b].copy_(ht.to(initial_state.dtype))
+        outs.append((o, ht))
+    o = torch.cat([r[0] for r in outs], dim=-1)
+    if pool or write_back:
+        return o, initial_state
+    return o, (torch.cat([r[1] for r in outs], dim=-1) if output_final_state else None)
 
 
 def _head_pad(family, q, k, v, g, dt_bias, state) -> head_pad.HeadPad:

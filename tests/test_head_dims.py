@@ -107,11 +107,11 @@ def _decode_inputs(family, B, T, K, V, HV=2, seed=0):
     return x
 
 
+@pytest.mark.parametrize("K,V", [(60, 100), (64, 192)])    # padded; V in parts (128 + 64)
 @pytest.mark.parametrize("family", ["kda", "gdn"])
-def test_decode_at_unbuilt_head_dims_matches_the_reference(family):
+def test_decode_at_unbuilt_head_dims_matches_the_reference(family, K, V):
     from test_decode_api import _ref_inputs
     from kdagen.decode_reference import decode_pool_step
-    K, V = 60, 100
     fn = kdagen.fused_recurrent_kda if family == "kda" else kdagen.fused_recurrent_gated_delta_rule
     x = _decode_inputs(family, 3, 2, K, V)
     h0 = torch.randn(3, 2, K, V) * 0.3
@@ -122,6 +122,10 @@ def test_decode_at_unbuilt_head_dims_matches_the_reference(family):
                         use_qk_l2norm_in_kernel=True)
     assert o.shape == (3, 2, 2, V) and ht.shape == (3, 2, K, V)
     assert R.rel_err(o, o_ref) < 1e-5 and R.rel_err(ht, ht_ref) < 1e-5
+    # the initial state updated in place
+    h = h0.clone()
+    o2, out = fn(**x, initial_state=h, inplace_final_state=True, use_qk_l2norm_in_kernel=True)
+    assert out is h and torch.equal(o2, o) and torch.equal(h, ht)
     # an fp32 pool in place, one sequence skipped, per-token (speculative) writes
     pool = torch.randn(8, 2, K, V) * 0.3
     idx = torch.tensor([[0, 1], [-1, 3], [4, 5]])
