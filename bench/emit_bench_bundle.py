@@ -13,6 +13,7 @@ import argparse
 import os
 import sys
 import time
+from unittest import mock
 
 
 
@@ -23,9 +24,7 @@ def bench_variants(ops: list[str], configs: list[str] | None = None) -> list[tup
     from kdagen import benchmark as bench_fla
     from kdagen.runtime.backends import recording
 
-    import os
-    saved = os.environ.get("KDAGEN_SAVE_RESIDUALS")
-    with recording("cpu") as rec:
+    with recording("cpu") as rec, mock.patch.dict(os.environ):   # the environment restored after
         for family in ops:
             fn = bench_fla.implementations(family, fla=False)["kdagen"]
             for name, (B, T, H, HV, lengths) in bench_fla.CONFIGS.items():
@@ -41,10 +40,6 @@ def bench_variants(ops: list[str], configs: list[str] | None = None) -> list[tup
                     os.environ["KDAGEN_SAVE_RESIDUALS"] = flag
                     with torch.enable_grad():
                         bench_fla.call(fn, family, x, kw, grad=True)
-    if saved is None:
-        os.environ.pop("KDAGEN_SAVE_RESIDUALS", None)
-    else:
-        os.environ["KDAGEN_SAVE_RESIDUALS"] = saved
     return rec.variants()
 
 

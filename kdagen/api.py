@@ -123,13 +123,6 @@ def _warn_if_head_first(q) -> None:
             f"head-first [B, H, T, K], pass them with .transpose(1, 2).", stacklevel=4)
 
 
-def _value_parts(V: int) -> list[tuple[int, int]]:
-    """[start, end) of the value columns each call of a value-split op takes: parts of the
-    largest built value dim (the last one shorter, zero-padded by kdagen.head_pad)."""
-    part = max(ops.SUPPORTED_HEAD_DIMS)
-    return [(a, min(a + part, V)) for a in range(0, V, part)]
-
-
 def _call_value_parts(family, q, k, v, g, beta, *, initial_state, state_v_first,
                       output_final_state, return_intermediate_states, **rest):
     """A value head dim larger than the built ones (FLA's V = 256): the delta rule never mixes
@@ -140,7 +133,7 @@ def _call_value_parts(family, q, k, v, g, beta, *, initial_state, state_v_first,
     and the inverse)."""
     state_dim = -2 if state_v_first else -1           # the value axis of initial_state, ht, h
     outs = []
-    for a, b in _value_parts(int(v.shape[-1])):
+    for a, b in head_pad.value_parts(int(v.shape[-1]), ops.SUPPORTED_HEAD_DIMS):
         h0 = initial_state
         if isinstance(h0, torch.Tensor):
             h0 = h0.narrow(state_dim, a, b - a)
@@ -228,7 +221,8 @@ def _call(family, q, k, v, g, beta, *, scale, initial_state, output_final_state,
         o, ht, h = ops.forward_with_chunk_states(family, *args)
     else:
         op = ops.kda_fwd if family == "kda" else ops.gdn_fwd
-        o, ht, _ = op(*args, save_residuals=ops.save_residuals_wanted(*args[:8]))
+        o, ht, _ = op(*args, save_residuals=ops.save_residuals_wanted(
+            q, k, v, g, beta, A_log, dt_bias, initial_state))
         h = None
     o, ht, h = pad.out(o), pad.out_state(ht), pad.out_state(h)
     if state_v_first:

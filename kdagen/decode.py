@@ -338,12 +338,10 @@ def _call_value_parts(family, q, k, v, g, beta, *, initial_state, output_final_s
     (the delta rule never mixes them; as kdagen.api's chunked op does). Each part reads and
     writes its columns of the states through a view: of a state pool (in place, on torch's
     gather/scatter path, since the view is not dense) or of an initial state updated in place."""
-    part = max(ops.SUPPORTED_HEAD_DIMS)
     pool = ssm_state_indices is not None
     write_back = not pool and inplace_final_state and initial_state is not None
     outs = []
-    for a in range(0, int(v.shape[-1]), part):
-        b = min(a + part, int(v.shape[-1]))
+    for a, b in head_pad.value_parts(int(v.shape[-1]), ops.SUPPORTED_HEAD_DIMS):
         h0 = initial_state[..., a:b] if initial_state is not None else None
         if h0 is not None and not pool:
             h0 = h0.contiguous()         # a plain initial state is read densely, written below

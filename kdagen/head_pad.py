@@ -22,12 +22,20 @@ import torch.nn.functional as F
 
 from kdagen.validation import KdagenInputError
 
-__all__ = ["HeadPad", "plan", "UNPADDED"]
+__all__ = ["HeadPad", "plan", "UNPADDED", "value_parts"]
 
 
 def _next_built(n: int, built: tuple) -> int | None:
     fits = [d for d in sorted(built) if d >= n]
     return fits[0] if fits else None
+
+
+def value_parts(V: int, built: tuple) -> list[tuple[int, int]]:
+    """[start, end) of the value columns each call takes when V is larger than every built
+    size: parts of the largest (the last one shorter, padded by :func:`plan`). The delta rule
+    never mixes value columns, so the APIs run one call per part (kdagen.api, kdagen.decode)."""
+    part = max(built)
+    return [(a, min(a + part, V)) for a in range(0, V, part)]
 
 
 def plan(K: int, V: int, built: tuple) -> "HeadPad":

@@ -100,19 +100,48 @@ def _run_program(device, program: str, opts: dict, inputs: dict, outputs: dict) 
     return executor.run(program, plain, inputs, outputs), False
 
 
-def _residual_rows(q: Tensor, cu_seqlens: Optional[Tensor]) -> tuple[int, int]:
-    """(rows the residuals have, rows the program writes): a bound from shapes only
-    (B · ceil(T / C); with cu_seqlens ceil(T / C) + N, what the bundle executor allocates), and
-    on CPU, where cu_seqlens may be read, the interpreter's exact count."""
+def _residual_bound(q: Tensor, cu_seqlens: Optional[Tensor]):
+    """The rows the residuals have, from shapes only: B · ceil(T / C), or with cu_seqlens
+    ceil(T / C) + N (what the bundle executor allocates; the fake kernel's shape too)."""
     T, C = q.shape[1], CHUNK_SIZE
     if cu_seqlens is None:
-        rows = q.shape[0] * -(-T // C)
-        return rows, rows
-    bound = -(-T // C) + cu_seqlens.shape[0] - 1
-    if q.device.type != "cpu":
-        return bound, bound
-    lens = torch.diff(cu_seqlens.detach().to(torch.int64)).tolist()
-    return bound, sum(-(-n // C) for n in lens)
+        return q.shape[0] * -(-T // C)
+    return -(-T // C) + cu_seqlens.shape[0] - 1
+
+
+def _ask_residuals(opts: dict, outputs: dict, q: Tensor, cu_seqlens: Optional[Tensor],
+                   HV: int) -> int:
+    """Make a forward call save the residuals: the option and their output specs, with the
+    rows the program writes (the bound; on CPU, where cu_seqlens may be read, the
+    interpreter's exact count). Returns the bound (:func:`_residuals_out` pads to it)."""
+    bound = written = _residual_bound(q, cu_seqlens)
+    if cu_seqlens is not None and q.device.type == "cpu":
+        lens = torch.diff(cu_seqlens.detach().to(torch.int64)).tolist()
+        written = sum(-(-n // CHUNK_SIZE) for n in lens)
+    opts["save_residuals"] = True
+    for name in RESIDUALS:
+        outputs[name] = OutSpec((written, HV, CHUNK_SIZE, CHUNK_SIZE), torch.float32)
+    return bound
+
+
+def _residuals_out(res: dict, saved: bool, bound: int, q: Tensor) -> list:
+    """The residuals output of a forward: what it saved, zero rows appended up to ``bound``
+    (the shape the fake kernel promises), or empty tensors where it saved none."""
+    if not saved:
+        return _no_residuals(q)
+    out = []
+    for name in RESIDUALS:
+        x = res[name]
+        if x.shape[0] < bound:
+            x = torch.cat([x, x.new_zeros((bound - x.shape[0], *x.shape[1:]))])
+        out.append(x)
+    return out
+
+
+def _no_residuals(q: Tensor) -> list:
+    """The residuals output of a forward that saves none: empty tensors (an empty list
+    output trips torch's autograd bookkeeping)."""
+    return [_empty(q) for _ in RESIDUALS]
 
 
 # --------------------------------------------------------------------------------------
@@ -236,11 +265,7 @@ def _run_fwd(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens
                                              initial_state, cu_seqlens, scale,
                                              output_final_state, *flags)
     state = (sizes.HV, sizes.K, sizes.V)
-    if save_residuals:
-        opts["save_residuals"] = True
-        bound, written = _residual_rows(q, cu_seqlens)
-        for name in RESIDUALS:
-            outputs[name] = OutSpec((written, sizes.HV, CHUNK_SIZE, CHUNK_SIZE), torch.float32)
+    bound = _ask_residuals(opts, outputs, q, cu_seqlens, sizes.HV) if save_residuals else 0
     if chunk_states:
         C = CHUNK_SIZE
         if cu_seqlens is None:
@@ -254,16 +279,8 @@ def _run_fwd(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens
     res, saved = _run_program(q.device, f"{family}_fwd", opts, inputs, outputs)
     if chunk_states:   # a bundle's buffer may hold more rows (it is sized without reading cu_seqlens)
         res["chunk_states"] = res["chunk_states"][:rows].reshape(*lead, *state)
-    if saved:
-        res["residuals"] = [_pad_rows(res[name], bound) for name in RESIDUALS]
+    res["residuals"] = _residuals_out(res, saved, bound, q)
     return res
-
-
-def _pad_rows(x: Tensor, rows: int) -> Tensor:
-    """``x`` with zero rows appended up to ``rows`` (the shape the fake kernel promises)."""
-    if x.shape[0] == rows:
-        return x
-    return torch.cat([x, x.new_zeros((rows - x.shape[0], *x.shape[1:]))])
 
 
 def _fwd_impl(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale,
@@ -271,13 +288,7 @@ def _fwd_impl(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlen
     res = _run_fwd(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale,
                    output_final_state, *flags, save_residuals=save_residuals)
     return (res["o"], (res["final_state"] if output_final_state else _empty(q)),
-            res.get("residuals") or _no_residuals(q))
-
-
-def _no_residuals(q: Tensor) -> list:
-    """The residuals output of a forward that saves none: empty tensors (an empty list
-    output trips torch's autograd bookkeeping)."""
-    return [_empty(q) for _ in RESIDUALS]
+            res["residuals"])
 
 
 def _fwd_fake(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale,
@@ -291,9 +302,7 @@ def _fwd_fake(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlen
         ht = _empty(q)
     residuals = _no_residuals(q)
     if save_residuals:
-        T, C = q.shape[1], CHUNK_SIZE
-        rows = (q.shape[0] * -(-T // C) if cu_seqlens is None
-                else -(-T // C) + cu_seqlens.shape[0] - 1)
+        rows, C = _residual_bound(q, cu_seqlens), CHUNK_SIZE
         residuals = [q.new_empty((rows, v.shape[2], C, C), dtype=torch.float32)
                      for _ in RESIDUALS]
     return o, ht, residuals
@@ -362,7 +371,7 @@ def _check_cotangent(name, x, shape, device):
 
 
 def _bwd_fake(family, do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale,
-              use_qk_l2norm_in_kernel, use_gate_in_kernel, *flags, residuals=None):
+              use_qk_l2norm_in_kernel, use_gate_in_kernel, *flags):
     use_gate = use_gate_in_kernel and A_log is not None and dt_bias is not None
     return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), g.new_empty(g.shape),
             beta.new_empty(beta.shape),
@@ -560,15 +569,10 @@ def _gated_fwd_impl(family, q, k, v, g, beta, gate_params, initial_state, cu_seq
     outputs = {"o": OutSpec(tuple(v.shape), v.dtype)}
     if output_final_state:
         outputs["final_state"] = OutSpec((sizes.N, sizes.HV, sizes.K, sizes.V), torch.float32)
-    if save_residuals:
-        opts["save_residuals"] = True
-        bound, written = _residual_rows(q, cu_seqlens)
-        for name in RESIDUALS:
-            outputs[name] = OutSpec((written, sizes.HV, CHUNK_SIZE, CHUNK_SIZE), torch.float32)
+    bound = _ask_residuals(opts, outputs, q, cu_seqlens, sizes.HV) if save_residuals else 0
     res, saved = _run_program(q.device, f"{family}_fwd", opts, inputs, outputs)
-    residuals = ([_pad_rows(res[name], bound) for name in RESIDUALS] if saved
-                 else _no_residuals(q))
-    return res["o"], (res["final_state"] if output_final_state else _empty(q)), residuals
+    return (res["o"], (res["final_state"] if output_final_state else _empty(q)),
+            _residuals_out(res, saved, bound, q))
 
 
 def _gated_bwd_impl(family, do, dht, q, k, v, g, beta, gate_params, initial_state, cu_seqlens,

@@ -26,12 +26,12 @@ NATIVE_SET = [
     ("kda_bwd", dict(head_k_dim=64, head_v_dim=64, gate="softplus"), NATIVE),
     # training's pair: the forward saves the residuals, the backward reads them (the GPU check
     # feeds each such backward what its forward wrote on the same inputs)
-    *[(program, dict(options, save_residuals=True), NATIVE)
-      for options in (dict(head_k_dim=128, head_v_dim=128, gate="softplus"),
-                      dict(head_k_dim=64, head_v_dim=64, gate="softplus", gva_ratio=2, varlen=True),
-                      dict(head_k_dim=128, head_v_dim=128, gate="gdn_softplus"))
-      for program in ((f"{'gdn' if options['gate'].startswith('gdn') else 'kda'}_{step}")
-                      for step in ("fwd", "bwd"))],
+    *[(f"{family}_{step}", dict(options, save_residuals=True), NATIVE)
+      for family, options in (
+          ("kda", dict(head_k_dim=128, head_v_dim=128, gate="softplus")),
+          ("kda", dict(head_k_dim=64, head_v_dim=64, gate="softplus", gva_ratio=2, varlen=True)),
+          ("gdn", dict(head_k_dim=128, head_v_dim=128, gate="gdn_softplus")))
+      for step in ("fwd", "bwd")],
     # decode steps (the per-token programs of kdagen.fused_recurrent_*)
     ("kda_decode", dict(head_k_dim=128, head_v_dim=128, gate="softplus", gva_ratio=2, varlen=True), NATIVE),
     ("gdn_decode", dict(head_k_dim=128, head_v_dim=128, gate="gdn_softplus"), NATIVE),

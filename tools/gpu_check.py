@@ -27,6 +27,7 @@ import traceback
 import torch
 
 from kdagen import reference as R
+from kdagen.ops import RESIDUALS
 from kdagen.runtime.launch import LoweredProgram, list_variants
 
 BARS = {"o": 0.005, "final_state": 0.005, "dq": 0.008, "dk": 0.008, "dv": 0.008, "dh0": 0.008,
@@ -257,7 +258,7 @@ def run_case(prog: LoweredProgram, spec: dict, case: dict, device, seed: int,
         # what the forward wrote for this backward, on the same inputs
         fwd_in = {k: v for k, v in kern.items() if k not in ("do", "dht")}
         fwd_out = residuals_from(device=device, **fwd_in)
-        kern.update({k: v for k, v in fwd_out.items() if k.startswith("res_")})
+        kern.update({k: v for k, v in fwd_out.items() if k in RESIDUALS})
     fn = _reference_fn(spec)
     names = {a["name"]: a for a in spec["args"]}
     rows = []
@@ -306,7 +307,7 @@ def run_case(prog: LoweredProgram, spec: dict, case: dict, device, seed: int,
             if k in GRAD_OF and v is not None:
                 refs[GRAD_OF[k]] = v
     for k, v in out1.items():
-        if k.startswith("res_"):
+        if k in RESIDUALS:
             # residuals: the rows of the chunks (the buffer's bound may hold more, unwritten)
             C = int(spec["chunk_size"])
             lens = case.get("lengths") or [case["T"]] * case["B"]
