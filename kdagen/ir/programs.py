@@ -225,8 +225,19 @@ def _state_scan(p: ProgramBuilder, opt: dict, gate, slots: str | None = None,
     return scale, params, p.scan([S0], names=["S"], name="S_final")
 
 
-def _delta_rule_fwd(family: str, name: str, options: dict) -> ir.Module:
-    """The chunked gated delta rule forward (docs/MATH.md §1), shared by KDA and GDN."""
+def _delta_rule_fwd(family: str, name: str, options: dict,
+                    diagonal_apart: bool = False) -> ir.Module:
+    """The chunked gated delta rule forward (docs/MATH.md §1), shared by KDA and GDN.
+
+    ``diagonal_apart``: the form a backward is derived from (GDN's). Aqk's diagonal
+    q_i . k_i carries no decay (exp(Γ_i − Γ_i) = 1), so it multiplies v' apart from the strictly
+    lower decay product. The value is the same; the derived gate gradient then no longer
+    sums the diagonal into both of the two halves that cancel (q ⊙ dq and k ⊙ dk) — halves that
+    a steep gate leaves as nothing but that diagonal, so its dg was their rounding. In the
+    CPU simulator of the H200 kernels, GDN's GPU-check case "B1_T200 correlated steep" moves
+    dA_log 8.3e-3 -> 8.8e-4 and ddt_bias 4.1e-3 -> 9.0e-4; KDA's cases do not move (its
+    error at those gates is elsewhere), so KDA keeps one product. The forward programs keep
+    it too: the split costs a [C, V] product term where only the gradient gains."""
     opt, gate, gate_opts = _resolve(family, options)
     C, K, V, dt = opt["chunk_size"], opt["head_k_dim"], opt["head_v_dim"], opt["dtype"]
     attrs = _program_attrs(name, family, C, opt, gate, gate_opts)
@@ -262,7 +273,11 @@ def _delta_rule_fwd(family: str, name: str, options: dict) -> ir.Module:
             Akk_inv = tril_inv(Akk)
             w = Akk_inv @ (kd * beta[:, None])
             u = Akk_inv @ (vf * beta[:, None])
-            Aqk = tril(qd @ ki.T) * scale
+            if diagonal_apart:
+                Aqk = strict_tril(qd @ ki.T) * scale
+                qk_diagonal = dsl.row_sum(qn * kn) * scale
+            else:
+                Aqk = tril(qd @ ki.T) * scale
             if residuals:
                 # what the backward would recompute: its chunk products (autodiff loads
                 # the stored values in their place, kdagen/ir/autodiff.py)
@@ -271,6 +286,8 @@ def _delta_rule_fwd(family: str, name: str, options: dict) -> ir.Module:
             # -- state-dependent part: v' = u − w S;  o = scale qd S + Aqk v'
             v_new = u - w @ S
             o_c = (qd @ S) * scale + Aqk @ v_new
+            if diagonal_apart:
+                o_c = o_c + qk_diagonal[:, None] * v_new
             p.store("o", c, o_c.to(dt))
             # -- S ← diag(exp Γ_C) S + krᵀ v'
             S_next = S * exp2(G_C)[:, None] + kr.T @ v_new
@@ -409,7 +426,8 @@ def _kda_bwd(**options) -> ir.Module:
 
 def _gdn_bwd(**options) -> ir.Module:
     from kdagen.ir.derive import derive_backward
-    return derive_backward(_gdn_fwd(**options), name="gdn_bwd")
+    return derive_backward(_delta_rule_fwd("gdn", "gdn_fwd", options, diagonal_apart=True),
+                           name="gdn_bwd")
 
 
 @dataclass(frozen=True)
