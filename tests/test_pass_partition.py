@@ -183,3 +183,26 @@ def test_recurrence_slice_can_be_turned_off():
     module = build_program("kda_fwd")
     run_pipeline(module, parse_pipeline("kda-stable-reassociate,kda-partition{recurrence_slice=false}"))
     assert [k for k, _, _ in kernel_report(module)] == ["kda_fwd_chunk", "kda_fwd_state"]
+
+
+@pytest.mark.parametrize("chip,head_dim", [("sm_90a", 128), ("sm_120a", 64)])
+@pytest.mark.parametrize("program", ["kda_fwd", "gdn_fwd", "kda_bwd", "gdn_bwd"])
+def test_values_one_kernel_stores_get_workspaces_of_their_own(program, chip, head_dim):
+    """Workspaces are found by name (kernels of different scans reuse one as a buffer used in
+    turn), so two workspaces one kernel stores must not share a name: with GDN's backward on
+    sm_120a's pipeline two partial gradients named dv_new both crossed one cut, and the second
+    store overwrote the first (CPU simulator: dv 2.0e-1 instead of 2.5e-3)."""
+    from kdagen.driver import build_module
+    from kdagen.ir.transforms import walk
+    module = build_module(program, dict(head_k_dim=head_dim, head_v_dim=head_dim), "chip", chip)
+    for op in walk(module):
+        if op.name != "kda.scan" or "kda.kernel" not in op.attributes:
+            continue
+        stored = {}
+        for inner in walk(op):
+            if inner.name == "kda.store_chunk":
+                ws = inner.operands[0]
+                name = str(ws.owner.attributes["name"]).strip('"')
+                stored.setdefault(name, set()).add(ws)
+        kernel = str(op.attributes["kda.kernel"])
+        assert all(len(v) == 1 for v in stored.values()), (kernel, stored)

@@ -73,18 +73,23 @@ def _simulated_check(tmp_path, program: str, options: dict, dot: str, label: str
 
 @pytest.mark.parametrize("family", ["kda", "gdn"])
 def test_auto_keeps_the_gate_parameter_gradients_under_their_bar(tmp_path, family):
-    """All-TF32 products put dA_log over its 8e-3 bar under strong decay (as on the H200);
-    "auto" (bf16x3 for kda.decay_matmul) brings it back under, every other gradient too."""
+    """All-TF32 products put KDA's dA_log over its 8e-3 bar under strong decay (as on the
+    H200); "auto" (bf16x3 for kda.decay_matmul) brings it back under, every other gradient
+    too. GDN's backward takes Aqk's diagonal apart, so all-TF32 stays under the bar there as
+    well (3.9e-3; 1.3e-2 with the diagonal inside the decay product)."""
     pytest.importorskip("kdagen._mlir")
     options = dict(head_k_dim=64, head_v_dim=64,
                    gate="softplus" if family == "kda" else "gdn_softplus")
     errors = {dot: _simulated_check(tmp_path, f"{family}_bwd", options, dot, "B1_T200 strong")
               for dot in ("tf32", "auto")}
     err, bar = errors["tf32"]["dA_log"]
-    assert err > bar, errors["tf32"]                  # why auto exists
-    for name, (err, bar) in errors["auto"].items():
-        assert err <= bar, (name, err, bar)
-    assert errors["auto"]["dA_log"][0] < errors["tf32"]["dA_log"][0] / 5
+    for name, (err_auto, bar_auto) in errors["auto"].items():
+        assert err_auto <= bar_auto, (name, err_auto, bar_auto)
+    if family == "kda":
+        assert err > bar, errors["tf32"]                  # why auto exists
+        assert errors["auto"]["dA_log"][0] < err / 5
+    else:
+        assert err <= bar / 2, errors["tf32"]
 
 
 def test_the_lowering_follows_what_kda_assign_precision_wrote():
@@ -110,19 +115,20 @@ def test_the_lowering_follows_what_kda_assign_precision_wrote():
             assert k.launch["wgmma_precision"] == "bf16x3", k.name
 
 
-def test_gdn_row_gate_adjoint_products_need_more_than_bf16x3_under_a_steep_gate(tmp_path):
+def test_gdn_row_gate_adjoint_products_under_a_steep_gate(tmp_path):
     """GDN's adjoint decay products in the row-gate form (kda-narrow-broadcasts) weight w by
-    2^(g_i - g_j) before one tensor-core product, so the gate gradient's dominant terms go
-    through it: bf16x3 (~16 bits) puts dA_log over its bar under a steep gate (on the H200:
-    4.7e-1), "auto" gives them tf32x3 and every gradient stays under its bar."""
+    2^(g_i - g_j) before one tensor-core product, so the gate gradient's near-diagonal terms go
+    through it. With Aqk's diagonal inside the decay product, bf16x3 (~16 bits) put dA_log
+    over its bar under a steep gate (H200: 4.7e-1; this simulator: 3.7e-2), which is why
+    "auto" gives them tf32x3; with the diagonal apart, bf16x3 holds every bar (dA_log 1.2e-3)
+    and "auto" does too."""
     pytest.importorskip("kdagen._mlir")
     options = dict(head_k_dim=64, head_v_dim=64, gate="gdn_softplus")
-    errors = {dot: _simulated_check(tmp_path, "gdn_bwd", options, dot, "B1_T200 steep")
-              for dot in ("bf16x3", "auto")}
-    err, bar = errors["bf16x3"]["dA_log"]
-    assert err > bar, errors["bf16x3"]
-    for name, (err, bar) in errors["auto"].items():
-        assert err <= bar, (name, err, bar)
+    for dot in ("bf16x3", "auto"):
+        errors = _simulated_check(tmp_path, "gdn_bwd", options, dot, "B1_T200 steep")
+        for name, (err, bar) in errors.items():
+            assert err <= bar, (dot, name, err, bar)
+        assert errors["dA_log"][0] <= 2e-3, (dot, errors)
 
 
 def test_scan_precision_probe_sets_only_the_state_products():

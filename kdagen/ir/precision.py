@@ -37,7 +37,11 @@ EXACT_PRODUCT_OPS = frozenset({"kda.decay_matmul"})
 #: kda-narrow-broadcasts) weights w by 2^(g_i - g_j) before one product, so the gate
 #: gradient's dominant near-diagonal terms go through the tensor cores too: bf16x3 (~16 bits)
 #: put GDN's dA_log at 4.7e-1 on the H200 under a steep gate (bar 8e-3; the CPU simulator,
-#: K = 64: 3.7e-2 against 5.6e-4 before), where the factored form had summed those terms in fp32
+#: K = 64: 3.7e-2 against 5.6e-4 before), where the factored form had summed those terms in fp32.
+#: Since GDN's backward takes Aqk's diagonal apart (kdagen.ir.programs, ``diagonal_apart``) the
+#: cancelling diagonal no longer reaches dG: in the CPU simulator (sm_120a's pipeline, K = 64,
+#: steep gate) bf16x3 gives dA_log 1.2e-3, and all-TF32 3.9e-3 under strong decay (1.3e-2
+#: before). A cheaper choice than tf32x3 waits for the H200's GPU check.
 ROW_GATE_PRECISION = "tf32x3"
 
 

@@ -340,7 +340,12 @@ class PartitionPass(ModulePass):
             elt = _elt_type(self._storage(value))
             dyn = ir.ShapedType.get_dynamic_size()
             mem_t = ir.MemRefType.get([dyn, dyn] + shape, elt)
-            name = _value_name(value) or f"{value.owner.operation.name[4:]}{len(workspaces)}"
+            base = _value_name(value) or f"{value.owner.operation.name[4:]}{len(workspaces)}"
+            # workspaces are found by name (kernels of other scans reuse a name as one buffer
+            # used in turn); two values crossing from this scan must not share one
+            name, i = base, 1
+            while name in _names.values():
+                name, i = f"{base}{i}", i + 1
             _names[value] = name
             ws = ir.Operation.create("kda.workspace", results=[mem_t], attributes={
                 "name": ir.StringAttr.get(f"{name}_ws"), "layout": ir.StringAttr.get("chunk")},

@@ -266,7 +266,8 @@ def schedule_step(nodes: list, carried, skip=()) -> list:
     3. then, repeatedly, the first node in program order that waits for no in-flight product
        — a product whose right operand is ready (its accumulator may be an in-flight product:
        wgmma chains them), an add fused into a product, element-wise ops and stores of ready
-       values — else the first node that does wait.
+       values — else the first node that does wait; a product whose fused add reads an
+       element-wise value not yet emitted gets that value emitted first.
     """
     done = set(skip)
     order = [n for n in nodes if n.op in _DECLARATIONS and n not in done]
@@ -321,12 +322,24 @@ def schedule_step(nodes: list, carried, skip=()) -> list:
              and carried in n.operands]
     for n in first:
         emit(n)
+    def fused_operand(n):
+        """The not yet emitted, ready producer of the value product ``n`` accumulates onto:
+        the emitter fuses the add only when that value exists when the product issues (else
+        the add waits for the product, and the next product issues after that wait)."""
+        add = next((a for a, d in fused.items() if d is n), None)
+        if add is None:
+            return None
+        y = [o for o in add.operands if o is not n.results[0]][0]
+        p = producer.get(y)
+        return p if p is not None and p not in done and ready(p) and not awaited(p) else None
+
     while True:
         rest = [n for n in nodes if n not in done and ready(n)]
         if not rest:
             break
         free = [n for n in rest if not awaited(n)]
-        emit(free[0] if free else rest[0])
+        pick = free[0] if free else rest[0]
+        emit(fused_operand(pick) or pick)
     left = [n for n in nodes if n not in done]
     if left:
         raise LoweringError(f"register scan: cannot order {[n.op for n in left]}")
