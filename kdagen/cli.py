@@ -192,10 +192,11 @@ def _cost_cell(row: dict) -> str:
               help="Also each op's decode program (kda_decode / gdn_decode: the per-token "
                    "recurrence, for kdagen.fused_recurrent_*), plain and on a state pool "
                    "(state_pool: the kernel reads and writes the slots of ssm_state_indices).")
-@click.option("--residuals", is_flag=True,
+@click.option("--residuals/--no-residuals", default=True, show_default=True,
               help="Also training's save_residuals pair of each op (the forward that saves the "
-                   "chunk products its backward reads: ~2% faster fwd+bwd; without it training "
-                   "runs the plain pair).")
+                   "chunk products its backward reads, what the API runs when a gradient is "
+                   "needed: ~2% faster fwd+bwd). --no-residuals halves the fwd/bwd kernels; "
+                   "training from such a bundle runs the plain pair.")
 def emit(out_dir, op, targets, head_dims, gate, gate_files, path, verbose, quiet, dump_dir,
          decode, residuals):
     """Generate kernels for each chip into a bundle (manifest.json + .ptx/.cubin).

@@ -140,7 +140,7 @@ DECODE_VALUE_SPLITS = (2, 4)
 
 
 def program_variants(ops: list[str], head_dim, gate, decode: bool = False,
-                     residuals: bool = False) -> list[tuple[str, dict]]:
+                     residuals: bool = True) -> list[tuple[str, dict]]:
     """(program, options) for each requested op: forward and backward (with ``residuals`` also
     training's save_residuals pair; and with ``decode`` the
     op's decode program, plain and on a state pool, at each of DECODE_VALUE_SPLITS), K = V =
@@ -187,7 +187,7 @@ def emit_programs(out_dir: str | Path, targets: list[Target], ops: list[str], he
                   gate=None, verbose: bool = False,
                   path: str = "native", progress=None, replace: bool = True,
                   dump_dir=None, timing: dict | None = None, decode: bool = False,
-                  residuals: bool = False) -> list[dict]:
+                  residuals: bool = True) -> list[dict]:
     """Lower the programs of ``ops`` for every target into the bundle ``out_dir``; returns the
     per-kernel report rows (kernel, chip, path, program, variant, registers, spills, shared
     memory). ``path``: "native" (the chip's own path where kdagen has one, else portable) or

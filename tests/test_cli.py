@@ -55,8 +55,10 @@ def test_emit_then_check_all_three_chips(tmp_path):
 @requires_ptxas
 def test_emit_is_deterministic(tmp_path, monkeypatch):
     monkeypatch.setenv("KDAGEN_PTX_MEMO", "0")      # lower both emits for real
-    run("emit", "-o", str(tmp_path / "a"), "--arch", "sm_90a", "--op", "kda", "--head-dim", "64")
-    run("emit", "-o", str(tmp_path / "b"), "--arch", "sm_90a", "--op", "kda", "--head-dim", "64")
+    run("emit", "-o", str(tmp_path / "a"), "--arch", "sm_90a", "--op", "kda", "--head-dim", "64",
+        "--no-residuals")
+    run("emit", "-o", str(tmp_path / "b"), "--arch", "sm_90a", "--op", "kda", "--head-dim", "64",
+        "--no-residuals")
     ptx_a = sorted((tmp_path / "a").glob("*.ptx"))
     assert ptx_a
     for path in ptx_a:
@@ -111,11 +113,13 @@ def test_emit_programs_every_op_chip_and_head_dim(tmp_path, op, head_dim):
     ptxas assembles for all three chips (GDN at K = 128: sm_90a only, its native paths and no
     spills; its portable kernels are KDA's lowering with a scalar gate, assembled for every
     chip at K = 64 here and for KDA at both head dims); the manifest says which path each
-    kernel took."""
+    kernel took. KDA at K = 64 builds the default bundle, training's residual pair included
+    (the rest leave it out to keep the run short)."""
     out = tmp_path / "bundle"
     chips = ("sm_90a",) if (op, head_dim) == ("gdn", "128") else ("sm_90a", "sm_100a", "sm_120a")
+    residuals = (op, head_dim) == ("kda", "64")
     result = run("emit", "-o", str(out), "--op", op, "--head-dim", head_dim,
-                 "--arch", ",".join(chips))
+                 "--arch", ",".join(chips), *([] if residuals else ["--no-residuals"]))
     assert result.exit_code == 0, result.output
     manifest = json.loads((out / "manifest.json").read_text())
     kernels = manifest["kernels"]
@@ -151,11 +155,13 @@ def test_emit_programs_every_op_chip_and_head_dim(tmp_path, op, head_dim):
         assert "__nv_" not in ptx
         if kernel["chip"] == "sm_120a":
             assert "wgmma" not in ptx and "tcgen05" not in ptx
-    for program in (f"{op}_fwd", f"{op}_bwd"):
+    variants = {k["name"].split("__")[0] for k in kernels if k["chip"] == "sm_90a"}
+    assert len(variants) == (4 if residuals else 2), sorted(variants)   # fwd, bwd (x 2)
+    for variant in variants:
         # every program's serial scans (forward: the state; backward: recompute and reverse dS)
-        register = [k for k in kernels if k["name"].startswith(program) and k["chip"] == "sm_90a"
-                    and k["path"] == "sm90-register-scan"]
-        assert len(register) == (1 if program.endswith("_fwd") else 2), (program, [k["name"] for k in register])
+        register = [k for k in kernels if k["name"].split("__")[0] == variant
+                    and k["chip"] == "sm_90a" and k["path"] == "sm90-register-scan"]
+        assert len(register) == (1 if variant.startswith(f"{op}_fwd") else 2), (variant, [k["name"] for k in register])
     checked = run("check", str(out))
     assert checked.exit_code == 0, checked.output
     assert f"{len(kernels)}/{len(kernels)} kernels assembled ({', '.join(chips)})" in checked.output
@@ -177,7 +183,7 @@ def kda64_bundle(tmp_path_factory):
         pytest.skip("needs ptxas (CUDA toolkit)")
     out = tmp_path_factory.mktemp("kda64") / "bundle"
     result = run("emit", "-o", str(out), "--arch", "sm_100a,sm_90a", "--op", "kda",
-                 "--head-dim", "64")
+                 "--head-dim", "64", "--no-residuals")
     assert result.exit_code == 0, result.output
     return out, result
 
@@ -323,7 +329,8 @@ def test_reemit_leaves_exactly_what_the_manifest_lists(kda64_bundle, tmp_path):
     assert _files(out) == _listed(out) | {"manifest.json", "README.md", "notes.txt", "mine.ptx"}
     assert len(_listed(out)) == 2
     # and back: a program bundle again, the gate+cumsum files gone
-    result = run("emit", "-q", "-o", str(out), "--arch", "sm_100a", "--op", "kda", "--head-dim", "64")
+    result = run("emit", "-q", "-o", str(out), "--arch", "sm_100a", "--op", "kda", "--head-dim", "64",
+                 "--no-residuals")
     assert result.exit_code == 0, result.output
     assert _files(out) == _listed(out) | {"manifest.json", "lowered.json", "README.md",
                                           "notes.txt", "mine.ptx"}
@@ -359,7 +366,7 @@ def test_emit_several_head_dims_into_one_bundle(tmp_path, monkeypatch):
     monkeypatch.setattr(ptxas_mod, "FALLBACK_LOCATIONS", ())
     out = tmp_path / "bundle"
     result = run("emit", "-q", "-o", str(out), "--arch", "sm_120a", "--op", "gdn",
-                 "--head-dim", "64,128")
+                 "--head-dim", "64,128", "--no-residuals")
     assert result.exit_code == 0, result.output
     assert "(4 variants)" in result.stdout
     lowered = json.loads((out / "lowered.json").read_text())["variants"]

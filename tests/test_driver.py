@@ -75,7 +75,7 @@ def test_emit_dumps_every_stage(tmp_path):
     from kdagen.emit import emit_programs
     from kdagen.target import get_target
     rows = emit_programs(tmp_path / "bundle", [get_target("sm_120a")], ["gdn"], head_dim=64,
-                         dump_dir=tmp_path / "stages")
+                         dump_dir=tmp_path / "stages", residuals=False)
     folders = sorted(p.name for p in (tmp_path / "stages").iterdir())
     assert len(folders) == 2 and all(f.endswith(".sm_120a") for f in folders)
     for folder in folders:

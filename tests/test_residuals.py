@@ -9,6 +9,8 @@ derived backward loads them instead (kdagen/ir/autodiff.py), and autograd passes
   and from a bundle without the residual variants training runs the plain pair;
 - kdagen emit --residuals lists the pair.
 """
+from unittest import mock
+
 import pytest
 import torch
 
@@ -162,11 +164,26 @@ def test_missing_residual_variants_fall_back_to_the_plain_pair(monkeypatch):
     assert all(x.grad is not None and x.grad.abs().sum() > 0 for x in xs)
 
 
-def test_emit_lists_the_residual_pair_on_request():
+def test_emit_lists_the_residual_pair_by_default():
+    """The default bundle holds what the API runs when a gradient is needed (the pair that
+    saves and reads residuals) besides the plain pair; --no-residuals leaves it out."""
+    from click.testing import CliRunner
+
+    from kdagen.cli import main
     from kdagen.emit import program_variants
-    plain = program_variants(["kda", "gdn"], 128, None)
-    both = program_variants(["kda", "gdn"], 128, None, residuals=True)
+    both = program_variants(["kda", "gdn"], 128, None)
+    plain = program_variants(["kda", "gdn"], 128, None, residuals=False)
     assert not any(o.get("save_residuals") for _, o in plain)
     extra = [(p, o) for p, o in both if o.get("save_residuals")]
     assert sorted(p for p, _ in extra) == ["gdn_bwd", "gdn_fwd", "kda_bwd", "kda_fwd"]
     assert len(both) == 2 * len(plain)
+    seen = {}
+
+    def spy(ops, head_dim, gate, decode=False, residuals=True):
+        seen["residuals"] = residuals
+        raise ValueError("spy: stop before compiling")
+    for flag, expected in (([], True), (["--no-residuals"], False)):
+        with mock.patch("kdagen.emit.program_variants", spy):
+            result = CliRunner().invoke(main, ["emit", "-q", "-o", "unused", *flag])
+        assert "spy: stop before compiling" in result.output, result.output
+        assert seen.pop("residuals") is expected
