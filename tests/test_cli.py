@@ -155,13 +155,14 @@ def test_emit_programs_every_op_chip_and_head_dim(tmp_path, op, head_dim):
         assert "__nv_" not in ptx
         if kernel["chip"] == "sm_120a":
             assert "wgmma" not in ptx and "tcgen05" not in ptx
-    variants = {k["name"].split("__")[0] for k in kernels if k["chip"] == "sm_90a"}
-    assert len(variants) == (4 if residuals else 2), sorted(variants)   # fwd, bwd (x 2)
-    for variant in variants:
+    lowered = json.loads((out / "lowered.json").read_text())["variants"]
+    assert len(lowered) == (4 if residuals else 2), sorted(lowered)     # fwd, bwd (x 2)
+    by_name = {(k["name"], k["chip"]): k for k in kernels}
+    for variant, spec in lowered.items():
         # every program's serial scans (forward: the state; backward: recompute and reverse dS)
-        register = [k for k in kernels if k["name"].split("__")[0] == variant
-                    and k["chip"] == "sm_90a" and k["path"] == "sm90-register-scan"]
-        assert len(register) == (1 if variant.startswith(f"{op}_fwd") else 2), (variant, [k["name"] for k in register])
+        register = [name for name in spec["chips"]["sm_90a"]
+                    if by_name[(name, "sm_90a")]["path"] == "sm90-register-scan"]
+        assert len(register) == (1 if spec["program"].endswith("_fwd") else 2), (variant, register)
     checked = run("check", str(out))
     assert checked.exit_code == 0, checked.output
     assert f"{len(kernels)}/{len(kernels)} kernels assembled ({', '.join(chips)})" in checked.output
