@@ -41,7 +41,8 @@ def test_unknown_dot_is_refused_by_the_lowering():
 
 
 def test_auto_lowers_decay_matmul_bf16x3_and_the_rest_tf32():
-    """On the native path: the wgmma products stage TF32 (k8 instructions), the backward's
+    """On the native path: the wgmma products stage TF32 (k8 instructions) except in the
+    backward's kernel that sums the gate parameters' gradients (bf16x3: k16), the backward's
     decay_matmul issues three bf16 mma.sync per 16-deep step, the forward's decay_dot TF32
     m16n8k8."""
     pytest.importorskip("kdagen._mlir")
@@ -52,9 +53,15 @@ def test_auto_lowers_decay_matmul_bf16x3_and_the_rest_tf32():
     opts = dict(head_k_dim=64, head_v_dim=64, gate="softplus")
     fwd = Compilation("kda_fwd", opts, "sm_90a", lower=DEFAULT_LOWERING).run("ptx")
     bwd = Compilation("kda_bwd", opts, "sm_90a", lower=DEFAULT_LOWERING).run("ptx")
+    summing = [k for k in bwd.kernels if k.name.endswith("__k4_scan4")]
+    assert len(summing) == 1
     for comp in (fwd, bwd):
         for k in comp.kernels:
             if k.launch.get("parallel_chunks"):
+                if k in summing:
+                    assert k.launch["wgmma_precision"] == "bf16x3", k.name
+                    assert re.search(r"wgmma\.mma_async\S*k16", comp.ptx[k.name]), k.name
+                    continue
                 assert k.launch["wgmma_precision"] == "tf32", k.name
                 assert not re.search(r"wgmma\.mma_async\S*k16", comp.ptx[k.name]), k.name
     fwd_ptx = "".join(fwd.ptx[k.name] for k in fwd.kernels)
@@ -143,3 +150,40 @@ def test_scan_precision_probe_sets_only_the_state_products():
     assert 'kda.precision = "bf16"' not in print_module(module)
     assert set_state_products(module, "bf16") == 1
     assert print_module(module).count('kda.precision = "bf16"') == 1
+
+
+@pytest.mark.parametrize("program", ["kda_bwd", "gdn_bwd"])
+def test_only_the_kernel_summing_gate_parameter_gradients_takes_bf16x3_products(program):
+    """kda-assign-precision: the backward's kernel that stores the per-chunk partial sums of
+    dA_log / ddt_bias (its reverse scan's chunk-parallel kernel) takes bf16x3 for its plain
+    products; every other kernel's plain products stay TF32."""
+    pytest.importorskip("kdagen._mlir")
+    from kdagen.driver import build_module
+    from kdagen.ir.transforms import walk
+    module = build_module(program, {}, "chip", "sm_90a")
+    chosen = {}
+    for op in walk(module):
+        if op.name == "kda.scan" and "kda.kernel" in op.attributes:
+            kernel = str(op.attributes["kda.kernel"]).strip('"')
+            chosen[kernel] = {str(inner.attributes["kda.precision"]).strip('"')
+                              for inner in walk(op) if inner.name == "kda.dot"}
+    assert chosen[f"{program[:3]}_bwd1_out"] == {"bf16x3"}, chosen
+    for kernel, precisions in chosen.items():
+        if kernel != f"{program[:3]}_bwd1_out":
+            assert precisions <= {"tf32"}, (kernel, precisions)
+
+
+def test_kda_gate_parameter_gradients_under_the_fp32_goal(tmp_path):
+    """The GPU check's "B1_T200 correlated steep" case of kda_bwd at K = V = 128 in the CPU
+    simulator of the sm_90a kernels: with TF32 products in the kernel that sums dA_log over
+    chunks it was 1.24e-3 (over the 1e-3 goal for fp32 outputs; the weak-gate case 1.55e-3,
+    on the H200 1.54e-3); bf16x3 there gives 8.8e-4 (weak: 9.0e-4)."""
+    pytest.importorskip("kdagen._mlir")
+    from tools.scan_precision_probe import check_case
+    options = dict(head_k_dim=128, head_v_dim=128, gate="softplus")
+    rows = check_case("kda_bwd", options, "auto", "B1_T200 correlated steep", "sm_90a",
+                      out=tmp_path)
+    errors = {r["tensor"]: (r["err"], r["bar"]) for r in rows}
+    assert errors["dA_log"][0] <= 1e-3 and errors["ddt_bias"][0] <= 1e-3, errors
+    for name, (err, bar) in errors.items():
+        assert err <= bar, (name, err, bar)

@@ -4,9 +4,18 @@ Writes ``kda.precision`` (``tf32`` | ``bf16x3`` | ``tf32x3`` | ``bf16`` | ``fma`
 ``kda.dot``, ``kda.decay_dot``, ``kda.decay_matmul`` and ``kda.tril_inv`` (the products that merge
 its diagonal blocks): with ``products=auto`` (the default) TF32, except
 the adjoint decay products, which keep bf16x3, or tf32x3 where their gates are one value per row
-(:mod:`kdagen.ir.precision` says why); any other
+(:mod:`kdagen.ir.precision` says why), and the plain products of a kernel that sums a per-head
+gradient over chunks (``gate_gradient_products``, bf16x3: see below); any other
 value puts that precision on every product. The lowering reads the attribute (its ``dot``
 option ``auto``); the same products on every chip.
+
+A kernel that stores per-chunk partial sums of a per-head gradient (the gate parameters'
+dA_log, ddt_bias: a workspace ``kda.sum_chunks`` reads) computes them from terms of both signs
+summed over every token and key, so each product's rounding there is amplified. In the CPU
+simulator of the sm_90a kernels (KDA K = V = 128), TF32 in that kernel gives dA_log 1.55e-3
+(weak gate, the H200: 1.54e-3) and 1.24e-3 (correlated steep); bf16x3 gives 9.0e-4 and
+8.8e-4, fp32 products 9.0e-4 and 4.5e-4, and no other kernel's products moved it. The rule
+is per kernel because the sm_90a native path stages one wgmma precision per kernel.
 """
 from __future__ import annotations
 
@@ -24,14 +33,38 @@ class AssignPrecisionPass(ModulePass):
     name = "kda-assign-precision"
     summary = "choose each matrix product's operand precision (kda.precision)"
     products: str = field(default="auto", metadata={"choices": ("auto", *PRECISIONS)})
+    gate_gradient_products: str = field(default="bf16x3", metadata={"choices": PRECISIONS})
 
     def run(self, module: ir.Module) -> None:
         with module.context:
+            summing = set()
+            if self.products == "auto":
+                for kernel in per_head_gradient_kernels(module):
+                    summing.update(op for op in walk(kernel) if op.name == "kda.dot")
             for op in walk(module):
                 if op.name in PRODUCT_OPS:
-                    chosen = (auto_precision(op.name, op.name != "kda.dot" and has_row_gates(op))
-                              if self.products == "auto" else self.products)
+                    if self.products != "auto":
+                        chosen = self.products
+                    elif op in summing:
+                        chosen = self.gate_gradient_products
+                    else:
+                        chosen = auto_precision(op.name,
+                                                op.name != "kda.dot" and has_row_gates(op))
                     op.attributes["kda.precision"] = ir.StringAttr.get(chosen)
+
+
+def per_head_gradient_kernels(module: ir.Module) -> list:
+    """The kernels (``kda.scan`` ops marked ``kda.kernel`` by kda-partition) that store into a
+    workspace ``kda.sum_chunks`` reads: per-chunk partial sums of a per-head gradient."""
+    summed = [op.operands[0] for op in walk(module) if op.name == "kda.sum_chunks"]
+    out = []
+    for op in walk(module):
+        if op.name != "kda.scan" or "kda.kernel" not in op.attributes:
+            continue
+        if any(inner.name == "kda.store_chunk" and inner.operands[0] in summed
+               for inner in walk(op)):
+            out.append(op)
+    return out
 
 
 def has_row_gates(op) -> bool:

@@ -24,6 +24,18 @@
 // CHECK-SAME:      kda.precision = "tf32x3"
 // EXACT-LABEL: func.func @row_gates
 // EXACT-COUNT-2: kda.precision = "bf16x3"
+// A kernel that stores per-chunk partial sums of a per-head gradient (a workspace that
+// kda.sum_chunks reads: the gate parameters' dA_log, ddt_bias) takes bf16x3 for its plain
+// products; another kernel keeps TF32.
+// CHECK-LABEL: func.func @gate_gradient_kernel
+// CHECK:         "kda.dot"
+// CHECK-SAME:      kda.precision = "bf16x3"
+// CHECK:         kda.kernel = "sums"
+// CHECK:         "kda.dot"
+// CHECK-SAME:      kda.precision = "tf32"
+// CHECK:         kda.kernel = "other"
+// EXACT-LABEL: func.func @gate_gradient_kernel
+// EXACT-COUNT-2: kda.precision = "bf16x3"
 module {
   func.func @products(%a: tensor<4x8xf32>, %b: tensor<4x8xf32>, %g: tensor<4x8xf32>, %w: tensor<4x4xf32>) -> (tensor<4x4xf32>, tensor<4x4xf32>, tensor<4x8xf32>) {
     %p = "kda.dot"(%a, %b) {transpose_lhs = false, transpose_rhs = true} : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x4xf32>
@@ -37,5 +49,24 @@ module {
     %d = "kda.decay_dot"(%a, %b, %g, %g) {diagonal = 0 : i64, exact_diagonal = false, subblock = 1 : i64} : (tensor<4x8xf32>, tensor<4x8xf32>, tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x4xf32>
     %m = "kda.decay_matmul"(%w, %a, %g, %g) {diagonal = 0 : i64, exact_diagonal = false, subblock = 1 : i64, transpose = false} : (tensor<4x4xf32>, tensor<4x8xf32>, tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
     return %d, %m : tensor<4x4xf32>, tensor<4x8xf32>
+  }
+  func.func @gate_gradient_kernel(%a: tensor<4x8xf32>, %b: tensor<4x8xf32>) -> tensor<f32> {
+    %ws = "kda.workspace"() {layout = "chunk", name = "dA_log_h_chunks"} : () -> memref<?x?xf32>
+    %other = "kda.workspace"() {layout = "chunk", name = "p_ws"} : () -> memref<?x?x4x4xf32>
+    "kda.scan"() ({
+    ^bb0(%c: index):
+      %p = "kda.dot"(%a, %b) {transpose_lhs = false, transpose_rhs = true} : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x4xf32>
+      %s = "kda.reduce_sum"(%p) {dims = array<i64: 0, 1>} : (tensor<4x4xf32>) -> tensor<f32>
+      "kda.store_chunk"(%ws, %c, %s) {name = "dA_log_h"} : (memref<?x?xf32>, index, tensor<f32>) -> ()
+      gpu.yield
+    }) {kda.kernel = "sums", parallel = true, reverse = false} : () -> ()
+    "kda.scan"() ({
+    ^bb0(%c: index):
+      %p = "kda.dot"(%a, %b) {transpose_lhs = false, transpose_rhs = true} : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x4xf32>
+      "kda.store_chunk"(%other, %c, %p) {name = "p"} : (memref<?x?x4x4xf32>, index, tensor<4x4xf32>) -> ()
+      gpu.yield
+    }) {kda.kernel = "other", parallel = true, reverse = false} : () -> ()
+    %t = "kda.sum_chunks"(%ws) {name = "dA_log_h"} : (memref<?x?xf32>) -> tensor<f32>
+    return %t : tensor<f32>
   }
 }
