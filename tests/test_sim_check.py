@@ -7,9 +7,12 @@ from tools import sim_check  # noqa: E402
 
 
 def test_lists_the_gpu_check_cases():
-    labels = sim_check.case_labels("gdn_bwd", dict(head_k_dim=64, head_v_dim=64,
-                                                   gate="gdn_softplus"), "sm_90a")
-    assert "B1_T200 correlated steep" in labels and "B2_T1" in labels
+    from tools.scan_precision_probe import SimulatedProgram
+    sim = SimulatedProgram("gdn_bwd", dict(head_k_dim=64, head_v_dim=64, gate="gdn_softplus"),
+                           "auto", "sm_90a")
+    assert "B1_T200 correlated steep" in sim.labels and "B2_T1" in sim.labels
+    with pytest.raises(ValueError, match="not one of gdn_bwd's GPU-check cases"):
+        sim.run("no such case")
 
 
 def test_one_case_prints_every_gradient_against_bar_and_goal(capsys):

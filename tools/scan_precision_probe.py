@@ -49,31 +49,47 @@ def set_state_products(module, precision: str) -> int:
     return count
 
 
+class SimulatedProgram:
+    """``program`` with ``options`` lowered with ``dot`` through ``chip``'s pipeline, ready to
+    run the GPU check's cases (``cases``: their dicts, in the check's order, which is also
+    each case's seed) in the CPU simulator; ``edit(module)`` changes the module first.
+    ``out``: where the bundle's manifest goes (a fresh temporary folder by default)."""
+
+    def __init__(self, program: str, options: dict, dot: str, chip: str, edit=None, out=None,
+                 quick: bool = False):
+        out = pathlib.Path(out) if out is not None else pathlib.Path(tempfile.mkdtemp())
+        res = write_bundle(out, [(program, options, {"dot": dot, "pipeline": "chip"})], [chip],
+                           assemble=False)
+        (vname,) = res["variants"]
+        self.program, self.chip = program, chip
+        self.spec = res["variants"][vname]
+        module = build_module(program, options, "chip", chip)
+        if edit is not None:
+            edit(module)
+        lib = SimLibrary(out, {vname: module}, chip, options=LowerOptions(dot=dot))
+        self.lowered = LoweredProgram(out, vname, library=lib)
+        self.cases = gpu_check._cases(self.spec, quick=quick)
+
+    @property
+    def labels(self) -> list[str]:
+        return [c["label"] for c in self.cases]
+
+    def run(self, case: str) -> list:
+        """The GPU check's rows (``tensor``, ``err``, ``bar``, ``floor``, ...) for case
+        ``case``, with that case's seed."""
+        if case not in self.labels:
+            raise ValueError(f"case {case!r} is not one of {self.program}'s GPU-check cases: "
+                             f"{', '.join(self.labels)}")
+        seed = self.labels.index(case)
+        np.seterr(all="ignore")
+        return gpu_check.run_case(lambda **kw: self.lowered(chip=self.chip, **kw), self.spec,
+                                  self.cases[seed], torch.device("cpu"), seed)
+
+
 def check_case(program: str, options: dict, dot: str, case: str, chip: str,
                edit=None, out=None) -> list:
-    """The GPU check's rows (``tensor``, ``err``, ``bar``, ``floor``, ...) for its case
-    ``case`` (and that case's seed) of ``program`` lowered with ``dot`` through ``chip``'s
-    pipeline, run in the CPU simulator; ``edit(module)`` changes the module first. ``out``:
-    where the bundle's manifest goes (a fresh temporary folder by default)."""
-    out = pathlib.Path(out) if out is not None else pathlib.Path(tempfile.mkdtemp())
-    res = write_bundle(out, [(program, options, {"dot": dot, "pipeline": "chip"})], [chip],
-                       assemble=False)
-    (vname,) = res["variants"]
-    spec = res["variants"][vname]
-    module = build_module(program, options, "chip", chip)
-    if edit is not None:
-        edit(module)
-    lib = SimLibrary(out, {vname: module}, chip, options=LowerOptions(dot=dot))
-    prog = LoweredProgram(out, vname, library=lib)
-    cases = gpu_check._cases(spec, quick=False)
-    labels = [c["label"] for c in cases]
-    if case not in labels:
-        raise ValueError(f"case {case!r} is not one of {program}'s GPU-check cases: "
-                         f"{', '.join(labels)}")
-    seed = labels.index(case)
-    np.seterr(all="ignore")
-    return gpu_check.run_case(lambda **kw: prog(chip=chip, **kw), spec, cases[seed],
-                              torch.device("cpu"), seed)
+    """The GPU check's rows for its case ``case`` of ``program`` (:class:`SimulatedProgram`)."""
+    return SimulatedProgram(program, options, dot, chip, edit, out).run(case)
 
 
 def probe(program: str, head_dim: int, case: str, state_products: str, chip: str,

@@ -17,28 +17,15 @@ when an error is over its GPU-check bar.
 from __future__ import annotations
 
 import argparse
-import pathlib
 import sys
-import tempfile
 
-from kdagen.bundle_writer import write_bundle
+from kdagen.emit import DEFAULT_GATES
 
-from . import gpu_check
-from .scan_precision_probe import check_case
+from .scan_precision_probe import SimulatedProgram
 
 #: docs/MATH.md §3's goals: fp32 outputs (the gate parameters' gradients, states) and bf16 ones
 FP32_OUTPUTS = ("final_state", "dh0", "dA_log", "ddt_bias")
 GOALS = {"fp32": 1e-3, "bf16": 2e-3}
-DEFAULT_GATES = {"kda": "softplus", "gdn": "gdn_softplus"}
-
-
-def case_labels(program: str, options: dict, chip: str, quick: bool = False) -> list[str]:
-    """The GPU check's case labels for ``program`` with ``options``."""
-    out = pathlib.Path(tempfile.mkdtemp())
-    res = write_bundle(out, [(program, options, {"dot": "auto", "pipeline": "chip"})], [chip],
-                       assemble=False)
-    (spec,) = res["variants"].values()
-    return [c["label"] for c in gpu_check._cases(spec, quick)]
 
 
 def main(argv=None) -> int:
@@ -53,8 +40,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     gate = a.gate or DEFAULT_GATES[a.program.split("_")[0]]
     options = dict(head_k_dim=a.head_dim, head_v_dim=a.head_dim, gate=gate)
-    labels = [c for c in case_labels(a.program, options, a.chip, a.quick)
-              if a.case is None or a.case in c]
+    sim = SimulatedProgram(a.program, options, a.dot, a.chip, quick=a.quick)
+    labels = [c for c in sim.labels if a.case is None or a.case in c]
     if not labels:
         print(f"sim_check: no case of {a.program} matches {a.case!r}", file=sys.stderr)
         return 1
@@ -63,7 +50,7 @@ def main(argv=None) -> int:
     print(f"{'case':28s} {'tensor':10s} {'rel_err':>9s} {'bar':>6s} {'floor':>8s} {'goal':>6s}  status")
     over_bar = 0
     for label in labels:
-        rows = check_case(a.program, options, a.dot, label, a.chip)
+        rows = sim.run(label)
         for r in rows:
             goal = GOALS["fp32" if r["tensor"] in FP32_OUTPUTS else "bf16"]
             # an output whose bf16 rounding alone is over the goal (a tiny tensor) is judged

@@ -282,6 +282,7 @@ def schedule_step(nodes: list, carried, skip=()) -> list:
                 other = [o for o in users[0].operands if o is not n.results[0]]
                 if other and other[0] in regs:
                     fused[users[0]] = n
+    fused_add = {d: a for a, d in fused.items()}     # product -> the add fused into it
     in_flight = {}          # value held by an issued, unwaited product -> its issue number
     uses = {}
     for n in nodes:
@@ -297,7 +298,7 @@ def schedule_step(nodes: list, carried, skip=()) -> list:
             return []
         if n.op == "kda.dot":
             out = [n.operands[1]] if n.operands[1] in in_flight else []
-            add = next((a for a, d in fused.items() if d is n), None)
+            add = fused_add.get(n)
             if add is not None:      # its accumulator: chained if the only use, else waited
                 y = [o for o in add.operands if o is not n.results[0]][0]
                 if y in in_flight and uses.get(y, 0) > 1:
@@ -322,11 +323,12 @@ def schedule_step(nodes: list, carried, skip=()) -> list:
              and carried in n.operands]
     for n in first:
         emit(n)
+
     def fused_operand(n):
         """The not yet emitted, ready producer of the value product ``n`` accumulates onto:
         the emitter fuses the add only when that value exists when the product issues (else
         the add waits for the product, and the next product issues after that wait)."""
-        add = next((a for a, d in fused.items() if d is n), None)
+        add = fused_add.get(n)
         if add is None:
             return None
         y = [o for o in add.operands if o is not n.results[0]][0]
