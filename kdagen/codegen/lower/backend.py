@@ -192,6 +192,15 @@ def uniform(x):
     return current().uniform(x)
 
 
+@contextmanager
+def op_scope(label: str):
+    """Code emitted for one op of the program (``label``): the MLIR backend gives the ops it
+    emits meanwhile that name as their location, so the gpu stage says which program op each
+    instruction came from (``tools/emitted_ops.py --by-op``)."""
+    with current().op_scope(label):
+        yield
+
+
 def fresh_tid():
     """The thread index, re-read so that the compiler cannot hoist what depends on it out of
     enclosing loops (each op's addressing stays local to the op: low register pressure)."""

@@ -385,7 +385,8 @@ class TileKernelEmitter:
         if n.op == "kda.scan":
             self.sync_pending()
             return self.scan(n)
-        with self.cost.op(op_label(n)):
+        label = op_label(n)
+        with self.cost.op(label), B.op_scope(label):
             self._node(n)
 
     # -- barriers --------------------------------------------------------------------------

@@ -218,6 +218,8 @@ class MlirBackend:
             return v
 
         loop = scf.ForOp(idx(lo), idx(hi), idx(step), [raw(v) for v in iter_args])
+        if trips is not None:       # for tools that weigh the emitted ops (tools/emitted_ops.py)
+            loop.operation.attributes["kda.trips"] = ir.StringAttr.get(str(trips))
         with ir.InsertionPoint(loop.body), self.cost.loop(trips, getattr(body, "__qualname__", "loop")):
             out = body(ints.IntVal(loop.induction_variable), *[wrap(v) for v in loop.inner_iter_args])
             scf.yield_([raw(v) for v in (out or [])])
@@ -229,6 +231,8 @@ class MlirBackend:
                 body()
             return
         branch = self.scf.IfOp(cond)
+        if cold:                    # expected not to run (tools/emitted_ops.py weighs it 0)
+            branch.operation.attributes["kda.cold"] = self.ir.UnitAttr.get()
         with self.ir.InsertionPoint(branch.then_block):
             if cold:
                 with self.cost.cold():
@@ -258,6 +262,9 @@ class MlirBackend:
         self.cost.event("shfl")
         from kdagen.codegen.common.shuffle import shfl_xor
         return shfl_xor(x, mask)
+
+    def op_scope(self, label: str):
+        return self.ir.Location.name(label)
 
     def fresh_tid(self):
         v = self.llvm.inline_asm(self.i32(), [], "mov.u32 $0, %tid.x;", "=r",

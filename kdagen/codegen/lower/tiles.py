@@ -145,11 +145,28 @@ def numel(shape) -> int:
 
 
 def unravel(e, shape) -> list:
+    """The index of flat element ``e`` (< numel(shape): the outermost dimension takes no
+    modulo)."""
     idx = []
-    for d in reversed(shape):
-        idx.insert(0, e % d)
-        e = e // d
+    for k, d in enumerate(reversed(shape)):
+        if k == len(shape) - 1:
+            idx.insert(0, e)
+        else:
+            idx.insert(0, e % d)
+            e = e // d
     return idx
+
+
+def strided_indices(base, shape, stride: int, count: int) -> list:
+    """The indices of flat elements ``base + k * stride`` for k < count (each < numel). Where
+    ``stride`` is a multiple of the inner dimensions' size, they share the inner indices of
+    ``base`` and differ by a constant in the outermost one, so an element's address is one
+    shared variable part plus an immediate instead of a division chain of its own."""
+    inner = numel(shape[1:])
+    if shape and stride % inner == 0:
+        first = unravel(base, shape)
+        return [[addk(first[0], k * (stride // inner))] + first[1:] for k in range(count)]
+    return [unravel(addk(base, k * stride), shape) for k in range(count)]
 
 
 def addk(i, k: int):
@@ -173,8 +190,8 @@ def foreach(th: Threads, shape, body) -> None:
         B.if_then(B.icmp("eq", th.tid, 0), lambda: body([0] * len(shape)))
         return
     if n % th.count == 0 and n // th.count <= 2:
-        for k in range(n // th.count):
-            body(unravel(addk(th.tid, k * th.count), shape))
+        for idx in strided_indices(th.tid, shape, th.count, n // th.count):
+            body(idx)
         return
     if n < th.count:
         B.if_then(B.icmp("lt", th.tid, n), lambda: body(unravel(th.tid, shape)))
@@ -207,18 +224,20 @@ def foreach_batched(th: Threads, shape, read, write) -> None:
         foreach(th, shape, lambda idx: write(idx, read(idx)))
         return
 
-    def group(e):
-        idxs = [unravel(addk(e, k * th.count), shape) for k in range(b)]
+    def group(idxs):
         values = [read(idx) for idx in idxs]
         for idx, v in zip(idxs, values):
             write(idx, v)
 
     if per == b:
-        group(th.tid)
+        # straight-line: the plain unravel (with shared indices the backward's dk kernel
+        # spilled 4 bytes at its 96 registers)
+        group([unravel(addk(th.tid, k * th.count), shape) for k in range(b)])
         return
-
+    # the loop starts at the thread index, so LLVM keeps it a loop (unrolled, the batches' loads
+    # were hoisted together and the backward's dq kernel spilled at its 96 registers)
     def step(e):
-        group(e)
+        group(strided_indices(e, shape, th.count, b))
         return []
 
     B.for_range(th.tid, n, th.count * b, step, trips=per // b)

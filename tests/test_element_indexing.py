@@ -1,0 +1,60 @@
+"""The element loops' indices (kdagen.codegen.lower.tiles): a thread's elements share its inner
+index, so the loop body holds no division chain per element (each address is the thread's
+variable part plus an immediate); the indices equal the plain unravel of each flat element."""
+import itertools
+
+import pytest
+
+from kdagen.codegen.lower import tiles as T_
+
+
+@pytest.mark.parametrize("shape,stride,count", [((64, 128), 256, 4), ((64, 128), 512, 8),
+                                                ((64, 64), 128, 4), ((3, 50), 128, 1),
+                                                ((96, 16), 128, 3), ((7,), 2, 3),
+                                                ((4, 8, 16), 128, 4), ((64, 128), 96, 4)])
+def test_strided_indices_equal_the_unravel_of_each_element(shape, stride, count):
+    n = T_.numel(shape)
+    for base in range(0, n):
+        if base + (count - 1) * stride >= n:
+            continue
+        got = T_.strided_indices(base, shape, stride, count)
+        want = [T_.unravel(base + k * stride, shape) for k in range(count)]
+        assert got == want, (base, got, want)
+
+
+def test_unravel_covers_every_index_once():
+    shape = (3, 5, 4)
+    got = [tuple(T_.unravel(e, shape)) for e in range(T_.numel(shape))]
+    assert got == list(itertools.product(*map(range, shape)))
+
+
+@pytest.mark.parametrize("nthreads,batch", [(128, 4), (256, 4), (512, 2)])
+def test_element_loop_derives_the_index_once_per_batch(nthreads, batch):
+    """materialize of a [64, 128] tile: each loop iteration splits its first element's flat
+    index into row and column once (one shift, one mask); the batch's other elements are that
+    row plus a constant (the plain unravel re-derived row and column of every element)."""
+    pytest.importorskip("numba_cuda_mlir")
+    from kdagen.codegen.common.ints import IntVal
+    from kdagen.codegen.common.kernel import GpuModuleBuilder, Param
+    from kdagen.codegen.common import smem as smem_mod
+    from kdagen.codegen.common.sreg import thread_idx
+    from kdagen.codegen.lower import backend as B
+    from kdagen.codegen.lower.mlir_backend import MlirBackend
+    from kdagen._mlir import llvm
+
+    b = GpuModuleBuilder("mat")
+    with b.kernel("mat", [Param("x", "ptr", "f32")], (nthreads, 1, 1)):
+        smem_mod.declare_dynamic_smem(b)
+        sm = llvm.mlir_addressof(smem_mod.shared_ptr_type(), smem_mod.DYNAMIC_SMEM_SYMBOL)
+        with B.use(MlirBackend()):
+            th = T_.Threads(IntVal(thread_idx("x")), nthreads, batch)
+            src = T_.BufRef(T_.Scratch(sm, "smem"), 0, (64, 128), (128, 1))
+            dst = T_.BufRef(T_.Scratch(sm, "smem"), 64 * 128, (64, 128), (128, 1))
+            T_.materialize(th, T_.FnRef((64, 128), lambda idx: B.mul(src.read(idx), B.f(2.0))),
+                           dst)
+    b.verify()
+    text = str(b.module)
+    body = text[text.index("scf.for"):]
+    assert body.count("arith.shrui") == 1 and body.count("arith.andi") == 1
+    assert "arith.divui" not in body and "arith.remui" not in body
+    assert body.count("llvm.load") == batch
