@@ -113,21 +113,24 @@ def prepare(program: Program, target: Target | None, prefix: str,
             out.append(PreparedKernel(kname, g, em, "none", launch))
             continue
         nat = native_path(target) if opts.path == "native" else None
-        keep_lazy = frozenset()
-        # values whose buffers land in the global scratch and are cheap to recompute are
-        # re-evaluated where used instead (storage.remat_candidates); plan again until no
-        # new one appears
-        for _ in range(4):
-            plan, native, storage, budget, need = _plan_group(program, g, target, opts, nat,
-                                                              kname, keep_lazy)
-            if (opts.chunk_schedule == "memory" and g.parallel
-                    and schedule_for_memory(g.scans[0].body, plan.buffers)):
-                plan, native, storage, budget, need = _plan_group(program, g, target, opts, nat,
-                                                                  kname, keep_lazy)
-            more = remat_candidates(plan, opts.remat_ops) - keep_lazy
-            if not more:
-                break
-            keep_lazy |= more
+        plan, native, storage, budget, need, keep_lazy = _settled_plan(
+            program, g, target, opts, nat, kname, in_place=False)
+        if storage != "smem" and opts.in_place:
+            # results sharing an operand's buffer (storage._share_in_place) only where that
+            # brings the kernel into shared memory: in a kernel that spills either way they
+            # moved other buffers to the global scratch (kda_bwd's dk kernel: +12%
+            # instructions in the cost report)
+            order = [(sc.body, list(sc.body.nodes)) for sc in g.scans]
+            *shared, shared_lazy = _settled_plan(program, g, target, opts, nat, kname,
+                                                 in_place=True)
+            # taken only where nothing new is re-evaluated to make it fit (kda_bwd's dq
+            # kernel on the portable path then re-read the state from global memory inside
+            # its products: +7% in the cost report)
+            if shared[2] == "smem" and shared_lazy <= keep_lazy:
+                plan, native, storage, budget, need = shared
+            else:       # the plan kept was made for the step order before this attempt
+                for body, nodes in order:
+                    body.nodes[:] = nodes
         if native is not None:
             used = (REDUCE_SLOTS_BYTES + plan.smem_bytes) if storage in ("smem", "hybrid") else 0
             native.base = -(-used // 1024) * 1024
@@ -155,8 +158,26 @@ def prepare(program: Program, target: Target | None, prefix: str,
     return out
 
 
+def _settled_plan(program: Program, g, target: Target | None, opts: LowerOptions, nat,
+                  kname: str, in_place: bool):
+    """:func:`_plan_group`, with values whose buffers land in the global scratch and are cheap
+    to recompute re-evaluated where used instead (storage.remat_candidates), planned again
+    until no new one appears; its results and the values re-evaluated."""
+    keep_lazy = frozenset()
+    for _ in range(4):
+        res = _plan_group(program, g, target, opts, nat, kname, keep_lazy, in_place)
+        if (opts.chunk_schedule == "memory" and g.parallel
+                and schedule_for_memory(g.scans[0].body, res[0].buffers)):
+            res = _plan_group(program, g, target, opts, nat, kname, keep_lazy, in_place)
+        more = remat_candidates(res[0], opts.remat_ops) - keep_lazy
+        if not more:
+            break
+        keep_lazy |= more
+    return (*res, keep_lazy)
+
+
 def _plan_group(program: Program, g, target: Target | None, opts: LowerOptions, nat,
-                kname: str, keep_lazy: frozenset):
+                kname: str, keep_lazy: frozenset, in_place: bool = False):
     """Storage plan (packed), native layout (or None), storage kind, shared-memory budget
     left for the tile buffers and the bytes they need, for one tile kernel."""
     budget = (target.smem_per_block if target is not None else 227 * 1024) - opts.smem_reserve
@@ -169,7 +190,8 @@ def _plan_group(program: Program, g, target: Target | None, opts: LowerOptions, 
         ring = frozenset(s.node for s in nat.tma_candidates(program, g))
         for _ in range(len(ring) + 1):
             plan = plan_storage(program, g, ring_loads=ring, single_read=single,
-                                keep_lazy=keep_lazy, row_pad=_row_pad(opts, nat))
+                                keep_lazy=keep_lazy, row_pad=_row_pad(opts, nat),
+                                in_place=in_place)
             native = nat.plan_native(program, g, budget - REDUCE_SLOTS_BYTES,
                                      plan.total_bytes, precision, ring)
             kept = frozenset(s.node for s in native.slots)
@@ -180,7 +202,8 @@ def _plan_group(program: Program, g, target: Target | None, opts: LowerOptions, 
             raise LoweringError(f"{kname}: the native ring and the storage plan do not settle")
         budget -= native.bytes + 1024       # the native region starts 1024-aligned
     else:
-        plan = plan_storage(program, g, keep_lazy=keep_lazy, row_pad=_row_pad(opts, None))
+        plan = plan_storage(program, g, keep_lazy=keep_lazy, row_pad=_row_pad(opts, None),
+                            in_place=in_place)
     need = REDUCE_SLOTS_BYTES + plan.total_bytes
     storage = opts.storage
     if storage == "auto":

@@ -99,3 +99,7 @@ class LowerOptions:
     # reads or overwrites what they touched (TileKernelEmitter.hazard); False: a barrier
     # after every op (ablation)
     elide_barriers: bool = True
+    # where a kernel's tile buffers would spill to the global scratch: an element-wise result
+    # takes the buffer of an operand it reads last, at the same index
+    # (storage._share_in_place), if that brings them into shared memory
+    in_place: bool = True

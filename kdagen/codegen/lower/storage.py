@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kdagen.ir.dialect import ops_with
+
 from .plan import (EXPR_OPS, LOAD_OPS, MATRIX_OPS, MULTI_READ, NOOP_OPS, STORE_OPS, VIEW_OPS,
                    KernelGroup, LoweringError)
 from .program import Block, Node, Program, Value, walk
@@ -103,9 +105,66 @@ def _is_widening_convert(n: Node) -> bool:
 FRAGMENT_READERS = frozenset({"kda.dot", "kda.decay_dot", "kda.decay_matmul", "kda.tril_inv"})
 
 
+#: ops whose element at an index reads their operands at that same index only
+IDENTITY_INDEX_OPS = ops_with(kind="elementwise") | {"kda.assume_range", "kda.pipeline_wait"}
+
+
+def same_index_reads(v: Value, buffers: dict) -> set:
+    """The buffers that materialising ``v`` reads only at the element it writes: reached from
+    v through element-wise ops and identity views alone, and not also through an op that reads
+    elsewhere (a broadcast, a transpose, ...)."""
+    same, other = set(), set()
+    stack = [o for o in v.owner.operands if o.kind == "tile"]
+    seen = set()
+    while stack:
+        o = stack.pop()
+        if o in seen:
+            continue
+        seen.add(o)
+        if o in buffers:
+            same.add(o)
+        elif o.owner is not None and o.owner.op in IDENTITY_INDEX_OPS:
+            stack.extend(x for x in o.owner.operands if x.kind == "tile")
+        else:
+            other |= expression_reads([o], buffers)[0]
+    return {x for x in same - other if tuple(x.shape) == tuple(v.shape)}
+
+
+def _share_in_place(knodes: list, buffers: dict, positions: dict) -> int:
+    """Let an element-wise result share the buffer of an operand it reads last, at the same
+    index: every thread reads its elements of that operand before it writes the same
+    elements of the result (`tiles.foreach_batched`), so the two need one buffer, not two.
+    The emitter's hazard check still puts a barrier before the write where an earlier op
+    read the buffer since the last one. Returns how many results share."""
+    shared = 0
+    for n in knodes:
+        if n.op not in EXPR_OPS or not n.results or n.results[0] not in buffers:
+            continue
+        r = n.results[0]
+        own = buffers[r]
+        if own.value is not r:
+            continue
+        pos = positions[n]
+        fits = [x for x in same_index_reads(r, buffers)
+                if buffers[x].end == pos and buffers[x].start < pos
+                and buffers[x].value.carried is None and x.carried is None]
+        if not fits:
+            continue
+        b = buffers[min(fits, key=lambda x: positions.get(x.owner, -1))]
+        b.end = max(b.end, own.end)
+        b.density += own.density
+        b.mma_read |= own.mma_read
+        for v, other in list(buffers.items()):
+            if other is own:
+                buffers[v] = b
+        shared += 1
+    return shared
+
+
 def plan_storage(program: Program, group: KernelGroup, align: int = 16,
                  ring_loads: frozenset = frozenset(), single_read: frozenset = frozenset(),
-                 keep_lazy: frozenset = frozenset(), row_pad: int = 1) -> StoragePlan:
+                 keep_lazy: frozenset = frozenset(), row_pad: int = 1,
+                 in_place: bool = True) -> StoragePlan:
     """``ring_loads``: load nodes whose tiles a native path streams into a shared-memory ring
     (mode ``ring``: cheap to read, no buffer, valid for the chunk step that loaded them).
     ``single_read``: (node, operand index) pairs of matrix ops that read each element of that
@@ -113,7 +172,9 @@ def plan_storage(program: Program, group: KernelGroup, align: int = 16,
     once): such an operand needs no buffer of its own. ``keep_lazy``: values to re-evaluate at
     each consumer instead of materialising (:func:`remat_candidates`: values whose buffers
     landed in the global scratch and are cheap to recompute); cross-block uses, reads of a
-    workspace written in the kernel and yield hazards still get a buffer."""
+    workspace written in the kernel and yield hazards still get a buffer. ``in_place``: an
+    element-wise result may take the buffer of an operand it reads last, at the same index
+    (:func:`_share_in_place`)."""
     nodes = group.nodes
     # every node of the kernel (function level + scan bodies), program order
     knodes: list[Node] = []
@@ -280,6 +341,8 @@ def plan_storage(program: Program, group: KernelGroup, align: int = 16,
             for i, v in enumerate(y.operands):
                 yield_copy[(n, i)] = "skip" if v is n.body.args[1 + i] else "copy"
 
+    if in_place:
+        _share_in_place(knodes, buffers, positions)
     # the padding that keeps fragment gathers conflict-free costs shared memory (and, padded
     # everywhere, it made the backward's dk kernel spill 8 bytes at its 96 registers): only the
     # buffers a product gathers from or stores to take it
