@@ -142,8 +142,10 @@ def test_emit_programs_every_op_chip_and_head_dim(tmp_path, op, head_dim):
                 assert instruction in ptx, (kernel["name"], instruction)
             # serial scans: one consumer warpgroup + the producer; chunk-parallel kernels (the
             # default chunk_warpgroups "auto"): four consumer warpgroups + the producer where
-            # tile buffers spill to the global scratch, else two
-            spills = kernel["launch"]["storage"] in ("hybrid", "global")
+            # tile buffers spill to the global scratch (or fit only sharing buffers in place),
+            # else two
+            spills = (kernel["launch"]["storage"] in ("hybrid", "global")
+                      or kernel["launch"].get("shared_in_place", False))
             threads = (640 if spills else 384) if kernel["launch"].get("parallel_chunks") else 256
             assert kernel["launch"]["block"][0] == threads and kernel["launch"]["tensor_maps"]
         else:

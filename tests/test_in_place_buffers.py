@@ -1,8 +1,8 @@
 """Element-wise results that share the buffer of an operand they read last, at the same index
 (kdagen.codegen.lower.storage._share_in_place, LowerOptions.in_place): only such pairs share,
-the lowering takes it only where it brings a kernel's tile buffers into shared memory with
-nothing new re-evaluated, and the results are bitwise those of separate buffers (CPU
-simulator, whose race checker sees every thread's reads and writes)."""
+the lowering takes it in a spilling kernel where less is then read from the global scratch,
+and the results are bitwise those of separate buffers (CPU simulator, whose race checker
+sees every thread's reads and writes)."""
 from __future__ import annotations
 
 import numpy as np
@@ -19,11 +19,6 @@ from kdagen.ir.testing import make_case
 from kdagen.target import get_target
 
 np.seterr(all="ignore")
-
-# a 56 KB tile budget: the K = 64 forward's first kernel spills to the global scratch with a
-# buffer per value and fits in shared memory with results sharing their operands' buffers
-BUDGET = dict(smem_reserve=227 * 1024 - 56 * 1024, dot="tf32")
-
 
 def _read_paths(v, target, buffers) -> set:
     """How materialising ``v`` reaches buffer ``target``: True for a path through element-wise
@@ -43,6 +38,10 @@ def _read_paths(v, target, buffers) -> set:
     for o in v.owner.operands:
         walk(o, True)
     return out
+
+
+def _budget(kb):
+    return dict(smem_reserve=227 * 1024 - kb * 1024, dot="tf32")
 
 
 def _module(program, K=64, chip="sm_90a", **opts):
@@ -92,7 +91,7 @@ def test_taken_where_it_brings_a_kernel_into_shared_memory():
     module = _module("kda_fwd")
     storage = {}
     for in_place in (False, True):
-        o = LowerOptions(in_place=in_place, **BUDGET)
+        o = LowerOptions(in_place=in_place, **_budget(56))
         storage[in_place] = {pk.name: pk.storage for pk in prepare(read_program(module), None,
                                                                    "k", o) if pk.plan}
     assert storage[False]["k__k0_scan0"] == "hybrid"
@@ -100,21 +99,36 @@ def test_taken_where_it_brings_a_kernel_into_shared_memory():
     assert all(storage[True][k] == s for k, s in storage[False].items() if k != "k__k0_scan0")
 
 
-def test_results_are_bitwise_those_of_separate_buffers():
-    case = make_case("kda", gate="softplus", H=1, HV=1, K=64, V=64, lengths=[70], seed=5,
-                     decay="weak")
-    module = Compilation("kda_fwd", case.options, "sm_90a").run_passes().module
-    out = {ip: simulate(module, case.inputs, options=LowerOptions(in_place=ip, **BUDGET))
+# tile budgets where sharing is taken: into shared memory (56 KB, forward), or with less read
+# from the global scratch while spilling still (40 KB: both forward kernels and the backward's
+# first; 56 KB: GDN's dq kernel)
+@pytest.mark.parametrize("program,kb", [("kda_fwd", 56), ("kda_fwd", 40), ("kda_bwd", 40),
+                                        ("gdn_bwd", 56)])
+def test_results_are_bitwise_those_of_separate_buffers(program, kb):
+    from test_lowering_sim import _with_cotangents
+    family = program.split("_")[0]
+    case = make_case(family, gate="softplus" if family == "kda" else None, H=1, HV=1, K=64,
+                     V=64, lengths=[70], seed=5, decay="weak")
+    inputs = _with_cotangents(case, 3) if program.endswith("bwd") else case.inputs
+    module = Compilation(program, case.options, "sm_90a").run_passes().module
+    plans = {ip: {pk.name: pk.plan for pk in prepare(read_program(module), None, "k",
+                                                     LowerOptions(in_place=ip, **_budget(kb)))
+                  if pk.plan is not None} for ip in (False, True)}
+    assert any(len({id(b) for b in plans[True][k].buffers.values()})
+               < len({id(b) for b in plans[False][k].buffers.values()}) for k in plans[True])
+    out = {ip: simulate(module, inputs, options=LowerOptions(in_place=ip, **_budget(kb)))
            for ip in (False, True)}
     for name, ref in out[False].items():
         assert torch.isfinite(ref).all(), name
         assert torch.equal(ref, out[True][name]), name
 
 
-def test_the_gdn_dq_kernel_fits_shared_memory_on_sm90a():
-    """GDN's backward with Aqk's diagonal apart keeps one more [64, 128] tile live in its dq
-    kernel (137 KB of buffers against a 124 KB budget); sharing brings it back."""
-    module = _module("gdn_bwd", K=128)
+@pytest.mark.parametrize("program", ["gdn_bwd", "kda_bwd"])
+def test_the_dq_kernels_fit_shared_memory_on_sm90a(program):
+    """The backward's dq kernels at K = V = 128 spill to the global scratch with a buffer per
+    value (GDN's since Aqk's diagonal went apart: 137 KB against a 124 KB budget); sharing
+    brings them into shared memory, and leaves the other kernels' storage as it was."""
+    module = _module(program, K=128)
     target = get_target("sm_90a")
     storage = {}
     for in_place in (False, True):
@@ -123,3 +137,5 @@ def test_the_gdn_dq_kernel_fits_shared_memory_on_sm90a():
                              for pk in prepare(read_program(module), target, "k", o) if pk.plan}
     assert storage[False]["k2_scan2"] == "hybrid"
     assert storage[True]["k2_scan2"] == "smem"
+    assert {k: v for k, v in storage[True].items() if k != "k2_scan2"} == \
+        {k: v for k, v in storage[False].items() if k != "k2_scan2"}

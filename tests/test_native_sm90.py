@@ -154,7 +154,8 @@ def test_chunk_warpgroups_out_of_range_is_an_actionable_error():
 def test_auto_warpgroups_follow_the_storage():
     """chunk_warpgroups "auto": 4 consumer warpgroups for a chunk-parallel kernel whose tile
     buffers spill to the global scratch (the forward's output kernel, the backward's chunk
-    kernels at K = V = 128), 2 for one that fits in shared memory (the forward's prologue);
+    kernels at K = V = 128) or fit only with results sharing their operands' buffers (the
+    backward's dq kernel), 2 for one that fits in shared memory (the forward's prologue);
     serial scans keep one."""
     pytest.importorskip("kdagen._mlir")
     from kdagen.codegen.lower.sm90_native import chunk_warpgroups
@@ -164,14 +165,17 @@ def test_auto_warpgroups_follow_the_storage():
     kernels = [k for program in ("kda_fwd", "kda_bwd")
                for k in Compilation(program, dict(head_k_dim=128, head_v_dim=128), "sm_90a",
                                     lower=DEFAULT_LOWERING).run("gpu").kernels]
-    seen = set()
+    seen, in_place = set(), set()
     for k in kernels:
         if k.launch.get("path") != "sm90-native" or not k.launch.get("parallel_chunks"):
             continue
-        want = 640 if k.launch["storage"] in ("hybrid", "global") else 384
+        # a kernel whose buffers fit only by sharing in place keeps its spilling plan's 4
+        spilled = k.launch["storage"] in ("hybrid", "global") or k.launch.get("shared_in_place")
+        want = 640 if spilled else 384
         assert k.launch["block"] == [want, 1, 1], (k.name, k.launch["storage"])
         seen.add(want)
-    assert seen == {384, 640}
+        in_place.add(bool(k.launch.get("shared_in_place")))
+    assert seen == {384, 640} and in_place == {False, True}
 
 
 def test_check_bundle_parses_lowering_options_by_type():

@@ -39,7 +39,9 @@ manifest.json
     ``scratch_bytes_per_cta`` (the ``scratch`` parameter holds this many bytes per CTA of the
     grid), and for tile kernels ``parallel_chunks``, ``tile_bytes`` and, when the pipeline
     partitioned the program, ``hbm_bytes_per_token`` (kda-partition's count of bytes moved
-    to/from global memory per token and value head; informational); native kernels add
+    to/from global memory per token and value head; informational), ``shared_in_place``
+    (true where element-wise results share their operands' tile buffers because the kernel's
+    buffers spilled otherwise; informational); native kernels add
     ``path``, ``tensor_maps``, ``ring`` (``depth``, ``stage_bytes``, ``tma_loads``) and
     ``wgmma_precision``;
   - ``resources``: ptxas's report (``registers``, ``spill_stores``, ``spill_loads``,

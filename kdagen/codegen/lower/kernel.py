@@ -115,26 +115,22 @@ def prepare(program: Program, target: Target | None, prefix: str,
         nat = native_path(target) if opts.path == "native" else None
         plan, native, storage, budget, need, keep_lazy = _settled_plan(
             program, g, target, opts, nat, kname, in_place=False)
+        spilling, in_place = storage, False
         if storage != "smem" and opts.in_place:
-            # results sharing an operand's buffer (storage._share_in_place) only where that
-            # brings the kernel into shared memory: in a kernel that spills either way they
-            # moved other buffers to the global scratch (kda_bwd's dk kernel: +12%
-            # instructions in the cost report)
-            order = [(sc.body, list(sc.body.nodes)) for sc in g.scans]
-            *shared, shared_lazy = _settled_plan(program, g, target, opts, nat, kname,
-                                                 in_place=True)
-            # taken only where nothing new is re-evaluated to make it fit (kda_bwd's dq
-            # kernel on the portable path then re-read the state from global memory inside
-            # its products: +7% in the cost report)
-            if shared[2] == "smem" and shared_lazy <= keep_lazy:
+            # where buffers spill to the global scratch: results sharing an operand's buffer
+            # (storage._share_in_place), with the same values re-evaluated and the same step
+            # order, kept when fewer reads go to the global scratch (re-planned from scratch, the
+            # remat loop chose other values: kda_bwd's dk kernel +12% instructions in the cost
+            # report; fewer bytes spilled can still mean more reads of them)
+            shared = _plan_group(program, g, target, opts, nat, kname, keep_lazy, True)
+            if shared[0].global_reads() < plan.global_reads():
                 plan, native, storage, budget, need = shared
-            else:       # the plan kept was made for the step order before this attempt
-                for body, nodes in order:
-                    body.nodes[:] = nodes
+                in_place = True
         if native is not None:
             used = (REDUCE_SLOTS_BYTES + plan.smem_bytes) if storage in ("smem", "hybrid") else 0
             native.base = -(-used // 1024) * 1024
-            em = nat.Sm90NativeTileEmitter(program, g, plan, storage, opts, target, native)
+            em = nat.Sm90NativeTileEmitter(program, g, plan, storage, opts, target, native,
+                                           warpgroup_storage=spilling)
             block = em.block_threads
         else:
             em = TileKernelEmitter(program, g, plan, storage, opts)
@@ -146,6 +142,8 @@ def prepare(program: Program, target: Target | None, prefix: str,
                   "dynamic_shared_memory": em.smem_bytes, "kind": "tile",
                   "order": g.index, "storage": storage,
                   "scratch_bytes_per_cta": em.scratch_bytes, "tile_bytes": need}
+        if in_place:
+            launch["shared_in_place"] = True
         hbm = hbm_bytes_per_token(g)
         if hbm is not None:
             launch["hbm_bytes_per_token"] = hbm

@@ -412,10 +412,16 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
         entry = entry_registers(self.block_threads, self.ctas_per_sm)
         return 64 if entry >= 80 else STATE_LOAD_BATCH
 
-    def __init__(self, program, group, plan, storage, opts, target: Target, layout: NativeLayout):
+    def __init__(self, program, group, plan, storage, opts, target: Target, layout: NativeLayout,
+                 warpgroup_storage: str | None = None):
+        """``warpgroup_storage``: the storage that decides ``chunk_warpgroups="auto"`` where it
+        differs from the plan's (a kernel that shared buffers in place to fit in shared memory
+        keeps the warpgroups of its spilling plan: with two, the backward's dq kernel spilled
+        registers at the 168 its launch bounds give)."""
         for capability in CAPABILITIES:
             target.require(capability, "the native warp-specialised lowering (wgmma + TMA)")
-        warpgroups = chunk_warpgroups(opts.chunk_warpgroups, storage) if group.parallel else 1
+        warpgroups = (chunk_warpgroups(opts.chunk_warpgroups, warpgroup_storage or storage)
+                      if group.parallel else 1)
         super().__init__(program, group, plan, storage,
                          replace(opts, dot=opts.dot if opts.dot == "auto" else layout.precision,
                                  nthreads=WG_THREADS * warpgroups))

@@ -64,6 +64,11 @@ class StoragePlan:
     def mode(self, v: Value) -> str:
         return self.modes.get(v, "none")
 
+    def global_reads(self) -> float:
+        """Bytes read from the global scratch per kernel run, estimated: each buffer there
+        times its reads per element (:attr:`Buffer.density`)."""
+        return sum(b.nbytes * b.density for b in self.unique_buffers() if b.space == "global")
+
     def unique_buffers(self) -> list:
         return list({id(b): b for b in self.buffers.values()}.values())
 
