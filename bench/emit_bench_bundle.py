@@ -79,6 +79,9 @@ def main(argv=None) -> int:
     ap.add_argument("--chunk-schedule", default=None, choices=["memory", "program"],
                     help="order of the chunk-parallel kernels' steps (ablation: 'program' keeps "
                          "the IR order)")
+    ap.add_argument("--no-in-place", action="store_true",
+                    help="element-wise results never share their operands' tile buffers "
+                         "(ablation of LowerOptions.in_place)")
     ap.add_argument("--programs", default=None,
                     help="only these programs (comma-separated, e.g. kda_fwd)")
     ap.add_argument("--configs", default=None,
@@ -118,6 +121,8 @@ def main(argv=None) -> int:
             lower["chunk_schedule"] = args.chunk_schedule
         if args.no_register_scan:
             lower["register_scan"] = False
+        if args.no_in_place:
+            lower["in_place"] = False
         write_bundle(args.out, [(program, options, lower, variant_name(program, options))],
                      [args.chip])
         print(f"{program} {options} ({time.time() - start:.1f} s)", flush=True)

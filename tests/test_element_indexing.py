@@ -58,3 +58,12 @@ def test_element_loop_derives_the_index_once_per_batch(nthreads, batch):
     assert body.count("arith.shrui") == 1 and body.count("arith.andi") == 1
     assert "arith.divui" not in body and "arith.remui" not in body
     assert body.count("llvm.load") == batch
+
+
+@pytest.mark.parametrize("S", [8, 16, 32, 64])
+def test_block_start_from_the_atom_row_equals_the_row_division(S):
+    """The decay products' reference row (the first row of an S-row block) taken once per
+    16-row mma atom equals the per-element division for every row of the atom."""
+    for rb in range(0, 128, 16):
+        for i in range(rb, rb + 16):
+            assert T_._atom_block_start(i, rb, S) == (i // S) * S, (rb, i, S)

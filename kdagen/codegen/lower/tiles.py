@@ -485,7 +485,7 @@ def _mma_atom(precision: str, a_elem, b_elem, g, t) -> tuple:
     m16n8k8, or bf16 m16n8k16 (bf16x3: hi and lo parts, three products)."""
     if precision == "tf32":
         def afrag(rb, k0):
-            return [B.tf32_operand(a_elem(rb + g + 8 * (r % 2), k0 + t + 4 * (r // 2)))
+            return [B.tf32_operand(a_elem(rb + g + 8 * (r % 2), k0 + t + 4 * (r // 2), rb))
                     for r in range(4)]
 
         def bfrag(cb, rb, k0):
@@ -500,7 +500,8 @@ def _mma_atom(precision: str, a_elem, b_elem, g, t) -> tuple:
                     [B.tf32_operand(B.sub(v, h)) for v, h in zip(vals, his)])
 
         def afrag(rb, k0):
-            return split([a_elem(rb + g + 8 * (r % 2), k0 + t + 4 * (r // 2)) for r in range(4)])
+            return split([a_elem(rb + g + 8 * (r % 2), k0 + t + 4 * (r // 2), rb)
+                          for r in range(4)])
 
         def bfrag(cb, rb, k0):
             return split([b_elem(k0 + t + 4 * r, cb + g, rb) for r in range(2)])
@@ -512,7 +513,7 @@ def _mma_atom(precision: str, a_elem, b_elem, g, t) -> tuple:
         return 8, afrag, bfrag, mma3
 
     def afrag(rb, k0):
-        vals = {(r, h): a_elem(rb + g + 8 * (r % 2), k0 + 2 * t + h + 8 * (r // 2))
+        vals = {(r, h): a_elem(rb + g + 8 * (r % 2), k0 + 2 * t + h + 8 * (r // 2), rb)
                 for r in range(4) for h in (0, 1)}
         return _split_pack(vals, precision)
 
@@ -686,7 +687,7 @@ def _mma_triangle(th: Threads, out: BufRef, jobs, slots, live: LiveTriangle, kst
                     c = cb + 2 * t + (i % 2)
                     v = acc[4 * y + i]
                     if epilogue is not None:
-                        v = epilogue(r, c, v)
+                        v = epilogue(r, c, v, rb)
                     out.write([r, c], v)
             if vary or any(x.atoms == 0 for x in segs):
                 B.if_then(B.icmp("lt", y, atoms), write)
@@ -733,7 +734,8 @@ def _partners(C: int, diagonal: int, transpose_w: bool, S: int | None = None,
 def mma_contraction(th: Threads, out: BufRef, K: int, a_elem, b_elem, precision: str = "bf16x3",
                     epilogue=None, b_per_atom: bool = False, max_acc: int = 32,
                     live: LiveTriangle | None = None) -> None:
-    """``out[i, j] = epilogue(i, j, sum_k a_elem(i, k) * b_elem(k, j, atom_row0))`` on tensor
+    """``out[i, j] = epilogue(i, j, sum_k a_elem(i, k, atom_row0) * b_elem(k, j, atom_row0),
+    atom_row0)`` (``atom_row0``: the first row of row i's 16-row atom) on tensor
     cores. Each lane loads its fragment elements straight from the operands (any Ref: buffers
     with any strides, views, lazy expressions) and rounds them to bf16 (``bf16x3``: hi + lo
     split, three mmas, ~fp32 accuracy) or to TF32 (``tf32``: m16n8k8, one mma per 8 deep). ``b_per_atom``: B depends on the output row atom (its
@@ -782,7 +784,7 @@ def mma_contraction(th: Threads, out: BufRef, K: int, a_elem, b_elem, precision:
                         c = cb + 2 * t + (i % 2)
                         v = acc[(x * plan.an + y) * 4 + i]
                         if epilogue is not None:
-                            v = epilogue(r, c, v)
+                            v = epilogue(r, c, v, rb)
                         out.write([r, c], v)
 
     if plan.warps * 32 < th.count:
@@ -792,8 +794,15 @@ def mma_contraction(th: Threads, out: BufRef, K: int, a_elem, b_elem, precision:
 
 
 def emit_dot_mma(th: Threads, out: BufRef, a: Ref, b: Ref, precision: str) -> None:
-    mma_contraction(th, out, a.shape[1], lambda i, k: a.read([i, k]),
+    mma_contraction(th, out, a.shape[1], lambda i, k, rb: a.read([i, k]),
                     lambda k, j, rb: b.read([k, j]), precision)
+
+
+def _atom_block_start(i, rb, S: int):
+    """The first row of the S-row block of output row ``i``, which lies in the 16-row mma atom
+    starting at ``rb`` (16-aligned): that atom's block when S is a multiple of 16 (one
+    division per atom, not per element), else from ``i``."""
+    return (rb // S) * S if S % 16 == 0 else (i // S) * S
 
 
 def _to_block_start(val, g_ref: Ref, g_own: Ref, j, d, rb, S: int, clamp_min):
@@ -813,8 +822,8 @@ def emit_decay_dot_mma(th: Threads, out: BufRef, lhs: Ref, rhs: Ref, gl: Ref, gr
     S = subblock
     zero = B.f(0.0)
 
-    def a_elem(i, d):
-        bs = (i // S) * S
+    def a_elem(i, d, rb):
+        bs = _atom_block_start(i, rb, S)
         return B.mul(lhs.read([i, d]), B.exp2_clamped(B.sub(gl.read([i, d]), gl.read([bs, d])),
                                                      clamp_min))
 
@@ -824,7 +833,8 @@ def emit_decay_dot_mma(th: Threads, out: BufRef, lhs: Ref, rhs: Ref, gl: Ref, gr
         return _to_block_start(rhs.read([j, d]), gl, gr, j, d, rb, S, clamp_min)
 
     mma_contraction(th, out, lhs.shape[1], a_elem, b_elem, precision,
-                    epilogue=lambda i, j, v: B.sel(B.icmp("le", j, addk(i, diagonal)), v, zero),
+                    epilogue=lambda i, j, v, rb: B.sel(B.icmp("le", j, addk(i, diagonal)), v,
+                                                       zero),
                     b_per_atom=True, live=_below_diagonal(diagonal))
 
 
@@ -839,14 +849,14 @@ def emit_decay_dot_row_gates(th: Threads, out: BufRef, lhs: Ref, rhs: Ref, gl: R
     ``clamp_min``), and the elements past the diagonal are selected away, never multiplied."""
     zero = B.f(0.0)
 
-    def epilogue(i, j, v):
+    def epilogue(i, j, v, rb=None):
         e = B.exp2_clamped(B.sub(gl.read([i]), gr.read([j])), clamp_min)
         return B.sel(B.icmp("le", j, addk(i, diagonal)), B.mul(v, e), zero)
 
     M, N = out.shape
     D = lhs.shape[1]
     if precision in MMA_PRECISIONS and mma_supported(M, N, D):
-        mma_contraction(th, out, D, lambda i, d: lhs.read([i, d]),
+        mma_contraction(th, out, D, lambda i, d, rb: lhs.read([i, d]),
                         lambda d, j, rb: rhs.read([j, d]), precision, epilogue=epilogue,
                         live=_below_diagonal(diagonal))
         return
@@ -873,7 +883,8 @@ def emit_decay_matmul_row_gates(th: Threads, out: BufRef, w: Ref, x: Ref, g_row:
     # a_elem(r, k): row r of the output, partner k
     a_elem = (lambda j, i: weight(i, j)) if transpose_w else weight
     if precision in MMA_PRECISIONS and mma_supported(M, N, C):
-        mma_contraction(th, out, C, a_elem, lambda k, d, rb: x.read([k, d]), precision,
+        mma_contraction(th, out, C, lambda r, k, rb: a_elem(r, k),
+                        lambda k, d, rb: x.read([k, d]), precision,
                         live=_partners(C, diagonal, transpose_w))
         return
     contraction(th, out, C, lambda r, k: [a_elem(r, k)], lambda k, d: [x.read([k, d])],
@@ -1062,8 +1073,8 @@ def emit_decay_dot_mma_exact_diagonal(th: Threads, out: BufRef, lhs: Ref, rhs: R
                     combine,
                     epilogue=lambda i, j, v: B.sel(B.icmp("le", j, addk(i, diagonal)), v, zero))
 
-    def a_elem(i, d):
-        bs = (i // S) * S
+    def a_elem(i, d, rb):
+        bs = _atom_block_start(i, rb, S)
         return B.mul(lhs.read([i, d]), B.exp2_clamped(B.sub(g.read([i, d]), g.read([bs, d])),
                                                      clamp_min))
 
@@ -1073,11 +1084,12 @@ def emit_decay_dot_mma_exact_diagonal(th: Threads, out: BufRef, lhs: Ref, rhs: R
             # output column j reads it, and the epilogue selects it away there (no mask here)
             return _to_block_start(rhs.read([j, d]), g, g, j, d, rb, S, clamp_min)
 
-        def epilogue(i, j, v):
+        def epilogue(i, j, v, rb):
             below = B.sel(B.icmp("le", j, addk(i, diagonal)), v, zero)
             if in_block:
                 return below
-            return B.sel(B.icmp("eq", i // S, j // S), out.read([i, j]), below)
+            bs = _atom_block_start(i, rb, S)
+            return B.sel(B.icmp("eq", bs, (j // S) * S), out.read([i, j]), below)
 
         mma_contraction(th, out, D, a_elem, b_elem, precision, epilogue=epilogue,
                         b_per_atom=True, live=_below_diagonal(diagonal))
@@ -1185,7 +1197,7 @@ def emit_decay_matmul_mma_exact_diagonal(th: Threads, out: BufRef, w: Ref, x: Re
         if not transpose_w:
             # out[i, d] = 2^(g[i] - r) sum_{j < bs} w[i, j] (x[j, d] 2^(r - g[j]))
             # (+ the in-block partners j <= i + diagonal when they are factored too)
-            def a_elem(i, j):
+            def a_elem(i, j, rb):
                 v = w.read([i, j])
                 return B.sel(B.icmp("le", j, addk(i, diagonal)), v, zero) if in_block else v
 
@@ -1193,14 +1205,14 @@ def emit_decay_matmul_mma_exact_diagonal(th: Threads, out: BufRef, w: Ref, x: Re
                 return _factored_from_block_start(x.read([j, d]), g, j, d, rb, S, in_block,
                                                   clamp_min)
 
-            def epilogue(i, d, v):
-                bs = (i // S) * S
+            def epilogue(i, d, v, rb):
+                bs = _atom_block_start(i, rb, S)
                 v = B.mul(v, B.exp2_clamped(B.sub(g.read([i, d]), g.read([bs, d])), clamp_min))
                 return v if in_block else B.add(v, out.read([i, d]))
         else:
             # out[j, d] = 2^(r - g[j]) sum_{i > be} w[i, j] (x[i, d] 2^(g[i] - r))
             # (+ the in-block partners i >= j - diagonal when they are factored too)
-            def a_elem(j, i):
+            def a_elem(j, i, rb):
                 v = w.read([i, j])
                 return B.sel(B.icmp("le", j, addk(i, diagonal)), v, zero) if in_block else v
 
@@ -1211,8 +1223,8 @@ def emit_decay_matmul_mma_exact_diagonal(th: Threads, out: BufRef, w: Ref, x: Re
                                                         clamp_min))
                 return B.sel(B.icmp("ge", i, bs) if in_block else B.icmp("gt", i, be), v, zero)
 
-            def epilogue(j, d, v):
-                be = (j // S) * S + (S - 1)
+            def epilogue(j, d, v, rb):
+                be = _atom_block_start(j, rb, S) + (S - 1)
                 v = B.mul(v, B.exp2_clamped(B.sub(g.read([be, d]), g.read([j, d])), clamp_min))
                 return v if in_block else B.add(v, out.read([j, d]))
 
@@ -1494,10 +1506,10 @@ def emit_tril_inv_blocked(th: Threads, out: BufRef, x: Ref, precision: str = "fm
         def product(dst, terms, negate):
             def job(lane):
                 for t, (a, b) in enumerate(terms):
-                    def epilogue(i, j, v, first=t == 0):
+                    def epilogue(i, j, v, rb=None, first=t == 0):
                         v = B.neg(v) if negate else v
                         return v if first else B.add(dst.read([i, j]), v)
-                    mma_contraction(lane, dst, S, lambda i, m, a=a: a.read([i, m]),
+                    mma_contraction(lane, dst, S, lambda i, m, rb, a=a: a.read([i, m]),
                                     lambda m, j, rb, b=b: b.read([m, j]), precision,
                                     epilogue=epilogue)
             return job
