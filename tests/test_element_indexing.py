@@ -67,3 +67,42 @@ def test_block_start_from_the_atom_row_equals_the_row_division(S):
     for rb in range(0, 128, 16):
         for i in range(rb, rb + 16):
             assert T_._atom_block_start(i, rb, S) == (i // S) * S, (rb, i, S)
+
+
+class _Affine:
+    """An int with IntVal's split_const (variable part, constant), for layout arithmetic."""
+
+    def __init__(self, value, const=0):
+        self.value, self.const = value, const
+
+    def split_const(self):
+        return _Affine(self.value - self.const), self.const
+
+    def _v(self, x):
+        return x.value if isinstance(x, _Affine) else x
+
+    def __add__(self, x): return self.value + self._v(x)
+    __radd__ = __add__
+    def __mul__(self, x): return self.value * self._v(x)
+    __rmul__ = __mul__
+    def __floordiv__(self, x): return self.value // self._v(x)
+    def __mod__(self, x): return self.value % self._v(x)
+    def __rshift__(self, x): return self.value >> self._v(x)
+    def __and__(self, x): return self.value & self._v(x)
+    def __xor__(self, x): return self.value ^ self._v(x)
+
+
+@pytest.mark.parametrize("swizzle,elem_bytes", [(128, 2), (128, 4), (64, 2), (32, 4), (0, 4)])
+def test_swizzled_offset_takes_whole_periods_of_rows_as_an_immediate(swizzle, elem_bytes):
+    """SmemLayout.byte_offset of a row with a constant part that is a multiple of 8 (the
+    swizzle's period) splits it off as a plain byte offset: the same address as the row's
+    full value for every element."""
+    from kdagen.codegen.common.layouts import SmemLayout
+    cols = 2 * max(swizzle, 16) // elem_bytes
+    lay = SmemLayout(64, cols, elem_bytes, swizzle)
+    for row in range(64):
+        for const in (0, 8, 16, 24, 3):
+            if const > row:
+                continue
+            for col in range(cols):
+                assert lay.byte_offset(_Affine(row, const), col) == lay.byte_offset(row, col)

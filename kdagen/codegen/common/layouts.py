@@ -325,6 +325,13 @@ class SmemLayout:
         """Byte offset of element (row, col) from the tile base."""
         if not self.swizzle:
             return row * self.row_pitch + col * self.elem_bytes
+        if hasattr(row, "split_const"):
+            # the swizzle repeats every 8 rows (1024 / 512 / 256 bytes): a constant row offset
+            # that is a multiple of 8 moves the element by whole periods, so it stays out of
+            # the XOR and becomes an immediate of the address
+            var, const = row.split_const()
+            if const and const % 8 == 0:
+                return self.byte_offset(var, col) + const * self.row_pitch
         pc = self.panel_cols
         if isinstance(col, int):
             panel, c = divmod(col, pc)

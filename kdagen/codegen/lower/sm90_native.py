@@ -652,6 +652,7 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
         off += parts * la.size_bytes
         b_tiles = [SmemTile(self.smem_base, off + i * lb.size_bytes, lb) for i in range(parts)]
         th = self.th
+        W = self.warpgroups
 
         def stage(tiles, rows, value, along_k=True):
             """tiles[p][r, 2c:2c+2] = part p of (value(r, 2c), value(r, 2c + 1))."""
@@ -661,11 +662,15 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
                 def rc(idx):
                     return idx
             else:
-                shape = (ks // 8, rows // 8, 4, 8)
+                # a warp takes 8 rows x 4 column pairs; the warps then step along the columns
+                # before the rows, so a thread's elements share their column and differ by a
+                # constant multiple of 8 rows (tiles.strided_indices: no division per element,
+                # and the swizzle phase stays: SmemLayout.byte_offset)
+                shape = (rows // 8, ks // 8, 4, 8)
 
                 def rc(idx):
-                    chi, rhi, clo, rlo = idx
-                    return T_.addk(rhi * 8, 0) + rlo, T_.addk(chi * 4, 0) + clo
+                    rhi, chi, clo, rlo = idx
+                    return rhi * 8 + rlo, chi * 4 + clo
 
             def read(idx):
                 r, c2 = rc(idx)
@@ -687,12 +692,13 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
                     tiles[1].store(pack_f32x2(l0, l1), r, c2 * 2)
                 self.cost.event("cvt.bf16x2", parts)
                 self.cost.event("st.shared.staging", parts)
-            T_.foreach_batched(th, shape, read, write)
+            # shared indices where the consumers hold 232 registers; at the 96 of four
+            # warpgroups they made the backward's dq and dk kernels spill (4-8 bytes)
+            T_.foreach_batched(th, shape, read, write, straight_shared=W <= 2)
 
         nk = K // ks
         # each consumer warpgroup computes N / warpgroups of the columns, reading its rows of
         # the (K-major, one swizzle panel wide) B staging tile
-        W = self.warpgroups
         Nw = N // W
         if N % (8 * W):
             raise LoweringError(f"a [{M}, {N}] product cannot be split over {W} consumer "

@@ -204,7 +204,7 @@ def foreach(th: Threads, shape, body) -> None:
     B.for_range(th.tid, n, th.count, step, trips=-(-n // th.count))
 
 
-def foreach_batched(th: Threads, shape, read, write) -> None:
+def foreach_batched(th: Threads, shape, read, write, straight_shared: bool = False) -> None:
     """``write(idx, read(idx))`` for every element of ``shape`` (element e on thread
     e % count), with each thread's reads of ``th.batch`` elements emitted before their writes:
     the loads of a batch are in flight together, so a loop of n elements costs about
@@ -230,9 +230,10 @@ def foreach_batched(th: Threads, shape, read, write) -> None:
             write(idx, v)
 
     if per == b:
-        # straight-line: the plain unravel (with shared indices the backward's dk kernel
-        # spilled 4 bytes at its 96 registers)
-        group([unravel(addk(th.tid, k * th.count), shape) for k in range(b)])
+        # straight-line: the plain unravel unless ``straight_shared`` (with shared indices
+        # everywhere, the backward's dk and dq kernels spilled 4-8 bytes at their 96 registers)
+        group(strided_indices(th.tid, shape, th.count, b) if straight_shared else
+              [unravel(addk(th.tid, k * th.count), shape) for k in range(b)])
         return
     # the loop starts at the thread index, so LLVM keeps it a loop (unrolled, the batches' loads
     # were hoisted together and the backward's dq kernel spilled at its 96 registers)
