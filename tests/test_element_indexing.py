@@ -106,3 +106,16 @@ def test_swizzled_offset_takes_whole_periods_of_rows_as_an_immediate(swizzle, el
                 continue
             for col in range(cols):
                 assert lay.byte_offset(_Affine(row, const), col) == lay.byte_offset(row, col)
+
+
+@pytest.mark.parametrize("rows,ks,along_k", [(64, 32, False), (128, 32, False), (64, 64, False),
+                                             (64, 32, True), (12, 32, False)])
+def test_wgmma_staging_covers_every_pair_once(rows, ks, along_k):
+    from kdagen.codegen.lower.sm90_native import staging_order
+    shape, rc = staging_order(rows, ks, along_k)
+    got = [rc(T_.unravel(e, shape)) for e in range(T_.numel(shape))]
+    assert sorted(got) == [(r, c) for r in range(rows) for c in range(ks // 2)]
+    if not along_k and rows % 8 == 0:
+        # a warp: 8 consecutive rows x 4 consecutive pairs
+        warp = {rc(T_.unravel(e, shape)) for e in range(32)}
+        assert warp == {(r, c) for r in range(8) for c in range(4)}

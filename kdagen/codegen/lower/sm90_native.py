@@ -197,6 +197,22 @@ class NativeLayout:
 CAPABILITIES = ("has_wgmma", "has_tma", "has_setmaxnreg")
 
 
+def staging_order(rows: int, ks: int, along_k: bool):
+    """(shape, rc) of the element loop that stages a [rows, ks] wgmma operand as ks / 2
+    pairs per row: ``rc(idx)`` -> (row, pair). ``along_k``: consecutive threads take
+    consecutive pairs of a row. Else a warp takes 8 rows x 4 pairs (whole 32-byte sectors of a
+    row-major source) and the warps step along the pairs before the rows, so a thread's
+    elements share their pair and differ by multiples of 8 rows (`tiles.strided_indices`:
+    no division per element; the swizzle phase stays: `SmemLayout.byte_offset`)."""
+    if along_k or rows % 8 or (ks // 2) % 4:
+        return (rows, ks // 2), (lambda idx: (idx[0], idx[1]))
+
+    def rc(idx):
+        rhi, chi, clo, rlo = idx
+        return rhi * 8 + rlo, chi * 4 + clo
+    return (rows // 8, ks // 8, 4, 8), rc
+
+
 def supports_target(target: Target | None) -> bool:
     """Whether ``target`` has what this path needs (wgmma, TMA, setmaxnreg)."""
     return target is not None and all(getattr(target, c) for c in CAPABILITIES)
@@ -656,21 +672,7 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
 
         def stage(tiles, rows, value, along_k=True):
             """tiles[p][r, 2c:2c+2] = part p of (value(r, 2c), value(r, 2c + 1))."""
-            if along_k or rows % 8 or (ks // 2) % 4:
-                shape = (rows, ks // 2)
-
-                def rc(idx):
-                    return idx
-            else:
-                # a warp takes 8 rows x 4 column pairs; the warps then step along the columns
-                # before the rows, so a thread's elements share their column and differ by a
-                # constant multiple of 8 rows (tiles.strided_indices: no division per element,
-                # and the swizzle phase stays: SmemLayout.byte_offset)
-                shape = (rows // 8, ks // 8, 4, 8)
-
-                def rc(idx):
-                    rhi, chi, clo, rlo = idx
-                    return rhi * 8 + rlo, chi * 4 + clo
+            shape, rc = staging_order(rows, ks, along_k)
 
             def read(idx):
                 r, c2 = rc(idx)
