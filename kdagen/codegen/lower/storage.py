@@ -169,7 +169,7 @@ def _share_in_place(knodes: list, buffers: dict, positions: dict) -> int:
 def plan_storage(program: Program, group: KernelGroup, align: int = 16,
                  ring_loads: frozenset = frozenset(), single_read: frozenset = frozenset(),
                  keep_lazy: frozenset = frozenset(), row_pad: int = 1,
-                 in_place: bool = True) -> StoragePlan:
+                 in_place: bool = False) -> StoragePlan:
     """``ring_loads``: load nodes whose tiles a native path streams into a shared-memory ring
     (mode ``ring``: cheap to read, no buffer, valid for the chunk step that loaded them).
     ``single_read``: (node, operand index) pairs of matrix ops that read each element of that
