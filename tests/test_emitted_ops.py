@@ -29,7 +29,8 @@ def test_loop_bodies_count_once_per_trip_and_recorded_trips_are_used():
             B.for_range(tid, 1024, 128, lambda e: [B.store(p["x"], e, B.f(1.0))] and [],
                         trips=8)
     b.verify()
-    (func,) = [op for op in emitted_ops._walk(b.module.operation) if op.name == "gpu.func"]
+    from kdagen.ir.transforms import walk
+    (func,) = [op for op in walk(b.module) if op.name == "gpu.func"]
     counts = emitted_ops.weighted_ops(func)
     assert counts["arith.mulf"] == 12
     assert counts["llvm.load"] == 12

@@ -17,8 +17,8 @@ from __future__ import annotations
 import argparse
 from collections import Counter
 
-#: op name prefixes summed into a class of the summary
-CLASSES = {  # noqa: E501
+#: the op names summed into each class of the summary
+CLASSES = {
     "int": ("arith.addi", "arith.subi", "arith.muli", "arith.shli", "arith.shrui", "arith.shrsi",
             "arith.andi", "arith.ori", "arith.xori", "arith.divui", "arith.remui", "arith.cmpi",
             "arith.extsi", "arith.extui", "arith.trunci", "arith.index_cast", "arith.select",
@@ -28,8 +28,9 @@ CLASSES = {  # noqa: E501
             "arith.truncf"),
     "memory": ("llvm.load", "llvm.store"),
 }
+#: op name prefixes that emit no instruction (left out of the summary's "all")
 FREE = ("arith.constant", "scf.yield", "llvm.mlir.", "llvm.extractvalue", "llvm.insertvalue",
-        "llvm.bitcast", "llvm.mlir.undef", "llvm.mlir.zero", "llvm.mlir.constant")
+        "llvm.bitcast")
 
 
 def _trips(op) -> float:
@@ -98,6 +99,7 @@ def kernel_counts(program: str, arch: str, options: dict, lower: dict | None = N
                        keep_stages=False)
     comp.run("gpu")
     from kdagen._mlir import passmanager
+    from kdagen.ir.transforms import walk
     res = {}
     for k in comp.kernels:
         module = k.module
@@ -107,20 +109,12 @@ def kernel_counts(program: str, arch: str, options: dict, lower: dict | None = N
                 passmanager.PassManager.parse(
                     "builtin.module(gpu.module(canonicalize,cse))").run(module)
                 module = module.opview
-        funcs = [op for op in _walk(module.operation) if op.name == "gpu.func"]
+        funcs = [op for op in walk(module) if op.name == "gpu.func"]
         total, by_op = Counter(), {}
         for f in funcs:
             total.update(weighted_ops(f, by_op))
         res[k.name] = (summary(total), total, by_op)
     return res
-
-
-def _walk(op):
-    yield op
-    for region in op.regions:
-        for block in region.blocks:
-            for child in block.operations:
-                yield from _walk(child.operation if hasattr(child, "operation") else child)
 
 
 def main(argv=None) -> None:

@@ -147,14 +147,13 @@ def numel(shape) -> int:
 def unravel(e, shape) -> list:
     """The index of flat element ``e`` (< numel(shape): the outermost dimension takes no
     modulo)."""
+    if not shape:
+        return []
     idx = []
-    for k, d in enumerate(reversed(shape)):
-        if k == len(shape) - 1:
-            idx.insert(0, e)
-        else:
-            idx.insert(0, e % d)
-            e = e // d
-    return idx
+    for d in reversed(shape[1:]):
+        idx.insert(0, e % d)
+        e = e // d
+    return [e] + idx
 
 
 def strided_indices(base, shape, stride: int, count: int) -> list:
