@@ -254,6 +254,17 @@ _DECLARATIONS = ("kda.load", "kda.load_chunk", "kda.pipeline_wait", "kda.pipelin
                  "kda.convert", "kda.assume_range", "kda.broadcast", "kda.constant")
 
 
+def sole_add(n) -> tuple:
+    """(add, y): the only user of product ``n``'s result when it is a ``kda.add``, and that
+    add's other operand (what the product may accumulate onto; None when it adds the product
+    to itself); (None, None) otherwise."""
+    users = [u for u, _ in n.results[0].uses]
+    if len(users) != 1 or users[0].op != "kda.add":
+        return None, None
+    other = [o for o in users[0].operands if o is not n.results[0]]
+    return users[0], (other[0] if other else None)
+
+
 def schedule_step(nodes: list, carried, skip=()) -> list:
     """The emission order of a scan step's nodes (``skip``: already emitted), a list schedule
     that issues each product as early as its operands allow, so independent products overlap
@@ -277,12 +288,10 @@ def schedule_step(nodes: list, carried, skip=()) -> list:
     fused = {}              # add fused into the product that feeds it -> that product
     for n in nodes:
         if n.op == "kda.dot":
-            users = [u for u, _ in n.results[0].uses]
-            if len(users) == 1 and users[0].op == "kda.add":
-                other = [o for o in users[0].operands if o is not n.results[0]]
-                if other and other[0] in regs:
-                    fused[users[0]] = n
-    fused_add = {d: a for a, d in fused.items()}     # product -> the add fused into it
+            add, y = sole_add(n)
+            if y is not None and y in regs:
+                fused[add] = n
+    fused_products = set(fused.values())     # products an add is fused into
     in_flight = {}          # value held by an issued, unwaited product -> its issue number
     uses = {}
     for n in nodes:
@@ -298,9 +307,8 @@ def schedule_step(nodes: list, carried, skip=()) -> list:
             return []
         if n.op == "kda.dot":
             out = [n.operands[1]] if n.operands[1] in in_flight else []
-            add = fused_add.get(n)
-            if add is not None:      # its accumulator: chained if the only use, else waited
-                y = [o for o in add.operands if o is not n.results[0]][0]
+            if n in fused_products:  # its accumulator: chained if the only use, else waited
+                y = sole_add(n)[1]
                 if y in in_flight and uses.get(y, 0) > 1:
                     out.append(y)
             return out
@@ -328,11 +336,9 @@ def schedule_step(nodes: list, carried, skip=()) -> list:
         """The not yet emitted, ready producer of the value product ``n`` accumulates onto:
         the emitter fuses the add only when that value exists when the product issues (else
         the add waits for the product, and the next product issues after that wait)."""
-        add = fused_add.get(n)
-        if add is None:
+        if n not in fused_products:
             return None
-        y = [o for o in add.operands if o is not n.results[0]][0]
-        p = producer.get(y)
+        p = producer.get(sole_add(n)[1])
         return p if p is not None and p not in done and ready(p) and not awaited(p) else None
 
     while True:
@@ -1073,16 +1079,15 @@ class RegisterScanEmitter(TileKernelEmitter):
         rows, row0 = (M // rp.k_split, self.row0) if sliced else (M, None)
         # add(Y, dot) with Y ready: accumulate onto Y (not a partial sum: Y would count twice)
         init, fuse = None, None
-        users = [u for u, _ in n.results[0].uses]
-        if len(users) == 1 and users[0].op == "kda.add" and not partial:
-            other = [o for o in users[0].operands if o is not n.results[0]]
-            y = env.get(other[0]) if other else None
-            if isinstance(y, _Pending) and len(other[0].uses) == 1:
+        add, other = sole_add(n) if not partial else (None, None)
+        if add is not None:
+            y = env.get(other) if other is not None else None
+            if isinstance(y, _Pending) and len(other.uses) == 1:
                 # accumulate onto an in-flight product (its only use): wgmma orders the two
                 # on the shared accumulator, no wait
-                init, fuse = y.values, users[0]
+                init, fuse = y.values, add
             elif isinstance(y, (Frag, _Pending)):
-                init, fuse = self._ready(y).values, users[0]
+                init, fuse = self._ready(y).values, add
         acc = list(init) if init is not None else [B.f(0.0)] * (rows // 2)
         lay = slot.layout
         base = self._tile_offset(slot, self._stage_now)
