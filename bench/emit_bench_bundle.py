@@ -82,6 +82,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-in-place", action="store_true",
                     help="element-wise results never share their operands' tile buffers "
                          "(ablation of LowerOptions.in_place)")
+    ap.add_argument("--eager-sums", choices=["on", "off"], default=None,
+                    help="sums of matrix products materialised where made, in spilling kernels "
+                         "(LowerOptions.eager_sums)")
     ap.add_argument("--programs", default=None,
                     help="only these programs (comma-separated, e.g. kda_fwd)")
     ap.add_argument("--configs", default=None,
@@ -123,6 +126,8 @@ def main(argv=None) -> int:
             lower["register_scan"] = False
         if args.no_in_place:
             lower["in_place"] = False
+        if args.eager_sums is not None:
+            lower["eager_sums"] = args.eager_sums == "on"
         write_bundle(args.out, [(program, options, lower, variant_name(program, options))],
                      [args.chip])
         print(f"{program} {options} ({time.time() - start:.1f} s)", flush=True)

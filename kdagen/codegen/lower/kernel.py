@@ -122,10 +122,14 @@ def prepare(program: Program, target: Target | None, prefix: str,
             # order, kept when fewer reads go to the global scratch (re-planned from scratch, the
             # remat loop chose other values: kda_bwd's dk kernel +12% instructions in the cost
             # report; fewer bytes spilled can still mean more reads of them)
-            shared = _plan_group(program, g, target, opts, nat, kname, keep_lazy, True)
-            if shared[0].global_reads() < plan.global_reads():
-                plan, native, storage, budget, need = shared
-                in_place = True
+            # (eager_sums: also with sums of products materialised where made, kept where that
+            # reads less again)
+            for eager in ((False, True) if opts.eager_sums else (False,)):
+                shared = _plan_group(program, g, target, opts, nat, kname, keep_lazy, True,
+                                     eager)
+                if shared[0].global_reads() < plan.global_reads():
+                    plan, native, storage, budget, need = shared
+                    in_place = True
         if native is not None:
             used = (REDUCE_SLOTS_BYTES + plan.smem_bytes) if storage in ("smem", "hybrid") else 0
             native.base = -(-used // 1024) * 1024
@@ -175,7 +179,8 @@ def _settled_plan(program: Program, g, target: Target | None, opts: LowerOptions
 
 
 def _plan_group(program: Program, g, target: Target | None, opts: LowerOptions, nat,
-                kname: str, keep_lazy: frozenset, in_place: bool = False):
+                kname: str, keep_lazy: frozenset, in_place: bool = False,
+                eager_sums: bool = False):
     """Storage plan (packed), native layout (or None), storage kind, shared-memory budget
     left for the tile buffers and the bytes they need, for one tile kernel."""
     budget = (target.smem_per_block if target is not None else 227 * 1024) - opts.smem_reserve
@@ -189,7 +194,7 @@ def _plan_group(program: Program, g, target: Target | None, opts: LowerOptions, 
         for _ in range(len(ring) + 1):
             plan = plan_storage(program, g, ring_loads=ring, single_read=single,
                                 keep_lazy=keep_lazy, row_pad=_row_pad(opts, nat),
-                                in_place=in_place)
+                                in_place=in_place, eager_sums=eager_sums)
             native = nat.plan_native(program, g, budget - REDUCE_SLOTS_BYTES,
                                      plan.total_bytes, precision, ring)
             kept = frozenset(s.node for s in native.slots)
@@ -201,7 +206,7 @@ def _plan_group(program: Program, g, target: Target | None, opts: LowerOptions, 
         budget -= native.bytes + 1024       # the native region starts 1024-aligned
     else:
         plan = plan_storage(program, g, keep_lazy=keep_lazy, row_pad=_row_pad(opts, None),
-                            in_place=in_place)
+                            in_place=in_place, eager_sums=eager_sums)
     need = REDUCE_SLOTS_BYTES + plan.total_bytes
     storage = opts.storage
     if storage == "auto":

@@ -103,3 +103,7 @@ class LowerOptions:
     # takes the buffer of an operand it reads last, at the same index
     # (storage._share_in_place), if that brings them into shared memory
     in_place: bool = True
+    # a sum of a matrix product's result and another stored tile is materialised where it is
+    # made (storage._sums_a_product), so with in_place it takes an operand's buffer and both
+    # terms die there, instead of every term of a sum tree staying live until its root
+    eager_sums: bool = False

@@ -100,6 +100,28 @@ class StoragePlan:
         self.smem_bytes, self.global_bytes = size["smem"], size["global"]
 
 
+def _sums_a_product(v: Value, modes: dict) -> bool:
+    """Whether ``v`` is a sum (add or sub) whose terms read a matrix product's result through
+    element-wise expressions: materialised at once (``eager_sums``), the partial sum can take
+    a term's buffer in place and the product dies there, instead of every term of a sum tree
+    living until the tree's root is evaluated."""
+    n = v.owner
+    if n is None or n.op not in ("kda.add", "kda.sub"):
+        return False
+    return any(_reads_product(o, modes, 4) for o in n.operands if o.kind == "tile")
+
+
+def _reads_product(v: Value, modes: dict, depth: int) -> bool:
+    n = v.owner
+    if n is None:
+        return False
+    if n.op in MATRIX_OPS:
+        return True
+    if depth == 0 or modes.get(v) not in ("lazy", "view"):
+        return False
+    return any(_reads_product(o, modes, depth - 1) for o in n.operands if o.kind == "tile")
+
+
 def _is_widening_convert(n: Node) -> bool:
     src, dst = n.operands[0].elt, n.results[0].elt
     return dst == "f32" and src in ("bf16", "f16", "f32")
@@ -169,7 +191,7 @@ def _share_in_place(knodes: list, buffers: dict, positions: dict) -> int:
 def plan_storage(program: Program, group: KernelGroup, align: int = 16,
                  ring_loads: frozenset = frozenset(), single_read: frozenset = frozenset(),
                  keep_lazy: frozenset = frozenset(), row_pad: int = 1,
-                 in_place: bool = False) -> StoragePlan:
+                 in_place: bool = False, eager_sums: bool = False) -> StoragePlan:
     """``ring_loads``: load nodes whose tiles a native path streams into a shared-memory ring
     (mode ``ring``: cheap to read, no buffer, valid for the chunk step that loaded them).
     ``single_read``: (node, operand index) pairs of matrix ops that read each element of that
@@ -242,6 +264,8 @@ def plan_storage(program: Program, group: KernelGroup, align: int = 16,
         users = {u for u, _ in cons}
         if not users:
             return False
+        if eager_sums and _sums_a_product(v, modes):
+            return True
         if len(users) > 1:
             if v not in keep_lazy:
                 return True
