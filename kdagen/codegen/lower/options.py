@@ -103,7 +103,9 @@ class LowerOptions:
     # takes the buffer of an operand it reads last, at the same index
     # (storage._share_in_place), if that brings them into shared memory
     in_place: bool = True
-    # a sum of a matrix product's result and another stored tile is materialised where it is
-    # made (storage._sums_a_product), so with in_place it takes an operand's buffer and both
-    # terms die there, instead of every term of a sum tree staying live until its root
+    # where a kernel's buffers spill: its in-place plan is also tried with every sum whose
+    # terms read a matrix product's result materialised where it is made
+    # (storage._sums_a_product), so the product dies in the partial sum that takes its buffer
+    # instead of living until its sum tree's root; kept where less is read from the global
+    # scratch. Off: not yet measured on a GPU
     eager_sums: bool = False

@@ -108,7 +108,13 @@ def _sums_a_product(v: Value, modes: dict) -> bool:
     n = v.owner
     if n is None or n.op not in ("kda.add", "kda.sub"):
         return False
-    return any(_reads_product(o, modes, 4) for o in n.operands if o.kind == "tile")
+    return any(_reads_product(o, modes, SUM_TERM_DEPTH) for o in n.operands
+               if o.kind == "tile")
+
+
+#: element-wise ops between a sum and the product a term reads that :func:`_sums_a_product`
+#: looks through (the backward's gate-gradient terms are scale(mul(operand, product)))
+SUM_TERM_DEPTH = 4
 
 
 def _reads_product(v: Value, modes: dict, depth: int) -> bool:
