@@ -85,6 +85,9 @@ def main(argv=None) -> int:
     ap.add_argument("--eager-sums", choices=["on", "off"], default=None,
                     help="sums of matrix products materialised where made, in spilling kernels "
                          "(LowerOptions.eager_sums)")
+    ap.add_argument("--staging-buffers", default=None, choices=["1", "2", "auto"],
+                    help="sets of wgmma staging tiles a product's K slices alternate between "
+                         "(LowerOptions.staging_buffers)")
     ap.add_argument("--programs", default=None,
                     help="only these programs (comma-separated, e.g. kda_fwd)")
     ap.add_argument("--configs", default=None,
@@ -128,6 +131,9 @@ def main(argv=None) -> int:
             lower["in_place"] = False
         if args.eager_sums is not None:
             lower["eager_sums"] = args.eager_sums == "on"
+        if args.staging_buffers is not None:
+            sb = args.staging_buffers
+            lower["staging_buffers"] = int(sb) if sb.isdigit() else sb
         write_bundle(args.out, [(program, options, lower, variant_name(program, options))],
                      [args.chip])
         print(f"{program} {options} ({time.time() - start:.1f} s)", flush=True)

@@ -114,10 +114,38 @@ def implementations(family, fla=True, bundles: dict | None = None,
     if family == "gdn":
         try:        # FlashQLA (TileLang), GDN only; its own defaults (automatic intra-card CP)
             from flash_qla import chunk_gated_delta_rule as flashqla_fn
+            _relax_tilelang_init_check()
             impls["flashqla"] = flashqla_fn
         except Exception as err:
             print(f"FlashQLA unavailable: {err!r}", file=sys.stderr)
     return impls
+
+
+def _relax_tilelang_init_check() -> None:
+    """FlashQLA 0.1.3's GDN backward does not compile under TileLang 0.1.15 (the newest with
+    wheels for the GPU image): its buffer-initialisation check stops at ``dk_fragment`` ("read
+    before anything writes it", H200, stop 37). The check only diagnoses; switch it off on
+    FlashQLA's jitted kernels, as the message suggests, so its backward can be timed."""
+    import importlib
+    import pkgutil
+
+    import flash_qla
+    import tilelang
+
+    key = getattr(tilelang.PassConfigKey, "TL_DISABLE_BUFFER_INIT_CHECK", None)
+    if key is None:                       # an older TileLang without the check
+        return
+    for info in pkgutil.walk_packages(flash_qla.__path__, "flash_qla."):
+        try:
+            mod = importlib.import_module(info.name)
+        except Exception:                 # a part for another chip; FlashQLA reports it itself
+            continue
+        for obj in vars(mod).values():
+            configs = getattr(obj, "pass_configs", None)
+            if isinstance(configs, dict):
+                configs[key] = True
+            elif configs is None and type(obj).__name__ == "JITImpl":
+                obj.pass_configs = {key: True}
 
 
 #: the other implementations kdagen is compared with: impl name -> its label in the tables

@@ -45,3 +45,36 @@ def test_results_record_the_reference_stack():
             assert version == metadata.version(dist)
         except metadata.PackageNotFoundError:
             assert version is None, dist
+
+
+def test_flashqla_kernels_get_the_tilelang_init_check_switched_off(tmp_path, monkeypatch):
+    """FlashQLA 0.1.3's backward stops at TileLang 0.1.15's buffer-initialisation check; the
+    benchmark switches the check off on every jitted kernel of the flash_qla package (a fake
+    package and a fake TileLang here: neither is installed on CPU machines)."""
+    import sys
+    import types
+
+    from kdagen import benchmark
+
+    pkg = tmp_path / "flash_qla"
+    (pkg / "ops").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "ops" / "__init__.py").write_text("")
+    (pkg / "ops" / "fused_bwd.py").write_text(
+        "class JITImpl:\n    def __init__(self, pc):\n        self.pass_configs = pc\n"
+        "with_configs = JITImpl({'tl.enable_fast_math': True})\n"
+        "without_configs = JITImpl(None)\n")
+    (pkg / "ops" / "broken.py").write_text("raise ImportError('a part for another chip')\n")
+    tilelang = types.SimpleNamespace(PassConfigKey=types.SimpleNamespace(
+        TL_DISABLE_BUFFER_INIT_CHECK="tl.disable_buffer_init_check"))
+    monkeypatch.setitem(sys.modules, "tilelang", tilelang)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [m for m in sys.modules if m.startswith("flash_qla")]:
+        monkeypatch.delitem(sys.modules, name)
+    benchmark._relax_tilelang_init_check()
+    from flash_qla.ops import fused_bwd
+    assert fused_bwd.with_configs.pass_configs == {"tl.enable_fast_math": True,
+                                                   "tl.disable_buffer_init_check": True}
+    assert fused_bwd.without_configs.pass_configs == {"tl.disable_buffer_init_check": True}
+    for name in [m for m in sys.modules if m.startswith("flash_qla")]:
+        monkeypatch.delitem(sys.modules, name)

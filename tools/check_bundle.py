@@ -118,6 +118,8 @@ def _lower_option(text: str) -> tuple:
         return key, value.lower() in ("1", "true", "yes")
     if isinstance(default, str) and value.isdigit():
         return key, int(value)          # an option that takes a word or a number ("auto" | 4)
+    if isinstance(default, int) and not value.isdigit():
+        return key, value               # a number or a word, e.g. staging_buffers=auto
     return key, type(default)(value)
 
 

@@ -182,7 +182,27 @@ def _plan_group(program: Program, g, target: Target | None, opts: LowerOptions, 
                 kname: str, keep_lazy: frozenset, in_place: bool = False,
                 eager_sums: bool = False):
     """Storage plan (packed), native layout (or None), storage kind, shared-memory budget
-    left for the tile buffers and the bytes they need, for one tile kernel."""
+    left for the tile buffers and the bytes they need, for one tile kernel; with
+    ``staging_buffers="auto"``, two sets of wgmma staging tiles where the buffers still all
+    fit in shared memory with them, else one."""
+    choice = opts.staging_buffers
+    if choice not in (1, 2, "auto"):
+        raise LoweringError(f"staging_buffers={choice!r}: use 1, 2 or 'auto'")
+    if nat is None or choice != "auto":
+        return _plan_group_with(program, g, target, opts, nat, kname, keep_lazy, in_place,
+                                eager_sums, 1 if nat is None else choice)
+    two = _plan_group_with(program, g, target, opts, nat, kname, keep_lazy, in_place,
+                           eager_sums, 2)
+    if two[2] == "smem":
+        return two
+    return _plan_group_with(program, g, target, opts, nat, kname, keep_lazy, in_place,
+                            eager_sums, 1)
+
+
+def _plan_group_with(program: Program, g, target: Target | None, opts: LowerOptions, nat,
+                     kname: str, keep_lazy: frozenset, in_place: bool, eager_sums: bool,
+                     staging_sets: int):
+    """:func:`_plan_group` with ``staging_sets`` sets of wgmma staging tiles."""
     budget = (target.smem_per_block if target is not None else 227 * 1024) - opts.smem_reserve
     native = None
     if nat is not None:
@@ -196,7 +216,8 @@ def _plan_group(program: Program, g, target: Target | None, opts: LowerOptions, 
                                 keep_lazy=keep_lazy, row_pad=_row_pad(opts, nat),
                                 in_place=in_place, eager_sums=eager_sums)
             native = nat.plan_native(program, g, budget - REDUCE_SLOTS_BYTES,
-                                     plan.total_bytes, precision, ring)
+                                     plan.total_bytes, precision, ring,
+                                     staging_sets=staging_sets)
             kept = frozenset(s.node for s in native.slots)
             if kept == ring:
                 break

@@ -109,3 +109,11 @@ class LowerOptions:
     # instead of living until its sum tree's root; kept where less is read from the global
     # scratch. Off: not yet measured on a GPU
     eager_sums: bool = False
+    # staging tiles of a wgmma product on the sm_90a native path (sm90_native.dot_wgmma):
+    # 1 = each K slice is staged, then the product waits for its wgmma and a barrier frees the
+    # tiles (two barriers per slice); 2 = the slices alternate between two sets of tiles, so
+    # the next slice is staged while the previous one's wgmma runs (one barrier per slice;
+    # twice the staging memory, which a kernel near its shared-memory budget pays in tile
+    # buffers moved to the global scratch). "auto": 2 where the kernel's tile buffers still
+    # all fit in shared memory with the second set, else 1
+    staging_buffers: int | str = 1

@@ -152,9 +152,14 @@ class NativeLayout:
     slots: list = field(default_factory=list)
     depth: int = 1
     stage_bytes: int = 0
-    staging_bytes: int = 0       # wgmma operand staging (bf16 tiles)
+    staging_set_bytes: int = 0   # one set of wgmma operand staging tiles
+    staging_sets: int = 1        # sets the K slices of a product alternate between
     base: int = 0                # byte offset of this region (1024-aligned; kernel.prepare)
     precision: str = "bf16x3"
+
+    @property
+    def staging_bytes(self) -> int:
+        return self.staging_sets * self.staging_set_bytes
 
     @property
     def stage_bytes_tx(self) -> int:
@@ -367,15 +372,21 @@ def tma_candidates(program, group) -> list:
 
 
 def plan_native(program, group, budget: int, plan_bytes: int, precision: str,
-                candidates=None, max_depth: int = 2) -> NativeLayout:
+                candidates=None, max_depth: int = 2, staging_sets: int = 1) -> NativeLayout:
     """Ring (TMA slots, depth) and staging for a tile kernel. ``budget``: shared-memory bytes
     available after the reduction slots; ``plan_bytes``: what the kernel's tile buffers would
     take in shared memory (they spill to the global scratch when the ring needs the room);
-    ``candidates``: the load nodes that may go to the ring (default: every TMA candidate)."""
+    ``candidates``: the load nodes that may go to the ring (default: every TMA candidate);
+    ``staging_sets``: sets of staging tiles a product's K slices alternate between
+    (LowerOptions.staging_buffers; one where no product has more than one slice)."""
     lay = NativeLayout(precision=precision)
+    sliced = False
     for n in group.nodes:
         for m in [n, *(walk(n.body) if n.body is not None else [])]:
-            lay.staging_bytes = max(lay.staging_bytes, _staging_bytes(m, precision))
+            lay.staging_set_bytes = max(lay.staging_set_bytes, _staging_bytes(m, precision))
+            dims = _wgmma_dot_dims(m)
+            sliced = sliced or (dims is not None and dims[2] > _k_slice(dims[2]))
+    lay.staging_sets = staging_sets if sliced else 1
     slots = [s for s in tma_candidates(program, group)
              if candidates is None or s.node in candidates]
     room = budget - lay.staging_bytes - 1024 - 32     # alignment slack and barriers
@@ -663,10 +674,17 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
         tf32 = self.layout.precision == "tf32"
         dtype = "tf32" if tf32 else "bf16"
         ks = la.cols
-        off = self.layout.staging_offset
-        a_tiles = [SmemTile(self.smem_base, off + i * la.size_bytes, la) for i in range(parts)]
-        off += parts * la.size_bytes
-        b_tiles = [SmemTile(self.smem_base, off + i * lb.size_bytes, lb) for i in range(parts)]
+        nk = K // ks
+        # two sets of staging tiles only where the product has slices to alternate
+        sets = self.layout.staging_sets if nk > 1 else 1
+
+        def tile_set(i):
+            off = self.layout.staging_offset + i * self.layout.staging_set_bytes
+            a_set = [SmemTile(self.smem_base, off + p * la.size_bytes, la) for p in range(parts)]
+            off += parts * la.size_bytes
+            return a_set, [SmemTile(self.smem_base, off + p * lb.size_bytes, lb)
+                           for p in range(parts)]
+        tile_sets = [tile_set(i) for i in range(sets)]
         th = self.th
         W = self.warpgroups
 
@@ -698,7 +716,6 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
             # warpgroups they made the backward's dq and dk kernels spill (4-8 bytes)
             T_.foreach_batched(th, shape, read, write, straight_shared=W <= 2)
 
-        nk = K // ks
         # each consumer warpgroup computes N / warpgroups of the columns, reading its rows of
         # the (K-major, one swizzle panel wide) B staging tile
         Nw = N // W
@@ -708,36 +725,55 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
                                 f"chunk_warpgroups=1")
         tid = th.tid
         wg = tid // WG_THREADS if W > 1 else 0
-        if W > 1:
+
+        def b_operands(b_tiles):
+            if W == 1:
+                return b_tiles
             sub = SmemLayout(Nw, ks, lb.elem_bytes, lb.swizzle)
             pitch = lb.byte_offset(Nw, 0)
             b_base = byte_gep(self.smem_base, ival(wg * pitch), shared_ptr_type())
-            b_ops = [SmemTile(b_base, t.offset, sub) for t in b_tiles]
-        else:
-            b_ops = b_tiles
-        for m0 in range(0, M, WGMMA_M):
-            acc = AccFragment.filled(wgmma.wgmma_acc_layout(Nw), 0.0)
-            for kk in range(nk):
-                k0 = kk * ks
-                stage(a_tiles, WGMMA_M, lambda r, c: a.read([T_.addk(r, m0), T_.addk(c, k0)]),
-                      a_along_k)
-                if nk > 1 or m0 == 0:
-                    stage(b_tiles, N, lambda r, c: b.read([T_.addk(c, k0), r]), b_along_k)
-                bar.fence_proxy_async_shared()
-                self.cost.event("fence.proxy.async")
-                B.barrier()
-                wgmma.wgmma_fence(self.target)
-                pairs = [(0, 0)] if parts == 1 else [(0, 0), (0, 1), (1, 0)]
-                for pa, pb in pairs:
-                    acc = wgmma.wgmma_matmul(self.target, acc, SmemOperand(a_tiles[pa]),
-                                             SmemOperand(b_ops[pb], True), ks, dtype)
-                    # B is K-major (transposed): one N chunk, one instruction per k step
-                    self.cost.event("wgmma", ks // wgmma.wgmma_k(dtype))
-                wgmma.wgmma_commit(self.target)
-                wgmma.wgmma_wait(self.target, 0)
-                self.cost.event("wgmma.commit")
+            return [SmemTile(b_base, t.offset, sub) for t in b_tiles]
+        b_ops_of = [b_operands(b) for _, b in tile_sets]
+        pairs = [(0, 0)] if parts == 1 else [(0, 0), (0, 1), (1, 0)]
+        # Slice s is staged into set s % sets. One set: stage, barrier, wgmma, wait, barrier
+        # (the tiles are free again). Two: slice s is staged while slice s - 1's wgmma runs;
+        # each thread then waits for its own wgmmas and a single barrier both publishes slice
+        # s and tells every thread that slice s - 1's set is free for slice s + 1. The last
+        # slice needs no barrier after it: the matrix op ends at one (TileKernelEmitter._node),
+        # which the next product's staging follows.
+        slices = [(m0, kk) for m0 in range(0, M, WGMMA_M) for kk in range(nk)]
+        acc = None
+        for s, (m0, kk) in enumerate(slices):
+            a_tiles, b_tiles = tile_sets[s % sets]
+            b_ops = b_ops_of[s % sets]
+            if kk == 0:
+                acc = AccFragment.filled(wgmma.wgmma_acc_layout(Nw), 0.0)
+            k0 = kk * ks
+            stage(a_tiles, WGMMA_M, lambda r, c: a.read([T_.addk(r, m0), T_.addk(c, k0)]),
+                  a_along_k)
+            if nk > 1 or m0 == 0:
+                stage(b_tiles, N, lambda r, c: b.read([T_.addk(c, k0), r]), b_along_k)
+            bar.fence_proxy_async_shared()
+            self.cost.event("fence.proxy.async")
+            if sets > 1 and kk > 0:
+                wgmma.wgmma_wait(self.target, 0)      # slice s - 1's product (this thread's)
                 self.cost.event("wgmma.wait")
+            B.barrier()
+            wgmma.wgmma_fence(self.target)
+            for pa, pb in pairs:
+                acc = wgmma.wgmma_matmul(self.target, acc, SmemOperand(a_tiles[pa]),
+                                         SmemOperand(b_ops[pb], True), ks, dtype)
+                # B is K-major (transposed): one N chunk, one instruction per k step
+                self.cost.event("wgmma", ks // wgmma.wgmma_k(dtype))
+            wgmma.wgmma_commit(self.target)
+            self.cost.event("wgmma.commit")
+            if sets == 1 or kk == nk - 1:
+                wgmma.wgmma_wait(self.target, 0)
+                self.cost.event("wgmma.wait")
+            if sets == 1 and s < len(slices) - 1:
                 B.barrier()               # the staging tiles are free again
+            if kk < nk - 1:
+                continue
             warp, lane = (tid // 32) % 4, tid % 32
             for i, v in enumerate(acc.values):
                 r, c = wgmma_d_coord(warp, lane, i)
