@@ -409,7 +409,8 @@ def plan_native(program, group, budget: int, plan_bytes: int, precision: str,
         off += -(-s.nbytes // 128) * 128
     lay.slots, lay.stage_bytes = slots, off
     lay.depth = 1
-    if slots and max_depth >= 2 and plan_bytes + 2 * off <= room:
+    # a chunk-parallel CTA loads one chunk: a second stage would never be filled
+    if slots and max_depth >= 2 and not group.parallel and plan_bytes + 2 * off <= room:
         lay.depth = 2
     return lay
 
