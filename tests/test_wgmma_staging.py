@@ -66,7 +66,7 @@ def test_no_barrier_after_a_products_last_slice():
     dots = [c for op, c in by_op.items() if op.startswith("dot ") and c.get("wgmma")]
     assert dots
     for c in dots:
-        slices = c["wgmma"] // 4          # TF32, 32-deep slices: 4 x m64nNk8 per slice
+        slices = c["fence.proxy.async"]   # one per slice, before its wgmma
         assert slices >= 2, c
         # its own and the one that ends the op (kda_fwd's chunk kernel: no element-wise
         # write waits for a barrier before its products); 2 s + 1 before
@@ -95,3 +95,17 @@ def test_auto_takes_two_sets_only_where_the_buffers_stay_in_shared_memory():
 def test_a_bad_value_is_named(value):
     with pytest.raises(LoweringError, match="staging_buffers"):
         _prepared("kda_fwd", staging_buffers=value)
+
+
+def test_products_of_low_register_consumers_keep_the_last_barrier():
+    """Four consumer warpgroups hold 96 registers each: there a product keeps the barrier
+    after its last slice (without it the backward's dk kernel spilled 4-8 bytes)."""
+    k4 = _lowered("kda_bwd", staging_buffers=1)["k4_scan4"]
+    assert k4.launch["block"][0] == 5 * 128                # 4 consumer warpgroups + producer
+    by_op = {row["op"]: row["counts"] for row in k4.cost["by_op"]}
+    dots = [c for op, c in by_op.items() if op.startswith("dot ") and c.get("wgmma")]
+    assert dots
+    for c in dots:
+        slices = c["fence.proxy.async"]
+        assert slices >= 2, c
+        assert c["bar.sync"] >= 2 * slices, c              # 2 per slice, the last included

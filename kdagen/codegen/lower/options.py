@@ -107,13 +107,20 @@ class LowerOptions:
     # terms read a matrix product's result materialised where it is made
     # (storage._sums_a_product), so the product dies in the partial sum that takes its buffer
     # instead of living until its sum tree's root; kept where less is read from the global
-    # scratch. Off: not yet measured on a GPU
+    # scratch. Off: on the H100 (B1_T8k_H16, bench/results/h100_stop39_staging_eager_ab.json)
+    # the dk kernels were slower with it (kda 2296 -> 2398 us, gdn 1653 -> 1772) although
+    # they read 28-29% less from the global scratch: the extra partial sums cost more issue
+    # than the reads saved (the throughput fit predicted +6-8%)
     eager_sums: bool = False
     # staging tiles of a wgmma product on the sm_90a native path (sm90_native.dot_wgmma):
     # 1 = each K slice is staged, then the product waits for its wgmma and a barrier frees the
     # tiles (two barriers per slice); 2 = the slices alternate between two sets of tiles, so
     # the next slice is staged while the previous one's wgmma runs (one barrier per slice;
     # twice the staging memory, which a kernel near its shared-memory budget pays in tile
-    # buffers moved to the global scratch). "auto": 2 where the kernel's tile buffers still
-    # all fit in shared memory with the second set, else 1
+    # buffers moved to the global scratch); "auto": 2 where the kernel's tile buffers still
+    # all fit in shared memory with the second set, else 1. 1 by default: on the H100
+    # (B1_T8k_H16, bench/results/h100_stop39_staging_eager_ab.json) 2 gained at most 1-3% in
+    # a kernel (the dk kernels 2266 -> 2235 / 1653 -> 1630 us, spilling 16 bytes) and cost the
+    # dq kernels, pushed into the global scratch, 12-14%; "auto" measured as 1 end to end
+    # (kda fwd+bwd 5.279 vs 5.284 ms, gdn 4.529 vs 4.531)
     staging_buffers: int | str = 1

@@ -118,6 +118,10 @@ def register_split(warpgroups: int, ctas: int = 1) -> tuple[int, int]:
     producer = PRODUCER_REGISTERS if warpgroups <= 2 and ctas == 1 else 24
     consumer = (entry * threads - PRODUCER_THREADS * producer) // (WG_THREADS * warpgroups) // 8 * 8
     return producer, min(CONSUMER_REGISTERS, consumer)
+#: consumer registers from which a wgmma product drops the barrier after its last K slice
+#: (dot_wgmma): on the H100 it saved ~1% of the backward's dk kernel (2296 -> 2266 us,
+#: bench/results/h100_stop39_staging_eager_ab.json) but made it spill 4-8 bytes at 96
+TRAILING_BARRIER_REGISTERS = 128
 CONSUMER_BARRIER = 1            # named barrier id of the consumer warpgroup (0 = whole CTA)
 WGMMA_M = 64
 
@@ -741,8 +745,11 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
         # each thread then waits for its own wgmmas and a single barrier both publishes slice
         # s and tells every thread that slice s - 1's set is free for slice s + 1. The last
         # slice needs no barrier after it: the matrix op ends at one (TileKernelEmitter._node),
-        # which the next product's staging follows.
+        # which the next product's staging follows. Consumers below TRAILING_BARRIER_REGISTERS
+        # keep it (at 96, without it the backward's dk kernel spilled 4-8 bytes).
         slices = [(m0, kk) for m0 in range(0, M, WGMMA_M) for kk in range(nk)]
+        last_barrier = register_split(self.warpgroups, self.ctas_per_sm)[1] \
+            < TRAILING_BARRIER_REGISTERS
         acc = None
         for s, (m0, kk) in enumerate(slices):
             a_tiles, b_tiles = tile_sets[s % sets]
@@ -771,7 +778,7 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
             if sets == 1 or kk == nk - 1:
                 wgmma.wgmma_wait(self.target, 0)
                 self.cost.event("wgmma.wait")
-            if sets == 1 and s < len(slices) - 1:
+            if sets == 1 and (s < len(slices) - 1 or last_barrier):
                 B.barrier()               # the staging tiles are free again
             if kk < nk - 1:
                 continue
