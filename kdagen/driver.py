@@ -39,11 +39,12 @@ from kdagen.ir.dialect import print_module
 from kdagen.ir.programs import build_program
 from kdagen.passes.base import ModulePass
 from kdagen.passes.pipeline import run_pipeline
-from kdagen.passes.pipelines import pipeline_for
+from kdagen.passes.pipelines import PIPELINES, pipeline_for
 from kdagen.passes.registry import parse_pipeline
 from kdagen.target import Target, get_target
 
 __all__ = ["Compilation", "DEFAULT_LOWERING", "BACKEND_STAGES", "build_module", "pipeline_passes",
+           "standin_lowering",
            "ptx_of", "assemble_ptx", "run_backends", "submit_backend", "finish_backends",
            "LibdeviceCallError"]
 
@@ -54,6 +55,24 @@ __all__ = ["Compilation", "DEFAULT_LOWERING", "BACKEND_STAGES", "build_module", 
 # product_precision), and the chip's native path where kdagen has one (sm_90a: TMA producer +
 # wgmma consumers), the portable path elsewhere.
 DEFAULT_LOWERING = {"path": "native", "dot": "auto", "pipeline": "chip"}
+
+
+
+def standin_lowering(chip: str, host: str = "sm_90a") -> dict:
+    """The lowering (with ``"pipeline"``) that compiles, for ``host``, the kernels ``chip``
+    would run: ``chip``'s own pipeline (its budgets, consumer warpgroups and workspace
+    precisions, bound by kda-bind-target), the portable path (what a chip without a native
+    path takes) and ``chip``'s shared-memory budget (``smem_reserve`` takes the difference).
+    So a GPU of ``host`` checks what ``chip`` would run (``tools/check_bundle.py --set
+    standin``); the plans match ``chip``'s own compile (tests/test_standin.py)."""
+    guest, machine = get_target(chip), get_target(host)
+    if guest.smem_per_block > machine.smem_per_block:
+        raise ValueError(f"{chip} has more shared memory per block than {host}: its kernels "
+                         f"cannot stand in on {host}")
+    reserve = LowerOptions().smem_reserve + machine.smem_per_block - guest.smem_per_block
+    return {"pipeline": ",".join(PIPELINES[chip]), "path": "portable",
+            "dot": DEFAULT_LOWERING["dot"], "smem_reserve": reserve}
+
 
 #: the stages after the passes
 BACKEND_STAGES = ("gpu", "cost", "ptx", "cubin")

@@ -46,6 +46,35 @@ NATIVE_SET = [
     ("gdn_decode", dict(head_k_dim=128, head_v_dim=128, gate="gdn_softplus", value_split=2),
      NATIVE),
 ]
+# What sm_100a and sm_120a would run, compiled for sm_90a so an H100/H200 checks it
+# (kdagen.driver.standin_lowering: the chip's pipeline, the portable path, its shared-memory
+# budget); each variant's name ends in "_as_<chip>".
+STANDIN_CHIPS = ("sm_100a", "sm_120a")
+STANDIN_PROGRAMS = [
+    ("kda_fwd", dict(head_k_dim=128, head_v_dim=128, gate="lower_bound", gva_ratio=2, varlen=True)),
+    ("kda_fwd", dict(head_k_dim=64, head_v_dim=64, gate="softplus", dtype="fp16",
+                     use_initial_state=False)),
+    ("gdn_fwd", dict(head_k_dim=128, head_v_dim=128, gate="gdn_softplus")),
+    ("kda_bwd", dict(head_k_dim=128, head_v_dim=128, gate="lower_bound")),
+    ("kda_bwd", dict(head_k_dim=64, head_v_dim=64, gate="softplus", gva_ratio=2, varlen=True)),
+    ("gdn_bwd", dict(head_k_dim=128, head_v_dim=128, gate="gdn_softplus")),
+    ("gdn_bwd", dict(head_k_dim=64, head_v_dim=64, gate="gdn_lower_bound")),
+]
+
+
+def standin_set(chips=STANDIN_CHIPS) -> list:
+    """(program, options, lowering, variant name) of STANDIN_PROGRAMS for each of ``chips``."""
+    from kdagen.driver import standin_lowering
+    from kdagen.runtime.bundle import variant_name
+    items = []
+    for chip in chips:
+        lower = standin_lowering(chip)
+        for program, options in STANDIN_PROGRAMS:
+            items.append((program, options, lower,
+                          f"{variant_name(program, options, lower)}_as_{chip}"))
+    return items
+
+
 DEFAULT_SET = [
     ("kda_fwd", dict(head_k_dim=128, head_v_dim=128, gate="lower_bound", gva_ratio=2, varlen=True), PART),
     ("gdn_fwd", dict(head_k_dim=128, head_v_dim=128, gate="gdn_softplus"), PART),
@@ -76,9 +105,13 @@ def main(argv=None) -> int:
     ap.add_argument("out")
     ap.add_argument("--chips", default="sm_90a")
     ap.add_argument("--quick", action="store_true", help="forward variants only")
-    ap.add_argument("--set", default="default", choices=["default", "native"],
+    ap.add_argument("--set", default="default", choices=["default", "native", "standin"],
                     help="default: the portable variants (DEFAULT_SET); native: the sm_90a "
-                         "native-path variants (NATIVE_SET)")
+                         "native-path variants (NATIVE_SET); standin: what sm_100a and "
+                         "sm_120a would run, compiled for sm_90a (STANDIN_PROGRAMS; use "
+                         "--chips sm_90a)")
+    ap.add_argument("--standin-chips", default=",".join(STANDIN_CHIPS),
+                    help="the chips --set standin stands in for")
     ap.add_argument("--pipeline", default="stable", choices=["stable", "chip"],
                     help="stable: kda-stable-reassociate only; chip: the chip's full pipeline "
                          "(partitioned chunk-parallel + state kernels)")
@@ -88,13 +121,17 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default=None, help="only variants whose program or options "
                                                  "contain this text")
     args = ap.parse_args(argv)
-    chosen = NATIVE_SET if args.set == "native" else DEFAULT_SET
+    if args.set == "standin":
+        chosen = standin_set(tuple(args.standin_chips.split(",")))
+    else:
+        chosen = NATIVE_SET if args.set == "native" else DEFAULT_SET
     items = [it for it in chosen if not (args.quick and it[0].endswith("_bwd"))]
     if args.only:
         items = [it for it in items if args.only in f"{it[0]} {it[1]}"]
     extra = dict(_lower_option(kv) for kv in args.lower)
     if extra:
-        items = [(it[0], it[1], {**(it[2] if len(it) > 2 else {}), **extra}) for it in items]
+        items = [(it[0], it[1], {**(it[2] if len(it) > 2 else {}), **extra}, *it[3:])
+                 for it in items]
     built = []
     for it in items:
         try:

@@ -245,7 +245,11 @@ def residual_source(bundle, variants: dict, spec: dict):
         return None
     fwd = spec["program"][:-len("_bwd")] + "_fwd"
     for name, other in variants.items():
-        if other["program"] == fwd and other.get("options") == spec.get("options"):
+        # the same options and the same lowering (a bundle may hold one per lowering, e.g.
+        # stand-ins for several chips, whose residual precisions differ)
+        if other["program"] == fwd and other.get("options") == spec.get("options") \
+                and other.get("pipeline") == spec.get("pipeline") \
+                and other.get("lower") == spec.get("lower"):
             return LoweredProgram(bundle, name)
     raise LookupError(f"{spec['program']} with save_residuals: the bundle has no {fwd} of the "
                       f"same options to produce its residuals")
