@@ -413,8 +413,10 @@ def plan_native(program, group, budget: int, plan_bytes: int, precision: str,
         off += -(-s.nbytes // 128) * 128
     lay.slots, lay.stage_bytes = slots, off
     lay.depth = 1
-    # a chunk-parallel CTA loads one chunk: a second stage would never be filled
-    if slots and max_depth >= 2 and not group.parallel and plan_bytes + 2 * off <= room:
+    # A chunk-parallel CTA loads one chunk, so its second stage is never filled; dropping it
+    # (gdn's prologue kernels 177 -> 144 KB) lets kda_fwd's K = 64 prologue kernel run 2 CTAs
+    # per SM at 104 consumer registers instead of 1 at 232, which no GPU has measured yet: kept
+    if slots and max_depth >= 2 and plan_bytes + 2 * off <= room:
         lay.depth = 2
     return lay
 
