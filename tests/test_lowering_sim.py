@@ -212,16 +212,20 @@ def test_simulator_catches_a_missing_barrier(monkeypatch):
 
 
 def test_launcher_with_chip_pipeline_bf16_workspaces(tmp_path):
-    """pipeline="chip" on sm_120a: partitioned kernels exchanging bf16 workspaces; the launcher
-    allocates the workspaces with the chip's dtypes."""
+    """sm_120a's pipeline with bf16 workspaces (kda-partition{workspace_dtype=bf16}; the chip's
+    own are fp32): partitioned kernels exchanging bf16 workspaces; the launcher allocates the
+    workspaces with the dtypes the bundle records."""
     from tools import gpu_check
     from kdagen.bundle_writer import write_bundle
     from kdagen.driver import build_module
+    from kdagen.passes.pipelines import PIPELINES
     from kdagen.runtime.launch import LoweredProgram
     from kdagen.codegen.lower.sim import SimLibrary
     opts = dict(head_k_dim=64, head_v_dim=64, chunk_size=32, gate="lower_bound")
+    pipeline = ",".join(p if p != "kda-partition" else "kda-partition{workspace_dtype=bf16}"
+                        for p in PIPELINES["sm_120a"])
     res = write_bundle(tmp_path, [("kda_fwd", opts, {"dot": "bf16x3"})], ["sm_120a"],
-                       pipeline="chip")
+                       pipeline=pipeline)
     (vname,) = res["variants"]
     spec = res["variants"][vname]
     assert len(spec["chips"]["sm_120a"]) == 3
@@ -230,7 +234,7 @@ def test_launcher_with_chip_pipeline_bf16_workspaces(tmp_path):
     from kdagen.codegen.lower.kernel import LowerOptions, prepare
     from kdagen.codegen.lower.program import read_program
     from kdagen.target import get_target
-    m = build_module("kda_fwd", opts, "chip", "sm_120a")
+    m = build_module("kda_fwd", opts, pipeline, "sm_120a")
     for pk in prepare(read_program(m), get_target("sm_120a"), vname, LowerOptions(dot="bf16x3")):
         lib.kernels[pk.name] = pk
     prog = LoweredProgram(tmp_path, vname, library=lib)
@@ -331,7 +335,7 @@ def test_partitioned_program_chunk_parallel_kernel(storage):
 @pytest.mark.parametrize("chip", ["sm_90a", "sm_120a"])
 def test_full_pipeline_numerics(chip):
     """kda_fwd through the chip's pass pipeline (partitioned into a chunk-parallel kernel and a
-    state kernel; sm_120a stores bf16 workspaces) matches the interpreter on the same IR."""
+    state kernel) matches the interpreter on the same IR."""
     from kdagen.codegen.lower.kernel import LowerOptions
     from kdagen.passes.pipelines import pipeline_for
     case = make_case("kda", gate="lower_bound", H=1, HV=2, K=64, V=64, lengths=[5, 65], seed=13)
