@@ -1,8 +1,8 @@
 """Sets of wgmma staging tiles on the sm_90a native path (LowerOptions.staging_buffers,
 sm90_native.dot_wgmma): with two, a product's K slices alternate between them and each slice
 costs one barrier instead of two; "auto" takes two only where the kernel's tile buffers still
-fit in shared memory; a product never waits at a barrier after its last slice (the matrix op
-ends at one)."""
+fit in shared memory; a product whose consumers hold 128 or more registers does not wait at a
+barrier after its last slice (the matrix op ends at one), one with fewer keeps it."""
 from __future__ import annotations
 
 import re
