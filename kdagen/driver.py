@@ -57,7 +57,6 @@ __all__ = ["Compilation", "DEFAULT_LOWERING", "BACKEND_STAGES", "build_module", 
 DEFAULT_LOWERING = {"path": "native", "dot": "auto", "pipeline": "chip"}
 
 
-
 def standin_lowering(chip: str, host: str = "sm_90a") -> dict:
     """The lowering (with ``"pipeline"``) that compiles, for ``host``, the kernels ``chip``
     would run: ``chip``'s own pipeline (its budgets, consumer warpgroups and workspace

@@ -188,15 +188,13 @@ def _plan_group(program: Program, g, target: Target | None, opts: LowerOptions, 
     choice = opts.staging_buffers
     if choice not in (1, 2, "auto"):
         raise LoweringError(f"staging_buffers={choice!r}: use 1, 2 or 'auto'")
-    if nat is None or choice != "auto":
-        return _plan_group_with(program, g, target, opts, nat, kname, keep_lazy, in_place,
-                                eager_sums, 1 if nat is None else choice)
-    two = _plan_group_with(program, g, target, opts, nat, kname, keep_lazy, in_place,
-                           eager_sums, 2)
-    if two[2] == "smem":
-        return two
-    return _plan_group_with(program, g, target, opts, nat, kname, keep_lazy, in_place,
-                            eager_sums, 1)
+    tried = (1,) if nat is None else (2, 1) if choice == "auto" else (choice,)
+    for sets in tried:
+        res = _plan_group_with(program, g, target, opts, nat, kname, keep_lazy, in_place,
+                               eager_sums, sets)
+        if res[2] == "smem":
+            break
+    return res
 
 
 def _plan_group_with(program: Program, g, target: Target | None, opts: LowerOptions, nat,

@@ -512,7 +512,7 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
                 bar.sync_threads()
                 cost.event("bar.sync")
 
-                producer_regs, consumer_regs = register_split(self.warpgroups, self.ctas_per_sm)
+                producer_regs, consumer_regs = self.register_counts
 
                 def producer():
                     regalloc.release_registers(self.target, producer_regs)
@@ -533,6 +533,11 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
     @property
     def ctas_per_sm(self) -> int:
         return ctas_per_sm(self.smem_bytes, self.target)
+
+    @property
+    def register_counts(self) -> tuple[int, int]:
+        """(producer, consumer) registers per thread (:func:`register_split`)."""
+        return register_split(self.warpgroups, self.ctas_per_sm)
 
     def _full(self, stage):
         return _DynBarrier(self.smem_base, self.layout.barrier_offset + 8 * stage)
@@ -750,8 +755,7 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
         # which the next product's staging follows. Consumers below TRAILING_BARRIER_REGISTERS
         # keep it (at 96, without it the backward's dk kernel spilled 4-8 bytes).
         slices = [(m0, kk) for m0 in range(0, M, WGMMA_M) for kk in range(nk)]
-        last_barrier = register_split(self.warpgroups, self.ctas_per_sm)[1] \
-            < TRAILING_BARRIER_REGISTERS
+        last_barrier = self.register_counts[1] < TRAILING_BARRIER_REGISTERS
         acc = None
         for s, (m0, kk) in enumerate(slices):
             a_tiles, b_tiles = tile_sets[s % sets]
