@@ -66,9 +66,10 @@ def test_backward_kernels_after_the_scans_no_longer_invert():
     assert "kda.tril_inv" in kernels["kda_bwd0_chunk"]
     for name in ("kda_bwd1_chunk", "kda_bwd1_out"):
         assert "kda.tril_inv" not in kernels[name], name
-        # w and u from workspaces of their own, not the w_ws / u_ws the recompute scan reads
-        assert '"kda.load_chunk"(%w1_ws' in kernels[name] and '"kda.load_chunk"(%u1_ws' in kernels[name]
+        # u from a workspace of its own, not the u_ws the recompute scan reads
+        assert '"kda.load_chunk"(%u1_ws' in kernels[name]
         assert '"kda.load_chunk"(%w_ws' not in kernels[name]
+    assert '"kda.load_chunk"(%w1_ws' in kernels["kda_bwd1_chunk"]
     # the dk kernel still needs the inverse and the decay product itself: loaded, not recomputed
     assert '{name = "Akk_inv"}' in kernels["kda_bwd1_out"]
     assert kernels["kda_bwd1_out"].count('"kda.decay_dot"') == 0
@@ -101,3 +102,21 @@ def test_shared_workspaces_have_names_of_their_own():
     new = [n for n in names(after) if n not in names(before)]
     assert {"Akk_inv_ws", "w1_ws", "u1_ws"} <= set(new)
     assert len(new) == len(set(new)) and not set(new) & set(names(before))
+
+
+def test_dk_kernel_loads_what_the_dq_kernel_computed_from_the_checkpoints():
+    """The dq kernel and the dk kernel both read the state checkpoints S, w and u, which no
+    kernel writes between them (the reverse scan between them writes dS and dv'): the products
+    both compute from them (w S, do v'ᵀ, do Sᵀ and the dq decay product) are computed once, in
+    the dq kernel, and the dk kernel loads them; what needs dS stays in the dk kernel."""
+    module = build_program("kda_bwd")
+    run_pipeline(module, parse_pipeline(AFTER))
+    kernels = _kernels(module)
+    dq, dk = kernels["kda_bwd1_chunk"], kernels["kda_bwd1_out"]
+    for name in ("dAqk", "dqd", "dqn", "dot"):
+        assert dq.count(f'{{name = "{name}"}} : (memref') == 1, name
+        assert f'"kda.load_chunk"(%{name}_ws' in dk, name
+    assert '"kda.load_chunk"(%w1_ws' not in dk            # w S arrives whole
+    assert dk.count('"kda.decay_matmul"') == 3            # dk's own three (dq's is loaded)
+    assert dq.count('"kda.decay_matmul"') == 1
+    assert '"kda.load_chunk"(%dS_chunks' in dk and '"kda.load"(%do' not in dk

@@ -11,9 +11,12 @@ load it.
 
 Two ops compute the same value when they have the same name, attributes and result types and
 their operands are the same values: the chunk index, a value defined outside the kernels, or
-results of ops that compute the same value (value numbering across the kernel bodies). Only
-values computed from memory nobody writes qualify (the program's inputs, constants, scalars):
-a workspace may be written between two kernels, so a value read from one never matches.
+results of ops that compute the same value (value numbering across the kernel bodies). Two
+reads match when they read the same memory with no write to it between the two kernels: the
+program's inputs, and workspaces written before both (the backward's dq kernel and dk kernel
+both read the forward recompute's state checkpoints, w and u; the reverse scan between them
+writes only dS and dv'). The runtime allocates workspaces by name, so a write to any
+workspace of that name counts; a kernel's reads of memory it writes itself never match.
 
 What is shared: results of matrix and solve ops (``kda.dot``, ``decay_dot``, ``decay_matmul``,
 ``tril_inv``, ``tril_solve``), the work that dominates a chunk kernel; the elementwise work
@@ -67,14 +70,25 @@ def _body(scan) -> list:
 
 
 class _Numbering:
-    """Value numbers of the values of kernel bodies: equal numbers, equal values."""
+    """Value numbers of the values of kernel bodies: equal numbers, equal values.
 
-    def __init__(self, written: set):
-        self.written = written        # memrefs some op of the program writes
+    A read of memory is numbered with the memory's version: how many writes the program made to
+    it before the kernel. Two kernels' reads of an input, or of a workspace nothing writes
+    between them, are the same tile; a read of memory the kernel writes itself is never
+    numbered."""
+
+    def __init__(self):
+        self.versions: dict = {}      # memory key -> writes made so far (in program order)
+
+    def wrote(self, op) -> None:
+        """Count the writes of top-level op ``op`` (a kernel or any op after the last one)."""
+        for key in _written_memory(op):
+            self.versions[key] = self.versions.get(key, 0) + 1
 
     def of_scan(self, scan) -> dict:
         block = scan.regions[0].blocks[0]
         chunk = block.arguments[0]
+        own_writes = _written_memory(scan)
         numbers: dict = {}
 
         def number(v):
@@ -88,28 +102,40 @@ class _Numbering:
             return numbers.get(v)
 
         for op in _body(scan):
+            memory = tuple(_memory_key(v) for v in op.operands if _is_memref(v))
             if op.name in PURE_OPS:
-                ok = True
+                ok, versions = True, ()
             elif op.name in READ_OPS:
-                # a read of memory no op writes (an input) gives the same tile every time
-                ok = not any(v in self.written for v in op.operands if _is_memref(v))
+                ok = not any(key in own_writes for key in memory)
+                versions = tuple(self.versions.get(key, 0) for key in memory)
             else:
                 ok = False
             operands = tuple(number(v) for v in op.operands)
             if not ok or any(n is None for n in operands):
                 continue
-            head = (op.name, attr_key(op), tuple(str(r.type) for r in op.results), operands)
+            head = (op.name, attr_key(op), tuple(str(r.type) for r in op.results), operands,
+                    versions)
             for i, r in enumerate(op.results):
                 numbers[r] = (head, i)
         return numbers
 
 
+def _memory_key(v):
+    """What a memref names at run time: the runtime allocates workspaces by name (two
+    ``kda.workspace`` ops of one name are one buffer), any other memref is itself."""
+    owner = None if isinstance(v, ir.BlockArgument) else (
+        v.owner.operation if hasattr(v.owner, "operation") else v.owner)
+    if owner is not None and owner.name == "kda.workspace":
+        return ("workspace", ir.StringAttr(owner.attributes["name"]).value)
+    return ("value", v)
+
+
+def _written_memory(op) -> set:
+    return {_memory_key(inner.operands[0]) for inner in walk(op) if inner.name in WRITE_OPS}
+
+
 def _is_memref(v) -> bool:
     return isinstance(v.type, ir.MemRefType)
-
-
-def _written_memrefs(func) -> set:
-    return {op.operands[0] for op in walk(func) if op.name in WRITE_OPS}
 
 
 def _still_needed(scan, candidates: set) -> list:
@@ -145,34 +171,39 @@ class ShareChunkValuesPass(ModulePass):
             scans = _parallel_scans(func)
             if len(scans) < 2:
                 return
-            numbering = _Numbering(_written_memrefs(func))
+            numbering = _Numbering()
             first: dict = {}            # value number -> (kernel, value) where first computed
             made: dict = {}             # value -> (workspace, tile name) made to share it
             workspaces = {ir.StringAttr(op.operation.attributes["name"]).value
                           for op in func.regions[0].blocks[0].operations
                           if op.operation.name == "kda.workspace"}
-            for scan in scans:
-                numbers = numbering.of_scan(scan)
-                candidates = {op for op in _body(scan) if op.name in SHARED_OPS
-                              and numbers.get(op.results[0]) in first}
-                changed = set()
-                for op in _still_needed(scan, candidates):
-                    source_scan, value = first[numbers[op.results[0]]]
-                    ws, name = self._workspace_of(source_scan, value, workspaces, made)
-                    loaded = ir.Operation.create(
-                        "kda.load_chunk", results=[value.type],
-                        operands=[ws, scan.regions[0].blocks[0].arguments[0]],
-                        attributes={"name": ir.StringAttr.get(name)},
-                        loc=op.location, ip=ir.InsertionPoint(op)).results[0]
-                    op.results[0].replace_all_uses_with(loaded)
-                    changed.update((scan, source_scan))
-                for v, n in numbers.items():
-                    first.setdefault(n, (scan, v))
-                if changed:
-                    dce(scan)
-                for s in changed:
-                    s.attributes["kda.hbm_bytes_per_token"] = ir.FloatAttr.get(
-                        ir.F64Type.get(), hbm_bytes_per_token(s))
+            for top in [op.operation for op in func.regions[0].blocks[0].operations]:
+                if top in scans:
+                    self._share_into(top, numbering.of_scan(top), first, workspaces, made)
+                numbering.wrote(top)
+
+    def _share_into(self, scan, numbers: dict, first: dict, workspaces: set, made: dict) -> None:
+        """Replace what ``scan`` computes that an earlier kernel computed by a load of it."""
+        candidates = {op for op in _body(scan) if op.name in SHARED_OPS
+                      and numbers.get(op.results[0]) in first}
+        changed = set()
+        for op in _still_needed(scan, candidates):
+            source_scan, value = first[numbers[op.results[0]]]
+            ws, name = self._workspace_of(source_scan, value, workspaces, made)
+            loaded = ir.Operation.create(
+                "kda.load_chunk", results=[value.type],
+                operands=[ws, scan.regions[0].blocks[0].arguments[0]],
+                attributes={"name": ir.StringAttr.get(name)},
+                loc=op.location, ip=ir.InsertionPoint(op)).results[0]
+            op.results[0].replace_all_uses_with(loaded)
+            changed.update((scan, source_scan))
+        for v, n in numbers.items():
+            first.setdefault(n, (scan, v))
+        if changed:
+            dce(scan)
+        for s in changed:
+            s.attributes["kda.hbm_bytes_per_token"] = ir.FloatAttr.get(
+                ir.F64Type.get(), hbm_bytes_per_token(s))
 
     @staticmethod
     def _workspace_of(scan, value, names: set, made: dict):

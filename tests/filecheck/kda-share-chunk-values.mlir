@@ -95,3 +95,89 @@ module {
     return
   }
 }
+
+// -----
+
+// A workspace written before both chunk kernels, and by nothing between them, holds the same
+// tile for both: the second kernel loads the first one's product instead of recomputing it
+// (the backward's dk kernel and dq kernel both read the state checkpoints, w and u).
+// CHECK-LABEL: func.func @written_before
+// CHECK:         kda.kernel = "written_before_state"
+// CHECK:         %[[P:.*]] = "kda.workspace"() {layout = "chunk", name = "A_ws"} : () -> memref<?x?x2x2xf32>
+// CHECK:         "kda.scan"() ({
+// CHECK:           %[[A:.*]] = "kda.dot"
+// CHECK:           "kda.store_chunk"(%[[P]], %{{.*}}, %[[A]]) {name = "A"}
+// CHECK:         kda.kernel = "written_before_chunk"
+// CHECK:         "kda.scan"() ({
+// CHECK-NOT:       "kda.dot"
+// CHECK:           %[[L:.*]] = "kda.load_chunk"(%[[P]], %{{.*}}) {name = "A"}
+// CHECK-NEXT:      "kda.mul"(%[[L]], %[[L]])
+// CHECK:         kda.kernel = "written_before_out"
+module {
+  func.func @written_before(%k: memref<?x?x?x4xf32> {kda.layout = "token", kda.name = "k", kda.role = "input"}, %o: memref<?x?x?x2xf32> {kda.layout = "token", kda.name = "o", kda.role = "output"}, %o2: memref<?x?x?x2xf32> {kda.layout = "token", kda.name = "o2", kda.role = "output"}, %h0: memref<?x?x4x4xf32> {kda.layout = "state", kda.name = "h0", kda.role = "input"}) attributes {kda.chunk_size = 2 : i64, kda.program = "written_before"} {
+    %x_ws = "kda.workspace"() {layout = "chunk", name = "x_ws"} : () -> memref<?x?x2x4xf32>
+    %S0 = "kda.load_state"(%h0) {name = "h0"} : (memref<?x?x4x4xf32>) -> tensor<4x4xf32>
+    %S_final = "kda.scan"(%S0) ({
+    ^bb0(%c: index, %S: tensor<4x4xf32>):
+      %k_c = "kda.load"(%k, %c) {head_map = "direct", name = "k"} : (memref<?x?x?x4xf32>, index) -> tensor<2x4xf32>
+      %t = "kda.dot"(%k_c, %S) {transpose_lhs = false, transpose_rhs = false} : (tensor<2x4xf32>, tensor<4x4xf32>) -> tensor<2x4xf32>
+      "kda.store_chunk"(%x_ws, %c, %t) {name = "x"} : (memref<?x?x2x4xf32>, index, tensor<2x4xf32>) -> ()
+      gpu.yield %S : tensor<4x4xf32>
+    }) {kda.hbm_bytes_per_token = 1.600000e+01 : f64, kda.kernel = "written_before_state", parallel = false, reverse = false} : (tensor<4x4xf32>) -> tensor<4x4xf32>
+    "kda.scan"() ({
+    ^bb0(%c: index):
+      %x = "kda.load_chunk"(%x_ws, %c) {name = "x"} : (memref<?x?x2x4xf32>, index) -> tensor<2x4xf32>
+      %A = "kda.dot"(%x, %x) {transpose_lhs = false, transpose_rhs = true} : (tensor<2x4xf32>, tensor<2x4xf32>) -> tensor<2x2xf32>
+      "kda.store"(%o, %c, %A) {name = "o"} : (memref<?x?x?x2xf32>, index, tensor<2x2xf32>) -> ()
+      gpu.yield
+    }) {kda.hbm_bytes_per_token = 1.600000e+01 : f64, kda.kernel = "written_before_chunk", parallel = true, reverse = false} : () -> ()
+    "kda.scan"() ({
+    ^bb0(%c: index):
+      %x = "kda.load_chunk"(%x_ws, %c) {name = "x"} : (memref<?x?x2x4xf32>, index) -> tensor<2x4xf32>
+      %A = "kda.dot"(%x, %x) {transpose_lhs = false, transpose_rhs = true} : (tensor<2x4xf32>, tensor<2x4xf32>) -> tensor<2x2xf32>
+      %B = "kda.mul"(%A, %A) : (tensor<2x2xf32>, tensor<2x2xf32>) -> tensor<2x2xf32>
+      "kda.store"(%o2, %c, %B) {name = "o2"} : (memref<?x?x?x2xf32>, index, tensor<2x2xf32>) -> ()
+      gpu.yield
+    }) {kda.hbm_bytes_per_token = 1.600000e+01 : f64, kda.kernel = "written_before_out", parallel = true, reverse = false} : () -> ()
+    return
+  }
+}
+
+// -----
+
+// IDENTITY: a kernel between the two writes a workspace of the same name (one buffer at run time)
+// The runtime allocates workspaces by name, so a write to another workspace op named x_ws is
+// a write to the buffer both chunk kernels read: nothing is shared.
+// CHECK-LABEL: func.func @aliased
+// CHECK:         kda.kernel = "aliased_between"
+// CHECK:         "kda.scan"() ({
+// CHECK:           "kda.dot"
+// CHECK-NOT:       "kda.load_chunk"
+// CHECK:         kda.kernel = "aliased_out"
+module {
+  func.func @aliased(%k: memref<?x?x?x4xf32> {kda.layout = "token", kda.name = "k", kda.role = "input"}, %o: memref<?x?x?x2xf32> {kda.layout = "token", kda.name = "o", kda.role = "output"}, %o2: memref<?x?x?x2xf32> {kda.layout = "token", kda.name = "o2", kda.role = "output"}) attributes {kda.chunk_size = 2 : i64, kda.program = "aliased"} {
+    %x_ws = "kda.workspace"() {layout = "chunk", name = "x_ws"} : () -> memref<?x?x2x4xf32>
+    %x_ws2 = "kda.workspace"() {layout = "chunk", name = "x_ws"} : () -> memref<?x?x2x4xf32>
+    "kda.scan"() ({
+    ^bb0(%c: index):
+      %x = "kda.load_chunk"(%x_ws, %c) {name = "x"} : (memref<?x?x2x4xf32>, index) -> tensor<2x4xf32>
+      %A = "kda.dot"(%x, %x) {transpose_lhs = false, transpose_rhs = true} : (tensor<2x4xf32>, tensor<2x4xf32>) -> tensor<2x2xf32>
+      "kda.store"(%o, %c, %A) {name = "o"} : (memref<?x?x?x2xf32>, index, tensor<2x2xf32>) -> ()
+      gpu.yield
+    }) {kda.hbm_bytes_per_token = 1.600000e+01 : f64, kda.kernel = "aliased_chunk", parallel = true, reverse = false} : () -> ()
+    "kda.scan"() ({
+    ^bb0(%c: index):
+      %k_c = "kda.load"(%k, %c) {head_map = "direct", name = "k"} : (memref<?x?x?x4xf32>, index) -> tensor<2x4xf32>
+      "kda.store_chunk"(%x_ws2, %c, %k_c) {name = "x"} : (memref<?x?x2x4xf32>, index, tensor<2x4xf32>) -> ()
+      gpu.yield
+    }) {kda.hbm_bytes_per_token = 1.600000e+01 : f64, kda.kernel = "aliased_between", parallel = true, reverse = false} : () -> ()
+    "kda.scan"() ({
+    ^bb0(%c: index):
+      %x = "kda.load_chunk"(%x_ws, %c) {name = "x"} : (memref<?x?x2x4xf32>, index) -> tensor<2x4xf32>
+      %A = "kda.dot"(%x, %x) {transpose_lhs = false, transpose_rhs = true} : (tensor<2x4xf32>, tensor<2x4xf32>) -> tensor<2x2xf32>
+      "kda.store"(%o2, %c, %A) {name = "o2"} : (memref<?x?x?x2xf32>, index, tensor<2x2xf32>) -> ()
+      gpu.yield
+    }) {kda.hbm_bytes_per_token = 1.600000e+01 : f64, kda.kernel = "aliased_out", parallel = true, reverse = false} : () -> ()
+    return
+  }
+}
