@@ -215,7 +215,7 @@ def _plan_group_with(program: Program, g, target: Target | None, opts: LowerOpti
                                 in_place=in_place, eager_sums=eager_sums)
             native = nat.plan_native(program, g, budget - REDUCE_SLOTS_BYTES,
                                      plan.total_bytes, precision, ring,
-                                     staging_sets=staging_sets)
+                                     staging_sets=staging_sets, dot=opts.dot)
             kept = frozenset(s.node for s in native.slots)
             if kept == ring:
                 break

@@ -26,8 +26,10 @@ where they fit in shared memory; :func:`chunk_warpgroups`), 1 otherwise:
   K-major B staging tile).
 
 Loads that TMA cannot express (a per-token scalar such as beta: a 2-byte box row) stay lazy
-global loads in the consumers, as on the portable path. Other matrix ops (decay_dot with
-sub-blocks, decay_matmul, solves) use the portable emitters (mma.sync / FMA).
+global loads in the consumers, as on the portable path. A decay_dot whose gates are one value
+per row (GDN's) is a wgmma product too, its decay an epilogue scale (`_row_gate_decay`). Other
+matrix ops (decay products with per-key gates, decay_matmul, solves) use the portable emitters
+(mma.sync / FMA).
 
 Host contract: every TMA'd tensor gets a kernel parameter ``<tensor>_tmap`` (``ptr``: the device
 address of a 128-byte CUtensorMap); the manifest's ``launch["tensor_maps"][param]`` says which
@@ -295,6 +297,51 @@ def _wgmma_dot_dims(n) -> tuple | None:
     return (M, N, K) if wgmma_dot_shape_ok(M, N, K) else None
 
 
+def _row_gate_sources(n) -> tuple | None:
+    """The two [C] gate values of decay product ``n`` when both of its gates are a broadcast
+    of one value per row over the contraction's columns (kda-narrow-broadcasts leaves GDN's
+    so), else None. Such a product's decay leaves the contraction: decay_matmul weights its
+    left operand by 2^(g_i - g_j), decay_dot scales its result by it."""
+    if n.op not in ("kda.decay_dot", "kda.decay_matmul"):
+        return None
+    out = []
+    for g in n.operands[2:4]:
+        src = g.owner
+        if (src is None or src.op != "kda.broadcast" or list(src.attrs.get("dims", ())) != [1]
+                or len(src.operands[0].shape) != 1):
+            return None
+        out.append(src.operands[0])
+    return tuple(out)
+
+
+#: the row-gate decay products that go to wgmma. decay_matmul stays on mma.sync: as one wgmma
+#: product at tf32x3 (TF32 hi and lo staged in 16-deep slices, two barriers each, three
+#: products per slice; an experiment, not kept) gdn's dk kernel got slower on the H200 (1371 -> 1456 us, B1_T8k_H16) although it issues 22% fewer
+#: instructions, while decay_dot (TF32, its decay an epilogue scale) took gdn's forward output
+#: kernel from 280 to 261 us (bench/results/h200_stop40_row_gate_wgmma_gdn.log)
+WGMMA_DECAY_OPS = ("kda.decay_dot",)
+
+
+def _wgmma_product_dims(n) -> tuple | None:
+    """(M, N, K) of any product that goes to wgmma: a kda.dot (`_wgmma_dot_dims`), or a decay
+    product of WGMMA_DECAY_OPS with row gates (`_row_gate_sources`), else None."""
+    if n.op == "kda.dot":
+        return _wgmma_dot_dims(n)
+    if n.op not in WGMMA_DECAY_OPS or _row_gate_sources(n) is None:
+        return None
+    M, N = n.results[0].shape
+    K = n.operands[0].shape[1] if n.op == "kda.decay_dot" else n.operands[0].shape[0]
+    return (M, N, K) if wgmma_dot_shape_ok(M, N, K) else None
+
+
+def decay_staging_precision(dot: str, n) -> str:
+    """The wgmma operand precision of row-gate decay product ``n`` under the lowering's
+    ``dot``: its own (kda.precision under "auto"), not the kernel's; one wgmma does not take
+    (tf32x3, fp32) stages as bf16x3, as the kernel's products do."""
+    p = product_precision(dot, n.op, n.attrs.get("kda.precision"))
+    return p if p in WGMMA_PRECISIONS else "bf16x3"
+
+
 def _staging_layouts(N: int, K: int, precision: str) -> tuple:
     """(A tile layout [64, ks], B tile layout [N, ks], parts): the staging of one K slice,
     K-major; ``parts`` tiles of each (bf16: hi, bf16x3: hi and lo; tf32: one tile of 4-byte
@@ -305,9 +352,18 @@ def _staging_layouts(N: int, K: int, precision: str) -> tuple:
             2 if precision == "bf16x3" else 1)
 
 
+def _product_precision(n, kernel_precision: str, dot: str) -> str:
+    """The staging precision of wgmma product ``n`` in a kernel whose kda.dot products take
+    ``kernel_precision``."""
+    if n.op == "kda.dot":
+        return kernel_precision
+    return decay_staging_precision(dot if dot == "auto" else kernel_precision, n)
+
+
 def _staging_bytes(n, precision: str) -> int:
-    """Bytes of the bf16 staging tiles a kda.dot needs (0 when it does not go to wgmma)."""
-    dims = _wgmma_dot_dims(n)
+    """Bytes of the staging tiles a wgmma product needs at ``precision`` (0 when it does not
+    go to wgmma)."""
+    dims = _wgmma_product_dims(n)
     if dims is None:
         return 0
     la, lb, parts = _staging_layouts(dims[1], dims[2], precision)
@@ -353,7 +409,7 @@ def single_read_operands(group) -> frozenset:
     out = set()
     for n in group.nodes:
         for m in [n, *(walk(n.body) if n.body is not None else [])]:
-            dims = _wgmma_dot_dims(m)
+            dims = _wgmma_product_dims(m)
             if dims is None:
                 continue
             out.add((m, 0))
@@ -376,20 +432,25 @@ def tma_candidates(program, group) -> list:
 
 
 def plan_native(program, group, budget: int, plan_bytes: int, precision: str,
-                candidates=None, max_depth: int = 2, staging_sets: int = 1) -> NativeLayout:
+                candidates=None, max_depth: int = 2, staging_sets: int = 1,
+                dot: str = "auto") -> NativeLayout:
     """Ring (TMA slots, depth) and staging for a tile kernel. ``budget``: shared-memory bytes
     available after the reduction slots; ``plan_bytes``: what the kernel's tile buffers would
     take in shared memory (they spill to the global scratch when the ring needs the room);
     ``candidates``: the load nodes that may go to the ring (default: every TMA candidate);
     ``staging_sets``: sets of staging tiles a product's K slices alternate between
-    (LowerOptions.staging_buffers; one where no product has more than one slice)."""
+    (LowerOptions.staging_buffers; one where no product has more than one slice); ``dot``:
+    the lowering's option (the precision of row-gate decay products)."""
     lay = NativeLayout(precision=precision)
     sliced = False
     for n in group.nodes:
         for m in [n, *(walk(n.body) if n.body is not None else [])]:
-            lay.staging_set_bytes = max(lay.staging_set_bytes, _staging_bytes(m, precision))
-            dims = _wgmma_dot_dims(m)
-            sliced = sliced or (dims is not None and dims[2] > _k_slice(dims[2]))
+            dims = _wgmma_product_dims(m)
+            if dims is None:
+                continue
+            p = _product_precision(m, precision, dot)
+            lay.staging_set_bytes = max(lay.staging_set_bytes, _staging_bytes(m, p))
+            sliced = sliced or dims[2] > _k_slice(dims[2])
     lay.staging_sets = staging_sets if sliced else 1
     slots = [s for s in tma_candidates(program, group)
              if candidates is None or s.node in candidates]
@@ -419,6 +480,16 @@ def plan_native(program, group, budget: int, plan_bytes: int, precision: str,
     if slots and max_depth >= 2 and plan_bytes + 2 * off <= room:
         lay.depth = 2
     return lay
+
+
+class _EpilogueOut:
+    """A product's output seen through an epilogue: write(idx, v) stores fn(idx, v)."""
+
+    def __init__(self, out, fn):
+        self.out, self.fn, self.shape = out, fn, out.shape
+
+    def write(self, idx, v):
+        self.out.write(idx, self.fn(idx, v))
 
 
 class _DynBarrier:
@@ -660,6 +731,8 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
         return T_.FnRef(shape, read_chunk, cheap=True)
 
     def matrix(self, n, out) -> None:
+        if _wgmma_product_dims(n) is not None and n.op != "kda.dot":
+            return self._row_gate_decay(n, out)
         if _wgmma_dot_dims(n) is None:
             return super().matrix(n, out)
         a = self.env[n.operands[0]]
@@ -673,17 +746,48 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
         # is a transposed view, B along N unless it is one (coalesced global reads)
         self.dot_wgmma(out, a, b, a_along_k=not a_tr, b_along_k=b_tr)
 
+    def _row_gate_decay(self, n, out) -> None:
+        """A decay product with row gates as one wgmma product: decay_matmul weights its left
+        operand by E[i, j] = 2^(g_row[i] - g_col[j]) (j <= i + diagonal, else 0) while staging
+        it, so each weight is computed once (the mma.sync form recomputed it in every warp
+        that read it); decay_dot scales its result by E as it leaves the accumulators. Every
+        kept exponent is <= 0 for a decaying gate (clamped below at ``clamp_min``); masked
+        weights are selected away, never multiplied."""
+        gl, gr = (self.env[g] for g in _row_gate_sources(n))
+        lhs, rhs = self.env[n.operands[0]], self.env[n.operands[1]]
+        diagonal, clamp = int(n.attrs["diagonal"]), n.attrs.get("clamp_min")
+        precision = decay_staging_precision(self.opts.dot, n)
+        zero = B.f(0.0)
+
+        def kept(i, j, v):
+            e = B.exp2_clamped(B.sub(gl.read([i]), gr.read([j])), clamp)
+            return B.sel(B.icmp("le", j, T_.addk(i, diagonal)), B.mul(v, e), zero)
+        if n.op == "kda.decay_matmul":
+            C = lhs.shape[0]
+            if n.attrs.get("transpose"):      # out = (w ⊙ E)ᵀ x
+                a = T_.FnRef((C, C), lambda idx: kept(idx[1], idx[0], lhs.read([idx[1], idx[0]])))
+            else:
+                a = T_.FnRef((C, C), lambda idx: kept(idx[0], idx[1], lhs.read(idx)))
+            self.dot_wgmma(out, a, rhs, a_along_k=not n.attrs.get("transpose"),
+                           precision=precision)
+        else:                                 # out = E ⊙ (lhs rhsᵀ)
+            self.dot_wgmma(_EpilogueOut(out, lambda idx, v: kept(idx[0], idx[1], v)), lhs,
+                           T_.transpose(rhs), b_along_k=True, precision=precision)
+
     # -- wgmma -------------------------------------------------------------------------------
-    def dot_wgmma(self, out, a, b, a_along_k: bool = True, b_along_k: bool = False) -> None:
-        """out[M, N] = a[M, K] @ b[K, N] with wgmma on bf16 (hi [+ lo]) staging tiles.
+    def dot_wgmma(self, out, a, b, a_along_k: bool = True, b_along_k: bool = False,
+                  precision: str | None = None) -> None:
+        """out[M, N] = a[M, K] @ b[K, N] with wgmma on staging tiles of ``precision`` (default:
+        the kernel's): bf16 hi [+ lo], or TF32.
         ``a_along_k`` / ``b_along_k``: consecutive threads stage consecutive K elements of an
         operand (its tile is contiguous along K where stored), else consecutive M / N
         elements (8 of them, then the next K pair: whole 32-byte sectors of a row-major tile
         and at most a few shared-memory bank conflicts on the K-major staging stores)."""
         M, N = out.shape
         K = a.shape[1]
-        la, lb, parts = _staging_layouts(N, K, self.layout.precision)
-        tf32 = self.layout.precision == "tf32"
+        precision = precision or self.layout.precision
+        la, lb, parts = _staging_layouts(N, K, precision)
+        tf32 = precision == "tf32"
         dtype = "tf32" if tf32 else "bf16"
         ks = la.cols
         nk = K // ks
