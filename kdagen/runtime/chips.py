@@ -1,6 +1,8 @@
 """Which kdagen target a CUDA device is (the chip facts: :mod:`kdagen.target`)."""
 from __future__ import annotations
 
+import functools
+
 from kdagen.target import chip_for_capability
 
 __all__ = ["chip_for_device"]
@@ -8,5 +10,15 @@ __all__ = ["chip_for_device"]
 
 def chip_for_device(device) -> str:
     import torch
-    major, minor = torch.cuda.get_device_capability(device)
-    return chip_for_capability(major, minor, torch.cuda.get_device_name(device))
+    index = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    if index.index is None:
+        index = torch.device("cuda", torch.cuda.current_device())
+    return _chip_of(index.index)
+
+
+@functools.lru_cache(maxsize=None)
+def _chip_of(index: int) -> str:
+    # a device's chip never changes; asked once per kernel launch, it cost host time
+    import torch
+    major, minor = torch.cuda.get_device_capability(index)
+    return chip_for_capability(major, minor, torch.cuda.get_device_name(index))

@@ -27,6 +27,7 @@ runs): a :class:`LaunchRecord` (kernel, grid, manifest entry, CUDA events) per l
 from __future__ import annotations
 
 import ast
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,11 +47,17 @@ def list_variants(bundle_dir) -> dict:
     return json.loads((Path(bundle_dir) / LOWERED).read_text())["variants"]
 
 
+@functools.lru_cache(maxsize=1024)
+def _parse_rule(rule: str):
+    # parsed once per rule: ast.parse + compile per launch were ~10% of a call's host time
+    return ast.parse(rule, mode="eval")
+
+
 def eval_rule(rule, env: dict) -> int:
     """Evaluate a grid rule ("HV", "ceil_div(tokens * H * 64, 256)", 3...) over ``env``."""
     if isinstance(rule, int):
         return rule
-    tree = ast.parse(str(rule), mode="eval")
+    tree = _parse_rule(str(rule))
 
     def ev(node):
         if isinstance(node, ast.Expression):
@@ -223,6 +230,8 @@ class LoweredProgram:
             values[w["name"]] = self._alloc(w["layout"], w.get("heads"), w["tail"], w["elt"], sz,
                                             device, poison)
         env = dict(sz)
+        if stream is None:      # one lookup per call, not per launch (host time)
+            stream = torch.cuda.current_stream(device)
         for name in self.kernel_names(chip):
             kern = self.library.get(name, device)
             launch = kern.entry.launch

@@ -24,9 +24,12 @@ class LoadedKernel:
     function: object
     load_seconds: float
 
+    def __post_init__(self):
+        self.kinds = [p["kind"] for p in self.entry.params]
+
     def launch(self, grid, args: list, stream=None) -> None:
         import torch
-        kinds = [p["kind"] for p in self.entry.params]
+        kinds = self.kinds
         if len(args) != len(kinds):
             raise TypeError(f"kernel {self.entry.name}: expected {len(kinds)} arguments "
                             f"({', '.join(p['name'] for p in self.entry.params)}), got {len(args)}")
@@ -36,6 +39,18 @@ class LoadedKernel:
         shared = int(self.entry.launch.get("dynamic_shared_memory", 0))
         driver.launch(self.function, tuple(int(g) for g in grid), block, shared,
                       stream.cuda_stream, kinds, values, self.entry.name)
+
+
+_contexts: dict = {}
+
+
+def _context(index: int) -> int:
+    """The handle of torch's (primary) context on device ``index``: asked of the driver once
+    per device (it lives as long as the process; per launch the lookup cost host time)."""
+    ctx = _contexts.get(index)
+    if ctx is None:
+        ctx = _contexts[index] = int(driver.current_context(index))
+    return ctx
 
 
 class KernelLibrary:
@@ -57,12 +72,11 @@ class KernelLibrary:
         import torch
         device = torch.device(device)
         index = device.index if device.index is not None else torch.cuda.current_device()
-        chip = chip_for_device(index)
-        ctx = driver.current_context(index)
-        key = (index, int(ctx), name)
+        ctx = _context(index)
+        key = (index, ctx, name)
         with self._lock:
             if key not in self._loaded:
-                self._loaded[key] = self._load(self.entry(name, chip))
+                self._loaded[key] = self._load(self.entry(name, chip_for_device(index)))
             return self._loaded[key]
 
     def _load(self, entry: KernelEntry) -> LoadedKernel:
