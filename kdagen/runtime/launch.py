@@ -230,7 +230,7 @@ class LoweredProgram:
             values[w["name"]] = self._alloc(w["layout"], w.get("heads"), w["tail"], w["elt"], sz,
                                             device, poison)
         env = dict(sz)
-        if stream is None:      # one lookup per call, not per launch (host time)
+        if stream is None and device.type == "cuda":  # one lookup per call, not per launch
             stream = torch.cuda.current_stream(device)
         for name in self.kernel_names(chip):
             kern = self.library.get(name, device)
