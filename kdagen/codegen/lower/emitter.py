@@ -229,6 +229,23 @@ def op_label(n) -> str:
     return f"{n.kind} {name}" if name else n.kind
 
 
+def row_gate_sources(n) -> tuple | None:
+    """The two [C] gate values of decay product ``n`` when both of its gates are a broadcast
+    of one value per row over the contraction's columns (kda-narrow-broadcasts leaves GDN's
+    so), else None: the decay then leaves the contraction (decay_matmul weights its left
+    operand by 2^(g_i - g_j), decay_dot scales its result by it)."""
+    if n.op not in ("kda.decay_dot", "kda.decay_matmul"):
+        return None
+    out = []
+    for g in n.operands[2:4]:
+        src = g.owner
+        if (src is None or src.op != "kda.broadcast" or list(src.attrs.get("dims", ())) != [1]
+                or len(src.operands[0].shape) != 1):
+            return None
+        out.append(src.operands[0])
+    return tuple(out)
+
+
 class TileKernelEmitter:
     def __init__(self, program: Program, group: KernelGroup, plan: StoragePlan, storage: str,
                  opts: LowerOptions):
@@ -704,16 +721,9 @@ class TileKernelEmitter:
 
     def _row_gates(self, n):
         """(gamma_lhs, gamma_rhs) as [C] Refs when both gates of decay product ``n`` are a
-        broadcast of one value per row over the contraction's columns (kda-narrow-broadcasts
-        makes GDN's so), else None."""
-        narrow = []
-        for g in n.operands[2:4]:
-            src = g.owner
-            if (src is None or src.op != "kda.broadcast" or list(src.attrs.get("dims", ())) != [1]
-                    or len(src.operands[0].shape) != 1):
-                return None
-            narrow.append(self.env[src.operands[0]])
-        return tuple(narrow)
+        broadcast of one value per row (`row_gate_sources`), else None."""
+        sources = row_gate_sources(n)
+        return None if sources is None else tuple(self.env[g] for g in sources)
 
     def matrix(self, n, out: T_.BufRef) -> None:
         k = n.kind

@@ -58,7 +58,8 @@ from ..sm90 import regalloc, tma, wgmma
 from . import backend as B
 from . import tiles as T_
 from .cost import CHUNKS, CostCounter, NullCounter
-from .emitter import STATE_LOAD_BATCH, Geometry, TileKernelEmitter, mem_info
+from .emitter import (STATE_LOAD_BATCH, Geometry, TileKernelEmitter, mem_info,
+                      row_gate_sources)
 from .mlir_backend import MlirBackend
 from .options import product_precision
 from .plan import CHUNK_LOADS, MULTI_READ, NOOP_OPS, VIEW_OPS, LoweringError
@@ -297,23 +298,6 @@ def _wgmma_dot_dims(n) -> tuple | None:
     return (M, N, K) if wgmma_dot_shape_ok(M, N, K) else None
 
 
-def _row_gate_sources(n) -> tuple | None:
-    """The two [C] gate values of decay product ``n`` when both of its gates are a broadcast
-    of one value per row over the contraction's columns (kda-narrow-broadcasts leaves GDN's
-    so), else None. Such a product's decay leaves the contraction: decay_matmul weights its
-    left operand by 2^(g_i - g_j), decay_dot scales its result by it."""
-    if n.op not in ("kda.decay_dot", "kda.decay_matmul"):
-        return None
-    out = []
-    for g in n.operands[2:4]:
-        src = g.owner
-        if (src is None or src.op != "kda.broadcast" or list(src.attrs.get("dims", ())) != [1]
-                or len(src.operands[0].shape) != 1):
-            return None
-        out.append(src.operands[0])
-    return tuple(out)
-
-
 #: the row-gate decay products that go to wgmma. decay_matmul stays on mma.sync: as one wgmma
 #: product at tf32x3 (TF32 hi and lo staged in 16-deep slices, two barriers each, three
 #: products per slice; an experiment, not kept) gdn's dk kernel got slower on the H200 (1371 -> 1456 us, B1_T8k_H16) although it issues 22% fewer
@@ -324,10 +308,10 @@ WGMMA_DECAY_OPS = ("kda.decay_dot",)
 
 def _wgmma_product_dims(n) -> tuple | None:
     """(M, N, K) of any product that goes to wgmma: a kda.dot (`_wgmma_dot_dims`), or a decay
-    product of WGMMA_DECAY_OPS with row gates (`_row_gate_sources`), else None."""
+    product of WGMMA_DECAY_OPS with row gates (`emitter.row_gate_sources`), else None."""
     if n.op == "kda.dot":
         return _wgmma_dot_dims(n)
-    if n.op not in WGMMA_DECAY_OPS or _row_gate_sources(n) is None:
+    if n.op not in WGMMA_DECAY_OPS or row_gate_sources(n) is None:
         return None
     M, N = n.results[0].shape
     K = n.operands[0].shape[1] if n.op == "kda.decay_dot" else n.operands[0].shape[0]
@@ -753,7 +737,7 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
         that read it); decay_dot scales its result by E as it leaves the accumulators. Every
         kept exponent is <= 0 for a decaying gate (clamped below at ``clamp_min``); masked
         weights are selected away, never multiplied."""
-        gl, gr = (self.env[g] for g in _row_gate_sources(n))
+        gl, gr = (self.env[g] for g in row_gate_sources(n))
         lhs, rhs = self.env[n.operands[0]], self.env[n.operands[1]]
         diagonal, clamp = int(n.attrs["diagonal"]), n.attrs.get("clamp_min")
         precision = decay_staging_precision(self.opts.dot, n)
