@@ -3,7 +3,9 @@
 For each config: forward (no grad) and forward+backward, median ms over repeated runs
 (triton.testing.do_bench), the ratio FLA time / kdagen time, % of the roofline floor
 (max(bytes moved once / 4.25 TB/s, FLOPs / 700 TFLOP/s)), and the first-call time (module load
-for kdagen, compilation/autotuning for FLA) measured separately. Prints a table and writes JSON.
+for kdagen, compilation/autotuning for FLA) measured separately, and each call's host time
+(``<impl>_host_ms``, `host_enqueue_ms`: near the median, the call is host-bound). Prints a table
+and writes JSON.
 
 With ``--kernels``, also one row per kernel launched by each kdagen call (kdagen/kernel_table.py):
 grid, threads, CTAs per SM, registers, shared memory, median µs per call, µs per chunk step of
@@ -191,6 +193,25 @@ def measure(fn, warmup_ms=50, rep_ms=300):
     return triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
 
 
+def host_enqueue_ms(fn, reps: int = 20, synchronize=None) -> float:
+    """Median host time of one call of ``fn`` from an idle device until it returns, without
+    waiting for its kernels (``synchronize``, torch.cuda.synchronize by default, runs before
+    each call and after it, outside the timing). Where it nears the do_bench time, the call is
+    host-bound: the device waits on Python, and end-to-end times carry host jitter."""
+    import statistics
+    if synchronize is None:
+        import torch
+        synchronize = torch.cuda.synchronize
+    times = []
+    for _ in range(reps):
+        synchronize()
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+        synchronize()
+    return 1e3 * statistics.median(times)
+
+
 def time_kernel_launches(run, reps: int) -> list[list[tuple]]:
     """Call ``run()`` ``reps`` times with every kernel launch bracketed by CUDA events; per
     call, ``[(kernel name, grid, manifest entry as a dict, µs), ...]`` in launch order.
@@ -360,6 +381,8 @@ def main(argv=None):
                             row[f"{impl}_first_call_s"] = time.perf_counter() - start
                             row[f"{impl}_ms"] = measure(lambda: call(fn, family, x, kw, grad),
                                                         rep_ms=args.rep_ms)
+                            row[f"{impl}_host_ms"] = host_enqueue_ms(
+                                lambda: call(fn, family, x, kw, grad))
                     except Exception as err:
                         row[f"{impl}_error"] = f"{type(err).__name__}: {err}"[:200]
                         continue

@@ -78,3 +78,22 @@ def test_flashqla_kernels_get_the_tilelang_init_check_switched_off(tmp_path, mon
     assert fused_bwd.without_configs.pass_configs == {"tl.disable_buffer_init_check": True}
     for name in [m for m in sys.modules if m.startswith("flash_qla")]:
         monkeypatch.delitem(sys.modules, name)
+
+
+def test_host_enqueue_time_is_the_median_call_and_waits_outside_it():
+    """bench rows record each implementation's host time per call (``<impl>_host_ms``): the
+    median over calls, each started after a synchronize, the synchronize itself not timed."""
+    import time
+    calls, syncs = [], []
+    durations = iter([0.001, 0.005, 0.002, 0.003, 0.004])
+
+    def fn():
+        calls.append(1)
+        time.sleep(next(durations))
+
+    def sync():
+        syncs.append(1)
+        time.sleep(0.01)          # a slow synchronize must not count
+    ms = benchmark.host_enqueue_ms(fn, reps=5, synchronize=sync)
+    assert len(calls) == 5 and len(syncs) == 10
+    assert 3.0 <= ms < 8.0
