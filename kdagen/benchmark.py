@@ -42,6 +42,10 @@ CONFIGS = {
     "varlen_mix_H16": (1, None, 16, 16, [1, 17, 64, 129, 1000, 2500, 4096, 8192, 300, 16000]),
     "gva_H4_HV16_T8k": (1, 8192, 4, 16, None),
 }
+#: few heads, long sequences: the state scans run on B·HV·(V / 64) CTAs, a handful of the 132
+#: SMs (what context parallelism is for); asked by name, not in the default set
+SMALL_HEAD_CONFIGS = {f"B1_T32k_H{h}": (1, 32768, h, h, None) for h in (2, 4, 8)}
+ALL_CONFIGS = {**CONFIGS, **SMALL_HEAD_CONFIGS}
 
 
 def flops_per_token(K: int, V: int, C: int = CHUNK, backward: bool = False) -> float:
@@ -283,7 +287,7 @@ def _write_json(path, rows, kernels, device_name) -> None:
 
 def _config_help() -> str:
     rows = []
-    for name, (B, T, H, HV, lengths) in CONFIGS.items():
+    for name, (B, T, H, HV, lengths) in ALL_CONFIGS.items():
         shape = (f"varlen {len(lengths)} sequences, {sum(lengths)} tokens" if lengths
                  else f"B={B} T={T}")
         rows.append(f"{name} ({shape}, H={H}, HV={HV})")
@@ -302,7 +306,8 @@ def build_parser() -> argparse.ArgumentParser:
                "--kernels adds a table with one row per kernel of each kdagen call "
                "(CUDA-event times per launch).")
     parser.add_argument("--configs", default=",".join(CONFIGS), metavar="NAME[,NAME...]",
-                        help="comma-separated problem sizes to time (default: all): "
+                        help="comma-separated problem sizes to time (default: the first "
+                             f"{len(CONFIGS)}, DESIGN.md §6's): "
                              + _config_help().replace("%", "%%"))
     parser.add_argument("--ops", default="kda,gdn", metavar="OP[,OP...]",
                         help="comma-separated ops: kda (chunk_kda), gdn "
@@ -343,6 +348,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
+    unknown = [c for c in args.configs.split(",") if c not in ALL_CONFIGS]
+    if unknown:
+        parser.error(f"--configs {','.join(unknown)}: unknown; choose from "
+                     f"{', '.join(ALL_CONFIGS)}")
     bundles = dict(b.split("=", 1) for b in args.bundle)
     chunk_sizes = {k: int(v) for k, v in (c.split("=", 1) for c in args.chunk_size)}
     unknown = set(chunk_sizes) - set(bundles)
@@ -363,7 +372,7 @@ def main(argv=None):
         impls = implementations(family, fla=not args.no_fla, bundles=bundles,
                                 chunk_sizes=chunk_sizes)
         for name in args.configs.split(","):
-            B, T, H, HV, lengths = CONFIGS[name]
+            B, T, H, HV, lengths = ALL_CONFIGS[name]
             x, kw, T = make_inputs(family, B, T or 0, H, HV, lengths, device)
             tokens = B * T if lengths is None else T
             longest = max(lengths) if lengths else T

@@ -97,3 +97,15 @@ def test_host_enqueue_time_is_the_median_call_and_waits_outside_it():
     ms = benchmark.host_enqueue_ms(fn, reps=5, synchronize=sync)
     assert len(calls) == 5 and len(syncs) == 10
     assert 3.0 <= ms < 8.0
+
+
+def test_small_head_configs_are_asked_by_name():
+    """HV = 2, 4, 8 at T = 32k (the context-parallelism configs) are known to --configs but
+    not in the default set; an unknown name is refused before anything runs."""
+    assert set(benchmark.SMALL_HEAD_CONFIGS) == {"B1_T32k_H2", "B1_T32k_H4", "B1_T32k_H8"}
+    assert all(v == (1, 32768, h, h, None) for h, v in
+               zip((2, 4, 8), benchmark.SMALL_HEAD_CONFIGS.values()))
+    default = benchmark.build_parser().parse_args([]).configs.split(",")
+    assert set(default) == set(benchmark.CONFIGS)
+    with pytest.raises(SystemExit):
+        benchmark.main(["--configs", "B1_T32k_H3"])
