@@ -307,7 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
                "(CUDA-event times per launch).")
     parser.add_argument("--configs", default=",".join(CONFIGS), metavar="NAME[,NAME...]",
                         help="comma-separated problem sizes to time (default: the first "
-                             f"{len(CONFIGS)}, DESIGN.md §6's): "
+                             f"{len(CONFIGS)}): "
                              + _config_help().replace("%", "%%"))
     parser.add_argument("--ops", default="kda,gdn", metavar="OP[,OP...]",
                         help="comma-separated ops: kda (chunk_kda), gdn "
