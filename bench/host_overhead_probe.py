@@ -25,27 +25,29 @@ def main() -> None:
     import torch
 
     import kdagen
-    from kdagen.benchmark import call, make_inputs, measure
+    from kdagen.benchmark import call, host_enqueue_ms, make_inputs, measure
     x, kw, _ = make_inputs("kda", 1, 8192, 16, 16, None, "cuda")
     fn = kdagen.chunk_kda
     rows = []
 
+    def one_call():
+        call(fn, "kda", x, kw, False)
+
     def phase(label):
         with torch.no_grad():
             for _ in range(3):
-                call(fn, "kda", x, kw, False)
+                one_call()
             torch.cuda.synchronize()
-            ms = measure(lambda: call(fn, "kda", x, kw, False))
-            enqueue, synced = [], []
+            ms = measure(one_call)
+            enqueue = host_enqueue_ms(one_call, reps=50)
+            synced = []
             for _ in range(50):
                 torch.cuda.synchronize()
                 t = time.perf_counter()
-                call(fn, "kda", x, kw, False)
-                enqueue.append(time.perf_counter() - t)
+                one_call()
                 torch.cuda.synchronize()
                 synced.append(time.perf_counter() - t)
-        row = {"phase": label, "do_bench_ms": ms,
-               "enqueue_ms": 1e3 * statistics.median(enqueue),
+        row = {"phase": label, "do_bench_ms": ms, "enqueue_ms": enqueue,
                "call_with_sync_ms": 1e3 * statistics.median(synced)}
         rows.append(row)
         print(json.dumps(row), flush=True)

@@ -1,7 +1,7 @@
 """Row-gate decay products on the sm_90a native path (sm90_native._row_gate_decay): a
 decay_dot whose gates are one value per row (GDN's, after kda-narrow-broadcasts) is one wgmma
 product, its decay an epilogue scale of the accumulators; decay_matmul stays on mma.sync
-(WGMMA_DECAY_OPS: as a tf32x3 wgmma product it measured slower). KDA's per-key decay products
+(sm90_native._wgmma_product_dims: as a tf32x3 wgmma product it measured slower). KDA's per-key decay products
 are untouched. Numerics: the GPU check (548 ok on the H200 with both ops on wgmma,
 bench/results/h200_stop40_gpu_check_native_row_gate_wgmma.log)."""
 from __future__ import annotations

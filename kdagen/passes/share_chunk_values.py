@@ -83,15 +83,15 @@ class _Numbering:
     def __init__(self):
         self.versions: dict = {}      # memory key -> writes made so far (in program order)
 
-    def wrote(self, op) -> None:
-        """Count the writes of top-level op ``op`` (a kernel or any op after the last one)."""
-        for key in _written_memory(op):
+    def wrote(self, written: set) -> None:
+        """Count the writes of a top-level op (`_written_memory` of it)."""
+        for key in written:
             self.versions[key] = self.versions.get(key, 0) + 1
 
-    def of_scan(self, scan) -> dict:
+    def of_scan(self, scan, own_writes: set) -> dict:
+        """The numbers of ``scan``'s values; ``own_writes``: `_written_memory` of ``scan``."""
         block = scan.regions[0].blocks[0]
         chunk = block.arguments[0]
-        own_writes = _written_memory(scan)
         numbers: dict = {}
 
         def number(v):
@@ -181,9 +181,11 @@ class ShareChunkValuesPass(ModulePass):
                           for op in func.regions[0].blocks[0].operations
                           if op.operation.name == "kda.workspace"}
             for top in [op.operation for op in func.regions[0].blocks[0].operations]:
+                written = _written_memory(top)
                 if top in scans:
-                    self._share_into(top, numbering.of_scan(top), first, workspaces, made)
-                numbering.wrote(top)
+                    self._share_into(top, numbering.of_scan(top, written), first, workspaces,
+                                     made)
+                numbering.wrote(written)
 
     def _share_into(self, scan, numbers: dict, first: dict, workspaces: set, made: dict) -> None:
         """Replace what ``scan`` computes that an earlier kernel computed by a load of it."""

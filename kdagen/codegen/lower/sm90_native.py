@@ -298,32 +298,21 @@ def _wgmma_dot_dims(n) -> tuple | None:
     return (M, N, K) if wgmma_dot_shape_ok(M, N, K) else None
 
 
-#: the row-gate decay products that go to wgmma. decay_matmul stays on mma.sync: as one wgmma
-#: product at tf32x3 (TF32 hi and lo staged in 16-deep slices, two barriers each, three
-#: products per slice; an experiment, not kept) gdn's dk kernel got slower on the H200 (1371 -> 1456 us, B1_T8k_H16) although it issues 22% fewer
-#: instructions, while decay_dot (TF32, its decay an epilogue scale) took gdn's forward output
-#: kernel from 280 to 261 us (bench/results/h200_stop40_row_gate_wgmma_gdn.log)
-WGMMA_DECAY_OPS = ("kda.decay_dot",)
-
-
 def _wgmma_product_dims(n) -> tuple | None:
-    """(M, N, K) of any product that goes to wgmma: a kda.dot (`_wgmma_dot_dims`), or a decay
-    product of WGMMA_DECAY_OPS with row gates (`emitter.row_gate_sources`), else None."""
+    """(M, N, K) of any product that goes to wgmma: a kda.dot (`_wgmma_dot_dims`), or a
+    decay_dot with row gates (`emitter.row_gate_sources`), else None. The row-gate
+    decay_matmul stays on mma.sync: as one wgmma product at tf32x3 (TF32 hi and lo staged in
+    16-deep slices, two barriers each, three products per slice; an experiment, not kept)
+    gdn's dk kernel got slower on the H200 (1371 -> 1456 us, B1_T8k_H16) although it issued
+    22% fewer instructions, while decay_dot (TF32, its decay an epilogue scale) took gdn's
+    forward output kernel from 280 to 261 us (bench/results/h200_stop40_row_gate_wgmma_gdn.log)."""
     if n.op == "kda.dot":
         return _wgmma_dot_dims(n)
-    if n.op not in WGMMA_DECAY_OPS or row_gate_sources(n) is None:
+    if n.op != "kda.decay_dot" or row_gate_sources(n) is None:
         return None
     M, N = n.results[0].shape
-    K = n.operands[0].shape[1] if n.op == "kda.decay_dot" else n.operands[0].shape[0]
+    K = n.operands[0].shape[1]
     return (M, N, K) if wgmma_dot_shape_ok(M, N, K) else None
-
-
-def decay_staging_precision(dot: str, n) -> str:
-    """The wgmma operand precision of row-gate decay product ``n`` under the lowering's
-    ``dot``: its own (kda.precision under "auto"), not the kernel's; one wgmma does not take
-    (tf32x3, fp32) stages as bf16x3, as the kernel's products do."""
-    p = product_precision(dot, n.op, n.attrs.get("kda.precision"))
-    return p if p in WGMMA_PRECISIONS else "bf16x3"
 
 
 def _staging_layouts(N: int, K: int, precision: str) -> tuple:
@@ -338,18 +327,17 @@ def _staging_layouts(N: int, K: int, precision: str) -> tuple:
 
 def _product_precision(n, kernel_precision: str, dot: str) -> str:
     """The staging precision of wgmma product ``n`` in a kernel whose kda.dot products take
-    ``kernel_precision``."""
-    if n.op == "kda.dot":
+    ``kernel_precision``, under the lowering's ``dot``: a row-gate decay_dot keeps its own
+    (kda.precision) under "auto", else the kernel's; what one wgmma does not take (tf32x3,
+    fp32) stages as bf16x3, as the kernel's products do."""
+    if n.op == "kda.dot" or dot != "auto":
         return kernel_precision
-    return decay_staging_precision(dot if dot == "auto" else kernel_precision, n)
+    p = product_precision(dot, n.op, n.attrs.get("kda.precision"))
+    return p if p in WGMMA_PRECISIONS else "bf16x3"
 
 
-def _staging_bytes(n, precision: str) -> int:
-    """Bytes of the staging tiles a wgmma product needs at ``precision`` (0 when it does not
-    go to wgmma)."""
-    dims = _wgmma_product_dims(n)
-    if dims is None:
-        return 0
+def _staging_bytes(dims: tuple, precision: str) -> int:
+    """Bytes of the staging tiles of a wgmma product of ``dims`` (M, N, K) at ``precision``."""
     la, lb, parts = _staging_layouts(dims[1], dims[2], precision)
     return parts * (la.size_bytes + lb.size_bytes)
 
@@ -433,7 +421,7 @@ def plan_native(program, group, budget: int, plan_bytes: int, precision: str,
             if dims is None:
                 continue
             p = _product_precision(m, precision, dot)
-            lay.staging_set_bytes = max(lay.staging_set_bytes, _staging_bytes(m, p))
+            lay.staging_set_bytes = max(lay.staging_set_bytes, _staging_bytes(dims, p))
             sliced = sliced or dims[2] > _k_slice(dims[2])
     lay.staging_sets = staging_sets if sliced else 1
     slots = [s for s in tma_candidates(program, group)
@@ -731,32 +719,21 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
         self.dot_wgmma(out, a, b, a_along_k=not a_tr, b_along_k=b_tr)
 
     def _row_gate_decay(self, n, out) -> None:
-        """A decay product with row gates as one wgmma product: decay_matmul weights its left
-        operand by E[i, j] = 2^(g_row[i] - g_col[j]) (j <= i + diagonal, else 0) while staging
-        it, so each weight is computed once (the mma.sync form recomputed it in every warp
-        that read it); decay_dot scales its result by E as it leaves the accumulators. Every
-        kept exponent is <= 0 for a decaying gate (clamped below at ``clamp_min``); masked
-        weights are selected away, never multiplied."""
+        """A decay_dot with row gates as one wgmma product, out = E ⊙ (lhs rhsᵀ): its result
+        is scaled by E[i, j] = 2^(g_row[i] - g_col[j]) (j <= i + diagonal, else 0) as it
+        leaves the accumulators. Every kept exponent is <= 0 for a decaying gate (clamped
+        below at ``clamp_min``); masked elements are selected away, never multiplied."""
         gl, gr = (self.env[g] for g in row_gate_sources(n))
         lhs, rhs = self.env[n.operands[0]], self.env[n.operands[1]]
         diagonal, clamp = int(n.attrs["diagonal"]), n.attrs.get("clamp_min")
-        precision = decay_staging_precision(self.opts.dot, n)
         zero = B.f(0.0)
 
-        def kept(i, j, v):
+        def kept(idx, v):
+            i, j = idx
             e = B.exp2_clamped(B.sub(gl.read([i]), gr.read([j])), clamp)
             return B.sel(B.icmp("le", j, T_.addk(i, diagonal)), B.mul(v, e), zero)
-        if n.op == "kda.decay_matmul":
-            C = lhs.shape[0]
-            if n.attrs.get("transpose"):      # out = (w ⊙ E)ᵀ x
-                a = T_.FnRef((C, C), lambda idx: kept(idx[1], idx[0], lhs.read([idx[1], idx[0]])))
-            else:
-                a = T_.FnRef((C, C), lambda idx: kept(idx[0], idx[1], lhs.read(idx)))
-            self.dot_wgmma(out, a, rhs, a_along_k=not n.attrs.get("transpose"),
-                           precision=precision)
-        else:                                 # out = E ⊙ (lhs rhsᵀ)
-            self.dot_wgmma(_EpilogueOut(out, lambda idx, v: kept(idx[0], idx[1], v)), lhs,
-                           T_.transpose(rhs), b_along_k=True, precision=precision)
+        self.dot_wgmma(_EpilogueOut(out, kept), lhs, T_.transpose(rhs), b_along_k=True,
+                       precision=_product_precision(n, self.layout.precision, self.opts.dot))
 
     # -- wgmma -------------------------------------------------------------------------------
     def dot_wgmma(self, out, a, b, a_along_k: bool = True, b_along_k: bool = False,
