@@ -197,11 +197,12 @@ def measure(fn, warmup_ms=50, rep_ms=300):
     return triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
 
 
-def host_enqueue_ms(fn, reps: int = 20, synchronize=None) -> float:
+def host_enqueue_ms(fn, reps: int = 20, synchronize=None, clock=time.perf_counter) -> float:
     """Median host time of one call of ``fn`` from an idle device until it returns, without
     waiting for its kernels (``synchronize``, torch.cuda.synchronize by default, runs before
-    each call and after it, outside the timing). Where it nears the do_bench time, the call is
-    host-bound: the device waits on Python, and end-to-end times carry host jitter."""
+    each call and after it, outside the timing; ``clock``: seconds). Where it nears the
+    do_bench time, the call is host-bound: the device waits on Python, and end-to-end times
+    carry host jitter."""
     import statistics
     if synchronize is None:
         import torch
@@ -209,9 +210,9 @@ def host_enqueue_ms(fn, reps: int = 20, synchronize=None) -> float:
     times = []
     for _ in range(reps):
         synchronize()
-        start = time.perf_counter()
+        start = clock()
         fn()
-        times.append(time.perf_counter() - start)
+        times.append(clock() - start)
         synchronize()
     return 1e3 * statistics.median(times)
 
