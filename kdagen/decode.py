@@ -10,8 +10,11 @@ tensor value on the host, so a decode step can be captured in a CUDA graph. Sche
 
 The pool (``ssm_state_indices``; semantics of :mod:`kdagen.decode_reference`). A negative read
 slot skips the sequence (its outputs are 0, no slot is written), a negative write slot drops
-that token's state. Where the pool is a contiguous float32 tensor, the kernel reads each
-sequence's initial state from its slot itself: the ops ``torch.ops.kdagen.{kda,gdn}_decode_pool``
+that token's state. Where the pool is a contiguous float32 or bfloat16 tensor, stored
+``[slots, HV, K, V]`` or value-first ``[slots, HV, V, K]`` (``state_v_first``), the kernel reads
+each sequence's initial state from its slot itself (the program options ``state_dtype`` and
+``state_v_first`` say how the rows are stored; a bfloat16 row is widened to fp32 on load and the
+new state rounded to nearest once on store): the ops ``torch.ops.kdagen.{kda,gdn}_decode_pool``
 run the decode program with ``state_pool=True`` (the slot of sequence n is an input
 ``state_slots[n]``; :data:`kdagen.ir.programs.DECODE_OPTIONS`), which mutate the pool:
 
@@ -22,9 +25,11 @@ run the decode program with ``state_pool=True`` (the slot of sequence n is an in
   index is picked by a small torch gather on the ``[N, T]`` table) and returns the state after
   every token; these are scattered into their slots by torch (`_scatter_states`).
 
-A bfloat16 or non-contiguous pool takes the torch path for both: the states are gathered from
-their slots (``index_select``), the plain decode program advances them, and the new states are
-scattered back. The scatter is one indexed copy in which the rows that must not write repeat a
+A non-contiguous pool (or one of head dims the kernels are not built for) takes the torch path
+for both: the states are gathered from their slots (``index_select``, transposed where stored
+value-first), the plain decode program advances them, and the new states are scattered back.
+Without a pool, ``state_v_first`` transposes the initial state into the step and the final
+state back (one copy each way). The scatter is one indexed copy in which the rows that must not write repeat a
 writing row's slot and value (`_scatter_states`), so no host synchronisation is needed to leave
 the skipped slots out, and every state is stored exactly.
 """
@@ -126,17 +131,22 @@ gdn_decode = _define("gdn")
 
 
 def _run_pool(family, q, k, v, g, beta, A_log, dt_bias, state_pool, state_slots, cu_seqlens,
-              scale, write_final_state, output_token_states, use_qk_l2norm_in_kernel,
-              use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate,
-              lower_bound):
+              scale, write_final_state, output_token_states, state_v_first,
+              use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+              allow_neg_eigval, safe_gate, lower_bound):
     sizes, opts, inputs, outputs = ops.call_spec(
         family, q, k, v, g, beta, A_log, dt_bias, None, cu_seqlens, scale, False,
         use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
         allow_neg_eigval, safe_gate, lower_bound)
-    _check_pool_operands(state_pool, state_slots, sizes, q.device)
+    _check_pool_operands(state_pool, state_slots, sizes, q.device, state_v_first)
     _decode_options(sizes, opts, outputs, output_token_states)
     opts.update(use_initial_state=True, output_final_state=bool(write_final_state),
                 state_pool=True, slot_dtype=_SLOT_DTYPES[state_slots.dtype])
+    # how the pool's rows are stored (named only where not the default: fp32 [K, V])
+    if state_pool.dtype != torch.float32:
+        opts["state_dtype"] = _POOL_DTYPES[state_pool.dtype]
+    if state_v_first:
+        opts["state_v_first"] = True
     inputs.update(initial_state=state_pool, state_slots=state_slots)
     if write_final_state:
         inputs["final_state"] = state_pool        # the pool output, written in place
@@ -146,16 +156,21 @@ def _run_pool(family, q, k, v, g, beta, A_log, dt_bias, state_pool, state_slots,
 
 
 _SLOT_DTYPES = {torch.int32: "i32", torch.int64: "i64"}
+#: the pool element types the decode kernels read and write themselves (program state_dtype)
+_POOL_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
 
 
-def _check_pool_operands(pool: Tensor, slots: Tensor, sizes, device) -> None:
+def _check_pool_operands(pool: Tensor, slots: Tensor, sizes, device,
+                         v_first: bool = False) -> None:
     """What the pool kernels take (shapes and types only, nothing read): a contiguous float32
-    pool [slots, HV, K, V] and an int32/int64 slot per sequence, on the inputs' device."""
-    want = (sizes.HV, sizes.K, sizes.V)
-    if (pool.dtype != torch.float32 or pool.ndim != 4 or tuple(pool.shape[1:]) != want
+    or bfloat16 pool [slots, HV, K, V] ([slots, HV, V, K] with ``v_first``) and an int32/int64
+    slot per sequence, on the inputs' device."""
+    want = (sizes.HV, sizes.V, sizes.K) if v_first else (sizes.HV, sizes.K, sizes.V)
+    if (pool.dtype not in _POOL_DTYPES or pool.ndim != 4 or tuple(pool.shape[1:]) != want
             or not pool.is_contiguous()):
-        raise KdagenInputError(f"state_pool: expected a contiguous float32 pool [slots, "
-                               f"{', '.join(map(str, want))}], got {pool.dtype} "
+        raise KdagenInputError(f"state_pool: expected a contiguous float32 or bfloat16 pool "
+                               f"[slots, {', '.join(map(str, want))}]"
+                               f"{' (state_v_first)' if v_first else ''}, got {pool.dtype} "
                                f"{list(pool.shape)}"
                                f"{'' if pool.is_contiguous() else ' (not contiguous)'}")
     if slots.dtype not in _SLOT_DTYPES or tuple(slots.shape) != (sizes.N,):
@@ -170,26 +185,28 @@ def _define_pool(family: str):
     def op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_log: Optional[Tensor],
            dt_bias: Optional[Tensor], state_pool: Tensor, state_slots: Tensor,
            cu_seqlens: Optional[Tensor], scale: float, write_final_state: bool,
-           output_token_states: bool, use_qk_l2norm_in_kernel: bool, use_gate_in_kernel: bool,
-           use_beta_sigmoid_in_kernel: bool, allow_neg_eigval: bool, safe_gate: bool,
-           lower_bound: Optional[float]) -> tuple[Tensor, Tensor]:
+           output_token_states: bool, state_v_first: bool, use_qk_l2norm_in_kernel: bool,
+           use_gate_in_kernel: bool, use_beta_sigmoid_in_kernel: bool, allow_neg_eigval: bool,
+           safe_gate: bool, lower_bound: Optional[float]) -> tuple[Tensor, Tensor]:
         return _run_pool(family, q, k, v, g, beta, A_log, dt_bias, state_pool, state_slots,
                          cu_seqlens, scale, write_final_state, output_token_states,
-                         use_qk_l2norm_in_kernel, use_gate_in_kernel,
+                         state_v_first, use_qk_l2norm_in_kernel, use_gate_in_kernel,
                          use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound)
 
     op.__name__ = op.__qualname__ = f"{family}_decode_pool"
-    op.__doc__ = (f"{family.upper()} decode step on a state pool [slots, HV, K, V] (float32, "
-                  f"contiguous): sequence n starts from row state_slots[n] (int32/int64 [N]); "
-                  f"with write_final_state its new state goes back there, in place; a negative "
+    op.__doc__ = (f"{family.upper()} decode step on a state pool [slots, HV, K, V] "
+                  f"([slots, HV, V, K] with state_v_first; float32 or bfloat16, contiguous): "
+                  f"sequence n starts from row state_slots[n] (int32/int64 [N]); "
+                  f"with write_final_state its new state goes back there, in place (a bfloat16 "
+                  f"row rounded to nearest once); a negative "
                   f"slot skips the sequence (it starts from 0, its o is 0, no row is written). "
-                  f"Returns (o, token_states); see kdagen.decode.")
+                  f"Returns (o, token_states [tokens, HV, K, V] float32); see kdagen.decode.")
     custom = torch.library.custom_op(f"kdagen::{family}_decode_pool",
                                      mutates_args=("state_pool",))(op)
 
     @custom.register_fake
     def _(q, k, v, g, beta, A_log, dt_bias, state_pool, state_slots, cu_seqlens, scale,
-          write_final_state, output_token_states, *flags):
+          write_final_state, output_token_states, state_v_first, *flags):
         state = (v.shape[2], q.shape[3], v.shape[3])
         hs = (q.new_empty((q.shape[0] * q.shape[1], *state), dtype=torch.float32)
               if output_token_states else q.new_empty((0,), dtype=torch.float32))
@@ -264,12 +281,19 @@ def _call(family, q, k, v, g, beta, *, A_log, dt_bias, scale, initial_state, out
           num_accepted_tokens, inplace_final_state, fla_kwargs):
     check_fla_kwargs(f"fused_recurrent_{'kda' if family == 'kda' else 'gated_delta_rule'}",
                      fla_kwargs)
-    if state_v_first:
-        raise KdagenInputError("state_v_first: the decode path keeps states [.., K, V]; "
-                               "transpose the pool, or pass state_v_first=False")
+    if state_v_first and ssm_state_indices is None:
+        return _call_transposed(
+            family, q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, scale=scale,
+            initial_state=initial_state, output_final_state=output_final_state,
+            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+            use_gate_in_kernel=use_gate_in_kernel,
+            use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
+            lower_bound=lower_bound, cu_seqlens=cu_seqlens, inplace_final_state=inplace_final_state,
+            fla_kwargs=fla_kwargs)
     if (isinstance(v, Tensor) and v.ndim == 4 and int(v.shape[-1]) > max(ops.SUPPORTED_HEAD_DIMS)
-            and (initial_state is None or (isinstance(initial_state, Tensor)
-                                           and initial_state.shape[-1] == v.shape[-1]))):
+            and (initial_state is None or (
+                isinstance(initial_state, Tensor)
+                and _as_kv(initial_state, state_v_first).shape[-1] == v.shape[-1]))):
         return _call_value_parts(
             family, q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, scale=scale,
             initial_state=initial_state, output_final_state=output_final_state,
@@ -287,7 +311,7 @@ def _call(family, q, k, v, g, beta, *, A_log, dt_bias, scale, initial_state, out
                               dtype=torch.float32, device=q.device)
     if not use_gate_in_kernel:
         A_log = dt_bias = None
-    pad = _head_pad(family, q, k, v, g, dt_bias, initial_state)
+    pad = _head_pad(family, q, k, v, g, dt_bias, _as_kv(initial_state, state_v_first))
     if pad.active:            # head dims between the built ones: zero channels (head_pad)
         q, k, v, g = pad.operands(family, q, k, v, g)
         if family == "kda" and dt_bias is not None:
@@ -314,41 +338,73 @@ def _call(family, q, k, v, g, beta, *, A_log, dt_bias, scale, initial_state, out
     if not pad.active and _kernel_indexes_pool(pool):
         pool_op = kda_decode_pool if family == "kda" else gdn_decode_pool
         o, hs = pool_op(q, k, v, g, beta, A_log, dt_bias, pool, read.contiguous(), cu_seqlens,
-                        float(scale), not per_token, per_token, *flags)
+                        float(scale), not per_token, per_token, bool(state_v_first), *flags)
         if per_token:
-            _write_token_states(pool, idx, read, hs, B, T, cu_seqlens)
+            _write_token_states(pool, idx, read, _as_stored(hs, state_v_first), B, T, cu_seqlens)
         return o, pool
     live = read >= 0
-    h0 = pool.index_select(0, read.clamp(min=0).to(torch.int64)).to(torch.float32)
+    h0 = _as_kv(pool.index_select(0, read.clamp(min=0).to(torch.int64)).to(torch.float32),
+                state_v_first)
     o, ht, hs = op(q, k, v, g, beta, A_log, dt_bias, pad.state(h0).contiguous(), cu_seqlens,
                    float(scale), not per_token, per_token, *flags)
     o, ht, hs = pad.out(o), pad.out_state(ht), pad.out_state(hs)
     seq, _ = _token_seq(B, T, cu_seqlens, q.device)
     o = o * live[seq].view(B, T, 1, 1).to(o.dtype)          # skipped sequences: 0
     if per_token:
-        _write_token_states(pool, idx, read, hs, B, T, cu_seqlens)
+        _write_token_states(pool, idx, read, _as_stored(hs, state_v_first), B, T, cu_seqlens)
     else:
-        _scatter_states(pool, read.to(torch.int64), ht, live)
+        _scatter_states(pool, read.to(torch.int64), _as_stored(ht, state_v_first), live)
     return o, pool
 
 
+def _as_kv(state, v_first: bool):
+    """A state (or pool) as [.., K, V]: a view, transposed where it is stored value-first."""
+    return state.transpose(-1, -2) if v_first and isinstance(state, Tensor) else state
+
+
+#: the inverse view: [.., K, V] states as a value-first pool stores them
+_as_stored = _as_kv
+
+
+def _call_transposed(family, q, k, v, g, beta, *, initial_state, output_final_state,
+                     inplace_final_state, **rest):
+    """state_v_first without a pool: the initial state [N, HV, V, K] is transposed into the
+    step's [N, HV, K, V] (one copy), the final state returned, or written into
+    initial_state, as [N, HV, V, K]."""
+    if initial_state is not None and (not isinstance(initial_state, Tensor)
+                                      or initial_state.ndim != 4):
+        raise KdagenInputError("initial_state: expected a 4-D tensor [N, HV, V, K] "
+                               "(state_v_first=True)")
+    h0 = _as_kv(initial_state, True).contiguous() if initial_state is not None else None
+    write_back = inplace_final_state and initial_state is not None
+    o, ht = _call(family, q, k, v, g, beta, initial_state=h0,
+                  output_final_state=output_final_state or write_back, inplace_final_state=False,
+                  state_v_first=False, ssm_state_indices=None, num_accepted_tokens=None, **rest)
+    if write_back:
+        initial_state.copy_(_as_stored(ht, True))
+        return o, initial_state
+    return o, (_as_stored(ht, True).contiguous() if output_final_state else None)
+
+
 def _call_value_parts(family, q, k, v, g, beta, *, initial_state, output_final_state,
-                      inplace_final_state, ssm_state_indices, **rest):
+                      inplace_final_state, ssm_state_indices, state_v_first, **rest):
     """A value head dim larger than the built ones: one step per part of the value columns
     (the delta rule never mixes them; as kdagen.api's chunked op does). Each part reads and
     writes its columns of the states through a view: of a state pool (in place, on torch's
-    gather/scatter path, since the view is not dense) or of an initial state updated in place."""
+    gather/scatter path, since the view is not dense; a value-first pool's part is a range of
+    its rows' V axis) or of an initial state updated in place."""
     pool = ssm_state_indices is not None
     write_back = not pool and inplace_final_state and initial_state is not None
     outs = []
     for a, b in head_pad.value_parts(int(v.shape[-1]), ops.SUPPORTED_HEAD_DIMS):
-        h0 = initial_state[..., a:b] if initial_state is not None else None
+        h0 = (_as_stored(_as_kv(initial_state, state_v_first)[..., a:b], state_v_first)
+              if initial_state is not None else None)
         if h0 is not None and not pool:
             h0 = h0.contiguous()         # a plain initial state is read densely, written below
         o, ht = _call(family, q, k, v[..., a:b].contiguous(), g, beta, initial_state=h0,
                       output_final_state=output_final_state or write_back,
                       inplace_final_state=inplace_final_state and pool,
-                      ssm_state_indices=ssm_state_indices, **rest)
+                      ssm_state_indices=ssm_state_indices, state_v_first=state_v_first, **rest)
         if write_back:
             initial_state[..., a:b].copy_(ht.to(initial_state.dtype))
         outs.append((o, ht))
@@ -378,8 +434,9 @@ def _head_pad(family, q, k, v, g, dt_bias, state) -> head_pad.HeadPad:
 
 def _kernel_indexes_pool(pool: Tensor) -> bool:
     """Whether the decode kernel reads (and writes) the pool's slots itself: a contiguous
-    float32 pool (what the kernels' state rows are); else the states go through torch."""
-    return pool.dtype == torch.float32 and pool.is_contiguous() and pool.shape[0] > 0
+    float32 or bfloat16 pool (what the kernels' state rows can be, either layout); else the
+    states go through torch."""
+    return pool.dtype in _POOL_DTYPES and pool.is_contiguous() and pool.shape[0] > 0
 
 
 def _read_slots(idx: Tensor, num_accepted: Tensor | None, N: int) -> Tensor:
@@ -417,14 +474,15 @@ def fused_recurrent_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor
     ``cu_seqlens``); the gate and beta flags as :func:`kdagen.chunk_kda` (``lower_bound``
     with ``use_gate_in_kernel`` is the lower-bound gate). Returns ``(o, final_state)``.
 
-    With ``ssm_state_indices`` ``initial_state`` is a state pool ``[slots, HV, K, V]`` (fp32
-    or bf16) updated in place (``inplace_final_state=True``): ``[N]`` reads and writes slot
+    With ``ssm_state_indices`` ``initial_state`` is a state pool ``[slots, HV, K, V]``
+    (``[slots, HV, V, K]`` with ``state_v_first``; fp32 or bf16) updated in place
+    (``inplace_final_state=True``): ``[N]`` reads and writes slot
     ``idx[n]``; ``[N, T]`` writes the state after token t to ``idx[n, t]`` and reads
     ``idx[n, num_accepted_tokens[n] - 1]`` (``idx[n, 0]`` without it); a negative read slot
     skips the sequence (o = 0, nothing written), a negative write slot drops that state; the
     slots of the sequences that run must differ. The pool is returned as the second result.
-    A contiguous float32 pool is read (and with ``[N]``, written) by the kernel itself, in
-    place; see :mod:`kdagen.decode`."""
+    A contiguous float32 or bfloat16 pool is read (and with ``[N]``, written) by the kernel
+    itself, in place; see :mod:`kdagen.decode`."""
     return _call("kda", q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, scale=scale,
                  initial_state=initial_state, output_final_state=output_final_state,
                  use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,

@@ -137,13 +137,18 @@ def _resource_cells(entry: KernelEntry) -> dict:
 #: the value splits kdagen.decode.value_split chooses from at the built head dims (a decode
 #: step's CTAs per sequence and head: 4 for few sequences, 2 for many)
 DECODE_VALUE_SPLITS = (2, 4)
+#: the state pools a decode bundle's kernels index themselves: fp32 or bf16 rows, each
+#: [K, V] or value-first [V, K] (the decode program options state_dtype, state_v_first)
+DECODE_POOL_STORAGE = ({}, dict(state_dtype="bf16"), dict(state_v_first=True),
+                       dict(state_dtype="bf16", state_v_first=True))
 
 
 def program_variants(ops: list[str], head_dim, gate, decode: bool = False,
                      residuals: bool = True) -> list[tuple[str, dict]]:
     """(program, options) for each requested op: forward and backward (with ``residuals`` also
     training's save_residuals pair; and with ``decode`` the
-    op's decode program, plain and on a state pool, at each of DECODE_VALUE_SPLITS), K = V =
+    op's decode program, plain and on each DECODE_POOL_STORAGE state pool, at each of
+    DECODE_VALUE_SPLITS), K = V =
     head_dim for
     each head dim of ``head_dim`` (one or several). ``gate``: None (each op's default gate), a
     gate name, or several (a list or comma-separated): each gate's programs go to the ops of
@@ -179,7 +184,8 @@ def program_variants(ops: list[str], head_dim, gate, decode: bool = False,
                 for parts in DECODE_VALUE_SPLITS:
                     split = dict(options, value_split=parts)
                     out.append((f"{op}_decode", split))
-                    out.append((f"{op}_decode", dict(split, state_pool=True)))
+                    for stored in DECODE_POOL_STORAGE:
+                        out.append((f"{op}_decode", dict(split, state_pool=True, **stored)))
     return out
 
 

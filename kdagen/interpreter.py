@@ -378,12 +378,14 @@ def _shape(node, i=0):
 
 def _part(ex, node, mem):
     """The memref as memory op ``node`` addresses it: all of it, or with ``value_parts`` P a
-    view of the running part's V / P columns of the last dim (stores write through it)."""
+    view of the running part's V / P columns of its value dim (the last, or ``value_axis``);
+    stores write through it."""
     parts = int(node.attrs.get("value_parts", 1))
     if parts == 1:
         return mem
-    size = mem.shape[-1] // parts
-    return mem[..., ex.v_part * size:(ex.v_part + 1) * size]
+    axis = int(node.attrs.get("value_axis", -1))
+    size = mem.shape[axis] // parts
+    return mem.narrow(mem.dim() + axis, ex.v_part * size, size)
 
 
 @op_impl("kda.load")

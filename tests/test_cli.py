@@ -524,5 +524,10 @@ def test_emit_decode_adds_the_decode_program(tmp_path):
     assert programs == {"gdn_fwd", "gdn_bwd", "gdn_decode"}
     decode = [v for v in json.loads((out / "lowered.json").read_text())["variants"].values()
               if v["program"] == "gdn_decode"]
-    assert sorted((bool(v["attrs"].get("state_pool")), v["attrs"]["value_split"])
-                  for v in decode) == [(False, 2), (False, 4), (True, 2), (True, 4)]
+    # a pool kernel per storage: fp32 / bf16 rows, [K, V] / value-first
+    stored = sorted((bool(v["attrs"].get("state_pool")), v["attrs"]["value_split"],
+                     v["attrs"].get("state_dtype", "fp32"), v["attrs"].get("state_v_first", False))
+                    for v in decode)
+    assert stored == sorted([(False, p, "fp32", False) for p in (2, 4)]
+                            + [(True, p, dt, vf) for p in (2, 4) for dt in ("fp32", "bf16")
+                               for vf in (False, True)])

@@ -124,8 +124,8 @@ def test_bad_pool_arguments_name_themselves():
     with pytest.raises(KdagenInputError, match="num_accepted_tokens"):
         f(**x, initial_state=pool, ssm_state_indices=torch.tensor([0, 1]),
           num_accepted_tokens=torch.tensor([1, 1]), inplace_final_state=True)
-    with pytest.raises(KdagenInputError, match="state_v_first"):
-        f(**x, initial_state=pool[:2], state_v_first=True)
+    with pytest.raises(KdagenInputError, match="initial_state"):
+        f(**x, initial_state=pool[0], state_v_first=True)
 
 
 def test_gdn_decode_takes_flas_argument_order_and_a_per_key_gate():
@@ -212,10 +212,20 @@ def test_an_fp32_pool_is_read_and_written_by_the_kernel():
                                         ssm_state_indices=torch.arange(6).view(3, 2) % 5))
     assert opts["state_pool"] and opts["slot_dtype"] == "i64"
     assert opts["output_token_states"] and not opts["output_final_state"]
-    for other in (pool.to(torch.bfloat16), torch.zeros(2, 5, K, V).transpose(0, 1)):
-        (prog, opts), = _recorded(lambda: f(**x, initial_state=other, inplace_final_state=True,
+    other = torch.zeros(2, 5, K, V).transpose(0, 1)           # not contiguous
+    (prog, opts), = _recorded(lambda: f(**x, initial_state=other, inplace_final_state=True,
+                                        ssm_state_indices=torch.tensor([4, -1, 0])))
+    assert "state_pool" not in opts
+    # a bf16 pool, and one stored value-first, are the kernel's too (state_dtype, state_v_first)
+    for stored, v_first, want in ((pool.to(torch.bfloat16), False, dict(state_dtype="bf16")),
+                                  (pool, True, dict(state_v_first=True)),
+                                  (pool.to(torch.bfloat16), True,
+                                   dict(state_dtype="bf16", state_v_first=True))):
+        (prog, opts), = _recorded(lambda: f(**x, initial_state=stored, inplace_final_state=True,
+                                            state_v_first=v_first,
                                             ssm_state_indices=torch.tensor([4, -1, 0])))
-        assert "state_pool" not in opts
+        assert opts["state_pool"]
+        assert {n: opts[n] for n in ("state_dtype", "state_v_first") if n in opts} == want
 
 
 @pytest.mark.parametrize("family", ["kda", "gdn"])
@@ -262,7 +272,7 @@ def test_opcheck_decode_pool_ops(family, per_token):
     slots = torch.tensor([4, -1, 0])
     op = kda_decode_pool if family == "kda" else gdn_decode_pool
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"], None, None, pool, slots, None,
-            K ** -0.5, not per_token, per_token, True, False, False, False, False, None)
+            K ** -0.5, not per_token, per_token, False, True, False, False, False, False, None)
     torch.library.opcheck(op, args)
 
 
@@ -313,11 +323,85 @@ def test_the_pool_op_checks_its_operands():
     from kdagen.decode import kda_decode_pool
     x = _inputs("kda", 3, 1)
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"], None, None)
-    tail = (None, K ** -0.5, True, False, True, False, False, False, False, None)
+    tail = (None, K ** -0.5, True, False, False, True, False, False, False, False, None)
     pool, slots = torch.zeros(5, 2, K, V), torch.tensor([4, -1, 0])
-    for bad_pool, bad_slots, name in ((pool.to(torch.bfloat16), slots, "state_pool"),
+    for bad_pool, bad_slots, name in ((pool.to(torch.float16), slots, "state_pool"),
                                       (torch.zeros(5, 3, K, V), slots, "state_pool"),
                                       (pool, slots[:2], "state_slots"),
                                       (pool, slots.float(), "state_slots")):
         with pytest.raises(KdagenInputError, match=name):
             kda_decode_pool(*args, bad_pool, bad_slots, *tail)
+
+
+# ------------------------------------------------------------------------------------------
+# states stored value-first ([.., V, K], FLA's state_v_first) and bf16 pools
+# ------------------------------------------------------------------------------------------
+
+
+def _wide_inputs(family, B, T, seed):
+    """Inputs with K = 64 != V = 128, so a transposed state has another shape."""
+    gen = torch.Generator().manual_seed(seed)
+    Kw, Vw, HV = 64, 128, 2
+    x = dict(q=torch.randn(B, T, 1, Kw, generator=gen), k=torch.randn(B, T, 1, Kw, generator=gen),
+             v=torch.randn(B, T, HV, Vw, generator=gen),
+             beta=torch.rand(B, T, HV, generator=gen))
+    x["g"] = -torch.rand(*((B, T, HV, Kw) if family == "kda" else (B, T, HV)), generator=gen) * 0.5
+    return x, (HV, Kw, Vw)
+
+
+@pytest.mark.parametrize("family", ["kda", "gdn"])
+def test_value_first_initial_and_final_states(family):
+    """Without a pool: state_v_first takes [N, HV, V, K] and returns the final state so, the
+    transpose of the [K, V] call's; with inplace_final_state it is written into the given
+    initial state."""
+    x, (HV, Kw, Vw) = _wide_inputs(family, 3, 2, seed=11)
+    h0 = torch.randn(3, HV, Kw, Vw) * 0.3
+    f = _fn(family)
+    o, ht = f(**x, initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True)
+    o_vf, ht_vf = f(**x, initial_state=h0.transpose(-1, -2).contiguous(), output_final_state=True,
+                    use_qk_l2norm_in_kernel=True, state_v_first=True)
+    assert ht_vf.shape == (3, HV, Vw, Kw)
+    assert torch.equal(o_vf, o) and torch.equal(ht_vf, ht.transpose(-1, -2))
+    h0_vf = h0.transpose(-1, -2).contiguous()
+    _, same = f(**x, initial_state=h0_vf, inplace_final_state=True, use_qk_l2norm_in_kernel=True,
+                state_v_first=True)
+    assert same is h0_vf and torch.equal(h0_vf, ht.transpose(-1, -2))
+
+
+@pytest.mark.parametrize("family", ["kda", "gdn"])
+@pytest.mark.parametrize("per_token", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_value_first_pool_equals_the_reference(family, per_token, dtype):
+    """A pool [slots, HV, V, K] (fp32 or bf16) read and written by the kernel, [N] slots in
+    place or [N, T] per-token writes with accepted tokens: the reference on the transposed
+    pool; a bf16 pool's written rows are the fp32 result rounded once; the other rows keep
+    their bits."""
+    B, T = 3, 3 if per_token else 1
+    x, (HV, Kw, Vw) = _wide_inputs(family, B, T, seed=12)
+    logical = (torch.randn(9, HV, Kw, Vw) * 0.3).to(dtype).double()
+    if per_token:
+        idx = torch.tensor([[5, 1, 7], [-1, 2, 3], [0, 6, -1]])
+        acc = torch.tensor([2, 1, 1])
+        kw = dict(ssm_state_indices=idx, num_accepted_tokens=acc)
+    else:
+        idx = torch.tensor([5, -1, 0])
+        kw = dict(ssm_state_indices=idx)
+    want_o, want_pool = decode_pool_step(
+        *(F.normalize(x[n].double(), dim=-1, eps=1e-6 ** 0.5) if n in "qk" else x[n].double()
+          for n in ("q", "k", "v", "g")), x["beta"].double(), state_pool=logical, **kw)
+    pool = logical.transpose(-1, -2).to(dtype).contiguous()
+    before = pool.clone()
+    o, out = _fn(family)(**x, initial_state=pool, inplace_final_state=True, state_v_first=True,
+                         use_qk_l2norm_in_kernel=True, **kw)
+    assert out is pool
+    assert R.rel_err(o, want_o) < 1e-5
+    got = pool.transpose(-1, -2).double()
+    # per token: sequence 1 is skipped (its read slot is -1), so its slots 2 and 3 stay
+    written = [0, 1, 5, 6, 7] if per_token else [0, 5]
+    if dtype == torch.bfloat16:
+        assert R.rel_err(got, want_pool) < 4e-3
+        assert torch.equal(got[written].to(torch.bfloat16).double(), got[written])
+    else:
+        assert R.rel_err(got, want_pool) < 1e-5
+    untouched = [s for s in range(9) if s not in written]
+    assert torch.equal(pool[untouched], before[untouched])

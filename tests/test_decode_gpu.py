@@ -1,4 +1,5 @@
-"""The decode ops on the GPU kernels (skipped without CUDA): K = V = 128, bf16 inputs, fp32 pool,
+"""The decode ops on the GPU kernels (skipped without CUDA): K = V = 128, bf16 inputs, a pool
+stored fp32 or bf16, [slots, HV, K, V] or value-first,
 against the float64 pool reference (kdagen.decode_reference) with docs/MATH.md §3's bars (bf16
 outputs 2e-3, fp32 states 1e-3, relative L2), in-place (int64 and int32 slots: the kernel
 reads and writes the pool rows itself) and per-token (speculative) pool writes, skipped
@@ -52,14 +53,24 @@ def _pool(slots, seed=5):
     return (torch.randn(slots, HV, K, V, generator=gen) * 0.3).cuda()
 
 
+#: how a pool is stored: (element type, value-first [slots, HV, V, K])
+STORAGE = {"fp32": (torch.float32, False), "bf16": (torch.bfloat16, False),
+           "fp32-vfirst": (torch.float32, True), "bf16-vfirst": (torch.bfloat16, True)}
+
+
 @requires_gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", ["kda", "gdn"])
 @pytest.mark.parametrize("mode", ["in_place", "in_place_i32", "per_token"])
-def test_gpu_decode_pool_matches_the_reference(family, mode):
+@pytest.mark.parametrize("storage", list(STORAGE))
+def test_gpu_decode_pool_matches_the_reference(family, mode, storage):
+    """Each pool storage the kernels index themselves: the written rows of a bf16 pool are
+    held to the bf16 bar (each new state rounded once), an fp32 pool's to the state bar."""
+    dtype, v_first = STORAGE[storage]
     B, T = (64, 1) if mode.startswith("in_place") else (8, 4)
     x = _inputs(family, B, T, "cuda", seed=1)
-    pool = _pool(B * T + 3)
+    logical = _pool(B * T + 3).to(dtype)
+    pool = (logical.transpose(-1, -2) if v_first else logical).contiguous()
     if mode.startswith("in_place"):
         dtype = torch.int32 if mode == "in_place_i32" else torch.int64
         idx = torch.randperm(B * T + 3)[:B].to(dtype).cuda()
@@ -71,21 +82,24 @@ def test_gpu_decode_pool_matches_the_reference(family, mode):
         kw = dict(ssm_state_indices=idx,
                   num_accepted_tokens=torch.randint(1, T + 1, (B,)).cuda())
     want_o, want_pool = decode_pool_step(
-        *_ref_inputs(x), state_pool=pool.double().cpu(), ssm_state_indices=idx.cpu(),
+        *_ref_inputs(x), state_pool=logical.double().cpu(), ssm_state_indices=idx.cpu(),
         num_accepted_tokens=(kw["num_accepted_tokens"].cpu() if mode == "per_token" else None))
     before = pool.clone()
     with kernels_or_skip():
         o, _ = _fn(family)(**x, initial_state=pool, use_qk_l2norm_in_kernel=True,
-                           inplace_final_state=True, **kw)
+                           inplace_final_state=True, state_v_first=v_first, **kw)
     torch.cuda.synchronize()
+    got = pool.transpose(-1, -2) if v_first else pool
+    bar = BAR_O if dtype == torch.bfloat16 else BAR_STATE
     assert rel_err(o, want_o) <= BAR_O, rel_err(o, want_o)
-    assert rel_err(pool, want_pool) <= BAR_STATE, rel_err(pool, want_pool)
+    assert rel_err(got, want_pool) <= bar, rel_err(got, want_pool)
     written = set(int(i) for i in idx.flatten().tolist() if i >= 0)
     untouched = [s for s in range(pool.shape[0]) if s not in written]
     assert torch.equal(pool[untouched], before[untouched])
     if mode.startswith("in_place"):
         assert torch.count_nonzero(o[5]) == 0                 # the skipped sequence
-    print(f"{family} {mode}: o {rel_err(o, want_o):.2e}, pool {rel_err(pool, want_pool):.2e}")
+    print(f"{family} {mode} {storage}: o {rel_err(o, want_o):.2e}, pool "
+          f"{rel_err(got, want_pool):.2e}")
 
 
 @requires_gpu
@@ -166,6 +180,14 @@ def variants_used() -> list:
             _fn(family)(**x, initial_state=torch.zeros(4, HV, K, V), use_qk_l2norm_in_kernel=True,
                         ssm_state_indices=torch.tensor([[0, 1], [2, 3]]),
                         inplace_final_state=True)
+            for dtype, v_first in STORAGE.values():        # the other pool storages
+                for B, T in ((64, 1), (8, 4)):
+                    xb = _inputs(family, B, T, "cpu")
+                    idx = torch.arange(B) if T == 1 else torch.arange(B * T).view(B, T)
+                    for slots in ((idx, idx.to(torch.int32)) if T == 1 else (idx,)):
+                        _fn(family)(**xb, initial_state=torch.zeros(B * T, HV, K, V, dtype=dtype),
+                                    use_qk_l2norm_in_kernel=True, ssm_state_indices=slots,
+                                    inplace_final_state=True, state_v_first=v_first)
     return rec.variants()
 
 

@@ -168,6 +168,14 @@ def test_pool_kernels_assemble(chip):
         ["initial_state", "state_slots", "final_state"]
 
 
+@pytest.mark.parametrize("chip", CHIPS)
+def test_pool_kernels_stored_value_first_in_bf16_assemble(chip):
+    from test_decode_program import assemble_decode
+    kernels = assemble_decode(chip, "auto", state_pool=True, slot_dtype="i32",
+                              state_dtype="bf16", state_v_first=True, value_split=2)
+    assert len(kernels) == 1
+
+
 def test_pool_variant_through_the_launcher(tmp_path):
     """The bundle's calling convention on the CPU: the MLIR-free launcher runs the pool
     variant's kernels (in the simulator) with the pool passed as initial_state and as the
@@ -204,6 +212,8 @@ def test_pool_variant_through_the_launcher(tmp_path):
     ("kda_decode", dict(head_k_dim=64, head_v_dim=64, gate="softplus", gva_ratio=2, varlen=True,
                         state_pool=True, slot_dtype="i32")),
     ("gdn_decode", dict(head_k_dim=64, head_v_dim=64, gate="gdn_lower_bound", state_pool=True)),
+    ("kda_decode", dict(head_k_dim=64, head_v_dim=128, gate="softplus", state_pool=True,
+                        value_split=2, state_dtype="bf16", state_v_first=True)),
 ])
 def test_gpu_check_runs_the_pool_cases(tmp_path, item):
     """tools/gpu_check on a pool variant, end to end on the CPU (the bundle, the MLIR-free
@@ -222,3 +232,118 @@ def test_gpu_check_runs_the_pool_cases(tmp_path, item):
         for name, r in rows.items():
             assert r["finite"] and r["det"], (case["label"], name)
             assert r["err"] <= r["bar"], (case["label"], name, r["err"], r["bar"])
+
+
+def _stored_pool_case(family, *, state_dtype="fp32", v_first=False, value_split=1):
+    """_case with K = 64 / V = 128 (so a transposed row has another shape) and the pool
+    stored as the options say: [slots, HV, V, K] value-first, rows in bf16 (the reference
+    starts from the same rounded states)."""
+    opts, x, _ = _case(family, K=64, V=128)
+    for n in ("q", "k", "v", "g", "beta"):      # bf16 numbers: round_storage leaves them be
+        x[n] = x[n].to(torch.bfloat16).to(F64)
+    logical = x["initial_state"]
+    if state_dtype == "bf16":
+        logical = logical.to(torch.bfloat16).to(F64)
+    want = decode_pool_step(*(_l2(x[n]) if n in "qk" else x[n] for n in ("q", "k", "v", "g")),
+                            x["beta"], state_pool=logical, ssm_state_indices=x["state_slots"],
+                            cu_seqlens=x["cu_seqlens"])
+    pool = logical.transpose(-1, -2).contiguous() if v_first else logical.clone()
+    x.update(initial_state=pool, final_state=pool)
+    opts.update(state_dtype=state_dtype, state_v_first=v_first, value_split=value_split)
+    return opts, x, want
+
+
+def _l2(t):
+    return t / torch.sqrt((t * t).sum(-1, keepdim=True) + 1e-6)
+
+
+def _logical(pool, v_first):
+    return pool.transpose(-1, -2) if v_first else pool
+
+
+@pytest.mark.parametrize("family", ["kda", "gdn"])
+@pytest.mark.parametrize("v_first", [False, True])
+@pytest.mark.parametrize("state_dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("value_split", [1, 2])
+def test_pool_stored_value_first_or_in_bf16_equals_the_reference(family, v_first, state_dtype,
+                                                                 value_split):
+    """A pool stored [slots, HV, V, K] (state_v_first) and/or in bf16 (state_dtype): each row
+    is read as the state's transpose and/or widened to fp32, and the new state stored back the
+    same way; value parts address V on its own axis. The new rows are the reference's rounded
+    to bf16 once (every value a bf16 number), o is the reference's, the rest untouched."""
+    opts, x, (want_o, want_pool) = _stored_pool_case(family, state_dtype=state_dtype,
+                                                     v_first=v_first, value_split=value_split)
+    before = x["initial_state"].clone()
+    # round_storage: bf16 stores round (the inputs are bf16 numbers already)
+    out = interpreter.run(build_program(f"{family}_decode", **opts), x, dtype=F64,
+                          round_storage=state_dtype == "bf16")
+    got = _logical(out["final_state"], v_first)
+    # with round_storage, o is stored in bf16 too
+    assert R.rel_err(out["o"], want_o) < (4e-3 if state_dtype == "bf16" else 1e-12)
+    slots = [s for s in x["state_slots"].tolist() if s >= 0]
+    if state_dtype == "bf16":
+        assert torch.equal(got[slots], got[slots].to(torch.bfloat16).to(F64))
+        assert R.rel_err(got, want_pool) < 4e-3
+        assert R.rel_err(got, want_pool) > 0                   # it was rounded
+    else:
+        assert R.rel_err(got, want_pool) < 1e-12
+    assert torch.equal(out["final_state"][_untouched(slots)], before[_untouched(slots)])
+
+
+@pytest.mark.parametrize("family", ["kda", "gdn"])
+def test_lowered_pool_kernel_stored_value_first_in_bf16_in_the_simulator(family):
+    """The lowered kernels (sm_90a pipeline, value split over 2 CTAs) on a bf16 pool stored
+    value-first, in place, in the CTA simulator: the interpreter's o and pool rows, the
+    untouched rows bit-exact."""
+    from kdagen.codegen.lower.options import LowerOptions
+    from kdagen.codegen.lower.sim import simulate
+    opts, x, _ = _stored_pool_case(family, state_dtype="bf16", v_first=True, value_split=2)
+    m = build_program(f"{family}_decode", **opts)
+    with m.context, ir.Location.unknown():
+        run_pipeline(m, pipeline_for("sm_90a"))
+    x = _lowered_inputs(x)
+    pool = x["initial_state"].to(torch.bfloat16).float()
+    before = pool.clone()
+    x.update(initial_state=pool, final_state=pool)
+    out = simulate(m, x, options=LowerOptions(dot="fma"))
+    want = interpreter.run(m, dict(x, initial_state=before.clone(), final_state=before.clone()),
+                           dtype=F64)
+    slots = x["state_slots"].tolist()
+    assert R.rel_err(out["final_state"], want["final_state"]) < 8e-3    # bf16 rows
+    assert R.rel_err(out["o"], want["o"]) < 2.5e-3
+    assert torch.equal(out["final_state"][_untouched(slots)], before[_untouched(slots)])
+
+
+def test_a_decode_bundle_serves_each_stored_pool_with_its_own_kernel(tmp_path):
+    """`kdagen emit --decode` builds a pool kernel per storage (fp32/bf16 rows, [K, V] or
+    value-first), and the call of each pool finds the kernel of its storage, never another's
+    (a [K, V] kernel on a value-first pool would read the transpose)."""
+    import kdagen
+    from kdagen.bundle_writer import write_bundle
+    from kdagen.emit import DECODE_POOL_STORAGE, program_variants
+    from kdagen.runtime.backends import recording
+    from kdagen.runtime.bundle_executor import find_variant
+    items = [(p, o) for p, o in program_variants(["kda"], 64, None, decode=True,
+                                                 residuals=False)
+             if p == "kda_decode" and o.get("state_pool") and o["value_split"] == 4]
+    assert len(items) == len(DECODE_POOL_STORAGE) == 4
+    res = write_bundle(tmp_path, items, ["sm_120a"], assemble=False)
+    gen = torch.Generator().manual_seed(3)
+    x = {n: torch.randn(1, 1, 1, 64, generator=gen).to(torch.bfloat16)
+         for n in ("q", "k", "v", "g")}
+    x.update(beta=torch.rand(1, 1, 1, generator=gen).to(torch.bfloat16))
+    for stored in DECODE_POOL_STORAGE:
+        pool = torch.zeros(2, 1, 64, 64,
+                           dtype=torch.bfloat16 if stored.get("state_dtype") else torch.float32)
+        with recording("cpu") as rec:
+            kdagen.fused_recurrent_kda(**x, initial_state=pool, inplace_final_state=True,
+                                       state_v_first=stored.get("state_v_first", False),
+                                       use_gate_in_kernel=True, A_log=torch.zeros(1),
+                                       use_qk_l2norm_in_kernel=True,
+                                       use_beta_sigmoid_in_kernel=True,
+                                       ssm_state_indices=torch.tensor([1]))
+        (program, options), = rec.calls
+        name = find_variant(tmp_path, program, options, chip="sm_120a")
+        attrs = res["variants"][name]["attrs"]
+        assert attrs.get("state_dtype", "fp32") == stored.get("state_dtype", "fp32"), name
+        assert attrs.get("state_v_first", False) == stored.get("state_v_first", False), name

@@ -45,6 +45,14 @@ NATIVE_SET = [
                         state_pool=True, value_split=4), NATIVE),
     ("gdn_decode", dict(head_k_dim=128, head_v_dim=128, gate="gdn_softplus", value_split=2),
      NATIVE),
+    # ... on pools stored otherwise: rows in bf16 and/or value-first [slots, HV, V, K]
+    ("kda_decode", dict(head_k_dim=128, head_v_dim=128, gate="softplus", gva_ratio=2, varlen=True,
+                        state_pool=True, value_split=2, state_dtype="bf16", state_v_first=True),
+     NATIVE),
+    ("gdn_decode", dict(head_k_dim=128, head_v_dim=128, gate="gdn_softplus", state_pool=True,
+                        value_split=2, state_dtype="bf16"), NATIVE),
+    ("kda_decode", dict(head_k_dim=64, head_v_dim=128, gate="softplus", state_pool=True,
+                        value_split=4, state_v_first=True), NATIVE),
 ]
 # What sm_100a and sm_120a would run, compiled for sm_90a so an H100/H200 checks it
 # (kdagen.driver.standin_lowering: the chip's pipeline, the portable path, its shared-memory

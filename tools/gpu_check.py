@@ -156,7 +156,8 @@ def _inputs(spec: dict, case: dict, device, seed: int) -> tuple[dict, dict]:
     if "state_slots" in names:
         # a state pool (decode with state_pool): 3 slots more than sequences, the sequences'
         # slots in random order, one sequence skipped (negative slot)
-        x["initial_state"] = rnd(N + 3, HV, K, V, scale=0.5)
+        # (stored [slots, HV, V, K] for a value-first pool: state_v_first)
+        x["initial_state"] = rnd(N + 3, HV, *((V, K) if _v_first(spec) else (K, V)), scale=0.5)
         slots = torch.randperm(N + 3, generator=g)[:N]
         if N > 1:
             slots[N // 2] = -1
@@ -182,12 +183,21 @@ def _inputs(spec: dict, case: dict, device, seed: int) -> tuple[dict, dict]:
     return kern, ref
 
 
-def _pool_refs(fn, ref_in: dict) -> dict:
+def _v_first(spec: dict) -> bool:
+    """Whether the variant's states are stored [.., V, K] (the decode option state_v_first)."""
+    return bool((spec.get("attrs") or {}).get("state_v_first", False))
+
+
+def _pool_refs(fn, ref_in: dict, v_first: bool = False) -> dict:
     """o and the updated pool of a state-pool decode step: the reference from the sequences'
     slots (zeros for a skipped sequence), o zero on a skipped sequence's tokens, the final
-    states written to their slots and every other row as it was."""
+    states written to their slots and every other row as it was. ``v_first``: the pool's rows
+    are stored transposed, [V, K] (so is the returned pool)."""
     x = dict(ref_in)
     pool, slots = x.pop("initial_state"), x.pop("state_slots")
+    if v_first:
+        return _transposed_pool(_pool_refs(fn, dict(x, initial_state=pool.transpose(-1, -2),
+                                                    state_slots=slots)))
     live = slots >= 0
     h0 = torch.where(live.view(-1, 1, 1, 1), pool[slots.clamp(min=0)], torch.zeros_like(pool[:1]))
     with torch.no_grad():
@@ -200,6 +210,10 @@ def _pool_refs(fn, ref_in: dict) -> dict:
     new = pool.clone()
     new[slots[live]] = ht[live]
     return {"o": o, "final_state": new}
+
+
+def _transposed_pool(refs: dict) -> dict:
+    return dict(refs, final_state=refs["final_state"].transpose(-1, -2))
 
 
 def _reference_fn(spec: dict):
@@ -299,7 +313,7 @@ def run_case(prog: LoweredProgram, spec: dict, case: dict, device, seed: int,
         return rows
     refs = {}
     if "state_slots" in kern:                          # decode on a state pool
-        refs = _pool_refs(fn, ref_in)
+        refs = _pool_refs(fn, ref_in, _v_first(spec))
     elif not spec["program"].endswith("_bwd"):        # forward and decode: o, final_state
         with torch.no_grad():
             o, ht = fn(**ref_in)

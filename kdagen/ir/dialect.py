@@ -597,21 +597,29 @@ def _check_op(op):
             _fail(op, "valid_rows gives tensor<Cxi1>")
 
 
-def value_part_shape(mem_shape, parts: int) -> tuple:
-    """A memref shape as one of ``parts`` parts of its value (last) dim sees it (a memory op's
-    value_parts); ValueError where they do not divide it."""
+def value_part_shape(mem_shape, parts: int, axis: int = -1) -> tuple:
+    """A memref shape as one of ``parts`` parts of its value dim sees it (a memory op's
+    value_parts): the last dim, or ``axis`` (the memory op's value_axis, negative: -2 for a
+    state stored value-first, [V, K]); ValueError where they do not divide it."""
     if parts <= 1:
         return tuple(mem_shape)
-    if mem_shape[-1] % parts:
-        raise ValueError(f"value_parts = {parts} does not divide the last dim of "
+    if axis not in (-1, -2) or len(mem_shape) < -axis:
+        raise ValueError(f"value_axis = {axis}: expected -1 or -2 of a memref of rank "
+                         f"{len(mem_shape)}")
+    if mem_shape[axis] % parts:
+        raise ValueError(f"value_parts = {parts} does not divide dim {axis} of "
                          f"{list(mem_shape)}")
-    return (*mem_shape[:-1], mem_shape[-1] // parts)
+    shape = list(mem_shape)
+    shape[axis] //= parts
+    return tuple(shape)
 
 
 def _value_part(op, mem_shape: tuple) -> tuple:
-    parts = int(_attr(op, "value_parts")) if "value_parts" in _attr_names(op) else 1
+    names = _attr_names(op)
+    parts = int(_attr(op, "value_parts")) if "value_parts" in names else 1
+    axis = int(_attr(op, "value_axis")) if "value_axis" in names else -1
     try:
-        return value_part_shape(mem_shape, parts)
+        return value_part_shape(mem_shape, parts, axis)
     except ValueError as err:
         _fail(op, str(err))
 

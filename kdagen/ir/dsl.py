@@ -106,12 +106,16 @@ def create(opname: str, result_types=(), operands=(), attrs=None, name=None, reg
                                attributes=dict(attrs or {}), regions=regions, loc=_loc(name))
 
 
-def _parts(value_parts: int) -> dict:
+def _parts(value_parts: int, value_axis: int = -1) -> dict:
     """The ``value_parts`` attribute of a memory op that moves one part of the value dim: a
     program split over the value columns (the decode programs' ``value_split``) runs once per
     part, part p holding columns [p·V/P, (p+1)·V/P) of every value-indexed tile; nothing for
-    an unsplit op."""
-    return {"value_parts": _int(value_parts)} if value_parts > 1 else {}
+    an unsplit op. ``value_axis``: the memref dim that is V (-1; -2 for a state stored
+    value-first, [V, K])."""
+    if value_parts <= 1:
+        return {}
+    return {"value_parts": _int(value_parts),
+            **({"value_axis": _int(value_axis)} if value_axis != -1 else {})}
 
 
 def _op1(opname, result_type, operands, attrs=None, name=None) -> "Tile":
@@ -774,13 +778,15 @@ class ProgramBuilder:
         return _op1("load_head", tile_type(mem.tail, mem.dtype), [mem], {"name": _str(mem.name)},
                     name or f"{mem.name}_h")
 
-    def load_state(self, mem, name=None, slots=None, value_parts=1) -> Tile:
+    def load_state(self, mem, name=None, slots=None, value_parts=1, value_axis=-1) -> Tile:
         """The state row of the (sequence, head); with ``slots`` (a ``slots``-layout input)
-        ``mem`` is a state pool and the row is the sequence's slot (0 for a negative slot)."""
+        ``mem`` is a state pool and the row is the sequence's slot (0 for a negative slot).
+        ``value_axis``: which dim of the row is V, the one ``value_parts`` splits."""
         mem = self.mems[mem] if isinstance(mem, str) else mem
         operands = [mem] + ([self._slots(slots)] if slots is not None else [])
-        return _op1("load_state", tile_type(value_part_shape(mem.tail, value_parts), mem.dtype),
-                    operands, {"name": _str(mem.name), **_parts(value_parts)},
+        return _op1("load_state",
+                    tile_type(value_part_shape(mem.tail, value_parts, value_axis), mem.dtype),
+                    operands, {"name": _str(mem.name), **_parts(value_parts, value_axis)},
                     name or f"{mem.name}_h")
 
     def slot_valid(self, slots, name=None) -> Tile:
@@ -802,14 +808,15 @@ class ProgramBuilder:
         create("store_chunk", [], [mem, chunk, _as_tile(tile)._plain()],
                {"name": _str(name or mem.name), **_parts(value_parts)})
 
-    def store_state(self, mem, tile, name=None, slots=None, value_parts=1):
+    def store_state(self, mem, tile, name=None, slots=None, value_parts=1, value_axis=-1):
         """Store the state row of the (sequence, head); with ``slots``, into the sequence's
-        slot of the pool ``mem`` (nothing for a negative slot)."""
+        slot of the pool ``mem`` (nothing for a negative slot). ``value_axis``: as
+        :meth:`load_state`."""
         mem = self.mems[mem] if isinstance(mem, str) else mem
         operands = [mem, _as_tile(tile)._plain()] + ([self._slots(slots)] if slots is not None
                                                      else [])
         create("store_state", [], operands, {"name": _str(name or mem.name),
-                                             **_parts(value_parts)})
+                                             **_parts(value_parts, value_axis)})
 
     def scalar(self, name) -> Tile:
         return _op1("scalar", tile_type((), "fp32"), [self.mems[name]], None, f"{name}_t")

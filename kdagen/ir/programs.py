@@ -154,12 +154,14 @@ def _program_attrs(name: str, family: str, C: int, opt: dict, gate, gate_opts: d
 
 
 def _declare_arguments(p: ProgramBuilder, family: str, opt: dict, gate,
-                       slot_dtype: str | None = None) -> str:
+                       slot_dtype: str | None = None, state: StateStorage | None = None) -> str:
     """The arguments of a forward-direction program (FLA's names): inputs q, k, v, the gate's
     input and parameters, beta, initial_state, cu_seqlens, scale; outputs o, final_state.
     With ``slot_dtype`` (a state pool) the states are pool rows (layout ``pool``
     [slots, HV, K, V]) chosen by the input ``state_slots`` [N] of that int type, declared
-    after cu_seqlens. Returns beta's argument name."""
+    after cu_seqlens. ``state``: how initial_state / final_state are stored (fp32 [K, V]
+    when None). Returns beta's argument name."""
+    state_storage = state or StateStorage()
     K, V, dt = opt["head_k_dim"], opt["head_v_dim"], opt["dtype"]
     gate_tail = [K] if family == "kda" else []
     beta_name = "beta_raw" if opt["use_beta_sigmoid_in_kernel"] else "beta"
@@ -171,8 +173,9 @@ def _declare_arguments(p: ProgramBuilder, family: str, opt: dict, gate,
     for pname, kind in gate.params.items():
         p.input(pname, "head", [K] if kind == "channel" else [], "fp32")
     state = "state" if slot_dtype is None else "pool"
+    state_tail = state_storage.tail(K, V)
     if opt["use_initial_state"]:
-        p.input("initial_state", state, [K, V], "fp32", grad_name="dh0")
+        p.input("initial_state", state, state_tail, state_storage.dtype, grad_name="dh0")
     if opt["varlen"]:
         p.input("cu_seqlens", "seqlens", [], "i64")
     if slot_dtype is not None:
@@ -180,7 +183,7 @@ def _declare_arguments(p: ProgramBuilder, family: str, opt: dict, gate,
     p.scalar_input("scale", default=K ** -0.5)
     p.output("o", "token", [V], dt, heads="v")
     if opt["output_final_state"]:
-        p.output("final_state", state, [K, V], "fp32", grad_name="dht")
+        p.output("final_state", state, state_tail, state_storage.dtype, grad_name="dht")
     return beta_name
 
 
@@ -211,16 +214,51 @@ def _step_inputs(p: ProgramBuilder, c, family: str, opt: dict, gate, gate_opts: 
                 valid=valid, g_valid=g_valid)
 
 
+@dataclass(frozen=True)
+class StateStorage:
+    """How a program's initial_state / final_state rows are stored: element type (the state
+    is fp32 in the program; a bf16 row is read into fp32 and rounded to nearest on store) and
+    whether a row is [V, K] (value-first, the state's transpose) rather than [K, V]."""
+    dtype: str = "fp32"
+    v_first: bool = False
+
+    def tail(self, K: int, V: int) -> list:
+        return [V, K] if self.v_first else [K, V]
+
+    @property
+    def value_axis(self) -> int:
+        return -2 if self.v_first else -1
+
+    def load(self, p: ProgramBuilder, mem: str, *, name: str, slots, value_parts: int) -> Tile:
+        """The [K, V'] fp32 state of a stored row (V' = this part's value columns)."""
+        plain = not self.v_first and self.dtype == "fp32"
+        row = p.load_state(mem, slots=slots, value_parts=value_parts, value_axis=self.value_axis,
+                           name=name if plain else f"{name}_row")
+        if plain:
+            return row
+        state = row.T if self.v_first else row
+        return state.to("fp32", name=name) if self.dtype != "fp32" else state.named(name)
+
+    def store(self, p: ProgramBuilder, mem: str, state: Tile, *, slots, value_parts: int):
+        """Store the [K, V'] fp32 ``state`` as a row of ``mem``."""
+        row = state.T if self.v_first else state
+        if self.dtype != "fp32":
+            row = row.to(self.dtype)
+        p.store_state(mem, row, slots=slots, value_parts=value_parts,
+                      value_axis=self.value_axis)
+
+
 def _state_scan(p: ProgramBuilder, opt: dict, gate, slots: str | None = None,
-                value_parts: int = 1) -> tuple:
+                value_parts: int = 1, state: StateStorage | None = None) -> tuple:
     """(scale, the gate's per-head parameters, the forward scan over the state S from
     initial_state or zeros): how the forward and the decode program open their body.
     ``slots``: the slot table choosing initial_state's pool row; ``value_parts``: the state
-    holds this part's value columns only."""
+    holds this part's value columns only; ``state``: how initial_state is stored."""
     K, V = opt["head_k_dim"], opt["head_v_dim"] // value_parts
     scale = p.scalar("scale")
     params = {pname: p.load_head(pname) for pname in gate.params}
-    S0 = (p.load_state("initial_state", name="h0", slots=slots, value_parts=value_parts)
+    S0 = ((state or StateStorage()).load(p, "initial_state", name="h0", slots=slots,
+                                         value_parts=value_parts)
           if opt["use_initial_state"] else zeros((K, V), name="h0"))
     return scale, params, p.scan([S0], names=["S"], name="S_final")
 
@@ -310,7 +348,15 @@ DECODE_OPTIONS = {
     "slot_dtype": ("i64", "state_pool: the element type of state_slots, i32 or i64"),
     "value_split": (1, "run each (sequence, head) as this many CTAs, each owning V / value_split "
                        "value columns of the state, v, o (the columns never mix: 1, 2, 4 or 8)"),
+    "state_dtype": ("fp32", "the element type of initial_state / final_state (a pool's too): "
+                            "fp32, or bf16 (read into fp32, the new state rounded to nearest "
+                            "on store); token_states stay fp32"),
+    "state_v_first": (False, "initial_state / final_state (a pool's rows too) are stored "
+                             "[.., V, K], the transpose of the state (FLA's state_v_first)"),
 }
+
+#: the element types a decode program's state may be stored in
+STATE_DTYPES = ("fp32", "bf16")
 
 
 def _decode_options(name: str, options: dict) -> tuple[dict, dict]:
@@ -319,7 +365,7 @@ def _decode_options(name: str, options: dict) -> tuple[dict, dict]:
         raise ProgramOptionError(f"chunk_size: {name} steps one token at a time; leave "
                                  f"chunk_size unset (1), got {options['chunk_size']!r}")
     own = {k: options.get(k, default) for k, (default, _) in DECODE_OPTIONS.items()}
-    for flag in ("output_token_states", "state_pool"):
+    for flag in ("output_token_states", "state_pool", "state_v_first"):
         if not isinstance(own[flag], bool):
             raise ProgramOptionError(f"{flag}: expected true or false, got {own[flag]!r}")
     if own["value_split"] not in (1, 2, 4, 8):
@@ -327,6 +373,9 @@ def _decode_options(name: str, options: dict) -> tuple[dict, dict]:
     if own["slot_dtype"] not in ("i32", "i64"):
         raise ProgramOptionError(f"slot_dtype: {own['slot_dtype']!r} is not one of "
                                  f"['i32', 'i64']")
+    if own["state_dtype"] not in STATE_DTYPES:
+        raise ProgramOptionError(f"state_dtype: {own['state_dtype']!r} is not one of "
+                                 f"{list(STATE_DTYPES)}")
     if "slot_dtype" in options and not own["state_pool"]:
         raise ProgramOptionError("slot_dtype: only with state_pool=True")
     rest = {k: v for k, v in options.items() if k not in DECODE_OPTIONS and k != "chunk_size"}
@@ -363,9 +412,13 @@ def _delta_rule_decode(family: str, name: str, options: dict) -> ir.Module:
         attrs["output_token_states"] = True
     if pool:
         attrs.update(state_pool=True, slot_dtype=own["slot_dtype"])
+    storage = StateStorage(own["state_dtype"], own["state_v_first"])
+    if storage != StateStorage():
+        attrs.update(state_dtype=storage.dtype, state_v_first=storage.v_first)
     p = ProgramBuilder(name, attrs)
     slots = "state_slots" if pool else None
-    beta_name = _declare_arguments(p, family, opt, gate, own["slot_dtype"] if pool else None)
+    beta_name = _declare_arguments(p, family, opt, gate, own["slot_dtype"] if pool else None,
+                                   storage)
     if token_states:
         # the state after every token (a speculative verify step keeps one per draft token)
         p.output("token_states", "chunk", [K, opt["head_v_dim"]], "fp32", heads="v")
@@ -373,7 +426,7 @@ def _delta_rule_decode(family: str, name: str, options: dict) -> ir.Module:
     with p.body():
         # a skipped sequence (negative slot) starts from 0 and its outputs are 0
         live = p.slot_valid(slots) if pool else None
-        scale, params, scan = _state_scan(p, opt, gate, slots, value_parts=parts)
+        scale, params, scan = _state_scan(p, opt, gate, slots, value_parts=parts, state=storage)
         with scan as (t, S):
             # -- token t ([1, ...] tiles; value-indexed ones hold this part's V columns)
             x = _step_inputs(p, t, family, opt, gate, gate_opts, params, beta_name, 1,
@@ -399,7 +452,7 @@ def _delta_rule_decode(family: str, name: str, options: dict) -> ir.Module:
             scan.yield_(S_next)
             name_locals({**locals(), **x})
         if opt["output_final_state"]:
-            p.store_state("final_state", scan.results[0], slots=slots, value_parts=parts)
+            storage.store(p, "final_state", scan.results[0], slots=slots, value_parts=parts)
     return p.finish()
 
 

@@ -78,7 +78,8 @@ def _unrequested(spec: Mapping[str, Any], options: Mapping[str, Any]) -> str | N
     dtype = emitted.get("dtype", attrs.get("dtype", "bf16"))
     defaults = {"gate_dtype": (None, dtype), "beta_dtype": (None, dtype), "value_split": (1,),
                 "output_chunk_states": (False,), "gate_digest": (None,),
-                "save_residuals": (False,)}
+                "save_residuals": (False,), "state_dtype": (None, "fp32"),
+                "state_v_first": (False,)}
     for name, same in defaults.items():
         if name not in options and name in emitted and emitted[name] not in same:
             return name

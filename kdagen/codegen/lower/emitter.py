@@ -89,9 +89,11 @@ class MemRef:
     #: rounded on store (e.g. "tf32" for a tile read only as a TF32 wgmma operand)
     transposed: bool = False
     round: str | None = None
-    #: first column of the last dim this view addresses (int-like): the running part's value
-    #: columns, for the memory ops of a program split over them (value_parts)
+    #: first column of dim ``col_axis`` this view addresses (int-like): the running part's
+    #: value columns, for the memory ops of a program split over them (value_parts; the
+    #: value dim is the last, or -2 for a state stored value-first)
     col0: object = 0
+    col_axis: int = -1
 
     @property
     def inner(self) -> int:
@@ -101,7 +103,7 @@ class MemRef:
         """Offset within the row of a tail index (int-like), in the stored order."""
         idx, tail = list(idx), list(self.tail)
         if not (isinstance(self.col0, int) and self.col0 == 0):
-            idx[-1] = idx[-1] + self.col0
+            idx[self.col_axis] = idx[self.col_axis] + self.col0
         if self.transposed:
             idx[-2:], tail[-2:] = idx[-2:][::-1], tail[-2:][::-1]
         off = 0
@@ -662,7 +664,8 @@ class TileKernelEmitter:
         parts = int(n.attrs.get("value_parts", 1))
         if parts == 1:
             return mem
-        return replace(mem, col0=self.geo.v_part * (mem.tail[-1] // parts))
+        axis = int(n.attrs.get("value_axis", -1))
+        return replace(mem, col0=self.geo.v_part * (mem.tail[axis] // parts), col_axis=axis)
 
     def load_token(self, n, mem: MemRef, c) -> T_.Ref:
         geo = self.geo
