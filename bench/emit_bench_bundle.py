@@ -18,7 +18,8 @@ from unittest import mock
 
 
 
-def bench_variants(ops: list[str], configs: list[str] | None = None) -> list[tuple[str, dict]]:
+def bench_variants(ops: list[str], configs: list[str] | None = None,
+                   head_dim: int = 128) -> list[tuple[str, dict]]:
     import torch
 
     from kdagen import benchmark as bench_fla
@@ -31,7 +32,8 @@ def bench_variants(ops: list[str], configs: list[str] | None = None) -> list[tup
                 if configs and name not in configs:
                     continue
                 small = [min(n, 70) for n in lengths] if lengths else None
-                x, kw, _ = bench_fla.make_inputs(family, 1 if small else B, 70, H, HV, small, "cpu")
+                x, kw, _ = bench_fla.make_inputs(family, 1 if small else B, 70, H, HV, small, "cpu",
+                                                 head_dim=head_dim)
                 with torch.no_grad():                 # the forward-only timing
                     bench_fla.call(fn, family, x, kw, grad=False)
                 # training, with the residual pair (the default) and without
@@ -92,6 +94,8 @@ def main(argv=None) -> int:
                     help="only these programs (comma-separated, e.g. kda_fwd)")
     ap.add_argument("--configs", default=None,
                     help="only the variants of these benchmark configs (comma-separated)")
+    ap.add_argument("--head-dim", type=int, default=128,
+                    help="K = V of the recorded calls (kdagen bench --head-dim)")
     args = ap.parse_args(argv)
     from kdagen.bundle_writer import write_bundle
     from kdagen.runtime.bundle import variant_name
@@ -99,7 +103,7 @@ def main(argv=None) -> int:
         from kdagen import ops
         ops.CHUNK_SIZE = args.chunk_size
     variants = bench_variants(args.ops.split(","),
-                              args.configs.split(",") if args.configs else None)
+                              args.configs.split(",") if args.configs else None, args.head_dim)
     if args.programs:
         variants = [v for v in variants if v[0] in args.programs.split(",")]
     for program, options in variants:

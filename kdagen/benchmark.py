@@ -64,9 +64,13 @@ def bytes_moved(B, T, H, HV, K, V, family, backward, elt=2):
     return fwd * (2.2 if backward else 1.0)
 
 
-def make_inputs(family, B, T, H, HV, lengths, device, seed=0):
+#: the head dims the benchmark times (K = V)
+HEAD_DIMS = (64, 128)
+
+
+def make_inputs(family, B, T, H, HV, lengths, device, seed=0, head_dim=128):
     import torch
-    K = V = 128
+    K = V = head_dim
     gen = torch.Generator(device=device).manual_seed(seed)
     B = B if lengths is None else 1
 
@@ -299,7 +303,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The benchmark's arguments (``kdagen bench --help`` prints their help)."""
     parser = argparse.ArgumentParser(
         prog="kdagen bench", description=__doc__.splitlines()[0],
-        epilog="Every config uses K = V = 128 and bf16 inputs. Each row times the forward "
+        epilog="Every config uses K = V = --head-dim (128) and bf16 inputs. Each row times "
+               "the forward "
                "(fwd, no grad) or forward + backward (fwdbwd) of every implementation: median "
                "ms (triton.testing.do_bench), the first call separately, FLA/kdagen ratios and "
                "% of the roofline floor. The kernel bundle comes from KDAGEN_BUNDLE (or "
@@ -340,6 +345,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "per chunk step of state scans, bytes moved (the IR's count) and "
                              "%% of the 4.8 TB/s bandwidth floor; written to the JSON as "
                              "\"kernels\"")
+    parser.add_argument("--head-dim", type=int, default=128, choices=HEAD_DIMS,
+                        help="K = V of every config (default: %(default)s; the bundle must hold "
+                             "that head dim: bench/emit_bench_bundle.py --head-dim)")
     parser.add_argument("--kernel-reps", type=int, default=20, metavar="N",
                         help="calls timed per kernel row with --kernels; the table shows the "
                              "median (default: %(default)s)")
@@ -374,12 +382,15 @@ def main(argv=None):
                                 chunk_sizes=chunk_sizes)
         for name in args.configs.split(","):
             B, T, H, HV, lengths = ALL_CONFIGS[name]
-            x, kw, T = make_inputs(family, B, T or 0, H, HV, lengths, device)
+            x, kw, T = make_inputs(family, B, T or 0, H, HV, lengths, device,
+                                   head_dim=args.head_dim)
             tokens = B * T if lengths is None else T
             longest = max(lengths) if lengths else T
             for mode in args.modes.split(","):
                 grad = mode == "fwdbwd"
                 row = {"op": family, "config": name, "mode": mode}
+                if args.head_dim != 128:
+                    row["head_dim"] = args.head_dim
                 for impl, fn in impls.items():
                     ctx = torch.enable_grad() if grad else torch.no_grad()
                     try:
@@ -401,8 +412,9 @@ def main(argv=None):
                         kernels += _kernel_rows_of_call(
                             lambda: call(fn, family, x, kw, grad), grad, args.kernel_reps,
                             context, tokens=tokens, value_heads=HV, longest_tokens=longest)
-                nbytes = bytes_moved(B, T, H, HV, 128, 128, family, grad)
-                flops = tokens * HV * flops_per_token(128, 128, backward=grad)
+                D = args.head_dim
+                nbytes = bytes_moved(B, T, H, HV, D, D, family, grad)
+                flops = tokens * HV * flops_per_token(D, D, backward=grad)
                 floor_ms = 1e3 * max(nbytes / COPY_BYTES_PER_S, flops / MATMUL_FLOPS_PER_S)
                 row["floor_ms"] = floor_ms
                 for impl in impls:

@@ -110,3 +110,14 @@ def test_small_head_configs_are_asked_by_name():
     assert set(default) == set(benchmark.CONFIGS)
     with pytest.raises(SystemExit):
         benchmark.main(["--configs", "B1_T32k_H3"])
+
+
+def test_head_dim_sets_k_and_v_of_every_input():
+    x, kw, _ = benchmark.make_inputs("kda", 1, 70, 2, 4, None, "cpu", head_dim=64)
+    assert x["q"].shape[-1] == x["k"].shape[-1] == x["v"].shape[-1] == 64
+    assert x["initial_state"].shape[-2:] == (64, 64) and kw["dt_bias"].numel() == 4 * 64
+    parser = benchmark.build_parser()
+    assert parser.parse_args(["--head-dim", "64"]).head_dim == 64
+    assert parser.parse_args([]).head_dim == 128
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--head-dim", "96"])
