@@ -72,8 +72,8 @@ def test_gpu_decode_pool_matches_the_reference(family, mode, storage):
     logical = _pool(B * T + 3).to(dtype)
     pool = (logical.transpose(-1, -2) if v_first else logical).contiguous()
     if mode.startswith("in_place"):
-        dtype = torch.int32 if mode == "in_place_i32" else torch.int64
-        idx = torch.randperm(B * T + 3)[:B].to(dtype).cuda()
+        slot_dtype = torch.int32 if mode == "in_place_i32" else torch.int64
+        idx = torch.randperm(B * T + 3)[:B].to(slot_dtype).cuda()
         idx[5] = -1                                            # a skipped sequence
         kw = dict(ssm_state_indices=idx)
     else:

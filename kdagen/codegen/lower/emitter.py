@@ -540,7 +540,7 @@ class TileKernelEmitter:
         for i, init in enumerate(n.operands):
             src = self.env[init]
             if not carried[i].same_storage(src):
-                T_.materialize(state_th, src, carried[i])
+                T_.materialize(state_th, src, carried[i], source_order=True)
         B.barrier()
         body = n.body
         reverse = bool(n.attrs.get("reverse", False))
