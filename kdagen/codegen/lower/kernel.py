@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from kdagen.codegen.common.kernel import GpuModuleBuilder
 from kdagen.target import Target
 
-from . import register_scan, sm90_native
+from . import register_scan, sm90_native, tuning
 from . import tiles as T_
 from .cost_model import kernel_report
 from .emitter import REDUCE_SLOTS_BYTES, GlobalKernelEmitter, TileKernelEmitter
@@ -130,14 +130,19 @@ def prepare(program: Program, target: Target | None, prefix: str,
                 if shared[0].global_reads() < plan.global_reads():
                     plan, native, storage, budget, need = shared
                     in_place = True
+        # the tuning table's options of this kernel (emission only: the plan is settled)
+        kopts, tuned = tuning.tuned_options(
+            opts, target.chip if target is not None else "", program.name,
+            (int(program.attrs.get("head_k_dim", 0)), int(program.attrs.get("head_v_dim", 0))),
+            tuning.kernel_label(g.index, g.label))
         if native is not None:
             used = (REDUCE_SLOTS_BYTES + plan.smem_bytes) if storage in ("smem", "hybrid") else 0
             native.base = -(-used // 1024) * 1024
-            em = nat.Sm90NativeTileEmitter(program, g, plan, storage, opts, target, native,
+            em = nat.Sm90NativeTileEmitter(program, g, plan, storage, kopts, target, native,
                                            warpgroup_storage=spilling)
             block = em.block_threads
         else:
-            em = TileKernelEmitter(program, g, plan, storage, opts)
+            em = TileKernelEmitter(program, g, plan, storage, kopts)
             block = opts.nthreads
         em.workspace_storage = storage_of
         heads = "HV" if program.value_split == 1 else f"HV * {program.value_split}"
@@ -148,6 +153,8 @@ def prepare(program: Program, target: Target | None, prefix: str,
                   "scratch_bytes_per_cta": em.scratch_bytes, "tile_bytes": need}
         if in_place:
             launch["shared_in_place"] = True
+        if tuned:
+            launch["tuned"] = tuned
         hbm = hbm_bytes_per_token(g)
         if hbm is not None:
             launch["hbm_bytes_per_token"] = hbm

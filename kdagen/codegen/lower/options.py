@@ -124,3 +124,6 @@ class LowerOptions:
     # dq kernels, pushed into the global scratch, 12-14%; "auto" measured as 1 end to end
     # (kda fwd+bwd 5.279 vs 5.284 ms, gdn 4.529 vs 4.531)
     staging_buffers: int | str = 1
+    # per-kernel options measured faster than these defaults (kdagen.codegen.lower.tuning,
+    # each entry with its measurement) replace them where left at the default; False: off
+    tuned: bool = True

@@ -1,0 +1,66 @@
+"""Per-kernel lowering options measured faster than the defaults: the tuning table.
+
+One value of a lowering option does not suit every kernel. ``load_batch`` (loads a thread
+issues before using them, LowerOptions.load_batch) is the case measured so far: at 2 instead
+of 8 the backward's dk/dv/dg kernel (k4) of kda_bwd runs faster and, at K = V = 64, no longer
+spills, while every other kernel of the program runs slower (the dq kernel k2 +10%, the
+forward's output kernel +29% at K = 128). The static cost model predicts the opposite for k4
+(its loads overlap less), so the choice is a measurement, recorded here with its evidence, not
+a rule.
+
+An entry names the chip, the program, its head dims (K, V) and the kernel (``k<index>_<label>``
+as `kdagen.codegen.lower.kernel.prepare` names it); it applies to every gate and option set of
+that program, and only to options the caller left at their defaults (an explicit value, e.g.
+an ablation's ``--load-batch``, wins). ``LowerOptions.tuned = False`` turns the table off.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+from .options import LowerOptions
+
+__all__ = ["TunedKernel", "TUNED", "tuned_options", "kernel_label"]
+
+
+@dataclass(frozen=True)
+class TunedKernel:
+    chip: str
+    program: str
+    head_dims: tuple          # (K, V)
+    kernel: str               # k<index>_<label>
+    options: tuple            # ((name, value), ...) of LowerOptions fields
+    evidence: str             # where it was measured, and by how much it won
+
+
+TUNED: tuple[TunedKernel, ...] = (
+    TunedKernel("sm_90a", "kda_bwd", (128, 128), "k4_scan4", (("load_batch", 2),),
+                "H100, B1_T8k_H16, one process: 1866 -> 1707 us "
+                "(bench/results/h100_stop41_load_batch_k128.log)"),
+    TunedKernel("sm_90a", "kda_bwd", (64, 64), "k4_scan4", (("load_batch", 2),),
+                "H100, B1_T8k_H16, one process: 763 -> 743 us, and its 8-byte spill gone "
+                "(bench/results/h100_stop41_load_batch_k64.log)"),
+)
+
+_DEFAULTS = {f.name: f.default for f in fields(LowerOptions)}
+
+
+def kernel_label(index: int, label: str) -> str:
+    return f"k{index}_{label}"
+
+
+def tuned_options(opts: LowerOptions, chip: str, program: str, head_dims: tuple,
+                  kernel: str) -> tuple[LowerOptions, dict]:
+    """(the options kernel ``kernel`` of ``program`` is lowered with on ``chip``, the
+    entries of the table applied to it): ``opts`` with the table's options where the caller
+    left them at their defaults."""
+    if not opts.tuned:
+        return opts, {}
+    applied = {}
+    for entry in TUNED:
+        if (entry.chip, entry.program, tuple(entry.head_dims), entry.kernel) != \
+                (chip, program, tuple(head_dims), kernel):
+            continue
+        for name, value in entry.options:
+            if getattr(opts, name) == _DEFAULTS[name]:
+                applied[name] = value
+    return (replace(opts, **applied) if applied else opts), applied

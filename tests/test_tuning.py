@@ -1,0 +1,72 @@
+"""The tuning table (kdagen.codegen.lower.tuning): per-kernel lowering options measured faster
+than the defaults. An entry changes only its kernel of its program and head dims on its chip,
+only options left at their defaults, nothing with ``tuned=False``; the lowered kernel records
+what was applied; kda_bwd at K = V = 64 assembles for sm_90a without spills (its dk kernel
+spilled 8 bytes at load_batch 8)."""
+from __future__ import annotations
+
+import pytest
+
+from kdagen.codegen import ptxas
+from kdagen.codegen.lower.options import LowerOptions
+from kdagen.codegen.lower.tuning import TUNED, tuned_options
+
+
+def test_an_entry_applies_to_its_kernel_only_and_only_over_defaults():
+    entry = TUNED[0]
+    name, value = entry.options[0]
+    opts, applied = tuned_options(LowerOptions(), entry.chip, entry.program, entry.head_dims,
+                                  entry.kernel)
+    assert applied == {name: value} and getattr(opts, name) == value
+    for other in ((entry.chip, entry.program, entry.head_dims, "k2_scan2"),
+                  ("sm_120a", entry.program, entry.head_dims, entry.kernel),
+                  (entry.chip, "gdn_bwd", entry.head_dims, entry.kernel),
+                  (entry.chip, entry.program, (32, 32), entry.kernel)):
+        opts, applied = tuned_options(LowerOptions(), *other)
+        assert applied == {} and opts == LowerOptions()
+    explicit = LowerOptions(**{name: 4})                   # the caller's value wins
+    assert tuned_options(explicit, entry.chip, entry.program, entry.head_dims,
+                         entry.kernel) == (explicit, {})
+    off = LowerOptions(tuned=False)
+    assert tuned_options(off, entry.chip, entry.program, entry.head_dims, entry.kernel) == \
+        (off, {})
+
+
+def test_every_entry_names_real_options_and_its_evidence():
+    fields = set(LowerOptions.__dataclass_fields__)
+    for entry in TUNED:
+        assert {n for n, _ in entry.options} <= fields
+        assert "bench/results/" in entry.evidence
+
+
+def _lowered(K: int, **lower):
+    from kdagen.driver import DEFAULT_LOWERING, Compilation
+    comp = Compilation("kda_bwd", dict(head_k_dim=K, head_v_dim=K), "sm_90a",
+                       lower=dict(DEFAULT_LOWERING, **lower))
+    comp.run(until="gpu")
+    return comp
+
+
+def test_the_lowered_kernels_record_the_options_applied():
+    kernels = {k.name.split("__")[-1]: k for k in _lowered(64).kernels}
+    assert kernels["k4_scan4"].launch.get("tuned") == {"load_batch": 2}
+    assert all("tuned" not in k.launch for n, k in kernels.items() if n != "k4_scan4")
+    off = {k.name.split("__")[-1]: k for k in _lowered(64, tuned=False).kernels}
+    assert "tuned" not in off["k4_scan4"].launch
+
+
+def _has_ptxas() -> bool:
+    try:
+        ptxas.find_ptxas()
+        return True
+    except ptxas.PtxasNotFound:
+        return False
+
+
+@pytest.mark.skipif(not _has_ptxas(), reason="needs ptxas")
+def test_kda_bwd_k64_assembles_without_spills():
+    comp = _lowered(64)
+    comp.run(until="cubin")
+    for name, res in comp.assembled.items():
+        assert res.ok, name
+        assert all(r.spills == 0 for r in res.resources.values()), name
