@@ -281,28 +281,26 @@ def _call(family, q, k, v, g, beta, *, A_log, dt_bias, scale, initial_state, out
           num_accepted_tokens, inplace_final_state, fla_kwargs):
     check_fla_kwargs(f"fused_recurrent_{'kda' if family == 'kda' else 'gated_delta_rule'}",
                      fla_kwargs)
+    # what a call that re-enters _call on transposed states or value parts passes on as is
+    passed = dict(A_log=A_log, dt_bias=dt_bias, scale=scale,
+                  use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                  use_gate_in_kernel=use_gate_in_kernel,
+                  use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+                  allow_neg_eigval=allow_neg_eigval, lower_bound=lower_bound,
+                  cu_seqlens=cu_seqlens, fla_kwargs=fla_kwargs)
     if state_v_first and ssm_state_indices is None:
-        return _call_transposed(
-            family, q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, scale=scale,
-            initial_state=initial_state, output_final_state=output_final_state,
-            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-            use_gate_in_kernel=use_gate_in_kernel,
-            use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
-            lower_bound=lower_bound, cu_seqlens=cu_seqlens, inplace_final_state=inplace_final_state,
-            fla_kwargs=fla_kwargs)
+        return _call_transposed(family, q, k, v, g, beta, initial_state=initial_state,
+                                output_final_state=output_final_state,
+                                inplace_final_state=inplace_final_state, **passed)
     if (isinstance(v, Tensor) and v.ndim == 4 and int(v.shape[-1]) > max(ops.SUPPORTED_HEAD_DIMS)
             and (initial_state is None or (
                 isinstance(initial_state, Tensor)
                 and _as_kv(initial_state, state_v_first).shape[-1] == v.shape[-1]))):
         return _call_value_parts(
-            family, q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, scale=scale,
-            initial_state=initial_state, output_final_state=output_final_state,
-            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-            use_gate_in_kernel=use_gate_in_kernel,
-            use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
-            lower_bound=lower_bound, state_v_first=state_v_first, cu_seqlens=cu_seqlens,
+            family, q, k, v, g, beta, initial_state=initial_state,
+            output_final_state=output_final_state, state_v_first=state_v_first,
             ssm_state_indices=ssm_state_indices, num_accepted_tokens=num_accepted_tokens,
-            inplace_final_state=inplace_final_state, fla_kwargs=fla_kwargs)
+            inplace_final_state=inplace_final_state, **passed)
     safe_gate = lower_bound is not None and use_gate_in_kernel
     if scale is None:
         scale = q.shape[-1] ** -0.5

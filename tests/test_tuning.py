@@ -5,11 +5,10 @@ what was applied; kda_bwd at K = V = 64 assembles for sm_90a without spills (its
 spilled 8 bytes at load_batch 8)."""
 from __future__ import annotations
 
-import pytest
-
-from kdagen.codegen import ptxas
 from kdagen.codegen.lower.options import LowerOptions
 from kdagen.codegen.lower.tuning import TUNED, tuned_options
+
+from conftest import requires_ptxas
 
 
 def test_an_entry_applies_to_its_kernel_only_and_only_over_defaults():
@@ -55,15 +54,7 @@ def test_the_lowered_kernels_record_the_options_applied():
     assert "tuned" not in off["k4_scan4"].launch
 
 
-def _has_ptxas() -> bool:
-    try:
-        ptxas.find_ptxas()
-        return True
-    except ptxas.PtxasNotFound:
-        return False
-
-
-@pytest.mark.skipif(not _has_ptxas(), reason="needs ptxas")
+@requires_ptxas
 def test_kda_bwd_k64_assembles_without_spills():
     comp = _lowered(64)
     comp.run(until="cubin")
