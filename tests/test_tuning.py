@@ -14,21 +14,22 @@ from conftest import requires_ptxas
 def test_an_entry_applies_to_its_kernel_only_and_only_over_defaults():
     entry = TUNED[0]
     name, value = entry.options[0]
-    opts, applied = tuned_options(LowerOptions(), entry.chip, entry.program, entry.head_dims,
-                                  entry.kernel)
+    opts, applied = tuned_options(LowerOptions(), entry.chip, entry.path, entry.program,
+                                  entry.head_dims, entry.kernel)
     assert applied == {name: value} and getattr(opts, name) == value
-    for other in ((entry.chip, entry.program, entry.head_dims, "k2_scan2"),
-                  ("sm_120a", entry.program, entry.head_dims, entry.kernel),
-                  (entry.chip, "gdn_bwd", entry.head_dims, entry.kernel),
-                  (entry.chip, entry.program, (32, 32), entry.kernel)):
+    for other in ((entry.chip, entry.path, entry.program, entry.head_dims, "k2_scan2"),
+                  ("sm_120a", entry.path, entry.program, entry.head_dims, entry.kernel),
+                  (entry.chip, "portable", entry.program, entry.head_dims, entry.kernel),
+                  (entry.chip, entry.path, "gdn_bwd", entry.head_dims, entry.kernel),
+                  (entry.chip, entry.path, entry.program, (32, 32), entry.kernel)):
         opts, applied = tuned_options(LowerOptions(), *other)
         assert applied == {} and opts == LowerOptions()
     explicit = LowerOptions(**{name: 4})                   # the caller's value wins
-    assert tuned_options(explicit, entry.chip, entry.program, entry.head_dims,
+    assert tuned_options(explicit, entry.chip, entry.path, entry.program, entry.head_dims,
                          entry.kernel) == (explicit, {})
     off = LowerOptions(tuned=False)
-    assert tuned_options(off, entry.chip, entry.program, entry.head_dims, entry.kernel) == \
-        (off, {})
+    assert tuned_options(off, entry.chip, entry.path, entry.program, entry.head_dims,
+                         entry.kernel) == (off, {})
 
 
 def test_every_entry_names_real_options_and_its_evidence():

@@ -132,7 +132,8 @@ def prepare(program: Program, target: Target | None, prefix: str,
                     in_place = True
         # the tuning table's options of this kernel (emission only: the plan is settled)
         kopts, tuned = tuning.tuned_options(
-            opts, target.chip if target is not None else "", program.name,
+            opts, target.chip if target is not None else "",
+            nat.PATH_NAME if native is not None else "portable", program.name,
             (int(program.attrs.get("head_k_dim", 0)), int(program.attrs.get("head_v_dim", 0))),
             tuning.kernel_label(g.index, g.label))
         if native is not None:

@@ -8,8 +8,9 @@ forward's output kernel +29% at K = 128). The static cost model predicts the opp
 (its loads overlap less), so the choice is a measurement, recorded here with its evidence, not
 a rule.
 
-An entry names the chip, the program, its head dims (K, V) and the kernel (``k<index>_<label>``
-as `kdagen.codegen.lower.kernel.prepare` names it); it applies to every gate and option set of
+An entry names the chip, the lowering path (``sm90-native``, ``portable``), the program, its head
+dims (K, V) and the kernel (``k<index>_<label>`` as `kdagen.codegen.lower.kernel.prepare` names
+it); it applies to every gate and option set of
 that program, and only to options the caller left at their defaults (an explicit value, e.g.
 an ablation's ``--load-batch``, wins). ``LowerOptions.tuned = False`` turns the table off.
 """
@@ -25,6 +26,7 @@ __all__ = ["TunedKernel", "TUNED", "tuned_options", "kernel_label"]
 @dataclass(frozen=True)
 class TunedKernel:
     chip: str
+    path: str                 # the lowering path the kernel takes (its launch's "path")
     program: str
     head_dims: tuple          # (K, V)
     kernel: str               # k<index>_<label>
@@ -33,10 +35,10 @@ class TunedKernel:
 
 
 TUNED: tuple[TunedKernel, ...] = (
-    TunedKernel("sm_90a", "kda_bwd", (128, 128), "k4_scan4", (("load_batch", 2),),
+    TunedKernel("sm_90a", "sm90-native", "kda_bwd", (128, 128), "k4_scan4", (("load_batch", 2),),
                 "H100, B1_T8k_H16, one process: 1866 -> 1707 us "
                 "(bench/results/h100_stop41_load_batch_k128.log)"),
-    TunedKernel("sm_90a", "kda_bwd", (64, 64), "k4_scan4", (("load_batch", 2),),
+    TunedKernel("sm_90a", "sm90-native", "kda_bwd", (64, 64), "k4_scan4", (("load_batch", 2),),
                 "H100, B1_T8k_H16, one process: 763 -> 743 us, and its 8-byte spill gone "
                 "(bench/results/h100_stop41_load_batch_k64.log)"),
 )
@@ -48,17 +50,17 @@ def kernel_label(index: int, label: str) -> str:
     return f"k{index}_{label}"
 
 
-def tuned_options(opts: LowerOptions, chip: str, program: str, head_dims: tuple,
+def tuned_options(opts: LowerOptions, chip: str, path: str, program: str, head_dims: tuple,
                   kernel: str) -> tuple[LowerOptions, dict]:
-    """(the options kernel ``kernel`` of ``program`` is lowered with on ``chip``, the
-    entries of the table applied to it): ``opts`` with the table's options where the caller
-    left them at their defaults."""
+    """(the options kernel ``kernel`` of ``program`` is lowered with on ``chip`` by lowering
+    path ``path``, the entries of the table applied to it): ``opts`` with the table's options
+    where the caller left them at their defaults."""
     if not opts.tuned:
         return opts, {}
     applied = {}
     for entry in TUNED:
-        if (entry.chip, entry.program, tuple(entry.head_dims), entry.kernel) != \
-                (chip, program, tuple(head_dims), kernel):
+        if (entry.chip, entry.path, entry.program, tuple(entry.head_dims), entry.kernel) != \
+                (chip, path, program, tuple(head_dims), kernel):
             continue
         for name, value in entry.options:
             if getattr(opts, name) == _DEFAULTS[name]:
