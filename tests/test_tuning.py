@@ -53,6 +53,11 @@ def test_the_lowered_kernels_record_the_options_applied():
     assert all("tuned" not in k.launch for n, k in kernels.items() if n != "k4_scan4")
     off = {k.name.split("__")[-1]: k for k in _lowered(64, tuned=False).kernels}
     assert "tuned" not in off["k4_scan4"].launch
+    # and the cost report (kdagen show --stage cost) says so
+    from kdagen.codegen.lower.cost_model import format_report
+    assert "tuning table's (kdagen.codegen.lower.tuning) load_batch=2" in \
+        format_report("k4", kernels["k4_scan4"].cost)
+    assert "tuning table" not in format_report("k4", off["k4_scan4"].cost)
 
 
 @requires_ptxas

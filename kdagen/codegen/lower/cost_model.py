@@ -176,6 +176,9 @@ def format_report(name: str, report: dict) -> str:
     """One kernel's report as text (the ``cost`` stage)."""
     c, e = report["counts"], report["estimate"]
     lines = [f"per {report['unit']}, per {report['per']}"]
+    if report.get("tuned"):
+        lines.append("  lowered with the tuning table's (kdagen.codegen.lower.tuning) "
+                     + ", ".join(f"{k}={v}" for k, v in report["tuned"].items()))
     for k in REPORT_EVENTS:
         if k in c:
             lines.append(f"  {k:20s} {_num(c[k]):>10s}")

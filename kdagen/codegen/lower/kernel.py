@@ -305,6 +305,8 @@ def lower_program(module, target: Target, *, name: str | None = None,
                  else getattr(pk.emitter, "consumer_threads", opts.nthreads) // 32)
         report = (kernel_report(pk.emitter.cost, serial=pk.group.kind != "global"
                                 and not pk.group.parallel, warps=warps) if cost else None)
+        if report is not None and pk.launch.get("tuned"):
+            report["tuned"] = dict(pk.launch["tuned"])
         if pk.group.kind == "global":
             out.append(LoweredKernel(pk.name, program.name, "global", pk.group.index, builder,
                                      params, pk.launch, "none", 0, "portable", cost=report))
