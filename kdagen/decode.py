@@ -29,9 +29,9 @@ A non-contiguous pool (or one of head dims the kernels are not built for) takes 
 for both: the states are gathered from their slots (``index_select``, transposed where stored
 value-first), the plain decode program advances them, and the new states are scattered back.
 Without a pool, ``state_v_first`` transposes the initial state into the step and the final
-state back (one copy each way). The scatter is one indexed copy in which the rows that must not write repeat a
-writing row's slot and value (`_scatter_states`), so no host synchronisation is needed to leave
-the skipped slots out, and every state is stored exactly.
+state back (one copy each way). The scatter is one indexed copy in which the rows that must
+not write repeat a writing row's slot and value (`_scatter_states`), so no host
+synchronisation is needed to leave the skipped slots out, and every state is stored exactly.
 """
 from __future__ import annotations
 

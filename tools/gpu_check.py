@@ -196,8 +196,7 @@ def _pool_refs(fn, ref_in: dict, v_first: bool = False) -> dict:
     x = dict(ref_in)
     pool, slots = x.pop("initial_state"), x.pop("state_slots")
     if v_first:
-        return _transposed_pool(_pool_refs(fn, dict(x, initial_state=pool.transpose(-1, -2),
-                                                    state_slots=slots)))
+        pool = pool.transpose(-1, -2)                   # the states as [.., K, V]
     live = slots >= 0
     h0 = torch.where(live.view(-1, 1, 1, 1), pool[slots.clamp(min=0)], torch.zeros_like(pool[:1]))
     with torch.no_grad():
@@ -209,11 +208,7 @@ def _pool_refs(fn, ref_in: dict, v_first: bool = False) -> dict:
     o = o * live[seq].view(B, T, 1, 1).to(o.dtype)
     new = pool.clone()
     new[slots[live]] = ht[live]
-    return {"o": o, "final_state": new}
-
-
-def _transposed_pool(refs: dict) -> dict:
-    return dict(refs, final_state=refs["final_state"].transpose(-1, -2))
+    return {"o": o, "final_state": new.transpose(-1, -2) if v_first else new}
 
 
 def _reference_fn(spec: dict):

@@ -154,14 +154,14 @@ def _program_attrs(name: str, family: str, C: int, opt: dict, gate, gate_opts: d
 
 
 def _declare_arguments(p: ProgramBuilder, family: str, opt: dict, gate,
-                       slot_dtype: str | None = None, state: StateStorage | None = None) -> str:
+                       slot_dtype: str | None = None, storage: StateStorage | None = None) -> str:
     """The arguments of a forward-direction program (FLA's names): inputs q, k, v, the gate's
     input and parameters, beta, initial_state, cu_seqlens, scale; outputs o, final_state.
     With ``slot_dtype`` (a state pool) the states are pool rows (layout ``pool``
     [slots, HV, K, V]) chosen by the input ``state_slots`` [N] of that int type, declared
-    after cu_seqlens. ``state``: how initial_state / final_state are stored (fp32 [K, V]
+    after cu_seqlens. ``storage``: how initial_state / final_state are stored (fp32 [K, V]
     when None). Returns beta's argument name."""
-    state_storage = state or StateStorage()
+    storage = storage or StateStorage()
     K, V, dt = opt["head_k_dim"], opt["head_v_dim"], opt["dtype"]
     gate_tail = [K] if family == "kda" else []
     beta_name = "beta_raw" if opt["use_beta_sigmoid_in_kernel"] else "beta"
@@ -173,9 +173,9 @@ def _declare_arguments(p: ProgramBuilder, family: str, opt: dict, gate,
     for pname, kind in gate.params.items():
         p.input(pname, "head", [K] if kind == "channel" else [], "fp32")
     state = "state" if slot_dtype is None else "pool"
-    state_tail = state_storage.tail(K, V)
+    state_tail = storage.tail(K, V)
     if opt["use_initial_state"]:
-        p.input("initial_state", state, state_tail, state_storage.dtype, grad_name="dh0")
+        p.input("initial_state", state, state_tail, storage.dtype, grad_name="dh0")
     if opt["varlen"]:
         p.input("cu_seqlens", "seqlens", [], "i64")
     if slot_dtype is not None:
@@ -183,7 +183,7 @@ def _declare_arguments(p: ProgramBuilder, family: str, opt: dict, gate,
     p.scalar_input("scale", default=K ** -0.5)
     p.output("o", "token", [V], dt, heads="v")
     if opt["output_final_state"]:
-        p.output("final_state", state, state_tail, state_storage.dtype, grad_name="dht")
+        p.output("final_state", state, state_tail, storage.dtype, grad_name="dht")
     return beta_name
 
 
@@ -249,16 +249,16 @@ class StateStorage:
 
 
 def _state_scan(p: ProgramBuilder, opt: dict, gate, slots: str | None = None,
-                value_parts: int = 1, state: StateStorage | None = None) -> tuple:
+                value_parts: int = 1, storage: StateStorage | None = None) -> tuple:
     """(scale, the gate's per-head parameters, the forward scan over the state S from
     initial_state or zeros): how the forward and the decode program open their body.
     ``slots``: the slot table choosing initial_state's pool row; ``value_parts``: the state
-    holds this part's value columns only; ``state``: how initial_state is stored."""
+    holds this part's value columns only; ``storage``: how initial_state is stored."""
     K, V = opt["head_k_dim"], opt["head_v_dim"] // value_parts
     scale = p.scalar("scale")
     params = {pname: p.load_head(pname) for pname in gate.params}
-    S0 = ((state or StateStorage()).load(p, "initial_state", name="h0", slots=slots,
-                                         value_parts=value_parts)
+    S0 = ((storage or StateStorage()).load(p, "initial_state", name="h0", slots=slots,
+                                           value_parts=value_parts)
           if opt["use_initial_state"] else zeros((K, V), name="h0"))
     return scale, params, p.scan([S0], names=["S"], name="S_final")
 
@@ -426,7 +426,8 @@ def _delta_rule_decode(family: str, name: str, options: dict) -> ir.Module:
     with p.body():
         # a skipped sequence (negative slot) starts from 0 and its outputs are 0
         live = p.slot_valid(slots) if pool else None
-        scale, params, scan = _state_scan(p, opt, gate, slots, value_parts=parts, state=storage)
+        scale, params, scan = _state_scan(p, opt, gate, slots, value_parts=parts,
+                                          storage=storage)
         with scan as (t, S):
             # -- token t ([1, ...] tiles; value-indexed ones hold this part's V columns)
             x = _step_inputs(p, t, family, opt, gate, gate_opts, params, beta_name, 1,

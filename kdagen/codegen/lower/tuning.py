@@ -8,11 +8,11 @@ forward's output kernel +29% at K = 128). The static cost model predicts the opp
 (its loads overlap less), so the choice is a measurement, recorded here with its evidence, not
 a rule.
 
-An entry names the chip, the lowering path (``sm90-native``, ``portable``), the program, its head
-dims (K, V) and the kernel (``k<index>_<label>`` as `kdagen.codegen.lower.kernel.prepare` names
-it); it applies to every gate and option set of
-that program, and only to options the caller left at their defaults (an explicit value, e.g.
-an ablation's ``--load-batch``, wins). ``LowerOptions.tuned = False`` turns the table off.
+An entry names the chip, the lowering path (``sm90-native``, ``portable``), the program, its
+head dims (K, V) and the kernel (``k<index>_<label>`` as `kdagen.codegen.lower.kernel.prepare`
+names it); it applies to every gate and option set of that program, and only to options the
+caller left at their defaults (an explicit value, e.g. an ablation's ``--load-batch``, wins).
+``LowerOptions.tuned = False`` turns the table off.
 """
 from __future__ import annotations
 
