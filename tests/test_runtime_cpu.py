@@ -53,3 +53,62 @@ def test_manifest_round_trip_and_version_check(tmp_path):
 def test_library_without_manifest(tmp_path):
     with pytest.raises(BundleError, match="kdagen emit"):
         KernelLibrary(tmp_path)
+
+
+class _RecordingKernel:
+    """A LoadedKernel stand-in: records each launch's grid and arguments."""
+
+    def __init__(self, entry):
+        self.entry = entry
+        self.launches = []
+
+    def launch(self, grid, args, stream=None):
+        self.launches.append((tuple(grid), list(args)))
+
+
+def test_launch_plan_follows_the_sizes_and_fills_each_call_fresh(tmp_path, monkeypatch):
+    """The launcher works out grids, scratch sizes and parameter kinds once per call size
+    (LoweredProgram._plan) and must still give every call its own tensors: a second size gets
+    its own grid and scratch, a new input its own tensor map."""
+    import json
+
+    import torch
+
+    from kdagen.runtime import launch as L, tensormap
+    from kdagen.runtime.bundle import KernelEntry
+    monkeypatch.setattr(tensormap, "encode_on_host",
+                        lambda args, ptr: ptr.to_bytes(8, "little") + bytes(120))
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: self)
+    args = [dict(name="q", role="input", layout="token", heads="v", dtype="bf16", tail=[128]),
+            dict(name="o", role="output", layout="token", heads="v", dtype="bf16", tail=[128]),
+            dict(name="scale", role="input", layout="scalar", default=0.5)]
+    (tmp_path / L.LOWERED).write_text(json.dumps({"variants": {"v": dict(
+        program="p", args=args, workspaces=[], kernels=["kern"], chips={}, chunk_size=64,
+        gva_ratio=1)}}))
+    entry = KernelEntry("kern", "sm_90a", "sm90-native", "kern.ptx",
+                        params=[{"name": n, "kind": k} for n, k in
+                                (("q_map", "ptr"), ("o", "ptr"), ("T", "i32"), ("scale", "f32"),
+                                 ("scratch", "ptr"))],
+                        launch={"grid": ["ceil_div(T, 64)", "HV", 1], "block": [128, 1, 1],
+                                "scratch_bytes_per_cta": 16, "tensor_maps": {"q_map": dict(
+                                    tensor="q", dtype="bf16", flatten=3, box=[64, 128])}})
+    kern = _RecordingKernel(entry)
+
+    class Library:
+        def get(self, name, device):
+            assert name == "kern"
+            return kern
+
+    prog = L.LoweredProgram(tmp_path, "v", library=Library())
+    q1 = torch.randn(1, 64, 2, 128).bfloat16()
+    q2 = torch.randn(1, 200, 2, 128).bfloat16()
+    prog(chip="sm_90a", q=q1)
+    prog(chip="sm_90a", q=q2, scale=2.0)
+    prog(chip="sm_90a", q=q1.clone())
+    (g1, a1), (g2, a2), (g3, a3) = kern.launches
+    assert g1 == (1, 2, 1) and g2 == (4, 2, 1) and g3 == g1
+    assert [a[3] for a in (a1, a2, a3)] == [0.5, 2.0, 0.5] and [a[2] for a in (a1, a2)] == [64, 200]
+    assert a1[4].numel() == 1 * 2 * 16 // 4 and a2[4].numel() == 4 * 2 * 16 // 4   # scratch
+    # each map encodes its own tensor's address: a new tensor is never served an old map
+    encoded = [int.from_bytes(bytes(a[0][:8].tolist()), "little") for a in (a1, a2, a3)]
+    assert len(set(encoded)) == 3 and a3[1].shape == (1, 64, 2, 128)

@@ -37,7 +37,7 @@ import torch
 from . import chips
 from .bundle import LOWERED, KernelEntry
 from .loader import KernelLibrary
-from .tensormap import device_tensor_map
+from .tensormap import MapSpec, tensor_map
 
 _TORCH_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32,
                  "i64": torch.int64, "i32": torch.int32}
@@ -122,6 +122,21 @@ class LaunchRecorder:
         _RECORDERS[:] = [r for r in _RECORDERS if r is not self]
 
 
+_VALUE, _TMAP, _SCRATCH = "value", "tensor map", "scratch"
+_PLANS_KEPT = 64
+
+
+@dataclass(frozen=True)
+class _Launch:
+    """One kernel launch of a call: the grid and, per kernel parameter, (kind, key, extra):
+    a value by name, a tensor map of a named tensor (extra: its MapSpec), or a scratch
+    buffer of key float32 elements."""
+    name: str
+    kernel: object          # LoadedKernel
+    grid: tuple
+    params: tuple
+
+
 class LoweredProgram:
     def __init__(self, bundle_dir, variant: str, library: KernelLibrary | None = None):
         self.bundle_dir = Path(bundle_dir)
@@ -134,6 +149,7 @@ class LoweredProgram:
         self.args = self.spec["args"]
         self.C = int(self.spec["chunk_size"])
         self.ratio = int(self.spec["gva_ratio"])
+        self._plans: dict = {}
 
     def kernel_names(self, chip: str) -> list[str]:
         return self.spec["chips"].get(chip) or self.spec["kernels"]
@@ -192,6 +208,39 @@ class LoweredProgram:
                              f"{', '.join(map(str, a['tail']))}], got {list(x.shape)}")
         return x
 
+    def _plan(self, chip: str, device, sz: dict) -> list:
+        """The launches of a call of these sizes on ``device``: kernel, grid and how each
+        parameter is filled, worked out once per (chip, device, sizes) — a call then only
+        fills in its tensors (the grid rules, the manifest's parameter lists and its tensor-map
+        entries were re-read per launch: host time a forward of three kernels spent)."""
+        key = (chip, device.type, device.index, tuple(sz.values()))
+        plan = self._plans.get(key)
+        if plan is not None:
+            return plan
+        plan = []
+        for name in self.kernel_names(chip):
+            kern = self.library.get(name, device)
+            launch = kern.entry.launch
+            grid = tuple(eval_rule(g, sz) for g in launch["grid"])
+            if min(grid) <= 0:
+                continue
+            tmaps = launch.get("tensor_maps") or {}
+            params = []
+            for p in kern.entry.params:
+                if p["name"] in tmaps:
+                    spec = tmaps[p["name"]]
+                    params.append((_TMAP, spec["tensor"], MapSpec.of(spec)))
+                elif p["name"] == "scratch":
+                    nbytes = int(launch["scratch_bytes_per_cta"]) * grid[0] * grid[1] * grid[2]
+                    params.append((_SCRATCH, max(1, nbytes // 4), None))
+                else:
+                    params.append((_VALUE, p["name"], None))
+            plan.append(_Launch(name, kern, grid, tuple(params)))
+        if len(self._plans) >= _PLANS_KEPT:     # sizes vary (varlen, decode batches): bounded
+            self._plans.pop(next(iter(self._plans)))
+        self._plans[key] = plan
+        return plan
+
     def __call__(self, device=None, poison: bool = True, stream=None, chip: str | None = None,
                  profile: list | None = None, **tensors) -> dict:
         """Run the variant; ``profile`` (a list): append (kernel name, start, end) CUDA events
@@ -229,37 +278,29 @@ class LoweredProgram:
         for w in workspaces:
             values[w["name"]] = self._alloc(w["layout"], w.get("heads"), w["tail"], w["elt"], sz,
                                             device, poison)
-        env = dict(sz)
         if stream is None and device.type == "cuda":  # one lookup per call, not per launch
             stream = torch.cuda.current_stream(device)
-        for name in self.kernel_names(chip):
-            kern = self.library.get(name, device)
-            launch = kern.entry.launch
-            grid = [eval_rule(g, env) for g in launch["grid"]]
-            if min(grid) <= 0:
-                continue
+        timed = profile is not None or bool(_RECORDERS)
+        for launch in self._plan(chip, device, sz):
             args = []
-            tmaps = launch.get("tensor_maps") or {}
-            for p in kern.entry.params:
-                if p["name"] in tmaps:
-                    spec = tmaps[p["name"]]
-                    args.append(device_tensor_map(values[spec["tensor"]], spec, spec["tensor"]))
-                elif p["name"] == "scratch":
-                    nbytes = int(launch["scratch_bytes_per_cta"]) * grid[0] * grid[1] * grid[2]
-                    args.append(torch.empty(max(1, nbytes // 4), dtype=torch.float32, device=device))
-                else:
-                    args.append(values[p["name"]])
-            timed = profile is not None or bool(_RECORDERS)
+            for kind, key, extra in launch.params:
+                if kind is _VALUE:
+                    args.append(values[key])
+                elif kind is _TMAP:
+                    args.append(tensor_map(values[key], extra, key))
+                else:                                   # scratch: key float32 elements
+                    args.append(torch.empty(key, dtype=torch.float32, device=device))
             if timed:
                 events = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 events[0].record(stream)        # None: the current stream, as the launch
-            kern.launch(grid, args, stream=stream)
+            launch.kernel.launch(launch.grid, args, stream=stream)
             if timed:
                 events[1].record(stream)
                 if profile is not None:
-                    profile.append((name, *events))
+                    profile.append((launch.name, *events))
                 for recorder in _RECORDERS:
-                    recorder.records.append(LaunchRecord(name, tuple(grid), kern.entry, *events))
+                    recorder.records.append(LaunchRecord(launch.name, launch.grid,
+                                                         launch.kernel.entry, *events))
         return outputs
 
 

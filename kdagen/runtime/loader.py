@@ -26,6 +26,8 @@ class LoadedKernel:
 
     def __post_init__(self):
         self.kinds = [p["kind"] for p in self.entry.params]
+        self.block = tuple(int(b) for b in self.entry.launch["block"])
+        self.shared = int(self.entry.launch.get("dynamic_shared_memory", 0))
 
     def launch(self, grid, args: list, stream=None) -> None:
         import torch
@@ -35,9 +37,7 @@ class LoadedKernel:
                             f"({', '.join(p['name'] for p in self.entry.params)}), got {len(args)}")
         values = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
         stream = stream if stream is not None else torch.cuda.current_stream()
-        block = tuple(self.entry.launch["block"])
-        shared = int(self.entry.launch.get("dynamic_shared_memory", 0))
-        driver.launch(self.function, tuple(int(g) for g in grid), block, shared,
+        driver.launch(self.function, tuple(int(g) for g in grid), self.block, self.shared,
                       stream.cuda_stream, kinds, values, self.entry.name)
 
 

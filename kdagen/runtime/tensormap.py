@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass
 
 ELEM_BYTES = {"bf16": 2, "f16": 2, "f32": 4}
 DATA_TYPES = {"bf16": "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16", "f16": "CU_TENSOR_MAP_DATA_TYPE_FLOAT16",
@@ -125,29 +126,51 @@ def encode_on_host(args: dict, data_ptr: int) -> bytes:
     return ctypes.string_at(tmap.getPtr(), 128)
 
 
+@dataclass(frozen=True)
+class MapSpec:
+    """A manifest ``tensor_maps`` entry, parsed once (the launcher keeps one per kernel
+    parameter, so a launch does not re-read the dict)."""
+    dtype: str
+    flatten: int
+    box: tuple
+    swizzle: int = 0
+    view: str | None = None
+    transposed: bool = False
+
+    @classmethod
+    def of(cls, spec: dict) -> "MapSpec":
+        return cls(spec["dtype"], int(spec["flatten"]), tuple(int(b) for b in spec["box"]),
+                   int(spec.get("swizzle", 0)), spec.get("view"), bool(spec.get("transposed")))
+
+
 def device_tensor_map(tensor, spec: dict, name: str = "tensor"):
     """A device uint8[128] tensor holding the map of ``tensor`` for the manifest entry ``spec``
     ({"tensor", "dtype", "flatten", "box"}). ``tensor`` must be contiguous, 16-byte aligned and
     of the entry's element type (the launcher guarantees it)."""
-    import torch
+    return tensor_map(tensor, MapSpec.of(spec), name)
+
+
+def tensor_map(tensor, spec: MapSpec, name: str = "tensor"):
+    """`device_tensor_map` for a parsed entry: a dict lookup when the map is cached (the
+    alignment check runs only when a map is made: the address is part of the key)."""
     if not tensor.is_contiguous():
         raise TensorMapError(f"{name}: TMA needs a contiguous tensor; call .contiguous() first")
-    if tensor.data_ptr() % 16:
-        raise TensorMapError(f"{name}: TMA needs a 16-byte aligned tensor (data_ptr "
-                             f"{tensor.data_ptr():#x}); pass a fresh tensor or .clone() it")
-    shape = map_shape(tuple(tensor.shape), int(spec["flatten"]))
-    if spec.get("transposed"):           # tiles stored transposed: the last two dims swap
+    shape = map_shape(tuple(tensor.shape), spec.flatten)
+    if spec.transposed:                  # tiles stored transposed: the last two dims swap
         shape = (*shape[:-2], shape[-1], shape[-2])
-    box = tuple(int(b) for b in spec["box"])
-    swizzle, view = int(spec.get("swizzle", 0)), spec.get("view")
-    key = (tensor.device.index, tensor.data_ptr(), shape, box, spec["dtype"], swizzle, view)
+    ptr = tensor.data_ptr()
+    key = (tensor.device.index, ptr, shape, spec)
     with _lock:
         hit = _cache.get(key)
         if hit is not None:
             _cache.move_to_end(key)
             return hit[0]
-    shape, strides, box = view_dims(shape, box, view)
-    raw = encode_on_host(encode_args(shape, spec["dtype"], box, swizzle, strides), tensor.data_ptr())
+    if ptr % 16:
+        raise TensorMapError(f"{name}: TMA needs a 16-byte aligned tensor (data_ptr "
+                             f"{ptr:#x}); pass a fresh tensor or .clone() it")
+    import torch
+    shape, strides, box = view_dims(shape, spec.box, spec.view)
+    raw = encode_on_host(encode_args(shape, spec.dtype, box, spec.swizzle, strides), ptr)
     host = torch.frombuffer(bytearray(raw), dtype=torch.uint8).pin_memory()
     dev = host.to(tensor.device, non_blocking=True)
     with _lock:
@@ -157,4 +180,4 @@ def device_tensor_map(tensor, spec: dict, name: str = "tensor"):
     return dev
 
 
-__all__ = ["device_tensor_map", "encode_args", "view_dims", "VIEWS", "encode_on_host", "map_shape", "TensorMapError"]
+__all__ = ["device_tensor_map", "tensor_map", "MapSpec", "encode_args", "view_dims", "VIEWS", "encode_on_host", "map_shape", "TensorMapError"]
