@@ -198,6 +198,14 @@ def program_options(family: str, q: Tensor, v: Tensor, *, g: Optional[Tensor] = 
     return opts
 
 
+def _no_zero_gradients(ctx) -> None:
+    """Outputs without a gradient reach the backward as None, not as zeros: autograd would
+    otherwise fill a zero tensor for every residual (RESIDUALS: 64 MB at KDA B1_T8k_H16, a
+    memset per backward) that the backward never reads. The backward makes the
+    zeros it needs itself (do, dht)."""
+    ctx.set_materialize_grads(False)
+
+
 def _check(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, use_gate_in_kernel,
            safe_gate, lower_bound):
     """validate_inputs with the kernels' restrictions; reads cu_seqlens values on CPU only."""
@@ -436,6 +444,7 @@ def _define(family: str):
          safe_gate, lower_bound, *_save) = inputs
         ctx.save_for_backward(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens,
                               *output[2])
+        _no_zero_gradients(ctx)
         ctx.output_final_state = output_final_state
         ctx.flags = (scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
                      allow_neg_eigval, safe_gate, lower_bound)
@@ -657,6 +666,7 @@ def _define_gated(family: str):
         flags = flags[:5]                     # without save_residuals
         ctx.save_for_backward(q, k, v, g, beta, initial_state, cu_seqlens, *output[2],
                               *gate_params)
+        _no_zero_gradients(ctx)
         ctx.residual_count = len(output[2])       # empty tensors when none were saved
         ctx.output_final_state = output_final_state
         ctx.flags = (scale, *flags)

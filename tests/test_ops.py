@@ -324,3 +324,35 @@ def test_allow_neg_eigval_without_beta_sigmoid_is_ignored():
     with executor_for_cpu(Recorder()) as rec, torch.no_grad():
         kdagen.chunk_kda(**x, **flags, allow_neg_eigval=True)
     assert rec.calls[0][1]["allow_neg_eigval"] is False
+
+
+@pytest.mark.parametrize("through", ["o", "final_state"])
+def test_backward_makes_no_zero_gradients_for_the_residuals(through):
+    """The forward's residual outputs never get a gradient; autograd must not fill zero
+    tensors for them (a memset of every residual per backward on the GPU), and a backward
+    through only one of o and the final state still runs (the other's zeros made by the op)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from kdagen.runtime.executors import RecordingExecutor
+    x, flags = make_inputs("kda", dtype=F32, T=80, H=2)
+    flags["output_final_state"] = True
+    made = []
+
+    class Fills(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func.__name__.split(".")[0] in ("zeros", "zeros_like", "new_zeros", "zero_",
+                                               "fill_", "full", "new_full"):
+                made.append(tuple(out.shape))
+            return out
+
+    with executor_for_cpu(RecordingExecutor()) as rec:
+        args = fwd_args("kda", x, flags, save_residuals=True)
+        o, ht, residuals = ops.kda_fwd(*args)
+        assert residuals and all(r.dim() == 4 for r in residuals)
+        with Fills():
+            (o if through == "o" else ht).sum().backward()
+    assert [c[0] for c in rec.calls] == ["kda_fwd", "kda_bwd"]
+    shapes = {tuple(r.shape) for r in residuals}
+    assert not shapes & set(made), (shapes, made)
+    assert x["q"].grad is not None
