@@ -90,6 +90,8 @@ def main(argv=None) -> int:
     ap.add_argument("--staging-buffers", default=None, choices=["1", "2", "auto"],
                     help="sets of wgmma staging tiles a product's K slices alternate between "
                          "(LowerOptions.staging_buffers)")
+    ap.add_argument("--tensormap-params", default=None, choices=["global", "grid_constant"],
+                    help="how TMA kernels receive tensor maps (LowerOptions.tensormap_params)")
     ap.add_argument("--programs", default=None,
                     help="only these programs (comma-separated, e.g. kda_fwd)")
     ap.add_argument("--configs", default=None,
@@ -135,6 +137,8 @@ def main(argv=None) -> int:
             lower["in_place"] = False
         if args.eager_sums is not None:
             lower["eager_sums"] = args.eager_sums == "on"
+        if args.tensormap_params is not None:
+            lower["tensormap_params"] = args.tensormap_params
         if args.staging_buffers is not None:
             sb = args.staging_buffers
             lower["staging_buffers"] = int(sb) if sb.isdigit() else sb

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from conftest import HAS_PTXAS
+
 from kdagen.runtime.tensormap import TensorMapError, encode_args, map_shape
 
 
@@ -216,3 +218,42 @@ def test_kernels_are_sized_for_the_ctas_their_shared_memory_allows():
     producer, consumer = register_split(1, 3)
     assert re.search(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{consumer}", ptx)
     assert re.search(rf"setmaxnreg\.dec\.sync\.aligned\.u32\s+{producer}", ptx)
+
+
+@pytest.mark.parametrize("mode", ["global", "grid_constant"])
+def test_tensor_maps_as_grid_constant_parameters(mode):
+    """LowerOptions.tensormap_params="grid_constant": every tensor-map parameter of the native
+    kernels is a 128-byte, 64-byte-aligned by-value parameter (.param .b8 [128], kind "tmap" in
+    the manifest, which the launcher fills with the map's bytes) that the kernel addresses
+    generically (cvta.param); "global" keeps the address of a device copy (kind "ptr")."""
+    import re
+
+    pytest.importorskip("kdagen._mlir")
+    from kdagen.driver import DEFAULT_LOWERING, Compilation
+    comp = Compilation("kda_fwd", dict(head_k_dim=64, head_v_dim=64), "sm_90a",
+                       lower=dict(DEFAULT_LOWERING, tensormap_params=mode))
+    comp.run(until="cubin" if HAS_PTXAS else "ptx")
+    for k in comp.kernels:
+        maps = set(k.launch.get("tensor_maps") or ())
+        assert maps, k.name
+        kinds = {p["name"]: p["kind"] for p in k.param_dicts()}
+        assert {kinds[m] for m in maps} == {"tmap" if mode == "grid_constant" else "ptr"}
+        ptx = comp.ptx[k.name]
+        by_value = re.findall(rf"\.param \.align 64 \.b8 {k.name}_param_(\d+)\[128\]", ptx)
+        names = [p["name"] for p in k.param_dicts()]
+        assert sorted(names[int(i)] for i in by_value) == (
+            sorted(maps) if mode == "grid_constant" else []), k.name
+        assert ("cvta.param" in ptx) == (mode == "grid_constant")
+    if HAS_PTXAS:
+        for name, res in comp.assembled.items():
+            assert res.ok and all(r.spill_stores == 0 for r in res.resources.values()), name
+
+
+def test_unknown_tensormap_params_is_an_actionable_error(kda_fwd_native):
+    from kdagen.codegen.lower.kernel import LowerOptions, prepare
+    from kdagen.codegen.lower.plan import LoweringError
+    from kdagen.target import get_target
+    program, _ = kda_fwd_native
+    with pytest.raises(LoweringError, match="'grid_constant'"):
+        prepare(program, get_target("sm_90a"), "t",
+                LowerOptions(path="native", tensormap_params="byvalue"))

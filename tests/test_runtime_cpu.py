@@ -32,6 +32,15 @@ def _bundle(tmp_path, kernels):
     return tmp_path
 
 
+def test_pack_params_passes_a_tensor_map_by_value():
+    """A grid-constant tensor map (kind "tmap"): the kernel-parameter slot points at the
+    map's 128 bytes themselves."""
+    raw = bytes(range(128))
+    ptrs, keep = pack_params(["ptr", "tmap", "i32"], [0x1000, raw, 7])
+    assert ctypes.string_at(ptrs[1], 128) == raw
+    assert ctypes.c_int32.from_address(ptrs[2]).value == 7
+
+
 def test_library_lookup_names_missing_kernel(tmp_path):
     entry = KernelEntry("k1", "sm_90a", "portable", "k1.ptx", [], {"block": [1, 1, 1]})
     lib = KernelLibrary(_bundle(tmp_path, [entry]))
@@ -88,10 +97,11 @@ def test_launch_plan_follows_the_sizes_and_fills_each_call_fresh(tmp_path, monke
     entry = KernelEntry("kern", "sm_90a", "sm90-native", "kern.ptx",
                         params=[{"name": n, "kind": k} for n, k in
                                 (("q_map", "ptr"), ("o", "ptr"), ("T", "i32"), ("scale", "f32"),
-                                 ("scratch", "ptr"))],
+                                 ("scratch", "ptr"), ("q_bytes", "tmap"))],
                         launch={"grid": ["ceil_div(T, 64)", "HV", 1], "block": [128, 1, 1],
-                                "scratch_bytes_per_cta": 16, "tensor_maps": {"q_map": dict(
-                                    tensor="q", dtype="bf16", flatten=3, box=[64, 128])}})
+                                "scratch_bytes_per_cta": 16, "tensor_maps": {
+                                    m: dict(tensor="q", dtype="bf16", flatten=3, box=[64, 128])
+                                    for m in ("q_map", "q_bytes")}})
     kern = _RecordingKernel(entry)
 
     class Library:
@@ -112,3 +122,6 @@ def test_launch_plan_follows_the_sizes_and_fills_each_call_fresh(tmp_path, monke
     # each map encodes its own tensor's address: a new tensor is never served an old map
     encoded = [int.from_bytes(bytes(a[0][:8].tolist()), "little") for a in (a1, a2, a3)]
     assert len(set(encoded)) == 3 and a3[1].shape == (1, 64, 2, 128)
+    # a "tmap" parameter gets the same map's bytes (nothing copied to the device)
+    assert [int.from_bytes(a[5][:8], "little") for a in (a1, a2, a3)] == encoded
+    assert all(isinstance(a[5], bytes) and len(a[5]) == 128 for a in (a1, a2, a3))

@@ -12,6 +12,8 @@ from collections import OrderedDict
 from .._mlir import gpu, ir, passmanager
 from kdagen.target import Target
 
+from .common.kernel import TENSORMAP_ARGS_ATTR, mark_tensormap_params
+
 LOWERING_STAGES: tuple[str, ...] = (
     "gpu-kernel-outlining",
     "convert-scf-to-cf",
@@ -33,6 +35,16 @@ STAGE_DIALECTS: dict[str, tuple[str, ...]] = {
     "expand-strided-metadata": ("memref.",),
     "finalize-memref-to-llvm": ("memref.",),
 }
+
+
+GPU_TO_NVVM_STAGE = "gpu.module(convert-gpu-to-nvvm)"
+
+
+def _split_after(pipeline: str, stage: str) -> tuple[str, str]:
+    """``builtin.module(a,b,c)`` split after ``stage`` into two such pipelines."""
+    inner = pipeline[len("builtin.module("):-1]
+    at = inner.index(stage) + len(stage)
+    return f"builtin.module({inner[:at]})", f"builtin.module({inner[at + 1:]})"
 
 
 class LoweringError(RuntimeError):
@@ -93,7 +105,15 @@ def lower_to_ptx(module: ir.Module, target: Target) -> str:
             return _MEMO[key]
         work = ir.Module.parse(text)
         try:
-            passmanager.PassManager.parse(pipeline).run(work.operation)
+            if TENSORMAP_ARGS_ATTR in text:
+                # grid-constant tensor maps: marked between the kernels' conversion to
+                # llvm.func and the rest (common.kernel.mark_tensormap_params)
+                head, tail = _split_after(pipeline, GPU_TO_NVVM_STAGE)
+                passmanager.PassManager.parse(head).run(work.operation)
+                mark_tensormap_params(work)
+                passmanager.PassManager.parse(tail).run(work.operation)
+            else:
+                passmanager.PassManager.parse(pipeline).run(work.operation)
         except ir.MLIRError as err:
             raise LoweringError(f"lowering to PTX for {target.chip} failed: {err}") from err
         binaries = [op for op in work.body.operations if op.operation.name == "gpu.binary"]

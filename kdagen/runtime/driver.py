@@ -71,9 +71,19 @@ def set_max_dynamic_shared(function, nbytes: int, name: str) -> None:
 _CTYPES = {"ptr": ctypes.c_void_p, "i32": ctypes.c_int32, "i64": ctypes.c_int64, "f32": ctypes.c_float}
 
 
+#: a grid-constant tensor map: its 128 bytes by value (codegen.common.kernel.Param kind "tmap")
+TensorMapParam = ctypes.c_uint8 * 128
+
+
+def _param(kind: str, value):
+    if kind == "tmap":
+        return TensorMapParam.from_buffer_copy(value)
+    return _CTYPES[kind](value)
+
+
 def pack_params(kinds: list[str], values: list) -> tuple[ctypes.Array, list]:
     """Build the ``void*[]`` array cuLaunchKernel expects; returns it and the storage to keep alive."""
-    storage = [_CTYPES[kind](value) for kind, value in zip(kinds, values)]
+    storage = [_param(kind, value) for kind, value in zip(kinds, values)]
     pointers = (ctypes.c_void_p * len(storage))(*[ctypes.addressof(s) for s in storage])
     return pointers, storage
 

@@ -18,7 +18,9 @@ the bundle on torch's current stream. The parameter order of each kernel is take
 manifest, so this file encodes no calling convention beyond the names:
 program arguments and workspaces by name, ``T``/``N``/``HV`` (i32), f32 scalars by name,
 ``scratch`` (per-launch buffer of ``scratch_bytes_per_cta`` bytes per CTA of the grid), and
-TMA tensor maps named in ``launch["tensor_maps"]`` (kdagen.runtime.tensormap).
+TMA tensor maps named in ``launch["tensor_maps"]`` (kdagen.runtime.tensormap): a parameter of
+kind ``ptr`` gets the address of a device copy of the map, one of kind ``tmap`` the map's 128
+bytes by value.
 
 Per-launch times: ``profile=[...]`` on one call, or :class:`LaunchRecorder` around any code
 that reaches the launcher (``kdagen.chunk_kda`` included, and the backward that autograd
@@ -37,7 +39,7 @@ import torch
 from . import chips
 from .bundle import LOWERED, KernelEntry
 from .loader import KernelLibrary
-from .tensormap import MapSpec, tensor_map
+from .tensormap import MapSpec, tensor_map, tensor_map_bytes
 
 _TORCH_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32,
                  "i64": torch.int64, "i32": torch.int32}
@@ -122,15 +124,16 @@ class LaunchRecorder:
         _RECORDERS[:] = [r for r in _RECORDERS if r is not self]
 
 
-_VALUE, _TMAP, _SCRATCH = "value", "tensor map", "scratch"
+_VALUE, _TMAP, _TMAP_BYTES, _SCRATCH = "value", "tensor map", "tensor map bytes", "scratch"
 _PLANS_KEPT = 64
 
 
 @dataclass(frozen=True)
 class _Launch:
     """One kernel launch of a call: the grid and, per kernel parameter, (kind, key, extra):
-    a value by name, a tensor map of a named tensor (extra: its MapSpec), or a scratch
-    buffer of key float32 elements."""
+    a value by name, a tensor map of a named tensor (extra: its MapSpec) as the address of
+    a device copy or as its bytes (a grid-constant parameter), or a scratch buffer of key
+    float32 elements."""
     name: str
     kernel: object          # LoadedKernel
     grid: tuple
@@ -229,7 +232,8 @@ class LoweredProgram:
             for p in kern.entry.params:
                 if p["name"] in tmaps:
                     spec = tmaps[p["name"]]
-                    params.append((_TMAP, spec["tensor"], MapSpec.of(spec)))
+                    kind = _TMAP_BYTES if p["kind"] == "tmap" else _TMAP
+                    params.append((kind, spec["tensor"], MapSpec.of(spec)))
                 elif p["name"] == "scratch":
                     nbytes = int(launch["scratch_bytes_per_cta"]) * grid[0] * grid[1] * grid[2]
                     params.append((_SCRATCH, max(1, nbytes // 4), None))
@@ -288,6 +292,8 @@ class LoweredProgram:
                     args.append(values[key])
                 elif kind is _TMAP:
                     args.append(tensor_map(values[key], extra, key))
+                elif kind is _TMAP_BYTES:
+                    args.append(tensor_map_bytes(values[key], extra, key))
                 else:                                   # scratch: key float32 elements
                     args.append(torch.empty(key, dtype=torch.float32, device=device))
             if timed:

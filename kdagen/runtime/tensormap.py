@@ -21,7 +21,8 @@ DATA_TYPES = {"bf16": "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16", "f16": "CU_TENSOR_MAP_
               "f32": "CU_TENSOR_MAP_DATA_TYPE_FLOAT32"}
 CACHE_ENTRIES = 1024
 
-_cache: OrderedDict = OrderedDict()
+_cache: OrderedDict = OrderedDict()          # key -> (device copy, its pinned source)
+_bytes_cache: OrderedDict = OrderedDict()    # key -> the encoded 128 bytes
 _lock = threading.Lock()
 
 
@@ -150,34 +151,64 @@ def device_tensor_map(tensor, spec: dict, name: str = "tensor"):
     return tensor_map(tensor, MapSpec.of(spec), name)
 
 
-def tensor_map(tensor, spec: MapSpec, name: str = "tensor"):
-    """`device_tensor_map` for a parsed entry: a dict lookup when the map is cached (the
-    alignment check runs only when a map is made: the address is part of the key)."""
+def _map_key(tensor, spec: MapSpec, name: str) -> tuple:
     if not tensor.is_contiguous():
         raise TensorMapError(f"{name}: TMA needs a contiguous tensor; call .contiguous() first")
     shape = map_shape(tuple(tensor.shape), spec.flatten)
     if spec.transposed:                  # tiles stored transposed: the last two dims swap
         shape = (*shape[:-2], shape[-1], shape[-2])
-    ptr = tensor.data_ptr()
-    key = (tensor.device.index, ptr, shape, spec)
-    with _lock:
-        hit = _cache.get(key)
-        if hit is not None:
-            _cache.move_to_end(key)
-            return hit[0]
+    return (tensor.device.index, tensor.data_ptr(), shape, spec)
+
+
+def _encode(key: tuple, name: str) -> bytes:
+    _, ptr, shape, spec = key
     if ptr % 16:
         raise TensorMapError(f"{name}: TMA needs a 16-byte aligned tensor (data_ptr "
                              f"{ptr:#x}); pass a fresh tensor or .clone() it")
-    import torch
     shape, strides, box = view_dims(shape, spec.box, spec.view)
-    raw = encode_on_host(encode_args(shape, spec.dtype, box, spec.swizzle, strides), ptr)
+    return encode_on_host(encode_args(shape, spec.dtype, box, spec.swizzle, strides), ptr)
+
+
+def _remember(cache: OrderedDict, key: tuple, value) -> None:
+    with _lock:
+        cache[key] = value
+        while len(cache) > CACHE_ENTRIES:
+            cache.popitem(last=False)
+
+
+def _cached(cache: OrderedDict, key: tuple):
+    with _lock:
+        hit = cache.get(key)
+        if hit is not None:
+            cache.move_to_end(key)
+        return hit
+
+
+def tensor_map(tensor, spec: MapSpec, name: str = "tensor"):
+    """`device_tensor_map` for a parsed entry: a dict lookup when the map is cached (the
+    alignment check runs only when a map is made: the address is part of the key)."""
+    key = _map_key(tensor, spec, name)
+    hit = _cached(_cache, key)
+    if hit is not None:
+        return hit[0]
+    import torch
+    raw = _encode(key, name)
     host = torch.frombuffer(bytearray(raw), dtype=torch.uint8).pin_memory()
     dev = host.to(tensor.device, non_blocking=True)
-    with _lock:
-        _cache[key] = (dev, host)      # the pinned source lives as long as the copy may run
-        while len(_cache) > CACHE_ENTRIES:
-            _cache.popitem(last=False)
+    _remember(_cache, key, (dev, host))   # the pinned source lives as long as the copy may run
     return dev
 
 
-__all__ = ["device_tensor_map", "tensor_map", "MapSpec", "encode_args", "view_dims", "VIEWS", "encode_on_host", "map_shape", "TensorMapError"]
+def tensor_map_bytes(tensor, spec: MapSpec, name: str = "tensor") -> bytes:
+    """The 128 bytes of the map itself, for a kernel that takes it by value (a grid-constant
+    parameter: nothing to copy to the device). Encoded once per (device, address, shape,
+    entry)."""
+    key = _map_key(tensor, spec, name)
+    raw = _cached(_bytes_cache, key)
+    if raw is None:
+        raw = _encode(key, name)
+        _remember(_bytes_cache, key, raw)
+    return raw
+
+
+__all__ = ["device_tensor_map", "tensor_map", "tensor_map_bytes", "MapSpec", "encode_args", "view_dims", "VIEWS", "encode_on_host", "map_shape", "TensorMapError"]

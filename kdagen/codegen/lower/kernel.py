@@ -16,7 +16,7 @@ from . import register_scan, sm90_native, tuning
 from . import tiles as T_
 from .cost_model import kernel_report
 from .emitter import REDUCE_SLOTS_BYTES, GlobalKernelEmitter, TileKernelEmitter
-from .options import LowerOptions, product_precision
+from .options import TENSORMAP_PARAMS, LowerOptions, product_precision
 from .plan import KernelGroup, LoweringError, group_kernels
 from .program import Program, read_program, walk
 from .schedule import schedule_for_memory
@@ -81,6 +81,9 @@ def prepare(program: Program, target: Target | None, prefix: str,
     if opts.chunk_schedule not in ("memory", "program"):
         raise LoweringError(f"chunk_schedule: {opts.chunk_schedule!r} is not a schedule; use "
                             "'memory' or 'program'")
+    if opts.tensormap_params not in TENSORMAP_PARAMS:
+        raise LoweringError(f"tensormap_params: {opts.tensormap_params!r}; use one of "
+                            f"{', '.join(map(repr, TENSORMAP_PARAMS))}")
     out = []
     groups = group_kernels(program, opts.split_scans)
     register_plans = _register_scan_plans(program, groups, target, opts)

@@ -5,7 +5,15 @@ from dataclasses import dataclass
 
 from kdagen.ir.precision import PRECISIONS, auto_precision
 
-__all__ = ["LowerOptions", "product_precision"]
+__all__ = ["LowerOptions", "product_precision", "TENSORMAP_PARAMS", "tensormap_param_kind"]
+
+#: LowerOptions.tensormap_params values -> the kernel parameter kind (codegen.common.kernel.Param)
+TENSORMAP_PARAMS = {"global": "ptr", "grid_constant": "tmap"}
+
+
+def tensormap_param_kind(opts) -> str:
+    """The `Param` kind of a TMA kernel's tensor-map parameters under ``opts``."""
+    return TENSORMAP_PARAMS[opts.tensormap_params]
 
 
 def product_precision(dot: str, op: str | None = None, chosen: str | None = None) -> str:
@@ -124,6 +132,12 @@ class LowerOptions:
     # dq kernels, pushed into the global scratch, 12-14%; "auto" measured as 1 end to end
     # (kda fwd+bwd 5.279 vs 5.284 ms, gdn 4.529 vs 4.531)
     staging_buffers: int | str = 1
+    # how a TMA kernel receives its tensor maps (codegen.sm90.tma): "global" (the address of a
+    # device copy the runtime makes from pinned memory, cached per tensor address) or
+    # "grid_constant" (the 128 bytes by value, a __grid_constant__ parameter: the runtime only
+    # encodes, no pinned allocation or host-to-device copy per new address). "global" until the
+    # GPU has run "grid_constant" (it assembles for sm_90a; not yet run on a GPU)
+    tensormap_params: str = "global"
     # per-kernel options measured faster than these defaults (kdagen.codegen.lower.tuning,
     # each entry with its measurement) replace them where left at the default; False: off
     tuned: bool = True

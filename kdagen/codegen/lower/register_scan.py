@@ -57,6 +57,7 @@ from . import backend as B
 from .cost import CHUNKS, CostCounter, NullCounter
 from .emitter import Geometry, TileKernelEmitter, mem_info
 from .mlir_backend import MlirBackend
+from .options import tensormap_param_kind
 from .plan import LoweringError
 
 PATH_NAME = "sm90-register-scan"
@@ -665,7 +666,7 @@ class RegisterScanEmitter(TileKernelEmitter):
         ps = super().params()
         for s in [*self.rplan.slots, *self.rplan.stores]:
             if s.param not in [p.name for p in ps]:
-                ps.append(Param(s.param, "ptr"))
+                ps.append(Param(s.param, tensormap_param_kind(self.opts)))
         return ps
 
     # -- kernel ------------------------------------------------------------------------------

@@ -61,7 +61,7 @@ from .cost import CHUNKS, CostCounter, NullCounter
 from .emitter import (STATE_LOAD_BATCH, Geometry, TileKernelEmitter, mem_info,
                       row_gate_sources)
 from .mlir_backend import MlirBackend
-from .options import product_precision
+from .options import product_precision, tensormap_param_kind
 from .plan import CHUNK_LOADS, MULTI_READ, NOOP_OPS, VIEW_OPS, LoweringError
 from .program import walk
 
@@ -514,7 +514,7 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
         for s in self.layout.slots:
             if s.param not in seen:
                 seen.append(s.param)
-        return ps + [Param(p, "ptr") for p in seen]
+        return ps + [Param(p, tensormap_param_kind(self.opts)) for p in seen]
 
     @property
     def consumer_threads(self) -> int:

@@ -5,10 +5,12 @@ Available on sm_90a, sm_100a and sm_120a (the emitters check the chip).
 
 **Tensor-map contract.** The kernel does not build tensor maps: the host encodes one
 ``CUtensorMap`` (128 bytes) per tensor with ``cuTensorMapEncodeTiled`` using exactly the arguments
-`TensorMapContract.encode_args` returns, copies those 128 bytes into a 64-byte-aligned *device
-global* buffer before the launch, and passes the buffer's address as the kernel's ``.param .u64``
-(a `Param(name, "ptr")`; the kernel converts it to a generic address with `tensormap_pointer`).
-The map must not change while a launch that uses it is in flight. Copies complete on an mbarrier
+`TensorMapContract.encode_args` returns and hands it to the kernel in one of two ways (the
+lowering option ``tensormap_params``): the 128 bytes themselves as a ``__grid_constant__``
+parameter (`Param(name, "tmap")`, ``.param .align 64 .b8 name[128]``: no device copy), or the
+address of a 64-byte-aligned *device global* buffer the host copied them into before the launch
+(`Param(name, "ptr")`, ``.param .u64``); `tensormap_pointer` gives the kernel a generic address
+either way. A copied map must not change while a launch that uses it is in flight. Copies complete on an mbarrier
 (``complete_tx::bytes``): the issuing thread first calls
 ``barrier.mbarrier_arrive_expect_tx(bar, bytes)`` with the total bytes of the phase's copies.
 
@@ -93,8 +95,11 @@ def tile_contract(layout: SmemLayout, dtype: str, rank: int, row_dim: int) -> Te
 
 
 def tensormap_pointer(target: Target, param: ir.Value) -> ir.Value:
-    """Generic pointer to the tensor map from its global-address kernel parameter."""
+    """Generic pointer to the tensor map from its kernel parameter: a global address
+    (`Param` kind "ptr", cast) or a grid-constant map (kind "tmap", already generic)."""
     target.require("has_tma", "TMA (cp.async.bulk.tensor)")
+    if llvm.PointerType(param.type).address_space == 0:
+        return param
     return llvm.addrspacecast(llvm.PointerType.get(0), param)
 
 
