@@ -110,6 +110,7 @@ def test_launch_plan_follows_the_sizes_and_fills_each_call_fresh(tmp_path, monke
             return kern
 
     prog = L.LoweredProgram(tmp_path, "v", library=Library())
+    start = tensormap.counts()
     q1 = torch.randn(1, 64, 2, 128).bfloat16()
     q2 = torch.randn(1, 200, 2, 128).bfloat16()
     prog(chip="sm_90a", q=q1)
@@ -125,3 +126,7 @@ def test_launch_plan_follows_the_sizes_and_fills_each_call_fresh(tmp_path, monke
     # a "tmap" parameter gets the same map's bytes (nothing copied to the device)
     assert [int.from_bytes(a[5][:8], "little") for a in (a1, a2, a3)] == encoded
     assert all(isinstance(a[5], bytes) and len(a[5]) == 128 for a in (a1, a2, a3))
+    end = tensormap.counts()                  # three addresses: three maps of each kind
+    assert (end["encoded"] - start["encoded"], end["copied"] - start["copied"]) == (6, 3)
+    prog(chip="sm_90a", q=q1)                 # an address seen before: nothing new made
+    assert tensormap.counts() == end

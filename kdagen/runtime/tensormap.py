@@ -23,6 +23,14 @@ CACHE_ENTRIES = 1024
 
 _cache: OrderedDict = OrderedDict()          # key -> (device copy, its pinned source)
 _bytes_cache: OrderedDict = OrderedDict()    # key -> the encoded 128 bytes
+#: maps made (encoded) and device copies made since the process started, for benchmarks: a
+#: count that grows every call means the launcher meets new tensor addresses every call
+_counts = {"encoded": 0, "copied": 0}
+
+
+def counts() -> dict:
+    """{"encoded": maps encoded, "copied": maps copied to the device} so far (a copy)."""
+    return dict(_counts)
 _lock = threading.Lock()
 
 
@@ -162,6 +170,7 @@ def _map_key(tensor, spec: MapSpec, name: str) -> tuple:
 
 def _encode(key: tuple, name: str) -> bytes:
     _, ptr, shape, spec = key
+    _counts["encoded"] += 1
     if ptr % 16:
         raise TensorMapError(f"{name}: TMA needs a 16-byte aligned tensor (data_ptr "
                              f"{ptr:#x}); pass a fresh tensor or .clone() it")
@@ -195,6 +204,7 @@ def tensor_map(tensor, spec: MapSpec, name: str = "tensor"):
     raw = _encode(key, name)
     host = torch.frombuffer(bytearray(raw), dtype=torch.uint8).pin_memory()
     dev = host.to(tensor.device, non_blocking=True)
+    _counts["copied"] += 1
     _remember(_cache, key, (dev, host))   # the pinned source lives as long as the copy may run
     return dev
 
@@ -211,4 +221,4 @@ def tensor_map_bytes(tensor, spec: MapSpec, name: str = "tensor") -> bytes:
     return raw
 
 
-__all__ = ["device_tensor_map", "tensor_map", "tensor_map_bytes", "MapSpec", "encode_args", "view_dims", "VIEWS", "encode_on_host", "map_shape", "TensorMapError"]
+__all__ = ["device_tensor_map", "tensor_map", "tensor_map_bytes", "MapSpec", "counts", "encode_args", "view_dims", "VIEWS", "encode_on_host", "map_shape", "TensorMapError"]
