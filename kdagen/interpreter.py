@@ -552,6 +552,11 @@ def _assume_range(ex, node, x):
     return x
 
 
+@op_impl("kda.convert_layout")
+def _convert_layout(ex, node, x):
+    return x                  # a layout, not a value
+
+
 @op_impl("kda.clamp")
 def _clamp(ex, node, x):
     lo, hi = float(node.attrs["lo"]), float(node.attrs["hi"])

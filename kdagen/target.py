@@ -37,6 +37,9 @@ class Target:
     reserved_smem: int        # kda-warp-specialize: shared memory the consumers keep for their tiles
     workspace_dtype: str      # kda-partition: storage type of the workspaces between kernels
     smem_per_sm: int = 0      # bytes of shared memory an SM shares among its resident blocks
+    # kda-assign-layouts: the matrix-product atom whose fragments the tile layouts follow
+    # ("wgmma": m64nNk8/k16 warpgroup products; "mma_sync": m16n8k8/k16 warp products)
+    mma_atom: str = "mma_sync"
 
     @property
     def sm_number(self) -> int:
@@ -58,7 +61,8 @@ TARGETS: dict[str, Target] = {
     # H200 check; fp32 ones 6.4e-5).
     "sm_90a": Target("sm_90a", (9, 0), "+ptx87", 227 * 1024, has_wgmma=True, has_tcgen05=False,
                      has_tma=True, has_setmaxnreg=True, consumer_warpgroups=2,
-                     reserved_smem=64 * 1024, workspace_dtype="fp32", smem_per_sm=228 * 1024),
+                     reserved_smem=64 * 1024, workspace_dtype="fp32", smem_per_sm=228 * 1024,
+                     mma_atom="wgmma"),
     # Datacenter Blackwell: the same budget; accumulators may move to TMEM in codegen.
     "sm_100a": Target("sm_100a", (10, 0), "+ptx87", 227 * 1024, has_wgmma=False,
                       has_tcgen05=True, has_tma=True, has_setmaxnreg=True,

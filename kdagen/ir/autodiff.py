@@ -597,8 +597,8 @@ def _vjp_convert(ins, outs, d, need, _attrs):
     return [dsl.convert(d[0], ins[0].dtype)]
 
 
-@vjp_rule("kda.assume_range")
-def _vjp_assume_range(ins, outs, d, need, _attrs):
+@vjp_rule("kda.assume_range", "kda.convert_layout")
+def _vjp_identity(ins, outs, d, need, _attrs):
     return [d[0]]
 
 

@@ -94,6 +94,8 @@ KINDS = {
     "matrix": "matrix products",
     "solve": "unit lower-triangular inverse and solve",
     "pipeline": "ring-buffer synchronisation of the producer/consumer roles",
+    "layout": "changes how a tile is spread over threads and memory, not its values "
+              "(kda-assign-layouts)",
 }
 
 
@@ -213,6 +215,11 @@ OPS: dict[str, OpSpec] = {
         operands=(("x", "tile@T"),), results=(("res", "tile@T"),), attrs=(("lo", "float"), ("hi", "float")),
         doc="Identity that declares lo <= x <= hi (a gate's declared output range, for the "
             "exponent-range analysis)."),
+    "convert_layout": OpSpec(
+        operands=(("x", "tile@T"),), results=(("res", "tile@T"),), attrs=(("to", "str"),),
+        kind="layout",
+        doc="Identity on values that moves x into the tile layout `to` (kda-assign-layouts: "
+            "where a producer's layout is not the one a consumer needs)."),
     "clamp": OpSpec(
         operands=(("x", "tile@T"),), results=(("res", "tile@T"),), attrs=(("lo", "float"), ("hi", "float")),
         doc="min(max(x, lo), hi) elementwise (NaN stays NaN): a gate's enforced range."),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from . import (assign_precision, autodiff_pass, builtin, narrow_broadcasts,  # noqa: F401
+from . import (assign_layouts, assign_precision, autodiff_pass, builtin, narrow_broadcasts,  # noqa: F401
                partition, share_chunk_values, stable_reassociate, warp_specialize)
 from .base import PASSES, ModulePass, PipelineSyntaxError, _format_value, option_rules
 from .partition import _WORKSPACE_TYPES, PartitionPass

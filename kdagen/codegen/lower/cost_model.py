@@ -179,6 +179,13 @@ def format_report(name: str, report: dict) -> str:
     if report.get("tuned"):
         lines.append("  lowered with the tuning table's (kdagen.codegen.lower.tuning) "
                      + ", ".join(f"{k}={v}" for k, v in report["tuned"].items()))
+    if report.get("layouts"):
+        lay = report["layouts"]
+        lines.append(f"  layouts (kda-assign-layouts): per chunk {lay['conversions']} "
+                     f"conversions, {lay['conversion_bytes']} bytes through shared memory; once "
+                     f"per CTA {lay.get('init_conversions', 0)}, {lay.get('init_bytes', 0)} bytes "
+                     "(what a register-tile lowering pays; this one keeps every tile in its own "
+                     "buffers)")
     for k in REPORT_EVENTS:
         if k in c:
             lines.append(f"  {k:20s} {_num(c[k]):>10s}")

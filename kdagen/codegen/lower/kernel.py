@@ -310,6 +310,12 @@ def lower_program(module, target: Target, *, name: str | None = None,
                                 and not pk.group.parallel, warps=warps) if cost else None)
         if report is not None and pk.launch.get("tuned"):
             report["tuned"] = dict(pk.launch["tuned"])
+        layouts = [s.attrs["kda.layout_cost"] for s in pk.group.scans
+                   if isinstance(s.attrs.get("kda.layout_cost"), dict)]
+        if report is not None and layouts:
+            report["layouts"] = {k: sum(int(c.get(k, 0)) for c in layouts)
+                                 for k in ("conversions", "conversion_bytes",
+                                           "init_conversions", "init_bytes")}
         if pk.group.kind == "global":
             out.append(LoweredKernel(pk.name, program.name, "global", pk.group.index, builder,
                                      params, pk.launch, "none", 0, "portable", cost=report))

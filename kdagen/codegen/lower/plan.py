@@ -39,7 +39,7 @@ MATRIX_OPS = ops_with(kind=("matrix", "solve", "reduction")) - GLOBAL_OPS
 # views: a result element is one operand element at a remapped index (the declared range and
 # the pipeline's wait are identities)
 VIEW_OPS = ((ops_with(kind="shape") - {"kda.embed_row"}) | {"kda.assume_range"}
-            | (ops_with(kind="pipeline") & {"kda.pipeline_wait"}))
+            | (ops_with(kind="pipeline") & {"kda.pipeline_wait"}) | ops_with(kind="layout"))
 # pure element-wise / index-wise expressions (result element = f(operands at the same index,
 # the index, kernel scalars, global memory))
 EXPR_OPS = (ops_with(kind=("elementwise", "shape")) | ops_with(effect="read", kind="memory")

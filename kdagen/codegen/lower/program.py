@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 
 from kdagen._mlir import ir
 from kdagen.ir.accessors import program_func
-from kdagen.ir.dialect import op_attrs, py_attr
+from kdagen.ir.dialect import op_attrs, ops_with, py_attr
+
+LAYOUT_OPS = ops_with(kind="layout")
 
 __all__ = ["Value", "Node", "Block", "ArgInfo", "Program", "read_program", "walk"]
 
@@ -155,6 +157,11 @@ def read_program(module) -> Program:
             blk.args.append(values[a] if a in values else mk(a, blk))
         for op in mblock.operations:
             op = op.operation
+            if op.name in LAYOUT_OPS:
+                # kda-assign-layouts' conversions: this lowering keeps every tile in its own
+                # buffers and loops, so a layout change is the value itself
+                values[op.results[0]] = values[op.operands[0]]
+                continue
             node = Node(op.name, [values[v] for v in op.operands], [], op_attrs(op), blk)
             node.index = len(all_nodes)
             all_nodes.append(node)
