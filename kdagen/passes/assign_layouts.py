@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 
 from .._mlir import ir
 from ..ir.accessors import module_target
-from ..ir.dialect import ops_with
+from ..ir.dialect import ops_with, py_attr
 from .base import ModulePass, PassError, register_pass
 
 __all__ = ["AssignLayoutsPass", "LAYOUTS", "ATOMS", "conversion_bytes"]
@@ -117,18 +117,7 @@ def _rank(v) -> int:
 
 
 def _attr(op, name, default=None):
-    if name not in op.attributes:
-        return default
-    a = op.attributes[name]
-    for cast in (ir.BoolAttr, ir.StringAttr, ir.IntegerAttr):
-        try:
-            return cast(a).value
-        except (ValueError, TypeError):
-            continue
-    try:
-        return tuple(ir.DenseI64ArrayAttr(a))
-    except (ValueError, TypeError):
-        return a
+    return py_attr(op.attributes[name]) if name in op.attributes else default
 
 
 def _i64(n: int) -> ir.Attribute:
