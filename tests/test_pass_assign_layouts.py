@@ -79,7 +79,8 @@ def test_forward_state_scan_is_register_resident():
 
 def test_reverse_scan_takes_the_transposed_operands_stored_transposed():
     """The backward's reverse dS scan: qdᵀ·(do·scale) and wᵀ·dv' read qd and w stored
-    transposed (the register scan's workspace contract), kr·dS reads kr as stored."""
+    transposed (the register scan's workspace contract), kr·dS reads kr as stored, and the
+    element-wise do·scale runs in the fragments its product takes."""
     module = _laid_out("kda_bwd")
     scan = _kernel(module, "kda_bwd1_state")
     assert [str(a).strip('"') for a in scan.attributes["kda.carried_layouts"]] == ["acc_t"]
@@ -88,6 +89,11 @@ def test_reverse_scan_takes_the_transposed_operands_stored_transposed():
         if o.name == "kda.load_chunk":
             layouts[str(o.attributes["name"]).strip('"')] = _layout(o)
     assert layouts["qd"] == layouts["w"] == "smem_t" and layouts["kr"] == "smem"
+    # do is read from shared memory straight into the fragments qdᵀ·(do·scale) takes as the A
+    # of its transposed product; the step's only other conversion reads dv' into v''s
+    conversions = [o for o in _body(scan) if o.name == "kda.convert_layout"]
+    assert sorted(_layout(o) for o in conversions) == ["acc_t", "acc_t"]
+    assert scan.attributes["kda.layout_cost"]["conversion_bytes"].value == 64 * 128 * (2 + 4)
 
 
 def test_row_sums_and_broadcasts_stay_on_the_accumulator():

@@ -36,8 +36,10 @@ How layouts are chosen:
   pass picks the layout whose conversions move the fewest bytes (:func:`conversion_bytes`),
   registers first. Reductions of an accumulator give ``row``/``col``, broadcasts of those give
   accumulators back; a transpose of a shared tile is a view (``smem`` <-> ``smem_t``).
-- **Choices by cost.** A serial scan's carried value is tried as ``acc`` and ``acc_t`` (a dry
-  run of the body each) and keeps the cheaper. A workspace that every kernel reading it would
+- **Choices by cost.** Each kernel is tried (a dry run of its body each) with a serial scan's
+  carried value as ``acc`` and as ``acc_t``, and with element-wise chains read from shared
+  memory into the fragments a product downstream takes in place (``fragment_hint``) or into
+  ``blocked``; it keeps the cheapest. A workspace that every kernel reading it would
   convert to ``smem_t`` is stored transposed by its writer instead (``kda.tile_layout`` on the
   ``kda.workspace``; its loads then land as ``smem_t``), which costs the writer nothing: its
   store stages the tile through shared memory either way. Stores take any layout.
@@ -75,6 +77,8 @@ PREFERENCE = ("acc", "acc_t", "row", "col", "opb", "blocked", "smem", "smem_t")
 MATMUL = ops_with(kind="matrix")
 SOLVE = ops_with(kind="solve")
 SOURCES = ops_with(kind="source")
+# ops a register hint looks through (the value keeps its layout across them)
+ELEMENTWISE_CHAIN = ops_with(kind="elementwise") | {"kda.pipeline_wait"}
 LOADS = ops_with(effect="read", kind="memory")
 STORES = ops_with(effect="write")
 LAYOUT_ATTR = "kda.tile_layout"
@@ -173,6 +177,7 @@ class _Layouts:
         self.requests: dict = defaultdict(list)   # workspace -> layouts its loads were asked in
         self.cost = _Cost()
         self.carried: dict = {}               # a scan body's chunk argument -> carried layouts
+        self.hints = False                    # element-wise reads from shared memory: fragment_hint
 
     def fork(self) -> "_Layouts":
         sub = _Layouts(self.atom, self.workspaces, dry=True)
@@ -257,20 +262,23 @@ class _Layouts:
         carried_args = list(body.arguments)[1:]
         serial = not bool(_attr(op, "parallel", False))
         kernel = "kda.kernel" in op.attributes
-        options = [("acc",), ("acc_t",)] if serial and any(_rank(a) >= 2 for a in carried_args) \
-            else [()]
-        if len(options) > 1:
-            # try the carried values in each accumulator orientation; keep the cheaper
-            costs = []
-            for o in options:
-                sub = self.fork()
-                sub.run_scan(op, o[0])
-                costs.append((sub.cost.bytes, sub.cost.init_bytes))
-            choice = options[costs.index(min(costs))][0]
-        else:
-            choice = "acc"
+        # try the carried values in each accumulator orientation, and element-wise chains read
+        # from shared memory into the fragments of a product downstream or not; keep the
+        # cheapest (dry runs of the body)
+        carried = ("acc", "acc_t") if serial and any(_rank(a) >= 2 for a in carried_args) \
+            else ("acc",)
+        options = [(c, h) for c in carried for h in (False, True)]
+        costs = []
+        for c, h in options:
+            sub = self.fork()
+            sub.hints = h
+            sub.run_scan(op, c)
+            costs.append((sub.cost.bytes, sub.cost.init_bytes))
+        choice, hints = options[costs.index(min(costs))]
         outer, self.cost = self.cost, _Cost()
+        outer_hints, self.hints = self.hints, hints
         self.run_scan(op, choice)
+        self.hints = outer_hints
         if kernel and not self.dry:
             c = self.cost
             op.attributes[COST_ATTR] = ir.DictAttr.get({
@@ -328,6 +336,26 @@ class _Layouts:
             for other in user.operands:
                 if other != result and _is_tile(other) and self.layout.get(other) in ACCUMULATORS:
                     return self.layout[other]
+        return None
+
+    def fragment_hint(self, value, depth: int = 3) -> str | None:
+        """The accumulator layout in which a ``kda.dot`` reached from ``value`` through at most
+        ``depth`` element-wise ops would take it as its register A operand (lhs: ``acc``, or
+        ``acc_t`` when the product reads it transposed; rhs: as the A of the transposed
+        product)."""
+        for use in value.uses:
+            user = use.owner
+            user = user.operation if hasattr(user, "operation") else user
+            if user.name == "kda.dot":
+                transposed = bool(_attr(user, "transpose_lhs" if use.operand_number == 0
+                                        else "transpose_rhs", False))
+                if use.operand_number == 0:
+                    return "acc_t" if transposed else "acc"
+                return "acc" if transposed else "acc_t"
+            if depth > 1 and user.name in ELEMENTWISE_CHAIN and user.results:
+                hint = self.fragment_hint(user.results[0], depth - 1)
+                if hint:
+                    return hint
         return None
 
     def dot(self, op) -> str:
@@ -394,8 +422,11 @@ class _Layouts:
         if not tiles:                        # made from memory or indices alone
             return "blocked"
         have = [self.of(v) for v in tiles]
-        candidates = [c for c in PREFERENCE if c in have and c in REGISTER] or \
-            (["blocked"] if any(h in SHARED for h in have) else [])
+        candidates = [c for c in PREFERENCE if c in have and c in REGISTER]
+        if not candidates and any(h in SHARED for h in have):
+            # read from shared memory: into the fragments a product downstream takes in place,
+            # if there is one (the same read as into a blocked layout, and no conversion later)
+            candidates = [(self.hints and self.fragment_hint(op.results[0])) or "blocked"]
         if not candidates:
             return "any"                     # only free operands: free too
         best = min(candidates, key=lambda c: (sum(
