@@ -47,7 +47,8 @@ How layouts are chosen:
 Each op with tile results gets ``kda.tile_layout`` (a scan: ``kda.carried_layouts``), and each
 kernel (a ``kda.scan`` marked ``kda.kernel``) ``kda.layout_cost``: the conversions in its body and
 the bytes they move through shared memory for every chunk (``conversions``,
-``conversion_bytes``), and those of its carried initial values, once per CTA (``init_*``). Values are unchanged: ``kda.convert_layout`` is
+``conversion_bytes``), those of its carried initial values, once per CTA (``init_*``), and the
+most bytes of tiles live at once in registers and in shared memory (`peak_live`). Values are unchanged: ``kda.convert_layout`` is
 an identity for the interpreter and for today's tile lowering, which keeps every tile in its own
 buffers and drops the conversions (it emits the kernels of the pipeline without this pass).
 
@@ -281,9 +282,10 @@ class _Layouts:
         self.hints = outer_hints
         if kernel and not self.dry:
             c = self.cost
-            op.attributes[COST_ATTR] = ir.DictAttr.get({
-                "conversions": _i64(c.conversions), "conversion_bytes": _i64(c.bytes),
-                "init_conversions": _i64(c.init_conversions), "init_bytes": _i64(c.init_bytes)})
+            fields = {"conversions": c.conversions, "conversion_bytes": c.bytes,
+                      "init_conversions": c.init_conversions, "init_bytes": c.init_bytes}
+            fields.update(self.peak_live(op))
+            op.attributes[COST_ATTR] = ir.DictAttr.get({k: _i64(v) for k, v in fields.items()})
         for f in ("conversions", "bytes", "init_conversions", "init_bytes"):
             setattr(outer, f, getattr(outer, f) + getattr(self.cost, f))
         self.cost = outer
@@ -302,6 +304,44 @@ class _Layouts:
         if not self.dry:
             op.attributes[CARRIED_ATTR] = ir.ArrayAttr.get([ir.StringAttr.get(c) for c in carried])
         self.block(body)
+
+    def peak_live(self, scan) -> dict:
+        """The most bytes of tiles live at once in the kernel's body, in registers
+        (``register_bytes``; per consumer thread as 4-byte registers, ``registers_per_thread``,
+        where kda-warp-specialize planned the consumers) and in shared memory
+        (``shared_bytes``; TMA boxes included): what a register-tile lowering must hold."""
+        body = scan.regions[0].blocks[0]
+        ops = [o.operation for o in body.operations]
+        position = {o: i for i, o in enumerate(ops)}
+        end = len(ops)
+        intervals = []
+        values = [(a, -1) for a in list(body.arguments)[1:]]       # carried: the whole step
+        values += [(r, position[o]) for o in ops for r in o.results]
+        for v, start in values:
+            if not _is_tile(v) or self.layout.get(v) in (None, "any", "replicated"):
+                continue
+            last = start
+            for use in v.uses:
+                user = use.owner
+                user = user.operation if hasattr(user, "operation") else user
+                while user is not None and user not in position:
+                    user = user.parent if user.name != "func.func" else None
+                if user is not None:
+                    last = max(last, position[user])
+            if start < 0:
+                last = end
+            intervals.append((start, last, self.layout[v] in SHARED, _tile_bytes(v.type)))
+        peak = {False: 0, True: 0}
+        for p in range(-1, end + 1):
+            for shared in (False, True):
+                live = sum(b for s0, s1, sh, b in intervals if sh == shared and s0 <= p <= s1)
+                peak[shared] = max(peak[shared], live)
+        out = {"register_bytes": peak[False], "shared_bytes": peak[True]}
+        pipeline = _attr(scan, "kda.pipeline")
+        if isinstance(pipeline, dict) and pipeline.get("consumer_warpgroups"):
+            threads = 128 * int(pipeline["consumer_warpgroups"])
+            out["registers_per_thread"] = -(-peak[False] // (4 * threads))
+        return out
 
     def a_role(self, transposed: bool) -> tuple:
         """Layouts a product takes an operand in as its A (``transposed``: the operand's

@@ -8,7 +8,9 @@
 // operand of krᵀ·v' in place; kr, which that product reads transposed, is stored transposed by
 // its writer (the workspace's kda.tile_layout), and the only conversion in the step is u read
 // from shared memory into v''s fragments (512 bytes a chunk; and the initial state, once per
-// CTA, into Sᵀ's: 1 KB each way through shared memory). The decay vector is broadcast from shared memory.
+// CTA, into Sᵀ's: 1 KB each way through shared memory). At most 4 KB of tiles are live in
+// registers at once (at the last add: Sᵀ, Sᵀ·decay, krᵀ·v' and the next Sᵀ) and 1600 bytes in
+// shared memory (the three TMA boxes and the decay vector). The decay vector is broadcast from shared memory.
 // CHECK-LABEL: func.func @recurrence{{.*}}kda.mma_atom = "wgmma"
 // CHECK:         %[[KR:.*]] = "kda.workspace"() {kda.tile_layout = "smem_t", layout = "chunk", name = "kr_ws"}
 // CHECK:         %[[W:.*]] = "kda.workspace"() {layout = "chunk", name = "w_ws"}
@@ -25,7 +27,7 @@
 // CHECK:         "kda.add"({{.*}}) {kda.tile_layout = "acc_t"}
 // CHECK-NOT:     kda.convert_layout
 // CHECK:         gpu.yield
-// CHECK:         kda.carried_layouts = ["acc_t"], kda.kernel = "state", kda.layout_cost = {conversion_bytes = 512 : i64, conversions = 1 : i64, init_bytes = 2048 : i64, init_conversions = 1 : i64}
+// CHECK:         kda.carried_layouts = ["acc_t"], kda.kernel = "state", kda.layout_cost = {conversion_bytes = 512 : i64, conversions = 1 : i64, init_bytes = 2048 : i64, init_conversions = 1 : i64, register_bytes = 4096 : i64, shared_bytes = 1600 : i64}
 // mma.sync takes B in registers: the B operands are loaded into B fragments (opb).
 // MMA-LABEL: func.func @recurrence{{.*}}kda.mma_atom = "mma_sync"
 // MMA:         "kda.convert_layout"({{.*}}) {kda.tile_layout = "opb", to = "opb"}

@@ -186,6 +186,12 @@ def format_report(name: str, report: dict) -> str:
                      f"per CTA {lay.get('init_conversions', 0)}, {lay.get('init_bytes', 0)} bytes "
                      "(what a register-tile lowering pays; this one keeps every tile in its own "
                      "buffers)")
+        if "register_bytes" in lay:
+            per = (f" ({lay['registers_per_thread']} per consumer thread of the planned "
+                   "warpgroups)" if "registers_per_thread" in lay else "")
+            lines.append(f"  layouts: at most {lay['register_bytes']} bytes of a (sequence, head)'s "
+                         f"tiles live in registers at once{per}, {lay['shared_bytes']} in shared "
+                         "memory, before any split of V over CTAs")
     for k in REPORT_EVENTS:
         if k in c:
             lines.append(f"  {k:20s} {_num(c[k]):>10s}")

@@ -316,6 +316,9 @@ def lower_program(module, target: Target, *, name: str | None = None,
             report["layouts"] = {k: sum(int(c.get(k, 0)) for c in layouts)
                                  for k in ("conversions", "conversion_bytes",
                                            "init_conversions", "init_bytes")}
+            for k in ("register_bytes", "shared_bytes", "registers_per_thread"):
+                if any(k in c for c in layouts):
+                    report["layouts"][k] = max(int(c.get(k, 0)) for c in layouts)
         if pk.group.kind == "global":
             out.append(LoweredKernel(pk.name, program.name, "global", pk.group.index, builder,
                                      params, pk.launch, "none", 0, "portable", cost=report))
