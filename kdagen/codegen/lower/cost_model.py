@@ -189,7 +189,7 @@ def format_report(name: str, report: dict) -> str:
         if "register_bytes" in lay:
             per = (f" ({lay['registers_per_thread']} per consumer thread of the planned "
                    "warpgroups)" if "registers_per_thread" in lay else "")
-            lines.append(f"  layouts: at most {lay['register_bytes']} bytes of a (sequence, head)'s "
+            lines.append(f"  layouts: at most {lay['register_bytes']} bytes of "
                          f"tiles live in registers at once{per}, {lay['shared_bytes']} in shared "
                          "memory, before any split of V over CTAs")
     for k in REPORT_EVENTS:
