@@ -197,8 +197,12 @@ def _cost_cell(row: dict) -> str:
                    "chunk products its backward reads, what the API runs when a gradient is "
                    "needed: ~2% faster fwd+bwd). --no-residuals halves the fwd/bwd kernels; "
                    "training from such a bundle runs the plain pair.")
+@click.option("--lower", "lower_options", multiple=True, metavar="KEY=VALUE",
+              help="A lowering option over the defaults (kdagen.codegen.lower.options."
+                   "LowerOptions), e.g. --lower load_batch=2 --lower "
+                   "tensormap_params=grid_constant; repeatable.")
 def emit(out_dir, op, targets, head_dims, gate, gate_files, path, verbose, quiet, dump_dir,
-         decode, residuals):
+         decode, residuals, lower_options):
     """Generate kernels for each chip into a bundle (manifest.json + .ptx/.cubin).
 
     The bundle replaces the one an earlier emit left in the folder (its kernel files that the
@@ -234,7 +238,8 @@ def emit(out_dir, op, targets, head_dims, gate, gate_files, path, verbose, quiet
                         raise click.ClickException(f"--gate: {err}")
                 rows = emit_programs(out_dir, targets, ops, head_dim=head_dims, gate=gate,
                                      path=path, progress=progress, dump_dir=dump_dir,
-                                     timing=timing, decode=decode, residuals=residuals)
+                                     timing=timing, decode=decode, residuals=residuals,
+                                     lower=_parse_lower(lower_options))
             except ValueError as err:
                 raise click.ClickException(str(err))
             failed = []
@@ -401,8 +406,12 @@ def _run_passes(module, passes, dump_before, dump_after, time_passes, keep_stage
                    "(the keys: below).")
 @click.option("--gates", "gate_files", multiple=True, type=click.Path(dir_okay=False),
               help="Load the gates of this Python file first (then --option gate=NAME).")
+@click.option("--lower", "lower_options", multiple=True, metavar="KEY=VALUE",
+              help="A lowering option over the defaults, e.g. --lower load_batch=2 (what the "
+                   "gpu, cost, ptx and cubin stages show under it); repeatable.")
 @_pipeline_options
-def show(program, stage, arch, options, gate_files, dump_before, dump_after, time_passes):
+def show(program, stage, arch, options, gate_files, lower_options, dump_before, dump_after,
+         time_passes):
     """Print a program at a stage of its compilation (MLIR, PTX, ptxas's report).
 
     The stages are those of `kdagen emit` (the chip's pipeline, then the default lowering: the
@@ -418,7 +427,8 @@ def show(program, stage, arch, options, gate_files, dump_before, dump_after, tim
                                    f"{', '.join(known)} (`kdagen list` describes them)")
     _load_gate_files(gate_files)
     try:
-        comp = Compilation(program, _parse_options(options), arch, lower=DEFAULT_LOWERING,
+        comp = Compilation(program, _parse_options(options), arch,
+                           lower=dict(DEFAULT_LOWERING, **_parse_lower(lower_options)),
                            dump_before=dump_before, dump_after=dump_after,
                            time_passes=time_passes)
     except UnknownTargetError as err:
@@ -618,6 +628,19 @@ def bench_help() -> str:
     """`kdagen bench --help`: the benchmark's own argument help."""
     from .benchmark import build_parser
     return build_parser().format_help().rstrip("\n")
+
+
+def _parse_lower(pairs) -> dict:
+    """``--lower KEY=VALUE`` pairs as lowering options (an actionable error for a bad one)."""
+    from .codegen.lower.options import parse_lower_option
+    out = {}
+    for pair in pairs:
+        try:
+            key, value = parse_lower_option(pair)
+        except ValueError as err:
+            raise click.BadParameter(str(err), param_hint="--lower")
+        out[key] = value
+    return out
 
 
 def _parse_options(pairs: tuple[str, ...]) -> dict:

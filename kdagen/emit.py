@@ -193,7 +193,7 @@ def emit_programs(out_dir: str | Path, targets: list[Target], ops: list[str], he
                   gate=None, verbose: bool = False,
                   path: str = "native", progress=None, replace: bool = True,
                   dump_dir=None, timing: dict | None = None, decode: bool = False,
-                  residuals: bool = True) -> list[dict]:
+                  residuals: bool = True, lower: dict | None = None) -> list[dict]:
     """Lower the programs of ``ops`` for every target into the bundle ``out_dir``; returns the
     per-kernel report rows (kernel, chip, path, program, variant, registers, spills, shared
     memory). ``path``: "native" (the chip's own path where kdagen has one, else portable) or
@@ -202,8 +202,8 @@ def emit_programs(out_dir: str | Path, targets: list[Target], ops: list[str], he
     folder's earlier one (its stale kernel files removed); else it is extended.
     ``progress``, ``dump_dir`` (every stage of every compilation): see
     :func:`kdagen.bundle_writer.write_bundle`; ``timing`` (a dict) receives its seconds per
-    stage."""
-    lowering = dict(DEFAULT_LOWERING, path=path)
+    stage. ``lower``: lowering options over the defaults (``kdagen emit --lower``)."""
+    lowering = dict(DEFAULT_LOWERING, path=path, **(lower or {}))
     result = write_bundle(out_dir, program_variants(ops, head_dim, gate, decode, residuals),
                           targets, verbose=verbose,
                           lower_options=lowering, progress=progress, replace=replace,

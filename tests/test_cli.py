@@ -531,3 +531,29 @@ def test_emit_decode_adds_the_decode_program(tmp_path):
     assert stored == sorted([(False, p, "fp32", False) for p in (2, 4)]
                             + [(True, p, dt, vf) for p in (2, 4) for dt in ("fp32", "bf16")
                                for vf in (False, True)])
+
+
+def test_show_and_emit_take_lowering_options():
+    """``--lower KEY=VALUE`` reaches the lowering: an explicit option wins over the tuning
+    table (kda_bwd's dk kernel at K = 64 is tuned to load_batch 2); a bad key names the keys."""
+    tuned = "tuning table's (kdagen.codegen.lower.tuning) load_batch=2"
+    args = ("show", "kda_bwd", "--stage", "cost", "--option", "head_k_dim=64", "--option",
+            "head_v_dim=64")
+    assert tuned in run(*args).output
+    explicit = run(*args, "--lower", "load_batch=4")
+    assert explicit.exit_code == 0 and tuned not in explicit.output
+    for command in (args, ("emit", "--arch", "sm_90a", "-o", "unused")):
+        bad = run(*command, "--lower", "load_bach=4")
+        assert bad.exit_code == 2 and "load_batch" in bad.output and "'load_bach=4'" in bad.output
+
+
+def test_lowering_options_parse_by_the_field_type():
+    from kdagen.codegen.lower.options import parse_lower_option as parse
+    assert parse("chunk_warpgroups=2") == ("chunk_warpgroups", 2)
+    assert parse("chunk_warpgroups=auto") == ("chunk_warpgroups", "auto")
+    assert parse("register_scan=false") == ("register_scan", False)
+    assert parse("smem_row_pad=none") == ("smem_row_pad", None)
+    assert parse("tensormap_params=grid_constant") == ("tensormap_params", "grid_constant")
+    for bad in ("load_batch=two", "register_scan=maybe", "load_batch", "nosuch=1"):
+        with pytest.raises(ValueError):
+            parse(bad)

@@ -154,18 +154,11 @@ def main(argv=None) -> int:
 
 def _lower_option(text: str) -> tuple:
     """KEY=VALUE of a lowering option, VALUE parsed as the option's type."""
-    from kdagen.codegen.lower.options import LowerOptions
-    key, _, value = text.partition("=")
-    default = getattr(LowerOptions(), key, None)
-    if default is None or not value:
-        raise SystemExit(f"--lower {text}: not KEY=VALUE of a LowerOptions field")
-    if isinstance(default, bool):
-        return key, value.lower() in ("1", "true", "yes")
-    if isinstance(default, str) and value.isdigit():
-        return key, int(value)          # an option that takes a word or a number ("auto" | 4)
-    if isinstance(default, int) and not value.isdigit():
-        return key, value               # a number or a word, e.g. staging_buffers=auto
-    return key, type(default)(value)
+    from kdagen.codegen.lower.options import parse_lower_option
+    try:
+        return parse_lower_option(text)
+    except ValueError as err:
+        raise SystemExit(f"--lower {text}: {err}") from None
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ from dataclasses import dataclass
 
 from kdagen.ir.precision import PRECISIONS, auto_precision
 
-__all__ = ["LowerOptions", "product_precision", "TENSORMAP_PARAMS", "tensormap_param_kind"]
+__all__ = ["LowerOptions", "product_precision", "TENSORMAP_PARAMS", "tensormap_param_kind",
+           "parse_lower_option"]
 
 #: LowerOptions.tensormap_params values -> the kernel parameter kind (codegen.common.kernel.Param)
 TENSORMAP_PARAMS = {"global": "ptr", "grid_constant": "tmap"}
@@ -141,3 +142,29 @@ class LowerOptions:
     # per-kernel options measured faster than these defaults (kdagen.codegen.lower.tuning,
     # each entry with its measurement) replace them where left at the default; False: off
     tuned: bool = True
+
+
+def parse_lower_option(text: str) -> tuple[str, object]:
+    """``KEY=VALUE`` of a :class:`LowerOptions` field (``kdagen emit/show --lower``,
+    ``tools/check_bundle --lower``), VALUE parsed by the field's type: a bool as
+    true/false, a number where the field takes one (``load_batch=2``; also in fields that take
+    a word or a number: ``chunk_warpgroups=2``, ``chunk_warpgroups=auto``), ``none`` where it
+    may be None. Raises ValueError naming the fields."""
+    from dataclasses import fields
+    key, sep, value = text.partition("=")
+    field = {f.name: f for f in fields(LowerOptions)}.get(key.strip())
+    if not sep or field is None or not value.strip():
+        raise ValueError(f"{text!r} is not KEY=VALUE of a lowering option; the keys: "
+                         f"{', '.join(f.name for f in fields(LowerOptions))}")
+    key, value, kind = key.strip(), value.strip(), str(field.type)
+    if kind == "bool":
+        if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
+            raise ValueError(f"{key}: {value!r} is not true or false")
+        return key, value.lower() in ("true", "1", "yes")
+    if "None" in kind and value.lower() == "none":
+        return key, None
+    if "int" in kind and value.lstrip("-").isdigit():
+        return key, int(value)
+    if "str" in kind:
+        return key, value
+    raise ValueError(f"{key}: {value!r} is not a number")
