@@ -91,13 +91,17 @@ def test_launch_plan_follows_the_sizes_and_fills_each_call_fresh(tmp_path, monke
     args = [dict(name="q", role="input", layout="token", heads="v", dtype="bf16", tail=[128]),
             dict(name="o", role="output", layout="token", heads="v", dtype="bf16", tail=[128]),
             dict(name="scale", role="input", layout="scalar", default=0.5)]
+    workspaces = [dict(name="ws_a", layout="chunk", tail=[64, 128], elt="f32"),
+                  dict(name="ws_b", layout="chunk", tail=[3], elt="bf16"),
+                  dict(name="ws_c", layout="head", tail=[128], elt="f32")]
     (tmp_path / L.LOWERED).write_text(json.dumps({"variants": {"v": dict(
-        program="p", args=args, workspaces=[], kernels=["kern"], chips={}, chunk_size=64,
-        gva_ratio=1)}}))
+        program="p", args=args, workspaces=workspaces, kernels=["kern"], chips={},
+        chunk_size=64, gva_ratio=1)}}))
     entry = KernelEntry("kern", "sm_90a", "sm90-native", "kern.ptx",
                         params=[{"name": n, "kind": k} for n, k in
                                 (("q_map", "ptr"), ("o", "ptr"), ("T", "i32"), ("scale", "f32"),
-                                 ("scratch", "ptr"), ("q_bytes", "tmap"))],
+                                 ("scratch", "ptr"), ("q_bytes", "tmap"), ("ws_a", "ptr"),
+                                 ("ws_b", "ptr"), ("ws_c", "ptr"))],
                         launch={"grid": ["ceil_div(T, 64)", "HV", 1], "block": [128, 1, 1],
                                 "scratch_bytes_per_cta": 16, "tensor_maps": {
                                     m: dict(tensor="q", dtype="bf16", flatten=3, box=[64, 128])
@@ -126,6 +130,17 @@ def test_launch_plan_follows_the_sizes_and_fills_each_call_fresh(tmp_path, monke
     # a "tmap" parameter gets the same map's bytes (nothing copied to the device)
     assert [int.from_bytes(a[5][:8], "little") for a in (a1, a2, a3)] == encoded
     assert all(isinstance(a[5], bytes) and len(a[5]) == 128 for a in (a1, a2, a3))
+    # the workspaces: one allocation per call, each piece 256-byte aligned, none overlapping,
+    # of the manifest's shape and type (chunk rows: B * ceil(T / 64))
+    for a, rows in ((a1, 1), (a2, 4)):
+        ws = a[6:9]
+        assert [w.shape for w in ws] == [(rows, 2, 64, 128), (rows, 2, 3), (2, 128)]
+        assert [w.dtype for w in ws] == [torch.float32, torch.bfloat16, torch.float32]
+        spans = sorted((w.data_ptr(), w.data_ptr() + w.numel() * w.element_size()) for w in ws)
+        base = ws[0].untyped_storage().data_ptr()     # CUDA blocks: 512-byte aligned
+        assert all((start - base) % 256 == 0 for start, _ in spans) and base % 16 == 0
+        assert all(spans[i][1] <= spans[i + 1][0] for i in range(len(spans) - 1))
+        assert ws[0].untyped_storage().data_ptr() == ws[2].untyped_storage().data_ptr()
     end = tensormap.counts()                  # three addresses: three maps of each kind
     assert (end["encoded"] - start["encoded"], end["copied"] - start["copied"]) == (6, 3)
     prog(chip="sm_90a", q=q1)                 # an address seen before: nothing new made

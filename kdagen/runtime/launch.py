@@ -126,6 +126,7 @@ class LaunchRecorder:
 
 _VALUE, _TMAP, _TMAP_BYTES, _SCRATCH = "value", "tensor map", "tensor map bytes", "scratch"
 _PLANS_KEPT = 64
+_ARENA_ALIGN = 256          # bytes: each workspace of a call's arena starts on this boundary
 
 
 @dataclass(frozen=True)
@@ -153,6 +154,7 @@ class LoweredProgram:
         self.C = int(self.spec["chunk_size"])
         self.ratio = int(self.spec["gva_ratio"])
         self._plans: dict = {}
+        self._arena_layouts: dict = {}
 
     def kernel_names(self, chip: str) -> list[str]:
         return self.spec["chips"].get(chip) or self.spec["kernels"]
@@ -179,18 +181,53 @@ class LoweredProgram:
         return dict(B=Bsz, T=T, HV=HV, H=HV // self.ratio, N=N, tokens=Bsz * T,
                     total_chunks=total, max_chunks=longest if T > 0 else 0)
 
-    def _alloc(self, layout, heads, tail, dtype, sz, device, poison):
+    def _workspaces(self, chip: str, sz: dict, device, poison: bool) -> dict:
+        """The call's workspaces, carved from one allocation (one caching-allocator request
+        per call instead of one per workspace; each piece 256-byte aligned for TMA). They die
+        with the call, as separate tensors would: none is returned."""
+        key = (chip, tuple(sz.values()))
+        layout = self._arena_layouts.get(key)
+        if layout is None:
+            specs = (self.spec.get("chip_workspaces") or {}).get(chip, self.spec["workspaces"])
+            layout, offset = [], 0
+            for w in specs:
+                shape = self._lead(w["layout"], w.get("heads"), sz) + tuple(w["tail"])
+                dtype = _TORCH_DTYPES[w["elt"]]
+                nbytes = dtype.itemsize
+                for d in shape:
+                    nbytes *= int(d)
+                layout.append((w["name"], shape, dtype, offset, nbytes))
+                offset += -(-nbytes // _ARENA_ALIGN) * _ARENA_ALIGN
+            if len(self._arena_layouts) >= _PLANS_KEPT:
+                self._arena_layouts.pop(next(iter(self._arena_layouts)))
+            self._arena_layouts[key] = layout = (layout, offset)
+        pieces, total = layout
+        if not pieces:
+            return {}
+        arena = torch.empty(max(1, total), dtype=torch.uint8, device=device)
+        out = {}
+        for name, shape, dtype, offset, nbytes in pieces:
+            x = arena[offset:offset + nbytes].view(dtype).view(shape)
+            if poison and x.is_floating_point():
+                x.fill_(float("nan"))
+            out[name] = x
+        return out
+
+    @staticmethod
+    def _lead(layout, heads, sz) -> tuple:
         if layout == "token":
-            lead = (sz["B"], sz["T"], sz["H"] if heads == "qk" else sz["HV"])
-        elif layout == "state":
-            lead = (sz["N"], sz["HV"])
-        elif layout == "chunk":
-            lead = (max(1, sz["total_chunks"]), sz["HV"])
-        elif layout == "head":
-            lead = (sz["HV"],)
-        else:
-            raise ValueError(layout)
-        x = torch.empty(lead + tuple(tail), dtype=_TORCH_DTYPES[dtype], device=device)
+            return (sz["B"], sz["T"], sz["H"] if heads == "qk" else sz["HV"])
+        if layout == "state":
+            return (sz["N"], sz["HV"])
+        if layout == "chunk":
+            return (max(1, sz["total_chunks"]), sz["HV"])
+        if layout == "head":
+            return (sz["HV"],)
+        raise ValueError(layout)
+
+    def _alloc(self, layout, heads, tail, dtype, sz, device, poison):
+        x = torch.empty(self._lead(layout, heads, sz) + tuple(tail), dtype=_TORCH_DTYPES[dtype],
+                        device=device)
         if poison and x.is_floating_point():
             x.fill_(float("nan"))
         return x
@@ -278,10 +315,7 @@ class LoweredProgram:
         if chip is None:
             chip = chips.chip_for_device(device.index if device.index is not None
                                    else torch.cuda.current_device())
-        workspaces = (self.spec.get("chip_workspaces") or {}).get(chip, self.spec["workspaces"])
-        for w in workspaces:
-            values[w["name"]] = self._alloc(w["layout"], w.get("heads"), w["tail"], w["elt"], sz,
-                                            device, poison)
+        values.update(self._workspaces(chip, sz, device, poison))
         if stream is None and device.type == "cuda":  # one lookup per call, not per launch
             stream = torch.cuda.current_stream(device)
         timed = profile is not None or bool(_RECORDERS)
