@@ -64,6 +64,7 @@ from .._mlir import ir
 from ..ir.accessors import module_target
 from ..ir.dialect import ops_with, py_attr
 from .base import ModulePass, PassError, register_pass
+from .partition import tile_bytes
 
 __all__ = ["AssignLayoutsPass", "LAYOUTS", "ATOMS", "conversion_bytes"]
 
@@ -102,15 +103,6 @@ def conversion_bytes(src: str, dst: str, nbytes: int) -> int:
     if src in SHARED or dst in SHARED:
         return nbytes
     return 2 * nbytes
-
-
-def _tile_bytes(t: ir.Type) -> int:
-    shaped = ir.ShapedType(t)
-    n = 1
-    for d in shaped.shape:
-        n *= d
-    width = getattr(shaped.element_type, "width", 32)
-    return n * max(1, width // 8)
 
 
 def _is_tile(v) -> bool:
@@ -241,7 +233,7 @@ class _Layouts:
             self.set(op, self.of(x))
         elif name in LOADS:
             self.set(op, self.loaded(op))
-        elif name in STORES or name in SOURCES and not op.results:
+        elif name in STORES:
             pass                        # a store stages its tile from whatever layout it is in
         elif name in SOURCES:
             self.set(op, "any")
@@ -330,7 +322,7 @@ class _Layouts:
                     last = max(last, position[user])
             if start < 0:
                 last = end
-            intervals.append((start, last, self.layout[v] in SHARED, _tile_bytes(v.type)))
+            intervals.append((start, last, self.layout[v] in SHARED, tile_bytes(v.type)))
         peak = {False: 0, True: 0}
         for p in range(-1, end + 1):
             for shared in (False, True):
@@ -365,7 +357,7 @@ class _Layouts:
         have = self.of(v)
         if (have, dst) == ("smem", "smem_t") and v in self.origin and self.dry:
             return 0
-        return conversion_bytes(have, dst, _tile_bytes(v.type))
+        return conversion_bytes(have, dst, tile_bytes(v.type))
 
     def consumer_hint(self, result) -> str | None:
         """The accumulator layout the first element-wise consumer of ``result`` already has
@@ -469,9 +461,8 @@ class _Layouts:
             candidates = [(self.hints and self.fragment_hint(op.results[0])) or "blocked"]
         if not candidates:
             return "any"                     # only free operands: free too
-        best = min(candidates, key=lambda c: (sum(
-            conversion_bytes(h, c, _tile_bytes(v.type)) for h, v in zip(have, tiles)),
-            PREFERENCE.index(c)))
+        best = min(candidates, key=lambda c: (sum(self.price(v, c) for v in tiles),
+                                              PREFERENCE.index(c)))
         for i, v in enumerate(op.operands):
             if _is_tile(v):
                 self.require(op, i, (best,))
@@ -510,7 +501,6 @@ class _Layouts:
         if have in accepted or have in ("any", "replicated"):
             self.note_request(v, accepted)
             return have
-        nbytes = _tile_bytes(v.type)
         want = min(accepted, key=lambda c: (self.price(v, c), accepted.index(c)))
         self.note_request(v, accepted)
         key = (v, want, op.parent)
