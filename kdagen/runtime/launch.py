@@ -31,6 +31,7 @@ from __future__ import annotations
 import ast
 import functools
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -141,6 +142,15 @@ class _Launch:
     params: tuple
 
 
+@dataclass(frozen=True)
+class _CallPlan:
+    """What a call of one size does: its launches, and where each workspace lies in the
+    call's one workspace allocation ((name, shape, dtype, byte offset, bytes) each)."""
+    launches: tuple
+    workspaces: tuple
+    arena_bytes: int
+
+
 class LoweredProgram:
     def __init__(self, bundle_dir, variant: str, library: KernelLibrary | None = None):
         self.bundle_dir = Path(bundle_dir)
@@ -154,7 +164,6 @@ class LoweredProgram:
         self.C = int(self.spec["chunk_size"])
         self.ratio = int(self.spec["gva_ratio"])
         self._plans: dict = {}
-        self._arena_layouts: dict = {}
 
     def kernel_names(self, chip: str) -> list[str]:
         return self.spec["chips"].get(chip) or self.spec["kernels"]
@@ -181,32 +190,16 @@ class LoweredProgram:
         return dict(B=Bsz, T=T, HV=HV, H=HV // self.ratio, N=N, tokens=Bsz * T,
                     total_chunks=total, max_chunks=longest if T > 0 else 0)
 
-    def _workspaces(self, chip: str, sz: dict, device, poison: bool) -> dict:
+    @staticmethod
+    def _workspaces(plan: _CallPlan, device, poison: bool) -> dict:
         """The call's workspaces, carved from one allocation (one caching-allocator request
         per call instead of one per workspace; each piece 256-byte aligned for TMA). They die
         with the call, as separate tensors would: none is returned."""
-        key = (chip, tuple(sz.values()))
-        layout = self._arena_layouts.get(key)
-        if layout is None:
-            specs = (self.spec.get("chip_workspaces") or {}).get(chip, self.spec["workspaces"])
-            layout, offset = [], 0
-            for w in specs:
-                shape = self._lead(w["layout"], w.get("heads"), sz) + tuple(w["tail"])
-                dtype = _TORCH_DTYPES[w["elt"]]
-                nbytes = dtype.itemsize
-                for d in shape:
-                    nbytes *= int(d)
-                layout.append((w["name"], shape, dtype, offset, nbytes))
-                offset += -(-nbytes // _ARENA_ALIGN) * _ARENA_ALIGN
-            if len(self._arena_layouts) >= _PLANS_KEPT:
-                self._arena_layouts.pop(next(iter(self._arena_layouts)))
-            self._arena_layouts[key] = layout = (layout, offset)
-        pieces, total = layout
-        if not pieces:
+        if not plan.workspaces:
             return {}
-        arena = torch.empty(max(1, total), dtype=torch.uint8, device=device)
+        arena = torch.empty(max(1, plan.arena_bytes), dtype=torch.uint8, device=device)
         out = {}
-        for name, shape, dtype, offset, nbytes in pieces:
+        for name, shape, dtype, offset, nbytes in plan.workspaces:
             x = arena[offset:offset + nbytes].view(dtype).view(shape)
             if poison and x.is_floating_point():
                 x.fill_(float("nan"))
@@ -248,16 +241,24 @@ class LoweredProgram:
                              f"{', '.join(map(str, a['tail']))}], got {list(x.shape)}")
         return x
 
-    def _plan(self, chip: str, device, sz: dict) -> list:
-        """The launches of a call of these sizes on ``device``: kernel, grid and how each
-        parameter is filled, worked out once per (chip, device, sizes) — a call then only
-        fills in its tensors (the grid rules, the manifest's parameter lists and its tensor-map
-        entries were re-read per launch: host time a forward of three kernels spent)."""
+    def _plan(self, chip: str, device, sz: dict) -> _CallPlan:
+        """The launches of a call of these sizes on ``device`` (kernel, grid and how each
+        parameter is filled) and its workspace layout, worked out once per (chip, device,
+        sizes) — a call then only fills in its tensors (the grid rules, the manifest's
+        parameter lists and its tensor-map entries were re-read per launch: host time a
+        forward of three kernels spent)."""
         key = (chip, device.type, device.index, tuple(sz.values()))
         plan = self._plans.get(key)
         if plan is not None:
             return plan
-        plan = []
+        workspaces, offset = [], 0
+        for w in (self.spec.get("chip_workspaces") or {}).get(chip, self.spec["workspaces"]):
+            shape = self._lead(w["layout"], w.get("heads"), sz) + tuple(w["tail"])
+            dtype = _TORCH_DTYPES[w["elt"]]
+            nbytes = dtype.itemsize * math.prod(int(d) for d in shape)
+            workspaces.append((w["name"], shape, dtype, offset, nbytes))
+            offset += -(-nbytes // _ARENA_ALIGN) * _ARENA_ALIGN
+        launches = []
         for name in self.kernel_names(chip):
             kern = self.library.get(name, device)
             launch = kern.entry.launch
@@ -276,10 +277,10 @@ class LoweredProgram:
                     params.append((_SCRATCH, max(1, nbytes // 4), None))
                 else:
                     params.append((_VALUE, p["name"], None))
-            plan.append(_Launch(name, kern, grid, tuple(params)))
+            launches.append(_Launch(name, kern, grid, tuple(params)))
         if len(self._plans) >= _PLANS_KEPT:     # sizes vary (varlen, decode batches): bounded
             self._plans.pop(next(iter(self._plans)))
-        self._plans[key] = plan
+        plan = self._plans[key] = _CallPlan(tuple(launches), tuple(workspaces), offset)
         return plan
 
     def __call__(self, device=None, poison: bool = True, stream=None, chip: str | None = None,
@@ -315,11 +316,12 @@ class LoweredProgram:
         if chip is None:
             chip = chips.chip_for_device(device.index if device.index is not None
                                    else torch.cuda.current_device())
-        values.update(self._workspaces(chip, sz, device, poison))
+        plan = self._plan(chip, device, sz)
+        values.update(self._workspaces(plan, device, poison))
         if stream is None and device.type == "cuda":  # one lookup per call, not per launch
             stream = torch.cuda.current_stream(device)
         timed = profile is not None or bool(_RECORDERS)
-        for launch in self._plan(chip, device, sz):
+        for launch in plan.launches:
             args = []
             for kind, key, extra in launch.params:
                 if kind is _VALUE:

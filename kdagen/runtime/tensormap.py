@@ -26,12 +26,12 @@ _bytes_cache: OrderedDict = OrderedDict()    # key -> the encoded 128 bytes
 #: maps made (encoded) and device copies made since the process started, for benchmarks: a
 #: count that grows every call means the launcher meets new tensor addresses every call
 _counts = {"encoded": 0, "copied": 0}
+_lock = threading.Lock()
 
 
 def counts() -> dict:
     """{"encoded": maps encoded, "copied": maps copied to the device} so far (a copy)."""
     return dict(_counts)
-_lock = threading.Lock()
 
 
 class TensorMapError(ValueError):
@@ -201,7 +201,7 @@ def tensor_map(tensor, spec: MapSpec, name: str = "tensor"):
     if hit is not None:
         return hit[0]
     import torch
-    raw = _encode(key, name)
+    raw = _bytes_of(key, name)
     host = torch.frombuffer(bytearray(raw), dtype=torch.uint8).pin_memory()
     dev = host.to(tensor.device, non_blocking=True)
     _counts["copied"] += 1
@@ -213,7 +213,11 @@ def tensor_map_bytes(tensor, spec: MapSpec, name: str = "tensor") -> bytes:
     """The 128 bytes of the map itself, for a kernel that takes it by value (a grid-constant
     parameter: nothing to copy to the device). Encoded once per (device, address, shape,
     entry)."""
-    key = _map_key(tensor, spec, name)
+    return _bytes_of(_map_key(tensor, spec, name), name)
+
+
+def _bytes_of(key: tuple, name: str) -> bytes:
+    """The encoded map of ``key``, encoded once (both ways of passing a map share it)."""
     raw = _cached(_bytes_cache, key)
     if raw is None:
         raw = _encode(key, name)

@@ -10,8 +10,8 @@ lowering option ``tensormap_params``): the 128 bytes themselves as a ``__grid_co
 parameter (`Param(name, "tmap")`, ``.param .align 64 .b8 name[128]``: no device copy), or the
 address of a 64-byte-aligned *device global* buffer the host copied them into before the launch
 (`Param(name, "ptr")`, ``.param .u64``); `tensormap_pointer` gives the kernel a generic address
-either way. A copied map must not change while a launch that uses it is in flight. Copies complete on an mbarrier
-(``complete_tx::bytes``): the issuing thread first calls
+either way. A copied map must not change while a launch that uses it is in flight. Copies
+complete on an mbarrier (``complete_tx::bytes``): the issuing thread first calls
 ``barrier.mbarrier_arrive_expect_tx(bar, bytes)`` with the total bytes of the phase's copies.
 
 Shared layout: a box of inner extent ``swizzle`` bytes lands as [rows, swizzle bytes] rows in
