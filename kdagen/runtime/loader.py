@@ -41,15 +41,23 @@ class LoadedKernel:
                       stream.cuda_stream, kinds, values, self.entry.name)
 
 
-_contexts: dict = {}
+_bound = threading.local()
 
 
 def _context(index: int) -> int:
-    """The handle of torch's (primary) context on device ``index``: asked of the driver once
-    per device (it lives as long as the process; per launch the lookup cost host time)."""
-    ctx = _contexts.get(index)
+    """The handle of torch's (primary) context on device ``index``, made current on this thread.
+
+    Driver contexts are current per thread, and the autograd engine runs a backward on its own
+    thread: that thread has none bound until its first CUDA runtime call, and with no gradient
+    memsets our kernel load can be the first (cuModuleLoadData then fails with
+    CUDA_ERROR_INVALID_CONTEXT). So the binding is remembered per thread, not per process; the
+    lookup per launch stays a dict hit."""
+    contexts = getattr(_bound, "contexts", None)
+    if contexts is None:
+        contexts = _bound.contexts = {}
+    ctx = contexts.get(index)
     if ctx is None:
-        ctx = _contexts[index] = int(driver.current_context(index))
+        ctx = contexts[index] = int(driver.current_context(index))
     return ctx
 
 
