@@ -133,7 +133,7 @@ def _call_value_parts(family, q, k, v, g, beta, *, initial_state, state_v_first,
     and the inverse)."""
     state_dim = -2 if state_v_first else -1           # the value axis of initial_state, ht, h
     outs = []
-    for a, b in head_pad.value_parts(int(v.shape[-1]), ops.SUPPORTED_HEAD_DIMS):
+    for a, b in head_pad.value_parts(int(v.shape[-1]), ops.value_dims_of(q, v)):
         h0 = initial_state
         if isinstance(h0, torch.Tensor):
             h0 = h0.narrow(state_dim, a, b - a)
@@ -162,7 +162,7 @@ def _call(family, q, k, v, g, beta, *, scale, initial_state, output_final_state,
               state_v_first=state_v_first, return_intermediate_states=return_intermediate_states,
               gate=gate, gate_params=gate_params, gate_options=gate_options)
     if (isinstance(v, torch.Tensor) and v.ndim == 4
-            and int(v.shape[-1]) > max(ops.SUPPORTED_HEAD_DIMS)):
+            and int(v.shape[-1]) > max(ops.value_dims_of(q, v))):
         if scale is None and isinstance(q, torch.Tensor) and q.ndim == 4:
             kw["scale"] = int(q.shape[-1]) ** -0.5     # every part scales as the whole head does
         return _call_value_parts(family, q, k, v, g, beta, cp_context=cp_context, **kw)
@@ -199,7 +199,7 @@ def _call(family, q, k, v, g, beta, *, scale, initial_state, output_final_state,
         lower_bound=lower_bound, allowed_dtypes=ops.SUPPORTED_DTYPES,
         supported_head_dims=None, require_contiguous=True,
         check_values=_read_values(q, cu_seqlens))
-    pad = head_pad.plan(sizes.K, sizes.V, ops.SUPPORTED_HEAD_DIMS)
+    pad = head_pad.plan(sizes.K, sizes.V, ops.SUPPORTED_KEY_DIMS, ops.value_dims_of(q, v))
     if scale is None:
         scale = sizes.K ** -0.5
     elif isinstance(scale, torch.Tensor):
@@ -359,7 +359,7 @@ def _call_gated(family, q, k, v, g, beta, *, scale, initial_state, output_final_
         family, q, k, v, g, beta, initial_state=initial_state, cu_seqlens=cu_seqlens,
         allowed_dtypes=ops.SUPPORTED_DTYPES, supported_head_dims=None,
         require_contiguous=True, check_values=_read_values(q, cu_seqlens))
-    pad = head_pad.plan(sizes.K, sizes.V, ops.SUPPORTED_HEAD_DIMS)
+    pad = head_pad.plan(sizes.K, sizes.V, ops.SUPPORTED_KEY_DIMS, ops.value_dims_of(q, v))
     params = _gate_param_tensors(gobj, gate_params, _as_head_vector(A_log, sizes.HV), dt_bias,
                                  sizes.HV, sizes.K)
     params = [pad.keys(x) if kind == "channel" else x

@@ -65,7 +65,7 @@ def bytes_moved(B, T, H, HV, K, V, family, backward, elt=2):
 
 
 #: the head dims the benchmark times (K = V)
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 128, 256)
 
 
 def make_inputs(family, B, T, H, HV, lengths, device, seed=0, head_dim=128):

@@ -166,8 +166,9 @@ def _cost_cell(row: dict) -> str:
 @click.option("--arch", "targets", default="sm_90a,sm_100a,sm_120a", show_default=True,
               type=_ArchList(), help="Comma-separated chips (or 'all').")
 @click.option("--head-dim", "head_dims", default="128", show_default=True, type=_HeadDims(),
-              help="Head dimension K = V; several, comma-separated (64,128), go into one "
-                   "bundle as one variant each.")
+              help="Head dimension K = V (64, 128 or 256; at 256 the kernels take V = 128 "
+                   "and the APIs run V = 256 in two value parts); several, comma-separated "
+                   "(64,128), go into one bundle as one variant each.")
 @click.option("--gate", default=None, help="Gate name (see `kdagen list`), or several "
               "comma-separated (one bundle holds each gate's kernels); default softplus (KDA) / "
               "gdn_softplus (GDN).")

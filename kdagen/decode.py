@@ -292,7 +292,7 @@ def _call(family, q, k, v, g, beta, *, A_log, dt_bias, scale, initial_state, out
         return _call_transposed(family, q, k, v, g, beta, initial_state=initial_state,
                                 output_final_state=output_final_state,
                                 inplace_final_state=inplace_final_state, **passed)
-    if (isinstance(v, Tensor) and v.ndim == 4 and int(v.shape[-1]) > max(ops.SUPPORTED_HEAD_DIMS)
+    if (isinstance(v, Tensor) and v.ndim == 4 and int(v.shape[-1]) > max(ops.value_dims_of(q, v))
             and (initial_state is None or (
                 isinstance(initial_state, Tensor)
                 and _as_kv(initial_state, state_v_first).shape[-1] == v.shape[-1]))):
@@ -394,7 +394,7 @@ def _call_value_parts(family, q, k, v, g, beta, *, initial_state, output_final_s
     pool = ssm_state_indices is not None
     write_back = not pool and inplace_final_state and initial_state is not None
     outs = []
-    for a, b in head_pad.value_parts(int(v.shape[-1]), ops.SUPPORTED_HEAD_DIMS):
+    for a, b in head_pad.value_parts(int(v.shape[-1]), ops.value_dims_of(q, v)):
         h0 = (_as_stored(_as_kv(initial_state, state_v_first)[..., a:b], state_v_first)
               if initial_state is not None else None)
         if h0 is not None and not pool:
@@ -419,7 +419,7 @@ def _head_pad(family, q, k, v, g, dt_bias, state) -> head_pad.HeadPad:
     if not all(isinstance(x, Tensor) and x.ndim == 4 for x in (q, k, v)):
         return head_pad.UNPADDED
     K, V, HV = int(q.shape[3]), int(v.shape[3]), int(v.shape[2])
-    if K in ops.SUPPORTED_HEAD_DIMS and V in ops.SUPPORTED_HEAD_DIMS:
+    if K in ops.SUPPORTED_KEY_DIMS and V in ops.value_dims_of(q, v):
         return head_pad.UNPADDED
     consistent = (k.shape[3] == K and (family == "gdn" or (isinstance(g, Tensor) and g.ndim == 4
                                                             and g.shape[3] == K))
@@ -427,7 +427,7 @@ def _head_pad(family, q, k, v, g, dt_bias, state) -> head_pad.HeadPad:
                   and (state is None or (state.ndim == 4 and tuple(state.shape[2:]) == (K, V))))
     if not consistent:
         return head_pad.UNPADDED
-    return head_pad.plan(K, V, ops.SUPPORTED_HEAD_DIMS)
+    return head_pad.plan(K, V, ops.SUPPORTED_KEY_DIMS, ops.value_dims_of(q, v))
 
 
 def _kernel_indexes_pool(pool: Tensor) -> bool:

@@ -18,13 +18,17 @@ from .codegen import ptxas as ptxas_mod
 from .codegen.common.kernel import GpuModuleBuilder
 from .codegen.kernels.gate_cumsum import GateCumsumSpec, build_gate_cumsum
 from .driver import assemble_ptx, ptx_of
+from .head_dims import KEY_DIMS, variant_head_dims
 from .ir.gates import get_gate
 from .runtime.bundle import MANIFEST, BundleFiles, KernelEntry, Manifest
 from .table import chip_rank
 from .target import Target
 from .version import __version__, source_hash
 
-SUPPORTED_HEAD_DIMS = (64, 128)
+#: head dims ``--head-dim`` takes: K = V = the dim, except that V stops at the largest value
+#: dim the chip's programs take at that K (kdagen.head_dims.variant_head_dims): K = V = 256
+#: runs on the K = 256, V = 128 kernels in two value parts (sm_120a: V = 64, four)
+SUPPORTED_HEAD_DIMS = KEY_DIMS
 OPS = {"kda": ("kda_fwd", "kda_bwd"), "gdn": ("gdn_fwd", "gdn_bwd")}
 DEFAULT_GATES = {"kda": "softplus", "gdn": "gdn_softplus"}
 
@@ -144,13 +148,12 @@ DECODE_POOL_STORAGE = ({}, dict(state_dtype="bf16"), dict(state_v_first=True),
 
 
 def program_variants(ops: list[str], head_dim, gate, decode: bool = False,
-                     residuals: bool = True) -> list[tuple[str, dict]]:
+                     residuals: bool = True, target=None) -> list[tuple[str, dict]]:
     """(program, options) for each requested op: forward and backward (with ``residuals`` also
     training's save_residuals pair; and with ``decode`` the
     op's decode program, plain and on each DECODE_POOL_STORAGE state pool, at each of
-    DECODE_VALUE_SPLITS), K = V =
-    head_dim for
-    each head dim of ``head_dim`` (one or several). ``gate``: None (each op's default gate), a
+    DECODE_VALUE_SPLITS), at kdagen.head_dims.variant_head_dims of each head dim of
+    ``head_dim`` (one or several) for ``target`` (None: the largest value dims). ``gate``: None (each op's default gate), a
     gate name, or several (a list or comma-separated): each gate's programs go to the ops of
     its family, so one bundle holds kernels for several gates. A user's gate carries its
     digest (``gate_digest``): the bundle's kernels are then tied to that version of it."""
@@ -174,7 +177,8 @@ def program_variants(ops: list[str], head_dim, gate, decode: bool = False,
     out = []
     for op, gobj in chosen:
         for dim in dims:
-            options = dict(head_k_dim=dim, head_v_dim=dim, gate=gobj.name)
+            K, V = variant_head_dims(dim, target)
+            options = dict(head_k_dim=K, head_v_dim=V, gate=gobj.name)
             if not gobj.builtin:
                 options["gate_digest"] = gobj.digest
             out.extend((program, dict(options)) for program in OPS[op])
@@ -204,10 +208,21 @@ def emit_programs(out_dir: str | Path, targets: list[Target], ops: list[str], he
     :func:`kdagen.bundle_writer.write_bundle`; ``timing`` (a dict) receives its seconds per
     stage. ``lower``: lowering options over the defaults (``kdagen emit --lower``)."""
     lowering = dict(DEFAULT_LOWERING, path=path, **(lower or {}))
-    result = write_bundle(out_dir, program_variants(ops, head_dim, gate, decode, residuals),
-                          targets, verbose=verbose,
-                          lower_options=lowering, progress=progress, replace=replace,
-                          dump_dir=dump_dir)
-    if timing is not None:
-        timing.update(result["timing"])
-    return result["report"]
+    # chips whose programs take other head dims (sm_120a at K = 256: V = 64) go into the
+    # bundle in a pass of their own
+    groups: dict = {}
+    for t in targets:
+        groups.setdefault(tuple(variant_head_dims(d, t) for d in head_dim_list(head_dim)),
+                          []).append(t)
+    report = []
+    for i, chips in enumerate(groups.values()):
+        result = write_bundle(out_dir, program_variants(ops, head_dim, gate, decode, residuals,
+                                                        chips[0]),
+                              chips, verbose=verbose, lower_options=lowering,
+                              progress=progress, replace=replace and i == 0,
+                              dump_dir=dump_dir)
+        report.extend(result["report"])
+        if timing is not None:
+            for k, v in result["timing"].items():
+                timing[k] = timing.get(k, 0) + v if isinstance(v, float) else v
+    return report

@@ -1,7 +1,9 @@
 """Head dims the kernels are not built for: zero channels up to the next size they are.
 
-The chunked kernels are built for K, V in ``ops.SUPPORTED_HEAD_DIMS`` (K and V chosen
-independently). Any other K, V up to the largest of them runs at the next built size, with
+The chunked kernels are built for K in ``ops.SUPPORTED_KEY_DIMS`` and V in
+``ops.SUPPORTED_VALUE_DIMS`` (chosen independently). Any other K up to the largest key dim
+(and V up to the largest value dim; a larger V runs in parts, :func:`value_parts`) runs at the
+next built size, with
 zeros in the extra key channels of q, k (and of KDA's gate and its per-channel parameters)
 and in the extra value channels of v and of the initial state. That changes no result and no
 gradient: a zero key channel adds nothing to q·kᵀ, k·kᵀ or an L2 norm and gives the state a
@@ -38,18 +40,20 @@ def value_parts(V: int, built: tuple) -> list[tuple[int, int]]:
     return [(a, min(a + part, V)) for a in range(0, V, part)]
 
 
-def plan(K: int, V: int, built: tuple) -> "HeadPad":
-    """The padding that runs head dims K, V on kernels built for ``built``; a clear error
-    naming the argument when one is larger than every built size."""
-    largest = max(built)
-    for name, what, n in (("q", "K", K), ("v", "V", V)):
+def plan(K: int, V: int, key_built: tuple, value_built: tuple | None = None) -> "HeadPad":
+    """The padding that runs head dims K, V on kernels built for key dims ``key_built`` and
+    value dims ``value_built`` (default: the key dims); a clear error naming the argument when
+    one is larger than every built size."""
+    value_built = key_built if value_built is None else value_built
+    for name, what, n, built in (("q", "K", K, key_built), ("v", "V", V, value_built)):
         if _next_built(n, built) is None:
+            largest = max(built)
             raise KdagenInputError(
-                f"{name}: head dim {what} = {n} is not supported; kdagen's kernels take head "
-                f"dims up to {largest} (any size up to it: the kernels for "
+                f"{name}: head dim {what} = {n} is not supported; kdagen's kernels take "
+                f"{what} up to {largest} (any size up to it: the kernels for "
                 f"{sorted(built)} run it with zero-padded channels); split the head into "
                 f"heads of at most {largest}")
-    return HeadPad(K, V, _next_built(K, built), _next_built(V, built))
+    return HeadPad(K, V, _next_built(K, key_built), _next_built(V, value_built))
 
 
 @dataclass(frozen=True)

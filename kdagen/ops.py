@@ -50,15 +50,39 @@ import torch
 from torch import Tensor
 
 from kdagen import compiler_hooks  # noqa: F401  (registers the CPU executor and compile-on-demand)
+from kdagen import head_dims
 from kdagen.runtime import backends
 from kdagen.runtime.backends import OutSpec
 from kdagen.validation import KdagenInputError, validate_inputs
 
 __all__ = ["kda_fwd", "kda_bwd", "gdn_fwd", "gdn_bwd", "kda_gated_fwd", "kda_gated_bwd",
            "gdn_gated_fwd", "gdn_gated_bwd", "gated_program_options", "program_options", "gate_name",
-           "SUPPORTED_HEAD_DIMS", "SUPPORTED_DTYPES", "OPS"]
+           "SUPPORTED_KEY_DIMS", "SUPPORTED_VALUE_DIMS", "SUPPORTED_DTYPES", "OPS"]
 
-SUPPORTED_HEAD_DIMS = (64, 128)
+#: head dims the chunked kernels are built for (kdagen.head_dims): K up to 256; V up to 128,
+#: a larger V running as value parts (kdagen.head_pad.value_parts: a [K, 256] fp32 state is
+#: 256 KB, more than a CTA holds). Any other size up to the largest runs zero-padded.
+SUPPORTED_KEY_DIMS = head_dims.KEY_DIMS
+SUPPORTED_VALUE_DIMS = head_dims.VALUE_DIMS
+
+
+def value_dims(K: int, device) -> tuple:
+    """The value dims the kernels for key dim ``K`` (run at the next built key dim) are built
+    with on ``device``'s chip (all of them off CUDA): kdagen.head_dims.value_dims_for."""
+    if torch.device(device).type != "cuda":
+        return SUPPORTED_VALUE_DIMS
+    from kdagen.runtime.chips import chip_for_device
+    from kdagen.target import get_target
+    built = min((d for d in SUPPORTED_KEY_DIMS if d >= K), default=K)
+    return head_dims.value_dims_for(built, get_target(chip_for_device(device)))
+
+
+def value_dims_of(q, v) -> tuple:
+    """:func:`value_dims` for a call's q and v (every value dim when they are not 4-d tensors:
+    the call's validation then reports them)."""
+    if not (isinstance(q, Tensor) and isinstance(v, Tensor) and q.ndim == 4):
+        return SUPPORTED_VALUE_DIMS
+    return value_dims(int(q.shape[-1]), v.device)
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 CHUNK_SIZE = 64
@@ -213,7 +237,8 @@ def _check(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, 
         family, q, k, v, g, beta, initial_state=initial_state, cu_seqlens=cu_seqlens,
         A_log=A_log if use_gate_in_kernel else None, dt_bias=dt_bias if use_gate_in_kernel else None,
         use_gate_in_kernel=use_gate_in_kernel, safe_gate=safe_gate, lower_bound=lower_bound,
-        allowed_dtypes=SUPPORTED_DTYPES, supported_head_dims=SUPPORTED_HEAD_DIMS,
+        allowed_dtypes=SUPPORTED_DTYPES, supported_head_dims=SUPPORTED_KEY_DIMS,
+        supported_value_dims=SUPPORTED_VALUE_DIMS,
         require_contiguous=True, check_values=q.device.type == "cpu")
 
 

@@ -143,6 +143,7 @@ def validate_inputs(
     lower_bound: float | None = None,
     allowed_dtypes: Iterable[torch.dtype] | None = None,
     supported_head_dims: Iterable[int] | None = None,
+    supported_value_dims: Iterable[int] | None = None,
     require_equal_head_dims: bool = False,
     require_contiguous: bool = True,
     device: torch.device | str | None = None,
@@ -155,7 +156,8 @@ def validate_inputs(
     - ``allowed_dtypes``: the dtypes q, k, v may have (all three must agree anyway). g and
       beta must be floating point and, when ``allowed_dtypes`` is given, in it or float32
       (FLA passes fp32 gates next to bf16 q/k/v).
-    - ``supported_head_dims``: the allowed values of K and V; ``require_equal_head_dims``
+    - ``supported_head_dims``: the allowed values of K (and of V unless
+      ``supported_value_dims`` gives those); ``require_equal_head_dims``
       additionally demands K == V.
     - ``device``: when given, every tensor must live there; otherwise on q's device.
     - ``require_contiguous``: reject non-contiguous tensors.
@@ -276,10 +278,13 @@ def validate_inputs(
     # ---- head dims -----------------------------------------------------------------------
     if supported_head_dims is not None:
         dims = sorted(int(d) for d in supported_head_dims)
+        vdims = (dims if supported_value_dims is None
+                 else sorted(int(d) for d in supported_value_dims))
         if K not in dims:
             raise _err("q", f"head dim K = {K} is not supported; supported head dims: {dims}")
-        if V not in dims:
-            raise _err("v", f"head dim V = {V} is not supported; supported head dims: {dims}")
+        if V not in vdims:
+            raise _err("v", f"head dim V = {V} is not supported; supported value head dims: "
+                            f"{vdims}")
     if require_equal_head_dims and K != V:
         raise _err("v", f"expected V == K = {K} (this kernel needs equal head dims), got V = {V}")
 

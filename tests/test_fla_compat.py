@@ -25,7 +25,7 @@ must hold no NaN and RMS(ref - out) / (RMS(ref) + 1e-8) must be below the tolera
 it. Where FLA only warns (``dA`` of KDA's test_chunk / test_chunk_varlen) a miss is a warning
 here too; FLA's extra leniency under its CI environment variable is not taken over.
 
-Cases whose head dims exceed the largest of ``kdagen.ops.SUPPORTED_HEAD_DIMS`` (read at run
+Cases whose key head dim exceeds the largest of ``kdagen.ops.SUPPORTED_KEY_DIMS`` (read at run
 time; smaller dims run zero-padded, kdagen.head_pad) are skipped, saying so. Backend plumbing
 tests (FlashKDA/FlashQLA dispatch spies and verifiers, Triton-Ascend routing, autotuner
 guards) are not ported; the FlashKDA/FlashQLA *parity* tests
@@ -111,16 +111,17 @@ class Comparison:
 
 
 def _head_dims_supported(K: int, V: int) -> bool:
-    """Built head dims, and any below the largest (zero-padded: kdagen.head_pad)."""
-    from kdagen.ops import SUPPORTED_HEAD_DIMS
-    return max(K, V) <= max(SUPPORTED_HEAD_DIMS)
+    """Built key dims, and any below the largest (zero-padded: kdagen.head_pad); any V (a V
+    past the largest built value dim runs in value parts)."""
+    from kdagen.ops import SUPPORTED_KEY_DIMS
+    return K <= max(SUPPORTED_KEY_DIMS)
 
 
 def _skip_outside_envelope(K: int, V: int) -> None:
     if not _head_dims_supported(K, V):
-        from kdagen.ops import SUPPORTED_HEAD_DIMS
-        pytest.skip(f"head dims K={K}, V={V} are outside kdagen's envelope "
-                    f"(kdagen.ops.SUPPORTED_HEAD_DIMS = {tuple(SUPPORTED_HEAD_DIMS)})")
+        from kdagen.ops import SUPPORTED_KEY_DIMS
+        pytest.skip(f"head dim K={K} is outside kdagen's envelope "
+                    f"(kdagen.ops.SUPPORTED_KEY_DIMS = {tuple(SUPPORTED_KEY_DIMS)})")
 
 
 @pytest.fixture(scope="module")

@@ -85,14 +85,14 @@ def test_intermediate_states_and_v_first_come_back_at_the_callers_dims(K, V):
 
 @pytest.mark.parametrize("family", ["kda", "gdn"])
 def test_key_dims_past_the_largest_built_size_name_the_argument(family):
-    big = max(ops.SUPPORTED_HEAD_DIMS) * 2
+    big = max(ops.SUPPORTED_KEY_DIMS) * 2
     fn = kdagen.chunk_kda if family == "kda" else kdagen.chunk_gated_delta_rule
     x, flags = make_inputs(family, dtype=torch.bfloat16, T=8, K=big, V=64, h0=False)
     with pytest.raises(KdagenInputError) as info:
         fn(**x, **flags)
     msg = str(info.value)
     assert msg.startswith("q:") and f"= {big}" in msg, msg
-    assert f"up to {max(ops.SUPPORTED_HEAD_DIMS)}" in msg and "split the head" in msg
+    assert f"up to {max(ops.SUPPORTED_KEY_DIMS)}" in msg and "split the head" in msg
 
 
 # --- decode (kdagen.decode): the same padding; a pool of unbuilt dims goes through torch -----

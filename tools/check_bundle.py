@@ -54,6 +54,18 @@ NATIVE_SET = [
     ("kda_decode", dict(head_k_dim=64, head_v_dim=128, gate="softplus", state_pool=True,
                         value_split=4, state_v_first=True), NATIVE),
 ]
+
+# K = 256 (V = 128: a larger V runs in value parts) on the sm_90a native path, with the
+# lowering defaults that keep it free of spills (register_scan.k_split_for, sm90_native.
+# chunk_warpgroups, the tuning table)
+K256_SET = [
+    ("kda_fwd", dict(head_k_dim=256, head_v_dim=128, gate="softplus"), NATIVE),
+    ("kda_fwd", dict(head_k_dim=256, head_v_dim=128, gate="lower_bound", gva_ratio=2, varlen=True),
+     NATIVE),
+    ("kda_bwd", dict(head_k_dim=256, head_v_dim=128, gate="softplus"), NATIVE),
+    ("gdn_fwd", dict(head_k_dim=256, head_v_dim=128, gate="gdn_softplus"), NATIVE),
+    ("gdn_bwd", dict(head_k_dim=256, head_v_dim=128, gate="gdn_softplus"), NATIVE),
+]
 # What sm_100a and sm_120a would run, compiled for sm_90a so an H100/H200 checks it
 # (kdagen.driver.standin_lowering: the chip's pipeline, the portable path, its shared-memory
 # budget); each variant's name ends in "_as_<chip>".
@@ -113,11 +125,11 @@ def main(argv=None) -> int:
     ap.add_argument("out")
     ap.add_argument("--chips", default="sm_90a")
     ap.add_argument("--quick", action="store_true", help="forward variants only")
-    ap.add_argument("--set", default="default", choices=["default", "native", "standin"],
+    ap.add_argument("--set", default="default", choices=["default", "native", "standin", "k256"],
                     help="default: the portable variants (DEFAULT_SET); native: the sm_90a "
                          "native-path variants (NATIVE_SET); standin: what sm_100a and "
                          "sm_120a would run, compiled for sm_90a (STANDIN_PROGRAMS; use "
-                         "--chips sm_90a)")
+                         "--chips sm_90a); k256: K = 256 on the sm_90a native path (K256_SET)")
     ap.add_argument("--standin-chips", default=",".join(STANDIN_CHIPS),
                     help="the chips --set standin stands in for")
     ap.add_argument("--pipeline", default="stable", choices=["stable", "chip"],
@@ -132,7 +144,7 @@ def main(argv=None) -> int:
     if args.set == "standin":
         chosen = standin_set(tuple(args.standin_chips.split(",")))
     else:
-        chosen = NATIVE_SET if args.set == "native" else DEFAULT_SET
+        chosen = {"native": NATIVE_SET, "k256": K256_SET}.get(args.set, DEFAULT_SET)
     items = [it for it in chosen if not (args.quick and it[0].endswith("_bwd"))]
     if args.only:
         items = [it for it in items if args.only in f"{it[0]} {it[1]}"]

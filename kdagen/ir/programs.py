@@ -35,8 +35,8 @@ class ProgramOptionError(ValueError):
 # the chosen gate.
 DEFAULT_OPTIONS = {
     "chunk_size": (64, "chunk size C, one of 16, 32, 64, 128"),
-    "head_k_dim": (128, "key head dim K, 64 or 128"),
-    "head_v_dim": (128, "value head dim V, 64 or 128"),
+    "head_k_dim": (128, "key head dim K: 64, 128 or 256"),
+    "head_v_dim": (128, "value head dim V: 64 or 128 (a larger V runs as value parts)"),
     "gate": (None, "gate name (kdagen list); default 'softplus' (KDA) / 'gdn_softplus' (GDN)"),
     "gva_ratio": (1, "value heads per q/k head (HV // H)"),
     "dtype": ("bf16", "storage type of q, k, v, o (and of g, beta unless set below): bf16, fp16 or fp32"),
@@ -69,7 +69,11 @@ DEFAULT_OPTIONS = {
 RESIDUALS = ("res_kk", "res_Akk_inv")
 
 _CHUNKS = (16, 32, 64, 128)
-_HEAD_DIMS = (64, 128)
+#: key and value head dims a program is built for (kdagen.head_dims: the APIs run any other
+#: size up to the largest key dim on these, zero-padded, with V in parts of the largest value
+#: dim). V stops at 128: a [K, 256] fp32 state is 256 KB, more than a CTA holds
+_KEY_DIMS = (64, 128, 256)
+_VALUE_DIMS = (64, 128)
 _DTYPES = ("bf16", "fp16", "fp32")
 
 
@@ -102,8 +106,8 @@ def _resolve(family: str, options: dict) -> tuple[dict, Gate, dict]:
             raise ProgramOptionError(f"{name}: {opts[name]!r} is not one of {list(allowed)}")
 
     check("chunk_size", _CHUNKS)
-    check("head_k_dim", _HEAD_DIMS)
-    check("head_v_dim", _HEAD_DIMS)
+    check("head_k_dim", _KEY_DIMS)
+    check("head_v_dim", _VALUE_DIMS)
     check("dtype", _DTYPES)
     for name in ("gate_dtype", "beta_dtype"):
         if opts[name] is None:

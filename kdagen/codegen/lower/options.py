@@ -58,8 +58,11 @@ class LowerOptions:
     # where the scan allows it (register_scan._plan_k_split), 1 = off. Off by default: on the
     # H200 (kda B1_T8k_H16) 2 is slower, 3.05 vs 2.41 us per forward step and 5.01 vs 4.26 per
     # reverse step — both warpgroups share the SM's tensor cores (one warpgroup's TF32 step is
-    # already at their throughput), so the split only adds the exchange
-    scan_k_split: int = 1
+    # already at their throughput), so the split only adds the exchange. "auto": 2 where one
+    # warpgroup would hold more than 128 state rows (K = 256: its 256 x 64 fp32 slice is 128
+    # registers per thread, and the scans spilled 336-600 bytes at 232; split, none spill),
+    # else 1 (register_scan.k_split_for)
+    scan_k_split: int | str = "auto"
     # checkpoints of a register scan's carried value through a shared staging tile and TMA
     # stores (register_scan.StoreSlot); False: per-thread global stores (ablation)
     scan_tma_stores: bool = True

@@ -478,6 +478,7 @@ def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT,
     plan.depth = 2 if 2 * off + 32 <= smem_limit else 1
     if plan.smem_bytes > smem_limit:
         raise NoMatch(f"a ring stage of {off} bytes does not fit in shared memory")
+    k_split = k_split_for(k_split, K)
     if k_split > 1 and plan.warpgroups == 1:
         try:
             _plan_k_split(plan, carried, k_split)
@@ -508,6 +509,23 @@ def _plan_checkpoint_stores(plan: RegisterScanPlan, carried, smem_limit: int) ->
             continue
         plan.stores.append(st)
         end += st.nbytes
+
+
+#: state rows one consumer warpgroup holds at most under ``scan_k_split="auto"``: 128 x 64
+#: fp32 is 64 registers per thread, which the scans hold beside their operands at 232 without
+#: spilling; 256 rows (K = 256) spilled 336-600 bytes (ptxas, sm_90a)
+AUTO_SPLIT_ROWS = 128
+
+
+def k_split_for(option, K: int) -> int:
+    """Warpgroups splitting the state's K rows: ``option`` (LowerOptions.scan_k_split), or for
+    ``"auto"`` as many as keep each warpgroup at :data:`AUTO_SPLIT_ROWS` rows at most."""
+    if option == "auto":
+        return max(1, -(-K // AUTO_SPLIT_ROWS))
+    if not isinstance(option, int) or option < 1:
+        raise LoweringError(f"scan_k_split={option!r}: a positive number of warpgroups or "
+                            "'auto'")
+    return option
 
 
 def _plan_k_split(plan: RegisterScanPlan, carried, k: int) -> None:

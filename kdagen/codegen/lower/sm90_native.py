@@ -86,14 +86,23 @@ def ctas_per_sm(smem_bytes: int, target: Target) -> int:
     return max(1, min(MAX_CTAS_PER_SM, target.smem_per_sm // (smem_bytes + 1024)))
 
 
-def chunk_warpgroups(option, storage: str) -> int:
+#: key head dim above which ``chunk_warpgroups="auto"`` keeps two consumer warpgroups even
+#: where tile buffers spill: at four, each consumer thread has 96 registers, and K = 256's
+#: wider rows made the backward's dq kernel spill 632 bytes there (ptxas, sm_90a); at two
+#: (232 registers) nothing spills
+WIDE_KEY_DIM = 128
+
+
+def chunk_warpgroups(option, storage: str, key_dim: int = 128) -> int:
     """Consumer warpgroups of a chunk-parallel kernel: ``option`` (LowerOptions.chunk_warpgroups)
     or, for ``"auto"``, 4 where the kernel's tile buffers spill to the global scratch (its
     element loops wait on L2/HBM round trips: more warps per scheduler hide them; H200, kda_bwd
     B1_T8k_H16: the dq kernel 3.31 -> 2.81 ms, the dk/dv/dg kernel 6.38 -> 5.23 ms) and 2
-    where they all live in shared memory (4 measured no faster there: 0.81 -> 0.82 ms)."""
+    where they all live in shared memory (4 measured no faster there: 0.81 -> 0.82 ms), or
+    where the key head dim is above :data:`WIDE_KEY_DIM` (four spill registers there)."""
     if option == "auto":
-        return 4 if storage in ("hybrid", "global") else 2
+        spills = storage in ("hybrid", "global")
+        return 4 if spills and key_dim <= WIDE_KEY_DIM else 2
     if option not in CONSUMER_WARPGROUPS:
         raise LoweringError(f"chunk_warpgroups={option}: the sm_90a native path runs "
                             f"{', '.join(map(str, CONSUMER_WARPGROUPS))} or 'auto' consumer "
@@ -497,7 +506,8 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
         registers at the 168 its launch bounds give)."""
         for capability in CAPABILITIES:
             target.require(capability, "the native warp-specialised lowering (wgmma + TMA)")
-        warpgroups = (chunk_warpgroups(opts.chunk_warpgroups, warpgroup_storage or storage)
+        warpgroups = (chunk_warpgroups(opts.chunk_warpgroups, warpgroup_storage or storage,
+                                       int(program.attrs.get("head_k_dim", 128)))
                       if group.parallel else 1)
         super().__init__(program, group, plan, storage,
                          replace(opts, dot=opts.dot if opts.dot == "auto" else layout.precision,

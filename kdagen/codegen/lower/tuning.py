@@ -6,7 +6,8 @@ of 8 the backward's dk/dv/dg kernel (k4) of kda_bwd runs faster and, at K = V = 
 spills, while every other kernel of the program runs slower (the dq kernel k2 +10%, the
 forward's output kernel +29% at K = 128). The static cost model predicts the opposite for k4
 (its loads overlap less), so the choice is a measurement, recorded here with its evidence, not
-a rule.
+a rule. An entry may also rest on ptxas alone (a kernel that spills registers at the
+default and not with the entry), saying so.
 
 An entry names the chip, the lowering path (``sm90-native``, ``portable``), the program, its
 head dims (K, V) and the kernel (``k<index>_<label>`` as `kdagen.codegen.lower.kernel.prepare`
@@ -41,6 +42,9 @@ TUNED: tuple[TunedKernel, ...] = (
     TunedKernel("sm_90a", "sm90-native", "kda_bwd", (64, 64), "k4_scan4", (("load_batch", 2),),
                 "H100, B1_T8k_H16, one process: 763 -> 743 us, and its 8-byte spill gone "
                 "(bench/results/h100_stop41_load_batch_k64.log)"),
+    TunedKernel("sm_90a", "sm90-native", "kda_bwd", (256, 128), "k4_scan4", (("load_batch", 2),),
+                "ptxas (sm_90a, not timed): 60 bytes spilled at load_batch 8, 56 at 4, none at "
+                "2 (bench/results/cpu_ptxas_k256_kda_bwd_load_batch.log)"),
 )
 
 _DEFAULTS = {f.name: f.default for f in fields(LowerOptions)}
