@@ -34,6 +34,14 @@ GPU_CASES = {
     "kda_precomputed_noh0": dict(family="kda", T=4096, H=2, HV=2, h0=False),
     "gdn_T64": dict(family="gdn", T=64, H=1, HV=1),
     "gdn_varlen_gva2": dict(family="gdn", lengths=[1, 63, 65, 1000], H=2, HV=4, K=128, V=128),
+    # head dims (issue 16): zero-padded to the built ones, V past 128 in value parts, K = 256
+    "dims_kda_K60_V100": dict(family="kda", T=130, H=1, HV=2, K=60, V=100, gate="softplus",
+                              beta_sigmoid=True),
+    "dims_kda_K256_V256_varlen": dict(family="kda", lengths=[1, 65, 300], H=1, HV=1, K=256,
+                                      V=256, gate="softplus", beta_sigmoid=True),
+    "dims_gdn_K100": dict(family="gdn", T=200, H=1, HV=1, K=100, V=100),
+    "dims_gdn_K128_V256_gva2": dict(family="gdn", T=129, H=1, HV=2, K=128, V=256),
+    "dims_gdn_K256": dict(family="gdn", T=300, H=2, HV=2, K=256, V=128),
 }
 
 
@@ -102,10 +110,14 @@ def test_gpu_compile_matches_eager():
 # ------------------------------------------------------------------------------------------
 
 
-def variants_used() -> list:
+def variants_used(only: str | None = None) -> list:
+    """Every variant these tests use; with ``only``, those of the GPU_CASES whose name contains
+    it (nothing else)."""
     from kdagen.runtime.backends import recording
     with recording("cpu") as rec:
         for name, spec in GPU_CASES.items():
+            if only is not None and only not in name:
+                continue
             for dtype in (torch.bfloat16, torch.float16):
                 spec2 = dict(spec)
                 family = spec2.pop("family")
@@ -113,6 +125,8 @@ def variants_used() -> list:
                 fn = kdagen.chunk_kda if family == "kda" else kdagen.chunk_gated_delta_rule
                 o, ht = fn(**x, **flags)
                 (o.float().sum() + ht.sum()).backward()
+        if only is not None:
+            return rec.variants()
         x, flags = make_inputs("kda", dtype=torch.bfloat16, lengths=[10, 100, 30], H=1, HV=2,
                                gate="softplus", beta_sigmoid=True)
         o, ht = kdagen.chunk_kda(**x, **flags)
@@ -127,7 +141,9 @@ if __name__ == "__main__":
     import sys
 
     from gpu_bundle import write_variants_bundle
-    write_variants_bundle(variants_used(), sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "sm_90a")
+    # python tests/test_api_gpu.py DIR [CHIP [NAME_PART]]: NAME_PART keeps the cases naming it
+    write_variants_bundle(variants_used(sys.argv[3] if len(sys.argv) > 3 else None), sys.argv[1],
+                          sys.argv[2] if len(sys.argv) > 2 else "sm_90a")
 
 
 def _training_step(static, names, flags):
