@@ -51,6 +51,7 @@ from torch import Tensor
 
 from kdagen import compiler_hooks  # noqa: F401  (registers the CPU executor and compile-on-demand)
 from kdagen import head_dims
+from kdagen.target import TARGETS, get_target
 from kdagen.runtime import backends
 from kdagen.runtime.backends import OutSpec
 from kdagen.validation import KdagenInputError, validate_inputs
@@ -66,15 +67,33 @@ SUPPORTED_KEY_DIMS = head_dims.KEY_DIMS
 SUPPORTED_VALUE_DIMS = head_dims.VALUE_DIMS
 
 
+#: the largest key dim at which every chip takes every value dim: calls up to it need no
+#: device lookup (torch.compile traces them as constants)
+_EVERY_CHIP_UP_TO = max(K for K in SUPPORTED_KEY_DIMS
+                        if all(head_dims.value_dims_for(K, t) == SUPPORTED_VALUE_DIMS
+                               for t in TARGETS.values()))
+
+
 def value_dims(K: int, device) -> tuple:
     """The value dims the kernels for key dim ``K`` (run at the next built key dim) are built
     with on ``device``'s chip (all of them off CUDA): kdagen.head_dims.value_dims_for."""
-    if torch.device(device).type != "cuda":
+    if K <= _EVERY_CHIP_UP_TO:
         return SUPPORTED_VALUE_DIMS
+    device = device if isinstance(device, torch.device) else torch.device(device)
+    if device.type != "cuda":
+        return SUPPORTED_VALUE_DIMS
+    return _cuda_value_dims(K, device.index)
+
+
+@torch.compiler.assume_constant_result
+def _cuda_value_dims(K: int, index) -> tuple:
     from kdagen.runtime.chips import chip_for_device
-    from kdagen.target import get_target
-    built = min((d for d in SUPPORTED_KEY_DIMS if d >= K), default=K)
-    return head_dims.value_dims_for(built, get_target(chip_for_device(device)))
+    built = K
+    for d in sorted(SUPPORTED_KEY_DIMS, reverse=True):
+        if d >= K:
+            built = d
+    chip = chip_for_device(index if index is not None else torch.cuda.current_device())
+    return head_dims.value_dims_for(built, get_target(chip))
 
 
 def value_dims_of(q, v) -> tuple:

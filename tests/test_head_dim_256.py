@@ -159,3 +159,19 @@ def test_k256_decode_on_the_cpu_matches_the_chunked_reference(family):
                         use_qk_l2norm_in_kernel=True)
     assert o.shape == (B, T, HV, V) and ht.shape == (B, HV, K, V)
     assert R.rel_err(o, o_ref) < 1e-5 and R.rel_err(ht, ht_ref) < 1e-5
+
+
+def test_value_dims_up_to_k128_ask_no_device():
+    """Every chip takes V = 64 and 128 up to K = 128, so those calls read no device (a
+    torch.compile'd call traces them as constants; the device lookup of K = 256 once broke
+    fullgraph compilation on the H100): a CUDA device that does not exist here is never
+    touched."""
+    assert ops._EVERY_CHIP_UP_TO == 128
+    for K in (32, 64, 100, 128):
+        assert ops.value_dims(K, "cuda:7") == (64, 128)
+    assert ops.value_dims(256, "cpu") == (64, 128)
+
+    def step(q, v):
+        return q * max(ops.value_dims_of(q, v))
+    out = torch.compile(step, fullgraph=True)(torch.ones(1, 2, 1, 256), torch.ones(1, 2, 1, 64))
+    assert torch.equal(out, torch.full((1, 2, 1, 256), 128.0))
