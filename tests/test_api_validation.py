@@ -64,16 +64,16 @@ def test_shapes():
 def test_unsupported_head_dims():
     """K past the largest built size (smaller ones run zero-padded, a larger V in parts:
     tests/test_head_dims.py)."""
-    expect(kdagen.chunk_kda, valid(q=torch.randn(B, T, H, 256, dtype=torch.bfloat16),
-                                   k=torch.randn(B, T, H, 256, dtype=torch.bfloat16),
-                                   g=-torch.rand(B, T, HV, 256), initial_state=None),
-           "q", "K = 256", "up to 128", "[64, 128]")
+    expect(kdagen.chunk_kda, valid(q=torch.randn(B, T, H, 320, dtype=torch.bfloat16),
+                                   k=torch.randn(B, T, H, 320, dtype=torch.bfloat16),
+                                   g=-torch.rand(B, T, HV, 320), initial_state=None),
+           "q", "K = 320", "up to 256", "[64, 128, 256]")
     # the decode API likewise (a larger V runs in parts there too)
     from kdagen.decode import fused_recurrent_kda
-    expect(fused_recurrent_kda, valid(q=torch.randn(B, T, H, 256, dtype=torch.bfloat16),
-                                      k=torch.randn(B, T, H, 256, dtype=torch.bfloat16),
-                                      g=-torch.rand(B, T, HV, 256), initial_state=None),
-           "q", "K = 256", "up to 128")
+    expect(fused_recurrent_kda, valid(q=torch.randn(B, T, H, 320, dtype=torch.bfloat16),
+                                      k=torch.randn(B, T, H, 320, dtype=torch.bfloat16),
+                                      g=-torch.rand(B, T, HV, 320), initial_state=None),
+           "q", "K = 320", "up to 256")
 
 
 def test_devices():

@@ -17,7 +17,7 @@ def test_defaults():
 
 
 @pytest.mark.parametrize("opts, match", [
-    (dict(head_k_dim=96), r"head_k_dim: 96 is not one of \[64, 128\]"),
+    (dict(head_k_dim=96), r"head_k_dim: 96 is not one of \[64, 128, 256\]"),
     (dict(head_v_dim=32), r"head_v_dim: 32 is not one of \[64, 128\]"),
     (dict(chunk_size=48), r"chunk_size: 48 is not one of"),
     (dict(dtype="fp8"), r"dtype: 'fp8'"),

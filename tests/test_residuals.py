@@ -179,7 +179,7 @@ def test_emit_lists_the_residual_pair_by_default():
     assert len(both) == 2 * len(plain)
     seen = {}
 
-    def spy(ops, head_dim, gate, decode=False, residuals=True):
+    def spy(ops, head_dim, gate, decode=False, residuals=True, target=None):
         seen["residuals"] = residuals
         raise ValueError("spy: stop before compiling")
     for flag, expected in (([], True), (["--no-residuals"], False)):
