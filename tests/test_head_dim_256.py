@@ -175,3 +175,25 @@ def test_value_dims_up_to_k128_ask_no_device():
         return q * max(ops.value_dims_of(q, v))
     out = torch.compile(step, fullgraph=True)(torch.ones(1, 2, 1, 256), torch.ones(1, 2, 1, 64))
     assert torch.equal(out, torch.full((1, 2, 1, 256), 128.0))
+
+
+def test_emit_gives_each_chip_its_k256_variants(monkeypatch):
+    """``kdagen emit --head-dim 256`` for sm_90a and sm_120a: one write_bundle pass per set of
+    head dims, the first replacing the folder's bundle and the next extending it; sm_90a's
+    programs at V = 128, sm_120a's at V = 64. (write_bundle is spied: nothing compiles.)"""
+    pytest.importorskip("kdagen._mlir")
+    from kdagen import emit
+    from kdagen.target import get_target
+    calls = []
+
+    def spy(out_dir, variants, targets, **kw):
+        calls.append(([t.chip for t in targets], {(o["head_k_dim"], o["head_v_dim"])
+                                                  for _, o in variants}, kw["replace"]))
+        return {"report": [{"kernel": "k", "chip": targets[0].chip}], "timing": {"total": 1.0}}
+    monkeypatch.setattr(emit, "write_bundle", spy)
+    timing = {}
+    rows = emit.emit_programs("unused", [get_target("sm_90a"), get_target("sm_120a")], ["kda"],
+                              head_dim="128,256", timing=timing)
+    assert calls == [(["sm_90a"], {(128, 128), (256, 128)}, True),
+                     (["sm_120a"], {(128, 128), (256, 64)}, False)]
+    assert [r["chip"] for r in rows] == ["sm_90a", "sm_120a"] and timing["total"] == 2.0
