@@ -37,12 +37,15 @@ def main(argv=None) -> None:
     ap.add_argument("--warmup", type=int, default=5,
                     help="unprofiled calls first (0 with --calls 1: one call, e.g. under ncu)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--head-dim", type=int, default=128,
+                    help="K = V (the bundle must hold it: emit_bench_bundle.py --head-dim); at "
+                         "256 the call runs in value parts")
     a = ap.parse_args(argv)
     os.environ["KDAGEN_BUNDLE"] = a.bundle
     import torch
 
     from kdagen.benchmark import call, host_enqueue_ms, implementations, make_inputs
-    x, kw, _ = make_inputs(a.op, 1, 8192, 16, 16, None, "cuda")
+    x, kw, _ = make_inputs(a.op, 1, 8192, 16, 16, None, "cuda", head_dim=a.head_dim)
     fn = implementations(a.op, fla=False)["kdagen"]
     grad = a.mode == "fwdbwd"
 
