@@ -24,10 +24,10 @@ import torch.nn.functional as F
 
 from kdagen.validation import KdagenInputError
 
-__all__ = ["HeadPad", "plan", "UNPADDED", "value_parts"]
+__all__ = ["HeadPad", "plan", "UNPADDED", "value_parts", "next_built"]
 
 
-def _next_built(n: int, built: tuple) -> int | None:
+def next_built(n: int, built: tuple) -> int | None:
     fits = [d for d in sorted(built) if d >= n]
     return fits[0] if fits else None
 
@@ -46,14 +46,14 @@ def plan(K: int, V: int, key_built: tuple, value_built: tuple | None = None) -> 
     one is larger than every built size."""
     value_built = key_built if value_built is None else value_built
     for name, what, n, built in (("q", "K", K, key_built), ("v", "V", V, value_built)):
-        if _next_built(n, built) is None:
+        if next_built(n, built) is None:
             largest = max(built)
             raise KdagenInputError(
                 f"{name}: head dim {what} = {n} is not supported; kdagen's kernels take "
                 f"{what} up to {largest} (any size up to it: the kernels for "
                 f"{sorted(built)} run it with zero-padded channels); split the head into "
                 f"heads of at most {largest}")
-    return HeadPad(K, V, _next_built(K, key_built), _next_built(V, value_built))
+    return HeadPad(K, V, next_built(K, key_built), next_built(V, value_built))
 
 
 @dataclass(frozen=True)

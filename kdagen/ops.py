@@ -50,7 +50,7 @@ import torch
 from torch import Tensor
 
 from kdagen import compiler_hooks  # noqa: F401  (registers the CPU executor and compile-on-demand)
-from kdagen import head_dims
+from kdagen import head_dims, head_pad
 from kdagen.target import TARGETS, get_target
 from kdagen.runtime import backends
 from kdagen.runtime.backends import OutSpec
@@ -88,10 +88,7 @@ def value_dims(K: int, device) -> tuple:
 @torch.compiler.assume_constant_result
 def _cuda_value_dims(K: int, index) -> tuple:
     from kdagen.runtime.chips import chip_for_device
-    built = K
-    for d in sorted(SUPPORTED_KEY_DIMS, reverse=True):
-        if d >= K:
-            built = d
+    built = head_pad.next_built(K, SUPPORTED_KEY_DIMS) or K
     chip = chip_for_device(index if index is not None else torch.cuda.current_device())
     return head_dims.value_dims_for(built, get_target(chip))
 

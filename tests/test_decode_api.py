@@ -20,7 +20,7 @@ from kdagen.validation import KdagenInputError
 K = V = 64
 
 
-def _inputs(family, B, T, H=1, HV=2, seed=0, varlen_lengths=None):
+def _inputs(family, B, T, H=1, HV=2, seed=0, varlen_lengths=None, K=K, V=V):
     gen = torch.Generator().manual_seed(seed)
     if varlen_lengths is not None:
         B, T = 1, sum(varlen_lengths)

@@ -141,16 +141,10 @@ def test_k256_v256_on_the_cpu_matches_the_reference(family):
 def test_k256_decode_on_the_cpu_matches_the_chunked_reference(family):
     """The decode ops at K = V = 256 (V in two parts of 128) on the CPU executor."""
     pytest.importorskip("kdagen._mlir")
-    gen = torch.Generator().manual_seed(5)
+    from test_decode_api import _inputs
     B, T, H, HV, K, V = 2, 3, 1, 2, 256, 256
-
-    def rnd(*shape, s=1.0):
-        return torch.randn(*shape, generator=gen) * s
-    x = dict(q=rnd(B, T, H, K), k=rnd(B, T, H, K), v=rnd(B, T, HV, V),
-             beta=torch.rand(B, T, HV, generator=gen))
-    x["g"] = (-torch.rand(B, T, HV, K, generator=gen) * 0.5 if family == "kda"
-              else -torch.rand(B, T, HV, generator=gen) * 0.5)
-    h0 = rnd(B, HV, K, V, s=0.3)
+    x = _inputs(family, B, T, H=H, HV=HV, seed=5, K=K, V=V)
+    h0 = torch.randn(B, HV, K, V, generator=torch.Generator().manual_seed(6)) * 0.3
     fn = kdagen.fused_recurrent_kda if family == "kda" else kdagen.fused_recurrent_gated_delta_rule
     o, ht = fn(**x, initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True)
     ref = R.chunk_kda if family == "kda" else R.chunk_gated_delta_rule
