@@ -92,6 +92,9 @@ def main(argv=None) -> int:
                          "(LowerOptions.staging_buffers)")
     ap.add_argument("--tensormap-params", default=None, choices=["global", "grid_constant"],
                     help="how TMA kernels receive tensor maps (LowerOptions.tensormap_params)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="any LowerOptions field (repeatable), e.g. --set chunk_ctas_per_sm=2; "
+                         "parsed as `kdagen emit --lower` parses it")
     ap.add_argument("--programs", default=None,
                     help="only these programs (comma-separated, e.g. kda_fwd)")
     ap.add_argument("--configs", default=None,
@@ -99,6 +102,11 @@ def main(argv=None) -> int:
     ap.add_argument("--head-dim", type=int, default=128,
                     help="K = V of the recorded calls (kdagen bench --head-dim)")
     args = ap.parse_args(argv)
+    from kdagen.codegen.lower.options import parse_lower_option
+    try:
+        extra = dict(parse_lower_option(text) for text in args.set)
+    except ValueError as e:
+        ap.error(f"--set: {e}")
     from kdagen.bundle_writer import write_bundle
     from kdagen.runtime.bundle import variant_name
     if args.chunk_size is not None:
@@ -142,6 +150,7 @@ def main(argv=None) -> int:
         if args.staging_buffers is not None:
             sb = args.staging_buffers
             lower["staging_buffers"] = int(sb) if sb.isdigit() else sb
+        lower.update(extra)
         write_bundle(args.out, [(program, options, lower, variant_name(program, options))],
                      [args.chip])
         print(f"{program} {options} ({time.time() - start:.1f} s)", flush=True)

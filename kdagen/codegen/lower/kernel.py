@@ -116,10 +116,17 @@ def prepare(program: Program, target: Target | None, prefix: str,
             out.append(PreparedKernel(kname, g, em, "none", launch))
             continue
         nat = native_path(target) if opts.path == "native" else None
+        # the tuning table's options of this kernel (before planning: chunk_ctas_per_sm sets
+        # the plan's shared-memory budget)
+        kopts, tuned = tuning.tuned_options(
+            opts, target.chip if target is not None else "",
+            nat.PATH_NAME if nat is not None else "portable", program.name,
+            (int(program.attrs.get("head_k_dim", 0)), int(program.attrs.get("head_v_dim", 0))),
+            tuning.kernel_label(g.index, g.label))
         plan, native, storage, budget, need, keep_lazy = _settled_plan(
-            program, g, target, opts, nat, kname, in_place=False)
+            program, g, target, kopts, nat, kname, in_place=False)
         spilling, in_place = storage, False
-        if storage != "smem" and opts.in_place:
+        if storage != "smem" and kopts.in_place:
             # where buffers spill to the global scratch: results sharing an operand's buffer
             # (storage._share_in_place), with the same values re-evaluated and the same step
             # order, kept when fewer reads go to the global scratch (re-planned from scratch, the
@@ -127,18 +134,12 @@ def prepare(program: Program, target: Target | None, prefix: str,
             # report; fewer bytes spilled can still mean more reads of them)
             # (eager_sums: also with sums of products materialised where made, kept where that
             # reads less again)
-            for eager in ((False, True) if opts.eager_sums else (False,)):
-                shared = _plan_group(program, g, target, opts, nat, kname, keep_lazy, True,
+            for eager in ((False, True) if kopts.eager_sums else (False,)):
+                shared = _plan_group(program, g, target, kopts, nat, kname, keep_lazy, True,
                                      eager)
                 if shared[0].global_reads() < plan.global_reads():
                     plan, native, storage, budget, need = shared
                     in_place = True
-        # the tuning table's options of this kernel (emission only: the plan is settled)
-        kopts, tuned = tuning.tuned_options(
-            opts, target.chip if target is not None else "",
-            nat.PATH_NAME if native is not None else "portable", program.name,
-            (int(program.attrs.get("head_k_dim", 0)), int(program.attrs.get("head_v_dim", 0))),
-            tuning.kernel_label(g.index, g.label))
         if native is not None:
             used = (REDUCE_SLOTS_BYTES + plan.smem_bytes) if storage in ("smem", "hybrid") else 0
             native.base = -(-used // 1024) * 1024
@@ -214,6 +215,11 @@ def _plan_group_with(program: Program, g, target: Target | None, opts: LowerOpti
     """:func:`_plan_group` with ``staging_sets`` sets of wgmma staging tiles."""
     budget = (target.smem_per_block if target is not None else 227 * 1024) - opts.smem_reserve
     native = None
+    max_depth = 2
+    if nat is not None and g.parallel and target is not None:
+        shared = nat.chunk_budget(opts.chunk_ctas_per_sm, target)
+        if shared is not None:      # several CTAs per SM: each loads one chunk, one stage
+            budget, max_depth = min(budget, shared - opts.smem_reserve), 1
     if nat is not None:
         precision = nat.wgmma_precision(g, opts.dot, kname)
         single = nat.single_read_operands(g)
@@ -226,7 +232,8 @@ def _plan_group_with(program: Program, g, target: Target | None, opts: LowerOpti
                                 in_place=in_place, eager_sums=eager_sums)
             native = nat.plan_native(program, g, budget - REDUCE_SLOTS_BYTES,
                                      plan.total_bytes, precision, ring,
-                                     staging_sets=staging_sets, dot=opts.dot)
+                                     staging_sets=staging_sets, dot=opts.dot,
+                                     max_depth=max_depth)
             kept = frozenset(s.node for s in native.slots)
             if kept == ring:
                 break

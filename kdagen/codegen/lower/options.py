@@ -107,6 +107,13 @@ class LowerOptions:
     # soon after they are made (kdagen.codegen.lower.schedule: fewer tile buffers live at
     # once, less spilled to the global scratch); "program" keeps the IR order (ablation)
     chunk_schedule: str = "memory"
+    # resident CTAs per SM a chunk-parallel kernel on the native sm_90a path is planned for: 1
+    # (its tiles take the whole block budget, ~220 KB) or 2 (tile buffers, ring and staging
+    # within half an SM's shared memory, a one-stage ring -- each CTA loads one chunk, so a
+    # second stage is never filled -- two consumer warpgroups for "auto", what no longer fits
+    # moved to the global scratch): one CTA's TMA loads, barrier waits and global round trips
+    # then overlap the other's work (sm90_native.chunk_budget)
+    chunk_ctas_per_sm: int = 1
     # element-wise ops (materialisations, tile stores) get a barrier only where a later op
     # reads or overwrites what they touched (TileKernelEmitter.hazard); False: a barrier
     # after every op (ablation)

@@ -93,21 +93,41 @@ def ctas_per_sm(smem_bytes: int, target: Target) -> int:
 WIDE_KEY_DIM = 128
 
 
-def chunk_warpgroups(option, storage: str, key_dim: int = 128) -> int:
+def chunk_warpgroups(option, storage: str, key_dim: int = 128, ctas: int = 1) -> int:
     """Consumer warpgroups of a chunk-parallel kernel: ``option`` (LowerOptions.chunk_warpgroups)
     or, for ``"auto"``, 4 where the kernel's tile buffers spill to the global scratch (its
     element loops wait on L2/HBM round trips: more warps per scheduler hide them; H200, kda_bwd
     B1_T8k_H16: the dq kernel 3.31 -> 2.81 ms, the dk/dv/dg kernel 6.38 -> 5.23 ms) and 2
     where they all live in shared memory (4 measured no faster there: 0.81 -> 0.82 ms), or
-    where the key head dim is above :data:`WIDE_KEY_DIM` (four spill registers there)."""
+    where the key head dim is above :data:`WIDE_KEY_DIM` (four spill registers there), or
+    where the kernel is planned for ``ctas`` > 1 CTAs per SM (the other CTA's warps hide the
+    latency; at 4 warpgroups x 2 CTAs a consumer thread would get 48 registers)."""
     if option == "auto":
         spills = storage in ("hybrid", "global")
-        return 4 if spills and key_dim <= WIDE_KEY_DIM else 2
+        return 4 if spills and key_dim <= WIDE_KEY_DIM and ctas == 1 else 2
     if option not in CONSUMER_WARPGROUPS:
         raise LoweringError(f"chunk_warpgroups={option}: the sm_90a native path runs "
                             f"{', '.join(map(str, CONSUMER_WARPGROUPS))} or 'auto' consumer "
                             "warpgroups per chunk-parallel CTA")
     return option
+
+
+#: resident CTAs per SM a chunk-parallel kernel may be planned for (LowerOptions.chunk_ctas_per_sm)
+CHUNK_CTAS_PER_SM = (1, 2)
+
+
+def chunk_budget(ctas: int, target: Target) -> int | None:
+    """Shared-memory bytes one CTA of a chunk-parallel kernel may take so that ``ctas`` of them
+    reside on an SM (:func:`ctas_per_sm` then sizes its launch bounds and registers for them):
+    the SM's shared memory split ``ctas`` ways, less the 1 KB the system keeps per CTA; None
+    for one CTA (the block budget applies)."""
+    if ctas not in CHUNK_CTAS_PER_SM:
+        raise LoweringError(f"chunk_ctas_per_sm={ctas!r}: the sm_90a native path plans a "
+                            f"chunk-parallel kernel for {' or '.join(map(str, CHUNK_CTAS_PER_SM))} "
+                            "CTAs per SM")
+    if ctas == 1:
+        return None
+    return target.smem_per_sm // ctas - 1024
 
 
 def entry_registers(threads: int, ctas: int) -> int:
@@ -507,7 +527,8 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
         for capability in CAPABILITIES:
             target.require(capability, "the native warp-specialised lowering (wgmma + TMA)")
         warpgroups = (chunk_warpgroups(opts.chunk_warpgroups, warpgroup_storage or storage,
-                                       int(program.attrs.get("head_k_dim", 128)))
+                                       int(program.attrs.get("head_k_dim", 128)),
+                                       opts.chunk_ctas_per_sm)
                       if group.parallel else 1)
         super().__init__(program, group, plan, storage,
                          replace(opts, dot=opts.dot if opts.dot == "auto" else layout.precision,
