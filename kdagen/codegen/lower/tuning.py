@@ -42,6 +42,14 @@ TUNED: tuple[TunedKernel, ...] = (
     TunedKernel("sm_90a", "sm90-native", "kda_bwd", (64, 64), "k4_scan4", (("load_batch", 2),),
                 "H100, B1_T8k_H16, one process: 763 -> 743 us, and its 8-byte spill gone "
                 "(bench/results/h100_stop41_load_batch_k64.log)"),
+    # two CTAs per SM measured slower for every other chunk-parallel kernel of the four
+    # programs (kda_bwd's dk kernel 1663 -> 1955 us: what no longer fits half the shared memory
+    # goes to the global scratch); GDN's forward output kernel keeps its buffers within 92 KB
+    TunedKernel("sm_90a", "sm90-native", "gdn_fwd", (128, 128), "k2_scan2",
+                (("chunk_ctas_per_sm", 2),),
+                "H200, B1_T8k_H16, one process: 261 -> 230 us; GPU check 574 ok with every "
+                "chunk kernel at 2 CTAs (bench/results/h200_stop44_ab_chunk_ctas.log, "
+                "h200_stop44_gpu_check_native_chunk_ctas2.log)"),
     TunedKernel("sm_90a", "sm90-native", "kda_bwd", (256, 128), "k4_scan4", (("load_batch", 2),),
                 "ptxas (sm_90a, not timed): 60 bytes spilled at load_batch 8, 56 at 4, none at "
                 "2 (bench/results/cpu_ptxas_k256_kda_bwd_load_batch.log)"),
