@@ -65,6 +65,14 @@ estimate beside the latency one. The terms are collinear (kernels with more ops 
 more instructions and more barriers), so read the split with care: removing barriers from
 element-wise ops (``elide_barriers``) saved far less than 590 cycles each on the H200
 (kda_bwd's dk kernel, 133 -> 121 per CTA: 2166 -> 2151 µs, ~0.1 µs per barrier and CTA).
+
+A second resident CTA per SM (``LowerOptions.chunk_ctas_per_sm=2``) does not hide these
+terms: on the H200 (B1_T8k_H16, ``bench/results/h200_stop44_ab_chunk_ctas.log``) every
+chunk-parallel kernel whose buffers then spilled more to the global scratch got slower
+(kda_fwd's prologue 439 -> 477 µs, kda_bwd's dk kernel 1663 -> 1955), and the one whose
+buffers still fit in half the shared memory (gdn_fwd's output kernel, 6 -> 12 global rounds)
+gained 12% (261 -> 230 µs), not the ~2x that overlapping latency-bound CTAs would give: the
+thread-loop code is close to issue-bound, so the model keeps pricing one CTA at a time.
 """
 from __future__ import annotations
 
