@@ -42,6 +42,8 @@ GPU_CASES = {
     "dims_gdn_K100": dict(family="gdn", T=200, H=1, HV=1, K=100, V=100),
     "dims_gdn_K128_V256_gva2": dict(family="gdn", T=129, H=1, HV=2, K=128, V=256),
     "dims_gdn_K256": dict(family="gdn", T=300, H=2, HV=2, K=256, V=128),
+    "dims_kda_K32": dict(family="kda", T=100, H=1, HV=1, K=32, V=32, gate="softplus",
+                         beta_sigmoid=True),
 }
 
 

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Build, here (MLIR, no GPU), what a GPU call carries: the fla-core wheel (.whl) and kernel
+# bundles packed as .gpucarry/<name>.tar.xz (bench/gpu_run.sh unpacks them into .bundles/).
+# Both folders are git-ignored, so a fresh checkout runs this before its first GPU call.
+#
+#   bash bench/prepare_carry.sh JOB [JOB ...]        # jobs run in order, each one bundle
+#
+# Jobs:
+#   wheels      .whl: fla-core 0.6.0 and einops (FLA in the same process)
+#   first       the first kernel (KDAGEN_FIRST_KERNEL_BUNDLE=.bundles/first)
+#   api         every variant of tests/test_api_gpu.py (KDAGEN_BUNDLE=.bundles/api)
+#   bench       kdagen bench at B1_T8k_H16 and B1_T32k_H16, K = 128, the default lowering
+#   bench_k256  the same at K = V = 256 (kda)
+#   check       the GPU check's native set (python -m tools.gpu_check .bundles/check)
+#   fla_compat  FLA's chunked-op test matrix (KDAGEN_BUNDLE=.bundles/fla_compat; long)
+#   ab_k256     A/B candidates at K = 256: kda_bwd with chunk_warpgroups=4 load_batch=2
+#               (ptxas: its dq kernel no longer spills there; the cost model predicts its dk
+#               kernel 302 -> 249 us per CTA), against bench_k256
+#
+# Then, for example (carry [".whl", ".gpucarry"]):
+#   bash bench/gpu_run.sh 'KDAGEN_BUNDLE=.bundles/api python3 -m pytest -q tests/test_api_gpu.py'
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-.venv/bin/python}
+mkdir -p .bundles .gpucarry
+
+pack() {          # pack .bundles/$1 into .gpucarry/$1.tar.xz
+    tar -cJf ".gpucarry/$1.tar.xz" -C .bundles "$1"
+    du -h ".gpucarry/$1.tar.xz"
+}
+
+for job in "$@"; do
+    echo "== $job"
+    case "$job" in
+        wheels)
+            mkdir -p .whl
+            python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+                --implementation cp --platform manylinux_2_28_x86_64 \
+                --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+                -d .whl fla-core==0.6.0 einops ;;
+        first)
+            "$PY" -m kdagen.cli emit --op gate-cumsum --arch sm_90a -o .bundles/first
+            pack first ;;
+        api)
+            "$PY" tests/test_api_gpu.py .bundles/api sm_90a
+            pack api ;;
+        bench)
+            "$PY" bench/emit_bench_bundle.py .bundles/bench --path native \
+                --configs B1_T8k_H16,B1_T32k_H16
+            pack bench ;;
+        bench_k256)
+            "$PY" bench/emit_bench_bundle.py .bundles/bench_k256 --path native --head-dim 256 \
+                --configs B1_T8k_H16 --ops kda
+            pack bench_k256 ;;
+        check)
+            "$PY" -m tools.check_bundle .bundles/check --set native --pipeline chip \
+                --chips sm_90a
+            pack check ;;
+        fla_compat)
+            "$PY" tests/test_fla_compat.py .bundles/fla_compat sm_90a
+            pack fla_compat ;;
+        ab_k256)
+            "$PY" bench/emit_bench_bundle.py .bundles/ab_k256 --path native --head-dim 256 \
+                --configs B1_T8k_H16 --ops kda --set chunk_warpgroups=4 --set load_batch=2
+            pack ab_k256 ;;
+        *)
+            echo "unknown job: $job (see the header of $0)" >&2
+            exit 2 ;;
+    esac
+done
+du -sh .gpucarry
