@@ -143,10 +143,12 @@ def test_emit_programs_every_op_chip_and_head_dim(tmp_path, op, head_dim):
             # serial scans: one consumer warpgroup + the producer; chunk-parallel kernels (the
             # default chunk_warpgroups "auto"): four consumer warpgroups + the producer where
             # tile buffers spill to the global scratch (or fit only sharing buffers in place),
-            # else two
+            # else two; two as well where the tuning table plans it for 2 CTAs per SM
             spills = (kernel["launch"]["storage"] in ("hybrid", "global")
                       or kernel["launch"].get("shared_in_place", False))
-            threads = (640 if spills else 384) if kernel["launch"].get("parallel_chunks") else 256
+            two_ctas = kernel["launch"].get("tuned", {}).get("chunk_ctas_per_sm") == 2
+            threads = ((640 if spills and not two_ctas else 384)
+                       if kernel["launch"].get("parallel_chunks") else 256)
             assert kernel["launch"]["block"][0] == threads and kernel["launch"]["tensor_maps"]
         else:
             assert kernel["path"].startswith("portable"), (kernel["name"], kernel["path"])
