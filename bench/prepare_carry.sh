@@ -13,9 +13,11 @@
 #   bench_k256  the same at K = V = 256 (kda)
 #   check       the GPU check's native set (python -m tools.gpu_check .bundles/check)
 #   fla_compat  FLA's chunked-op test matrix (KDAGEN_BUNDLE=.bundles/fla_compat; long)
-#   ab_k256     A/B candidates at K = 256: kda_bwd with chunk_warpgroups=4 load_batch=2
-#               (ptxas: its dq kernel no longer spills there; the cost model predicts its dk
-#               kernel 302 -> 249 us per CTA), against bench_k256
+#   ab_k256     A/B candidates at K = 256 (bench/results/cpu_k256_chunk_options.log), against
+#               bench_k256: ab_k256_lb4 (load_batch=4: the cost model predicts kda_bwd's dk
+#               kernel 302 -> 242 us per CTA, with a 56-byte spill) and ab_k256_cw4
+#               (chunk_warpgroups=4 load_batch=2: dk 302 -> 249, a 172-byte spill; the dq
+#               kernel no longer spills there)
 #
 # Then, for example (carry [".whl", ".gpucarry"]):
 #   bash bench/gpu_run.sh 'KDAGEN_BUNDLE=.bundles/api python3 -m pytest -q tests/test_api_gpu.py'
@@ -60,9 +62,12 @@ for job in "$@"; do
             "$PY" tests/test_fla_compat.py .bundles/fla_compat sm_90a
             pack fla_compat ;;
         ab_k256)
-            "$PY" bench/emit_bench_bundle.py .bundles/ab_k256 --path native --head-dim 256 \
+            "$PY" bench/emit_bench_bundle.py .bundles/ab_k256_lb4 --path native --head-dim 256 \
+                --configs B1_T8k_H16 --ops kda --set load_batch=4
+            pack ab_k256_lb4
+            "$PY" bench/emit_bench_bundle.py .bundles/ab_k256_cw4 --path native --head-dim 256 \
                 --configs B1_T8k_H16 --ops kda --set chunk_warpgroups=4 --set load_batch=2
-            pack ab_k256 ;;
+            pack ab_k256_cw4 ;;
         *)
             echo "unknown job: $job (see the header of $0)" >&2
             exit 2 ;;
