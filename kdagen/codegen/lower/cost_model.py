@@ -69,8 +69,8 @@ element-wise ops (``elide_barriers``) saved far less than 590 cycles each on the
 A second resident CTA per SM (``LowerOptions.chunk_ctas_per_sm=2``) does not hide these
 terms: on the H200 (B1_T8k_H16, ``bench/results/h200_stop44_ab_chunk_ctas.log``) every
 chunk-parallel kernel whose buffers then spilled more to the global scratch got slower
-(kda_fwd's prologue 439 -> 477 µs, kda_bwd's dk kernel 1663 -> 1955), and the one whose
-buffers still fit in half the shared memory (gdn_fwd's output kernel, 6 -> 12 global rounds)
+(kda_fwd's prologue 439 -> 477 µs, kda_bwd's dk kernel 1663 -> 1955), and the one that
+spilled least (gdn_fwd's output kernel in 92 KB, 6 -> 12 global rounds per CTA)
 gained 12% (261 -> 230 µs), not the ~2x that overlapping latency-bound CTAs would give: the
 thread-loop code is close to issue-bound, so the model keeps pricing one CTA at a time.
 """

@@ -44,7 +44,8 @@ TUNED: tuple[TunedKernel, ...] = (
                 "(bench/results/h100_stop41_load_batch_k64.log)"),
     # two CTAs per SM measured slower for every other chunk-parallel kernel of the four
     # programs (kda_bwd's dk kernel 1663 -> 1955 us: what no longer fits half the shared memory
-    # goes to the global scratch); GDN's forward output kernel keeps its buffers within 92 KB
+    # goes to the global scratch); GDN's forward output kernel spills least there (92 KB,
+    # 6 -> 12 global round trips per CTA)
     TunedKernel("sm_90a", "sm90-native", "gdn_fwd", (128, 128), "k2_scan2",
                 (("chunk_ctas_per_sm", 2),),
                 "H200, B1_T8k_H16, one process: 261 -> 230 us; GPU check 574 ok with every "
