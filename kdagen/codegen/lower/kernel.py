@@ -215,12 +215,11 @@ def _plan_group_with(program: Program, g, target: Target | None, opts: LowerOpti
     """:func:`_plan_group` with ``staging_sets`` sets of wgmma staging tiles."""
     budget = (target.smem_per_block if target is not None else 227 * 1024) - opts.smem_reserve
     native = None
-    max_depth = 2
-    if nat is not None and g.parallel and target is not None:
-        shared = nat.chunk_budget(opts.chunk_ctas_per_sm, target)
+    if nat is not None:
+        max_depth = 2
+        shared = nat.chunk_budget(opts.chunk_ctas_per_sm, target) if g.parallel else None
         if shared is not None:      # several CTAs per SM: each loads one chunk, one stage
             budget, max_depth = min(budget, shared - opts.smem_reserve), 1
-    if nat is not None:
         precision = nat.wgmma_precision(g, opts.dot, kname)
         single = nat.single_read_operands(g)
         # tiles streamed into the ring are read from it (no fp32 copy); the ring may keep
