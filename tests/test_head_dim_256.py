@@ -65,14 +65,17 @@ def test_lowering_defaults_at_k256():
     assert chunk_warpgroups("auto", "smem", 256) == 2
     opts, applied = tuned_options(LowerOptions(), "sm_90a", "sm90-native", "kda_bwd", (256, 128),
                                   "k4_scan4")
-    assert applied == {"load_batch": 2} and opts.load_batch == 2
+    assert applied == {"chunk_warpgroups": 4, "load_batch": 2}
+    assert (opts.chunk_warpgroups, opts.load_batch) == (4, 2)
 
 
 @pytest.mark.parametrize("program", ["kda_fwd", "kda_bwd"])
 def test_k256_kernels_assemble_on_sm90a_without_spills(program):
     """Every kernel at K = 256, V = 128 under the default lowering: the register scans take the
     K split (2 x 128 consumer threads per 64 value columns), the chunk kernels two consumer
-    warpgroups, and ptxas spills nothing."""
+    warpgroups, and ptxas spills nothing -- except the one kernel the tuning table gives four
+    warpgroups (kda_bwd's dk kernel, measured 33% faster with its small spill), whose spill
+    stays within the 172 bytes the table's evidence records."""
     pytest.importorskip("kdagen._mlir")
     from kdagen.codegen import ptxas
     from kdagen.driver import DEFAULT_LOWERING, Compilation
@@ -84,14 +87,19 @@ def test_k256_kernels_assemble_on_sm90a_without_spills(program):
                     lower=DEFAULT_LOWERING).run("ptx")
     scans = [k for k in c.kernels if k.launch.get("path") == "sm90-register-scan"]
     chunks = [k for k in c.kernels if k.launch.get("parallel_chunks")]
-    # two consumer warpgroups + the producer, in the scans (K split) and the chunk kernels
-    assert scans and chunks and all(k.launch["block"] == [384, 1, 1] for k in scans + chunks), \
-        [(k.name, k.launch["block"]) for k in c.kernels]
+    tuned = {k.name for k in chunks if k.launch.get("tuned", {}).get("chunk_warpgroups") == 4}
+    assert tuned == ({"kda_bwd__k4_scan4"} if program == "kda_bwd" else set()), tuned
+    # two consumer warpgroups + the producer, in the scans (K split) and the chunk kernels;
+    # four + the producer in the tuned one
+    assert scans and chunks and all(
+        k.launch["block"] == ([640, 1, 1] if k.name in tuned else [384, 1, 1])
+        for k in scans + chunks), [(k.name, k.launch["block"]) for k in c.kernels]
     for k in c.kernels:
         res = ptxas.assemble(c.ptx[k.name], "sm_90a")
         assert res.ok, res.log
         (r,) = [v for name, v in res.resources.items() if name == k.name]
-        assert r.spills == 0, (k.name, res.log)
+        assert r.spill_stores <= (172 if k.name in tuned else 0), (k.name, res.log)
+        assert k.name in tuned or r.spills == 0, (k.name, res.log)
 
 
 @pytest.mark.parametrize("chip", ["sm_100a", "sm_120a"])

@@ -51,9 +51,15 @@ TUNED: tuple[TunedKernel, ...] = (
                 "H200, B1_T8k_H16, one process: 261 -> 230 us; GPU check 574 ok with every "
                 "chunk kernel at 2 CTAs (bench/results/h200_stop44_ab_chunk_ctas.log, "
                 "h200_stop44_gpu_check_native_chunk_ctas2.log)"),
-    TunedKernel("sm_90a", "sm90-native", "kda_bwd", (256, 128), "k4_scan4", (("load_batch", 2),),
-                "ptxas (sm_90a, not timed): 60 bytes spilled at load_batch 8, 56 at 4, none at "
-                "2 (bench/results/cpu_ptxas_k256_kda_bwd_load_batch.log)"),
+    # four consumer warpgroups at 96 registers spill 172 bytes per thread (ptxas), which the
+    # extra warps more than pay for; two warpgroups (the K > 128 default) spill nothing but
+    # leave each scheduler one warp of this issue-bound kernel
+    TunedKernel("sm_90a", "sm90-native", "kda_bwd", (256, 128), "k4_scan4",
+                (("chunk_warpgroups", 4), ("load_batch", 2)),
+                "H100, B1_T8k_H16, one process: 6199 -> 4169 us per value part, with a "
+                "172-byte register spill (bench/results/h100_stop45_ab_k256_chunk_options.log); "
+                "load_batch 2 alone: 60 bytes spilled at 8, none at 2 "
+                "(bench/results/cpu_ptxas_k256_kda_bwd_load_batch.log)"),
 )
 
 _DEFAULTS = {f.name: f.default for f in fields(LowerOptions)}
