@@ -189,6 +189,49 @@ def test_register_scan_kernel_assembles_for_sm90a(tmp_path, k_split):
     assert "0 bytes spill stores" in r.stderr
 
 
+@pytest.mark.skipif(shutil.which("ptxas") is None, reason="needs ptxas")
+@pytest.mark.parametrize("split", ["state", "all"])
+def test_a_split_doubles_the_products_whose_register_operand_it_splits(tmp_path, split):
+    """scan_a_split: each split product issues a lo and a hi wgmma per k block on the same B
+    descriptor; "state" splits only w·S (A = the carried state), "all" krᵀ·v' as well. The lo
+    part is x minus x's TF32 value (its dropped bits cleared by one and), rounded by the same
+    add of half a TF32 ulp. With the state rows split over two warpgroups nothing spills."""
+    import subprocess
+
+    from kdagen import driver
+    from kdagen.codegen.lower.kernel import lower_program
+    from kdagen.codegen.lower.options import LowerOptions
+    from kdagen.target import TARGETS
+    t = TARGETS["sm_90a"]
+    mod = driver.build_module("kda_fwd", {}, pipeline="chip", chip="sm_90a")
+    opts = LowerOptions(path="native", dot="bf16x3", scan_k_split=2, scan_a_split=split)
+    (k,) = [k for k in lower_program(mod, t, options=opts) if k.path == "sm90-register-scan"]
+    ptx = driver.ptx_of(k.module, t, k.name)
+    # per warpgroup, unsplit: 8 k-steps of w·S over its 64 state rows + 8 of krᵀ·v'
+    split_steps = 8 if split == "state" else 16
+    assert k.cost["counts"]["wgmma"] == 16 + split_steps
+    assert ptx.count("m64n64k8.f32.tf32.tf32") == 16 + split_steps
+    masks = re.findall(r"and\.b32\s+%r\d+, %r\d+, -8192;", ptx)
+    assert len(masks) == 4 * split_steps          # one per hi register (4 per k block)
+    (tmp_path / "k.ptx").write_text(ptx)
+    r = subprocess.run(["ptxas", "-arch=sm_90a", "-v", str(tmp_path / "k.ptx"), "-o",
+                        str(tmp_path / "k.cubin")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "0 bytes spill stores" in r.stderr
+
+
+def test_a_split_takes_only_its_three_values():
+    from kdagen import driver
+    from kdagen.codegen.lower.kernel import lower_program
+    from kdagen.codegen.lower.options import LowerOptions
+    from kdagen.codegen.lower.plan import LoweringError
+    from kdagen.target import TARGETS
+    mod = driver.build_module("kda_fwd", {}, pipeline="chip", chip="sm_90a")
+    with pytest.raises(LoweringError, match="scan_a_split: 'yes'; use 'off', 'state' or 'all'"):
+        lower_program(mod, TARGETS["sm_90a"], options=LowerOptions(path="native",
+                                                                    scan_a_split="yes"))
+
+
 @pytest.mark.parametrize("rows,cols", [(64, 128), (128, 64)])
 def test_k_split_slice_starts_are_the_operand_block_starts(rows, cols):
     """A K-split scan's warpgroup reads its K slice / N rows of a B tile from a shifted base with

@@ -103,6 +103,20 @@ def tf32_operand_bits(x: ir.Value) -> ir.Value:
     return arith.addi(bits, arith.constant(_i32(), TF32_HALF_ULP_BITS))
 
 
+#: the bits a TF32 operand keeps (sign, exponent, 10 mantissa bits)
+TF32_KEPT_BITS = -(1 << 13)        # 0xFFFFE000 as a signed i32
+
+
+def tf32_split_operand_bits(x: ir.Value) -> tuple:
+    """(hi, lo): ``x`` as two TF32 operand registers with hi + lo = x to ~22 bits: hi is x
+    rounded to TF32 (`tf32_operand_bits`, its dropped bits cleared so it is the value the
+    tensor core reads), lo the rest, rounded the same way. hi·b + lo·b recovers the product
+    with x's rounding error cut from 2^-11 to ~2^-22 relative (b's own rounding stays)."""
+    hi = arith.andi(tf32_operand_bits(x), arith.constant(_i32(), TF32_KEPT_BITS))
+    lo = arith.subf(x, llvm.bitcast(ir.F32Type.get(), hi))
+    return hi, tf32_operand_bits(lo)
+
+
 def round_tf32(x: ir.Value) -> ir.Value:
     """``x`` rounded to TF32 (`tf32_bits`) as an f32 value."""
     return llvm.bitcast(ir.F32Type.get(), tf32_bits(x))

@@ -81,6 +81,8 @@ def prepare(program: Program, target: Target | None, prefix: str,
     if opts.chunk_schedule not in ("memory", "program"):
         raise LoweringError(f"chunk_schedule: {opts.chunk_schedule!r} is not a schedule; use "
                             "'memory' or 'program'")
+    if opts.scan_a_split not in ("off", "state", "all"):
+        raise LoweringError(f"scan_a_split: {opts.scan_a_split!r}; use 'off', 'state' or 'all'")
     if opts.tensormap_params not in TENSORMAP_PARAMS:
         raise LoweringError(f"tensormap_params: {opts.tensormap_params!r}; use one of "
                             f"{', '.join(map(repr, TENSORMAP_PARAMS))}")

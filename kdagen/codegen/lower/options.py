@@ -73,6 +73,12 @@ class LowerOptions:
     # tensor cores busy, so overlapping them gains nothing and the reads hoisted before the
     # first product delay it
     scan_schedule: str = "program"
+    # which of a register scan's products take their register A operand as two TF32 parts,
+    # hi = tf32(x) and lo = tf32(x - hi), two wgmma per k block on the same B (~22 bits of A
+    # instead of 11, twice those products' tensor time): "state" (A is the carried state),
+    # "all", or "off". The serial scans' TF32 state products are what keep KDA's lower-bound
+    # dA_log at weak decay over the 1e-3 goal (docs/MATH.md §3)
+    scan_a_split: str = "off"
     # consumer warpgroups of a chunk-parallel kernel on the native sm_90a path (1, 2, 4 or
     # "auto": 4 where tile buffers spill to the global scratch, else 2; sm90_native.
     # chunk_warpgroups): the tile loops run on all of their threads (more warps per scheduler

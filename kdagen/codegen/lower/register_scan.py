@@ -44,7 +44,7 @@ from kdagen.target import Target
 
 from ..common import barrier as bar
 from ..common import smem as smem_mod
-from ..common.convert import tf32_operand_bits
+from ..common.convert import tf32_operand_bits, tf32_split_operand_bits
 from ..common.shuffle import shfl_idx
 from ..common.ints import IntVal, ival
 from ..common.kernel import Param
@@ -919,6 +919,7 @@ class RegisterScanEmitter(TileKernelEmitter):
         env = self.env
         env[body.args[0]] = c
         env[body.args[1]] = carried
+        self._carried_arg = body.args[1]
         self._c, self._stage_now = c, stage
         nodes = body.nodes[:-1]
         # checkpoints of the carried value go first: stored after the first product is issued,
@@ -1117,17 +1118,30 @@ class RegisterScanEmitter(TileKernelEmitter):
             base32 = base32 + slice_start(lay, "n", self.kpart, rows)
         # every A register is written before the fence: a register written between the fence
         # and the wgmma that reads it makes ptxas insert a wait before each wgmma (C7517)
-        a_regs = [[tf32_operand_bits(X.values[acc_reg_for_tf32_a(kb, j)]) for j in range(4)]
-                  for kb in range(Kd // TF32_K)]
-        self.cost.event("cvt.tf32", Kd // 2)
+        split = self.opts.scan_a_split
+        if split == "all" or (split == "state" and rhs is getattr(self, "_carried_arg", None)):
+            # hi and lo parts per k block, lo's product first (the smaller terms accumulate
+            # before the larger ones)
+            a_regs = []
+            for kb in range(Kd // TF32_K):
+                parts = [tf32_split_operand_bits(X.values[acc_reg_for_tf32_a(kb, j)])
+                         for j in range(4)]
+                a_regs.append(([lo for _, lo in parts], [hi for hi, _ in parts]))
+            self.cost.event("cvt.tf32", Kd)
+            self.cost.event("alu.f32", Kd)
+        else:
+            a_regs = [([tf32_operand_bits(X.values[acc_reg_for_tf32_a(kb, j)])
+                        for j in range(4)],) for kb in range(Kd // TF32_K)]
+            self.cost.event("cvt.tf32", Kd // 2)
         starts = [wgmma.operand_start_and_strides(lay, "b", True, 0, kb * TF32_K)
                   for kb in range(Kd // TF32_K)]
         _, lbo, sbo = starts[0]         # the same strides for every k block
         descs = wgmma.make_descriptors(base32, [st for st, _, _ in starts], lbo, sbo, SWIZZLE)
         wgmma.wgmma_fence(self.target)
-        for a, desc in zip(a_regs, descs):
-            acc = wgmma.wgmma_tf32_rs(self.target, acc, a, desc, rows)
-            self.cost.event("wgmma")
+        for parts, desc in zip(a_regs, descs):
+            for a in parts:
+                acc = wgmma.wgmma_tf32_rs(self.target, acc, a, desc, rows)
+                self.cost.event("wgmma")
         wgmma.wgmma_commit(self.target)
         self.cost.event("wgmma.commit")
         self._groups += 1
