@@ -67,6 +67,12 @@ def test_lowering_defaults_at_k256():
                                   "k4_scan4")
     assert applied == {"chunk_warpgroups": 4, "load_batch": 2}
     assert (opts.chunk_warpgroups, opts.load_batch) == (4, 2)
+    _, applied = tuned_options(LowerOptions(), "sm_90a", "sm90-native", "gdn_bwd", (256, 128),
+                               "k4_scan4")
+    assert applied == {"chunk_warpgroups": 4, "load_batch": 2}
+    _, applied = tuned_options(LowerOptions(), "sm_90a", "sm90-native", "gdn_bwd", (256, 128),
+                               "k2_scan2")
+    assert applied == {}
 
 
 @pytest.mark.parametrize("program", ["kda_fwd", "kda_bwd"])

@@ -60,6 +60,11 @@ TUNED: tuple[TunedKernel, ...] = (
                 "172-byte register spill (bench/results/h100_stop45_ab_k256_chunk_options.log); "
                 "load_batch 2 alone: 60 bytes spilled at 8, none at 2 "
                 "(bench/results/cpu_ptxas_k256_kda_bwd_load_batch.log)"),
+    TunedKernel("sm_90a", "sm90-native", "gdn_bwd", (256, 128), "k4_scan4",
+                (("chunk_warpgroups", 4), ("load_batch", 2)),
+                "H100, B1_T8k_H16, one process: 3894 -> 3009 us per value part, no spill "
+                "(bench/results/h100_stop45_call3_ab.log; every other GDN kernel at K = 256 "
+                "was slower on four warpgroups)"),
 )
 
 _DEFAULTS = {f.name: f.default for f in fields(LowerOptions)}
