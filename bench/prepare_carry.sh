@@ -11,7 +11,10 @@
 #   api         every variant of tests/test_api_gpu.py (KDAGEN_BUNDLE=.bundles/api)
 #   bench       kdagen bench at B1_T8k_H16 and B1_T32k_H16, K = 128, the default lowering
 #   bench_k256  the same at K = V = 256 (kda)
+#   bench_all   kdagen bench on every DESIGN.md §6 config, K = 128 (KDAGEN_BUNDLE=.bundles/bench_all;
+#               ~2.5 CPU minutes)
 #   check       the GPU check's native set (python -m tools.gpu_check .bundles/check)
+#   check_k256  the GPU check's K = 256 set (python -m tools.gpu_check .bundles/check_k256)
 #   fla_compat  FLA's chunked-op test matrix (KDAGEN_BUNDLE=.bundles/fla_compat; long)
 #   ab_k256     A/B candidates at K = 256 (bench/results/cpu_k256_chunk_options.log), against
 #               bench_k256: ab_k256_lb4 (load_batch=4: the cost model predicts kda_bwd's dk
@@ -54,6 +57,13 @@ for job in "$@"; do
             "$PY" bench/emit_bench_bundle.py .bundles/bench_k256 --path native --head-dim 256 \
                 --configs B1_T8k_H16 --ops kda
             pack bench_k256 ;;
+        bench_all)
+            "$PY" bench/emit_bench_bundle.py .bundles/bench_all --path native \
+                --configs B1_T8k_H16,B1_T32k_H16,B1_T32k_H32,B8_T4k_H32,varlen_mix_H16,gva_H4_HV16_T8k
+            pack bench_all ;;
+        check_k256)
+            "$PY" -m tools.check_bundle .bundles/check_k256 --set k256 --chips sm_90a
+            pack check_k256 ;;
         check)
             "$PY" -m tools.check_bundle .bundles/check --set native --pipeline chip \
                 --chips sm_90a
