@@ -14,6 +14,8 @@ Entry points: :func:`build_program`, :data:`PROGRAMS`, :func:`list_programs`,
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from typing import Callable
 
@@ -67,6 +69,18 @@ DEFAULT_OPTIONS = {
 #: prologue (+148 us) while the dq kernel that loaded it got slower (929 -> 996 us; H200,
 #: KDA B1_T8k_H16, bench/results/h200_residuals3_B1_T8k_H16.log)
 RESIDUALS = ("res_kk", "res_Akk_inv")
+
+#: kr = k ⊙ 2^(Γ_C − Γ) with its exponent written as suffix sums of the gate (True) instead of
+#: the difference of the chunk's last cumsum row and the cumsum (False). The value is the same;
+#: the derived backward differs: from the difference, the chunk-end gate's adjoint enters dG
+#: as +Σ_i x_i on the last row and −x_i on every row, and the reverse cumsum to dg computes
+#: Σ_{s<t} x_s as total minus suffix -- under a steep gate two large sums with a small
+#: difference (tools.rounding_attribution). From suffix sums the adjoint is that prefix sum
+#: itself. CPU evidence (stop 45; GDN, K = 128, T = 200, steep gate): the float32 program's
+#: dA_log 1.87e-2 -> 2.3e-3 (tools.program_precision); the simulated sm_90a kernels 4.6e-4 ->
+#: 2.6e-5, and with every product in fp32 FMA 3.2e-3 -> 1.6e-4 (tools.sim_check). Off until
+#: the GPU check of every program has run with it (it changes every kernel that computes kr).
+KR_FROM_SUFFIX_SUMS = False
 
 _CHUNKS = (16, 32, 64, 128)
 #: key and value head dims a program is built for (kdagen.head_dims: the APIs run any other
@@ -308,7 +322,13 @@ def _delta_rule_fwd(family: str, name: str, options: dict,
             kd = kn * eG                  # k ⊙ exp(Γ)
             ki = kn * exp2(-G)            # k ⊙ exp(−Γ)
             qd = qn * eG                  # q ⊙ exp(Γ)
-            kr = kn * exp2(G_C - G)       # k ⊙ exp(Γ_C − Γ)
+            if KR_FROM_SUFFIX_SUMS:
+                # Γ_C − Γ_i = Σ_{t>i} g_t·log2 e, summed as such (clamped ≤ 0 for the range
+                # analysis; the clamp changes no value: the sum of non-positive terms)
+                inc = g_valid * LOG2E
+                kr = kn * exp2(dsl.clamp(cumsum(inc, reverse=True) - inc, -math.inf, 0.0))
+            else:
+                kr = kn * exp2(G_C - G)       # k ⊙ exp(Γ_C − Γ)
             # -- WY/UT form: T = (I + Akk)^-1 diag(β);  w = T kd,  u = T v
             _kk = strict_tril(kd @ ki.T)
             Akk = _kk * beta[:, None]
