@@ -76,8 +76,10 @@ class LowerOptions:
     # which of a register scan's products take their register A operand as two TF32 parts,
     # hi = tf32(x) and lo = tf32(x - hi), two wgmma per k block on the same B (~22 bits of A
     # instead of 11, twice those products' tensor time): "state" (A is the carried state),
-    # "all", or "off". The serial scans' TF32 state products are what keep KDA's lower-bound
-    # dA_log at weak decay over the 1e-3 goal (docs/MATH.md §3)
+    # "all", or "off". Off: on the H100 (kda B1_T8k_H16, scan_k_split=2, where nothing spills)
+    # "state" took the lower-bound gate's weak-decay dA_log only from 3.11e-3 to 2.48e-3 and the
+    # scans from 209 to 340 us (fwd) and 491 to 648 us (reverse)
+    # (bench/results/h100_stop45_call3_checks.log, h100_stop45_call3_ab.log; docs/MATH.md §3)
     scan_a_split: str = "off"
     # consumer warpgroups of a chunk-parallel kernel on the native sm_90a path (1, 2, 4 or
     # "auto": 4 where tile buffers spill to the global scratch, else 2; sm90_native.
