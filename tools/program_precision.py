@@ -27,9 +27,11 @@ GATES = {"kda": "softplus", "gdn": "gdn_softplus"}
 _STRONG_SHIFT = -3.0
 
 
-def errors(family: str, T: int, head_dim: int, g_raw_shift: float, chip: str,
-           seed: int = 0) -> dict:
-    """{dtype name: {gradient: rel_err}} for the final backward program of ``family``."""
+def steep_backward(family: str, T: int, head_dim: int, g_raw_shift: float, chip: str,
+                   seed: int = 0) -> tuple:
+    """(the final backward module of ``family``, its inputs -- the case's and random do, dht
+    -- and {gradient: autograd of the float64 per-token reference}) at the GPU check's steep
+    gate shifted to ``g_raw_shift``."""
     case = make_case(family, gate=GATES[family], B=1, T=T, H=1, HV=1, K=head_dim, V=head_dim,
                      decay="strong", seed=seed)
     case.inputs["g_raw"] = case.inputs["g_raw"] + (g_raw_shift - _STRONG_SHIFT)
@@ -42,10 +44,16 @@ def errors(family: str, T: int, head_dim: int, g_raw_shift: float, chip: str,
     if case.options["output_final_state"]:
         dht = torch.randn(ht_ref.shape, generator=gen, dtype=torch.float64)
         extra["dht"] = dht
-    ref = case.reference_grads(extra["do"], dht)
+    return module, dict(case.inputs, **extra), case.reference_grads(extra["do"], dht)
+
+
+def errors(family: str, T: int, head_dim: int, g_raw_shift: float, chip: str,
+           seed: int = 0) -> dict:
+    """{dtype name: {gradient: rel_err}} for the final backward program of ``family``."""
+    module, inputs, ref = steep_backward(family, T, head_dim, g_raw_shift, chip, seed)
     out = {}
     for dtype in (torch.float64, torch.float32):
-        got = interpreter.run(module, dict(case.inputs, **extra), dtype=dtype)
+        got = interpreter.run(module, inputs, dtype=dtype)
         out[str(dtype).removeprefix("torch.")] = {
             k: rel_err(got[k].double(), ref[k]) for k in ref if k in got}
     return out

@@ -22,16 +22,13 @@ suffix, two large sums, where the exact result sum_{s<t} x_s is small (docs/MATH
 from __future__ import annotations
 
 import argparse
-import math
 
 import torch
 
 from kdagen import interpreter
-from kdagen.driver import build_module
-from kdagen.ir.testing import make_case
 from kdagen.reference import rel_err
 
-from .program_precision import _STRONG_SHIFT, GATES
+from .program_precision import GATES, steep_backward
 
 
 class RoundingProbe:
@@ -39,20 +36,8 @@ class RoundingProbe:
 
     def __init__(self, family: str, T: int, head_dim: int, g_raw_shift: float, chip: str,
                  seed: int = 0):
-        case = make_case(family, gate=GATES[family], B=1, T=T, H=1, HV=1, K=head_dim,
-                         V=head_dim, decay="strong", seed=seed)
-        case.inputs["g_raw"] = case.inputs["g_raw"] + (g_raw_shift - _STRONG_SHIFT)
-        case.inputs["A_log"] = torch.full_like(case.inputs["A_log"], math.log(16.0))
-        self.module = build_module(f"{family}_bwd", dict(case.options), "chip", chip)
-        o_ref, ht_ref = case.reference()
-        gen = torch.Generator().manual_seed(seed + 1)
-        self.inputs = dict(case.inputs)
-        self.inputs["do"] = torch.randn(o_ref.shape, generator=gen, dtype=torch.float64)
-        dht = None
-        if case.options["output_final_state"]:
-            dht = torch.randn(ht_ref.shape, generator=gen, dtype=torch.float64)
-            self.inputs["dht"] = dht
-        self.ref = case.reference_grads(self.inputs["do"], dht)
+        self.module, self.inputs, self.ref = steep_backward(family, T, head_dim, g_raw_shift,
+                                                            chip, seed)
 
     def run(self, rounded) -> dict:
         """{gradient: rel_err} with the results of the ops for which ``rounded(key, node)`` is

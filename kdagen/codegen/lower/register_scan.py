@@ -1119,7 +1119,7 @@ class RegisterScanEmitter(TileKernelEmitter):
         # every A register is written before the fence: a register written between the fence
         # and the wgmma that reads it makes ptxas insert a wait before each wgmma (C7517)
         split = self.opts.scan_a_split
-        if split == "all" or (split == "state" and rhs is getattr(self, "_carried_arg", None)):
+        if split == "all" or (split == "state" and rhs is self._carried_arg):
             # hi and lo parts per k block, lo's product first (the smaller terms accumulate
             # before the larger ones)
             a_regs = []
