@@ -70,17 +70,19 @@ DEFAULT_OPTIONS = {
 #: KDA B1_T8k_H16, bench/results/h200_residuals3_B1_T8k_H16.log)
 RESIDUALS = ("res_kk", "res_Akk_inv")
 
-#: kr = k ⊙ 2^(Γ_C − Γ) with its exponent written as suffix sums of the gate (True) instead of
-#: the difference of the chunk's last cumsum row and the cumsum (False). The value is the same;
-#: the derived backward differs: from the difference, the chunk-end gate's adjoint enters dG
-#: as +Σ_i x_i on the last row and −x_i on every row, and the reverse cumsum to dg computes
+#: The families whose kr = k ⊙ 2^(Γ_C − Γ) has its exponent written as suffix sums of the gate
+#: instead of the difference of the chunk's last cumsum row and the cumsum. The value is the
+#: same; the derived backward differs: from the difference, the chunk-end gate's adjoint enters
+#: dG as +Σ_i x_i on the last row and −x_i on every row, and the reverse cumsum to dg computes
 #: Σ_{s<t} x_s as total minus suffix -- under a steep gate two large sums with a small
 #: difference (tools.rounding_attribution). From suffix sums the adjoint is that prefix sum
 #: itself. CPU evidence (stop 45; GDN, K = 128, T = 200, steep gate): the float32 program's
 #: dA_log 1.87e-2 -> 2.3e-3 (tools.program_precision); the simulated sm_90a kernels 4.6e-4 ->
-#: 2.6e-5, and with every product in fp32 FMA 3.2e-3 -> 1.6e-4 (tools.sim_check). Off until
-#: the GPU check of every program has run with it (it changes every kernel that computes kr).
-KR_FROM_SUFFIX_SUMS = False
+#: 2.6e-5 (tools.sim_check). GDN only: its gate is one value per row, so the extra cumsums are
+#: [C] vectors and its dk kernel grows ~8% (kdagen show gdn_bwd --stage cost); KDA's per-key
+#: gate makes them [C, K] tiles (dk kernel +20%) and its steep-gate gradients meet the bar
+#: without it (simulated dA_log 1.8e-4 without, 4.0e-4 with).
+KR_SUFFIX_SUM_FAMILIES = ("gdn",)
 
 _CHUNKS = (16, 32, 64, 128)
 #: key and value head dims a program is built for (kdagen.head_dims: the APIs run any other
@@ -322,7 +324,7 @@ def _delta_rule_fwd(family: str, name: str, options: dict,
             kd = kn * eG                  # k ⊙ exp(Γ)
             ki = kn * exp2(-G)            # k ⊙ exp(−Γ)
             qd = qn * eG                  # q ⊙ exp(Γ)
-            if KR_FROM_SUFFIX_SUMS:
+            if family in KR_SUFFIX_SUM_FAMILIES:
                 # Γ_C − Γ_i = Σ_{t>i} g_t·log2 e, summed as such (clamped ≤ 0 for the range
                 # analysis; the clamp changes no value: the sum of non-positive terms)
                 inc = g_valid * LOG2E
