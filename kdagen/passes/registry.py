@@ -6,7 +6,8 @@ import dataclasses
 import re
 
 from . import (assign_layouts, assign_precision, autodiff_pass, builtin, narrow_broadcasts,  # noqa: F401
-               partition, share_chunk_values, stable_reassociate, warp_specialize)
+               narrow_reductions, partition, share_chunk_values, stable_reassociate,
+               warp_specialize)
 from .base import PASSES, ModulePass, PipelineSyntaxError, _format_value, option_rules
 from .partition import _WORKSPACE_TYPES, PartitionPass
 from .stable_reassociate import StableReassociatePass
