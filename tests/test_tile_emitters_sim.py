@@ -128,6 +128,31 @@ def test_cumsum_matches_numpy(reverse, nthreads):
     np.testing.assert_allclose(got["y"], ref, rtol=0, atol=1e-5)
 
 
+# one column (GDN's [C] gate and its adjoints): the first warp scans by shuffles; 16 rows
+# (not a multiple of 32) take the segmented path
+@pytest.mark.parametrize("rows,reverse,nthreads", [(64, False, 128), (64, True, 512),
+                                                   (32, True, 256), (128, False, 384),
+                                                   (16, True, 128)])
+def test_one_column_cumsum_matches_numpy(rows, reverse, nthreads):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((rows,)).astype(np.float32)
+    got, _ = _run(nthreads, {"x": (rows,), "y": (rows,)}, {"x": x},
+                  lambda th, r: T_.emit_cumsum(th, r["y"], r["x"], reverse))
+    x64 = x.astype(np.float64)
+    ref = np.flip(np.cumsum(np.flip(x64))) if reverse else np.cumsum(x64)
+    np.testing.assert_allclose(got["y"], ref, rtol=0, atol=1e-5)
+
+
+def test_one_column_cumsum_on_a_warp_has_no_barrier_inside():
+    """The warp scan ends at the op's barrier only; the segmented path (16 rows) takes two
+    of its own (the segments' totals, then the shift)."""
+    barriers = {rows: _run(128, {"x": (rows,), "y": (rows,)}, {"x": np.ones(rows, np.float32)},
+                           lambda th, r: T_.emit_cumsum(th, r["y"], r["x"], False))[1]
+                for rows in (64, 16)}
+    assert barriers[64] == 1, barriers          # the one _run puts after every op
+    assert barriers[16] == 3, barriers
+
+
 @pytest.mark.parametrize("shape,dims,nthreads", [((64, 128), [0], 128), ((64, 128), [1], 128),
                                                  ((64, 37), [1], 128), ((64, 128), [0, 1], 128),
                                                  ((64, 128), [0, 1], 512), ((64, 128), [1], 512),

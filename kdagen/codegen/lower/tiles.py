@@ -1252,12 +1252,20 @@ def emit_decay_matmul_mma_exact_diagonal(th: Threads, out: BufRef, w: Ref, x: Re
 # ------------------------------------------------------------------------------------------
 
 
+#: rows of a one-column cumsum that one warp scans by shuffles (per lane: up to 4 rows)
+WARP_SCAN_ROWS = 128
+
+
 def emit_cumsum(th: Threads, out: BufRef, x: Ref, reverse: bool) -> None:
-    """Inclusive cumulative sum over dim 0 (reverse: suffix sums). Where the threads are a
+    """Inclusive cumulative sum over dim 0 (reverse: suffix sums). One column (a [C] vector,
+    GDN's per-token gate and its adjoints): :func:`emit_cumsum_warp`. Where the threads are a
     multiple of the columns: :func:`emit_cumsum_segmented`; else one thread per column,
     sequential over the rows."""
     rows = x.shape[0]
     cols = numel(tuple(x.shape[1:]))
+    if (cols == 1 and rows % 32 == 0 and rows <= WARP_SCAN_ROWS and th.count >= 32
+            and th.count % 32 == 0):
+        return emit_cumsum_warp(th, out, x, reverse)
     segments = th.count // cols if cols and th.count % cols == 0 else 1
     while segments > 1 and (rows % segments or rows // segments < 4):
         segments //= 2      # (then only segments x cols threads take part)
@@ -1275,6 +1283,42 @@ def emit_cumsum(th: Threads, out: BufRef, x: Ref, reverse: bool) -> None:
         fold_batched(rows, lambda r: x.read([row_of(r)] + list(cidx)), add, [B.f(0.0)], th.batch)
 
     foreach(th, tuple(x.shape[1:]), column)
+
+
+def emit_cumsum_warp(th: Threads, out: BufRef, x: Ref, reverse: bool) -> None:
+    """The cumulative sum of one column (rows a multiple of 32, at most
+    :data:`WARP_SCAN_ROWS`) on the first warp, no barrier inside: lane l takes ``per``
+    consecutive rows in scan order (from the end when ``reverse``) and sums them; a butterfly
+    of xor shuffles gives each lane the sum of the lanes before it (at step m a lane with bit
+    m set adds its partner block's total, which lies wholly before it); the lane then writes
+    its rows' running sums. The other warps wait at the barrier that ends the op. Sums in a
+    tree, not sequentially: the same numbers as :func:`emit_cumsum_segmented` to rounding."""
+    rows = x.shape[0]
+    tail = [0] * (len(x.shape) - 1)
+    per = rows // 32
+
+    def row_of(r):          # the r-th row in scan order
+        return (rows - 1) - r if reverse else r
+
+    def scan():
+        lane = th.tid
+        vals = [x.read([row_of(lane * per + k)] + tail) for k in range(per)]
+        total = vals[0]
+        for v in vals[1:]:
+            total = B.add(total, v)
+        before = B.f(0.0)
+        m = 1
+        while m < 32:
+            other = B.shfl_xor(total, m)
+            upper = B.icmp("eq", (lane // m) % 2, 1)
+            before = B.sel(upper, B.add(before, other), before)
+            total = B.add(total, other)
+            m *= 2
+        run = before
+        for k in range(per):
+            run = B.add(run, vals[k])
+            out.write([row_of(lane * per + k)] + tail, run)
+    B.if_then(B.icmp("lt", th.tid, 32), scan)
 
 
 def emit_cumsum_segmented(th: Threads, out: BufRef, x: Ref, reverse: bool,
