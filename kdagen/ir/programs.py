@@ -78,10 +78,13 @@ RESIDUALS = ("res_kk", "res_Akk_inv")
 #: difference (tools.rounding_attribution). From suffix sums the adjoint is that prefix sum
 #: itself. CPU evidence (stop 45; GDN, K = 128, T = 200, steep gate): the float32 program's
 #: dA_log 1.87e-2 -> 2.3e-3 (tools.program_precision); the simulated sm_90a kernels 4.6e-4 ->
-#: 2.6e-5 (tools.sim_check). GDN only: its gate is one value per row, so the extra cumsums are
-#: [C] vectors and its dk kernel grows ~8% (kdagen show gdn_bwd --stage cost); KDA's per-key
-#: gate makes them [C, K] tiles (dk kernel +20%) and its steep-gate gradients meet the bar
-#: without it (simulated dA_log 1.8e-4 without, 4.0e-4 with).
+#: 2.6e-5 (tools.sim_check); on the H100 (GPU check, stop 46) 2.50e-3 -> 3.0e-5, ddt_bias
+#: 1.70e-3 -> 1.1e-4. GDN only: its gate is one value per row, so kda-narrow-reductions runs
+#: the adjoint's cumsums on [C] (GDN fwd+bwd B1_T8k_H16 4.30 -> 4.35 ms). KDA's per-key gate
+#: makes them [C, K] tiles, and on the H100 its misses did not move while its kernels slowed:
+#: K = 64 steep dA_log 1.68e-3 -> 1.62e-3, correlated 2.43e-3 -> 2.47e-3, lower-bound weak
+#: 2.51e-3 -> 3.30e-3; dk kernel 1712 -> 1909 us, forward prologue 392 -> 471 us
+#: (bench/results/h100_stop46_*kr_suffix_sums_experiment.log).
 KR_SUFFIX_SUM_FAMILIES = ("gdn",)
 
 _CHUNKS = (16, 32, 64, 128)
