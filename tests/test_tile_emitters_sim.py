@@ -11,7 +11,7 @@ from kdagen.codegen.lower import tiles as T_
 from kdagen.codegen.lower.sim_backend import SimBackend, SimMemory, SimPtr
 
 
-def _run(nthreads, shapes, fill, emit):
+def _run(nthreads, shapes, fill, emit, ordered=False):
     """Allocate tracked fp32 tiles (name -> shape), fill them, run ``emit(th, refs)`` on the
     simulator (a barrier after it, as the kernels put one) and return the tiles."""
     sizes = {k: int(np.prod(s)) for k, s in shapes.items()}
@@ -25,7 +25,7 @@ def _run(nthreads, shapes, fill, emit):
         off += sizes[k]
     be = SimBackend(nthreads, check_races=True)
     with B.use(be):
-        emit(T_.Threads(be.fresh_tid(), nthreads), refs)
+        emit(T_.Threads(be.fresh_tid(), nthreads, ordered=ordered), refs)
         B.barrier()
     out, off = {}, 0
     for k, s in shapes.items():
@@ -144,13 +144,65 @@ def test_one_column_cumsum_matches_numpy(rows, reverse, nthreads):
 
 
 def test_one_column_cumsum_on_a_warp_has_no_barrier_inside():
-    """The warp scan ends at the op's barrier only; the segmented path (16 rows) takes two
-    of its own (the segments' totals, then the shift)."""
-    barriers = {rows: _run(128, {"x": (rows,), "y": (rows,)}, {"x": np.ones(rows, np.float32)},
-                           lambda th, r: T_.emit_cumsum(th, r["y"], r["x"], False))[1]
-                for rows in (64, 16)}
-    assert barriers[64] == 1, barriers          # the one _run puts after every op
-    assert barriers[16] == 3, barriers
+    """The warp scan ends at the op's barrier only; the segmented path of a [64, 2] tile takes
+    two of its own (the segments' totals, then the shift)."""
+    barriers = {shape: _run(128, {"x": shape, "y": shape}, {"x": np.ones(shape, np.float32)},
+                            lambda th, r: T_.emit_cumsum(th, r["y"], r["x"], False))[1]
+                for shape in ((64,), (64, 2))}
+    assert barriers[(64,)] == 1, barriers          # the one _run puts after every op
+    assert barriers[(64, 2)] == 3, barriers
+
+
+# every kernel that computes the gate's cumsum or a row's norm must get the same bits, whatever
+# its thread count (the sm_90a native kernels run 256, 384 or 512 consumer threads, the portable
+# ones 128): the gate gradient's near-cancelling sums amplify any difference
+# (LowerOptions.ordered_sums -> Threads.ordered)
+def test_default_cumsum_bits_depend_on_the_thread_count():
+    """Why ordered sums exist: filling the threads, a [64, 128] cumsum takes 1, 2 or 4 row
+    segments at 128, 256 or 512 threads, and its last rows differ in the last bits."""
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((64, 128)) * 7).astype(np.float32)
+    outs = [_run(n, {"x": (64, 128), "y": (64, 128)}, {"x": x},
+                 lambda th, r: T_.emit_cumsum(th, r["y"], r["x"], False))[0]["y"]
+            for n in (128, 512)]
+    assert not np.array_equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("shape,reverse", [((64, 128), False), ((64, 64), True), ((64,), True),
+                                           ((32, 128), False), ((128, 64), True)])
+def test_cumsum_bits_do_not_depend_on_the_thread_count(shape, reverse):
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal(shape) * 7).astype(np.float32)
+    outs = [_run(n, {"x": shape, "y": shape}, {"x": x},
+                 lambda th, r: T_.emit_cumsum(th, r["y"], r["x"], reverse), ordered=True)[0]["y"]
+            for n in (128, 256, 384, 512)]
+    for got in outs[1:]:
+        np.testing.assert_array_equal(got, outs[0])
+    x64 = x.astype(np.float64)
+    ref = np.flip(np.cumsum(np.flip(x64, 0), 0), 0) if reverse else np.cumsum(x64, 0)
+    np.testing.assert_allclose(outs[0], ref, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("shape,dims", [((64, 128), [1]), ((64, 64), [1]), ((128, 128), [1]),
+                                        ((64, 128), [0]), ((64, 128), [0, 1]), ((128, 128), [0, 1]),
+                                        ((64,), [0])])
+def test_reduce_sum_bits_do_not_depend_on_the_thread_count(shape, dims):
+    rng = np.random.default_rng(6)
+    x = (rng.standard_normal(shape) * 7).astype(np.float32)
+    out_shape = tuple(s for d, s in enumerate(shape) if d not in dims) or (1,)
+
+    def emit(th, r):
+        red = T_.ReduceScratch(r["slots"])
+        out = r["y"] if len(out_shape) and out_shape != (1,) else T_.BufRef(
+            r["y"].scratch, r["y"].offset, (), ())
+        T_.emit_reduce_sum(th, out, r["x"], dims, red)
+    outs = [_run(n, {"x": shape, "y": out_shape, "slots": (16,)}, {"x": x}, emit,
+                 ordered=True)[0]["y"]
+            for n in (128, 256, 384, 512)]
+    for got in outs[1:]:
+        np.testing.assert_array_equal(got, outs[0])
+    ref = x.astype(np.float64).sum(axis=tuple(dims)).reshape(outs[0].shape)
+    np.testing.assert_allclose(outs[0], ref, rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize("shape,dims,nthreads", [((64, 128), [0], 128), ((64, 128), [1], 128),

@@ -371,7 +371,7 @@ class TileKernelEmitter:
                        for m in [n, *(walk(n.body) if n.body is not None else [])])
         geo = Geometry(self.program, p, coords, need_off)
         self.geo = geo
-        self.th = T_.Threads(geo.tid, nt, self.opts.load_batch)
+        self.th = T_.Threads(geo.tid, nt, self.opts.load_batch, self.opts.ordered_sums)
         self.pools = {}
         if self.uses_smem:
             self.pools["smem"] = T_.Scratch(smem_base, "smem")
@@ -464,7 +464,8 @@ class TileKernelEmitter:
     def _node(self, n) -> None:
         op = n.op
         # a fresh thread index per op: its addressing is not hoisted out of the chunk loop
-        self.th = T_.Threads(B.fresh_tid(), self.opts.nthreads, self.opts.load_batch)
+        self.th = T_.Threads(B.fresh_tid(), self.opts.nthreads, self.opts.load_batch,
+                             self.opts.ordered_sums)
         if op == "kda.workspace":
             return  # the memref is a kernel parameter (bound in body)
         if op == "kda.pipeline_release":
@@ -535,8 +536,8 @@ class TileKernelEmitter:
         # the initial state: once per CTA, before anything else can run, so its loads go out
         # state_load_batch at a time (a [128, 128] state on 128 threads and 32 at a time: 4
         # rounds, not 16)
-        state_th = T_.Threads(self.th.tid, self.th.count, max(self.th.batch,
-                                                              self.state_load_batch))
+        state_th = T_.Threads(self.th.tid, self.th.count,
+                              max(self.th.batch, self.state_load_batch), self.th.ordered)
         for i, init in enumerate(n.operands):
             src = self.env[init]
             if not carried[i].same_storage(src):

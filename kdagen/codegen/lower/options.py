@@ -81,6 +81,15 @@ class LowerOptions:
     # scans from 209 to 340 us (fwd) and 491 to 648 us (reverse)
     # (bench/results/h100_stop45_call3_checks.log, h100_stop45_call3_ab.log; docs/MATH.md §3)
     scan_a_split: str = "off"
+    # cumsums and reductions of the tile lowering sum in an order set by the tile's shape
+    # alone (tiles.emit_cumsum, emit_reduce_sum), so kernels with different thread counts that
+    # each compute the gate's cumsum or a row's norm get the same bits: the gate gradient's
+    # near-cancelling sums amplify any difference between kernels (tools.rounding_attribution,
+    # KDA K = 64 steep gate: dA_log 2.8e-4 with every kernel's gate cumsum rounded alike,
+    # 6.3e-2 with one kernel's alone). Built and simulated (tests/test_tile_emitters_sim.py:
+    # bitwise equal at 128-512 threads); off until the GPU check has run with it (it is the
+    # candidate cause of KDA's native-path dA_log misses, 1.6-2.5e-3 at K = 64)
+    ordered_sums: bool = False
     # consumer warpgroups of a chunk-parallel kernel on the native sm_90a path (1, 2, 4 or
     # "auto": 4 where tile buffers spill to the global scratch, else 2; sm90_native.
     # chunk_warpgroups): the tile loops run on all of their threads (more warps per scheduler

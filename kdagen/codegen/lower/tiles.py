@@ -183,6 +183,9 @@ class Threads:
     # elements (rows) whose loads a thread issues together in foreach_batched / fold_batched;
     # the lowering sets it from LowerOptions.load_batch
     batch: int = 4
+    # cumsums and reductions sum in an order set by the tile's shape alone, not by ``count``
+    # (LowerOptions.ordered_sums)
+    ordered: bool = False
 
 
 def foreach(th: Threads, shape, body) -> None:
@@ -931,7 +934,7 @@ def _per_diagonal_block(th: Threads, S: int, rows: int, body) -> None:
     """``body(bs, sub)``: the threads split evenly over the rows // S diagonal blocks (block
     start bs, warp-uniform), each group a register-tiled contraction of its own block."""
     per = th.count // (rows // S)
-    body((th.tid // per) * S, Threads(th.tid % per, per, th.batch))
+    body((th.tid // per) * S, Threads(th.tid % per, per, th.batch, th.ordered))
     # the tensor-core pass reads these results back in its epilogue, on other threads
     B.barrier()
 
@@ -1256,21 +1259,39 @@ def emit_decay_matmul_mma_exact_diagonal(th: Threads, out: BufRef, w: Ref, x: Re
 WARP_SCAN_ROWS = 128
 
 
+#: rows of each segment of a many-column cumsum (the segmentation, and so the order of the
+#: sums, follows from the tile's shape alone: every kernel that computes a cumsum gets the same
+#: bits, whatever its thread count)
+CUMSUM_SEGMENT_ROWS = 16
+
+
 def emit_cumsum(th: Threads, out: BufRef, x: Ref, reverse: bool) -> None:
     """Inclusive cumulative sum over dim 0 (reverse: suffix sums). One column (a [C] vector,
-    GDN's per-token gate and its adjoints): :func:`emit_cumsum_warp`. Where the threads are a
-    multiple of the columns: :func:`emit_cumsum_segmented`; else one thread per column,
-    sequential over the rows."""
+    GDN's per-token gate and its adjoints): :func:`emit_cumsum_warp`; rows a multiple of
+    :data:`CUMSUM_SEGMENT_ROWS` (and more than one segment): :func:`emit_cumsum_segmented`;
+    else one thread per column, sequential over the rows.
+
+    With ``th.ordered`` the segments follow from the shape only, never from the thread count:
+    kernels with different thread counts that each compute the gate's cumsum (the backward's
+    dq and dk kernels, the forward's prologue) then agree to the bit; otherwise the gate
+    gradient's near-cancelling sums amplify the difference (tools.rounding_attribution: KDA
+    K = 64 steep gate, dA_log 2.8e-4 with every kernel's cumsum rounded alike, 6.3e-2 with
+    one kernel's alone). Without it (the default until the GPU check has run with it), as
+    many segments as the threads fill."""
     rows = x.shape[0]
     cols = numel(tuple(x.shape[1:]))
     if (cols == 1 and rows % 32 == 0 and rows <= WARP_SCAN_ROWS and th.count >= 32
             and th.count % 32 == 0):
         return emit_cumsum_warp(th, out, x, reverse)
-    segments = th.count // cols if cols and th.count % cols == 0 else 1
-    while segments > 1 and (rows % segments or rows // segments < 4):
-        segments //= 2      # (then only segments x cols threads take part)
-    if segments > 1 and (segments & (segments - 1)) == 0:
-        return emit_cumsum_segmented(th, out, x, reverse, segments)
+    if th.ordered:
+        if rows % CUMSUM_SEGMENT_ROWS == 0 and rows > CUMSUM_SEGMENT_ROWS:
+            return emit_cumsum_segmented(th, out, x, reverse, rows // CUMSUM_SEGMENT_ROWS)
+    else:
+        segments = th.count // cols if cols and th.count % cols == 0 else 1
+        while segments > 1 and (rows % segments or rows // segments < 4):
+            segments //= 2      # (then only segments x cols threads take part)
+        if segments > 1 and (segments & (segments - 1)) == 0:
+            return emit_cumsum_segmented(th, out, x, reverse, segments)
 
     def column(cidx):
         def row_of(r):
@@ -1323,59 +1344,102 @@ def emit_cumsum_warp(th: Threads, out: BufRef, x: Ref, reverse: bool) -> None:
 
 def emit_cumsum_segmented(th: Threads, out: BufRef, x: Ref, reverse: bool,
                           segments: int) -> None:
-    """The cumulative sum over dim 0 with every thread busy: thread t takes column t % cols
-    (a warp's reads stay coalesced) and segment t // cols of the rows; it scans its segment
-    into ``out``, then (after a barrier) adds the totals of the segments before it (after
-    it, reversed), read from their end rows of ``out``. Each element of ``x`` is evaluated
-    once; the segment offsets cost one more read and write of ``out``."""
+    """The cumulative sum over dim 0 in ``segments`` row segments: item e (column e % cols,
+    segment e // cols; a warp's reads stay coalesced) scans its segment into ``out``, then
+    (after a barrier) adds the totals of the segments before it (after it, reversed), read
+    from their end rows of ``out``, in segment order. Thread t takes items t, t + count, ...:
+    the sums are the same whatever the thread count. Each element of ``x`` is evaluated once;
+    the segment offsets cost one more read and write of ``out``."""
     rows = x.shape[0]
     col_shape = tuple(x.shape[1:])
     cols = numel(col_shape)
     seg = rows // segments
-    cidx = unravel(th.tid % cols, col_shape)
-    part = th.tid // cols
-    start = part * seg
+    items = segments * cols
+    rounds = -(-items // th.count)
     zero = B.f(0.0)
 
-    def busy(body):
-        """``body`` on the segments x cols threads that have a segment (all, when they
-        fill the block); the barriers between the phases stay outside, on every thread."""
-        if segments * cols >= th.count:
+    def item(m):
+        e = addk(th.tid, m * th.count)
+        return e, unravel(e % cols, col_shape), e // cols
+
+    def busy(m, body):
+        """``body`` on the threads that have an item in round m; the barriers between the
+        phases stay outside, on every thread."""
+        if (m + 1) * th.count <= items:
             return body()
-        B.if_then(B.icmp("lt", th.tid, segments * cols), body)
+        B.if_then(B.icmp("lt", item(m)[0], items), body)
 
-    def row_of(r):
-        return start + ((seg - 1) - r if reverse else r)
+    def scan(m):
+        _, cidx, part = item(m)
 
-    def add(acc, r, x_r):
-        v = B.add(acc[0], x_r)
-        out.write([row_of(r)] + list(cidx), v)
-        return [v]
-    busy(lambda: fold_batched(seg, lambda r: x.read([row_of(r)] + list(cidx)), add, [zero],
-                              th.batch))
+        def row_of(r):
+            return part * seg + ((seg - 1) - r if reverse else r)
+
+        def add(acc, r, x_r):
+            v = B.add(acc[0], x_r)
+            out.write([row_of(r)] + list(cidx), v)
+            return [v]
+        fold_batched(seg, lambda r: x.read([row_of(r)] + list(cidx)), add, [zero], th.batch)
+
+    for m in range(rounds):
+        busy(m, lambda m=m: scan(m))
     B.barrier()
-    offset = zero
-    for q in range(segments):
-        end = q * seg if reverse else q * seg + seg - 1      # where segment q's total is
-        before = B.icmp("gt", part, q) if not reverse else B.icmp("lt", part, q)
-        # threads without a segment read segment 0's end (in bounds), never use it
-        offset = B.add(offset, B.sel(before, out.read([end] + list(cidx)), zero))
+    offsets = []
+    for m in range(rounds):
+        _, cidx, part = item(m)
+        offset = zero
+        for q in range(segments):
+            end = q * seg if reverse else q * seg + seg - 1      # where segment q's total is
+            before = B.icmp("gt", part, q) if not reverse else B.icmp("lt", part, q)
+            # a thread without an item in this round reads an end row of its column (in
+            # bounds) and never uses the sum
+            offset = B.add(offset, B.sel(before, out.read([end] + list(cidx)), zero))
+        offsets.append(offset)
     B.barrier()          # every total is read before any row is shifted
 
-    def shift(acc, r, v):
-        out.write([start + r] + list(cidx), B.add(v, offset))
-        return acc
-    busy(lambda: fold_batched(seg, lambda r: out.read([start + r] + list(cidx)), shift,
-                              [zero], th.batch))
+    def shift(m):
+        _, cidx, part = item(m)
+        start = part * seg
+
+        def step(acc, r, v):
+            out.write([start + r] + list(cidx), B.add(v, offsets[m]))
+            return acc
+        fold_batched(seg, lambda r: out.read([start + r] + list(cidx)), step, [zero], th.batch)
+
+    for m in range(rounds):
+        busy(m, lambda m=m: shift(m))
 
 
-def _lanes_per_output(count: int, n_out: int, n_red: int) -> int:
+#: elements each lane of a grouped reduction folds (the group's lane count follows from the
+#: reduced size alone, so every kernel sums a row the same way)
+REDUCE_ELEMENTS_PER_LANE = 16
+
+
+def _lanes_filling(count: int, n_out: int, n_red: int) -> int:
     """Lanes that share one output of a reduction (a power of two dividing a warp and the
-    reduced size), as many as keep whole warps busy: 1 when that is one lane per output."""
+    reduced size), as many as keep whole warps of ``count`` threads busy: 1 when that is one
+    lane per output (the order of the sums then depends on ``count``)."""
     for lanes in (32, 16, 8, 4, 2):
         if n_red % lanes == 0 and n_out * lanes <= count and (n_out * lanes) % 32 == 0:
             return lanes
     return 1
+
+
+def _lanes_per_output(n_out: int, n_red: int) -> int:
+    """Lanes that share one output of a reduction: a power of two dividing a warp and the
+    reduced size, each lane folding about :data:`REDUCE_ELEMENTS_PER_LANE` elements, with
+    whole warps of lane groups (n_out * lanes a multiple of 32); 1 where none fits. From the
+    shapes only, never from the thread count (the sum's order must not depend on it)."""
+    for lanes in (32, 16, 8, 4, 2):
+        if (n_red % lanes == 0 and n_red // lanes >= REDUCE_ELEMENTS_PER_LANE
+                and (n_out * lanes) % 32 == 0):
+            return lanes
+    return 1
+
+
+#: partial sums of a reduction with few outputs: a thread's strided share of the reduced
+#: elements, then a warp's shuffles, then the warps' slots in order (count-independent)
+REDUCE_PARTIALS = 256
 
 
 @dataclass
@@ -1403,27 +1467,33 @@ def emit_reduce_sum(th: Threads, out: BufRef, x: Ref, dims, red: ReduceScratch) 
         materialize(th, FnRef(out_shape, lambda o: x.read(full_index(o, [0] * len(dims)))), out)
         return
     if n_out >= 32 or n_red <= 64:
-        lanes = _lanes_per_output(th.count, n_out, n_red)
+        lanes = (_lanes_per_output(n_out, n_red) if th.ordered
+                 else _lanes_filling(th.count, n_out, n_red))
         if lanes > 1:
             # ``lanes`` neighbouring lanes per output, each folding every lanes-th element
-            # (coalesced along the reduced dim), then butterfly shuffles within the group
+            # (coalesced along the reduced dim), then butterfly shuffles within the group;
+            # work lane w = thread + round * count, so whole warps share a round's branch
+            work = n_out * lanes
             lane = th.tid % lanes
-            oidx = unravel(th.tid // lanes, out_shape)
 
-            def grouped():
+            def grouped(m):
+                w = addk(th.tid, m * th.count)
+                oidx = unravel(w // lanes, out_shape)
                 (acc,) = fold_batched(
                     n_red // lanes,
                     lambda t: x.read(full_index(oidx, unravel(t * lanes + lane, red_shape))),
                     lambda acc, t, v: [B.add(acc[0], v)], [B.f(0.0)], th.batch)
-                m = lanes // 2
-                while m:
-                    acc = B.add(acc, B.shfl_xor(acc, m))
-                    m //= 2
+                k = lanes // 2
+                while k:
+                    acc = B.add(acc, B.shfl_xor(acc, k))
+                    k //= 2
                 B.if_then(B.icmp("eq", lane, 0), lambda: out.write(oidx, acc))
-            if n_out * lanes == th.count:
-                grouped()
-            else:           # whole warps idle past the outputs: the shuffles stay converged
-                B.if_then(B.icmp("lt", th.tid, n_out * lanes), grouped)
+            for m in range(-(-work // th.count)):
+                if (m + 1) * th.count <= work:
+                    grouped(m)
+                else:       # whole warps idle past the outputs: the shuffles stay converged
+                    B.if_then(B.icmp("lt", addk(th.tid, m * th.count), work),
+                              lambda m=m: grouped(m))
             return
 
         def one(oidx):
@@ -1432,28 +1502,39 @@ def emit_reduce_sum(th: Threads, out: BufRef, x: Ref, dims, red: ReduceScratch) 
             out.write(oidx, acc)
         foreach(th, out_shape, one)
         return
-    # few outputs, long reductions: every thread a strided part, warp shuffles, one slot per
-    # warp, thread 0 adds the slots (fixed order: deterministic)
-    warps = th.count // 32
+    # few outputs, long reductions: P strided partial sums (partial p on thread p % count), a
+    # warp's shuffles per 32 partials, one slot per such warp, thread 0 adds the slots in
+    # order; P = REDUCE_PARTIALS with th.ordered (the same sums whatever the thread count),
+    # else one partial per thread
+    P = REDUCE_PARTIALS if th.ordered else th.count
+    slots = P // 32
+    rounds = -(-P // th.count) if th.count < P else 1
     lane = th.tid % 32
-    warp = th.tid // 32
 
     def per_output(o, *_):
         oidx = unravel(o, out_shape) if out_shape else []
 
-        def step(r, acc):
-            return [B.add(acc, x.read(full_index(oidx, unravel(r, red_shape))))]
+        def partial(m):
+            p = addk(th.tid, m * th.count)
 
-        (part,) = B.for_range(th.tid, n_red, th.count, step, [B.f(0.0)],
-                              trips=-(-n_red // th.count))
-        for m in (16, 8, 4, 2, 1):
-            part = B.add(part, B.shfl_xor(part, m))
-        B.if_then(B.icmp("eq", lane, 0), lambda: red.ref.write([warp], part))
+            def step(r, acc):
+                return [B.add(acc, x.read(full_index(oidx, unravel(r, red_shape))))]
+
+            (part,) = B.for_range(p, n_red, P, step, [B.f(0.0)], trips=-(-n_red // P))
+            for k in (16, 8, 4, 2, 1):
+                part = B.add(part, B.shfl_xor(part, k))
+            B.if_then(B.icmp("eq", lane, 0), lambda: red.ref.write([p // 32], part))
+
+        for m in range(rounds):
+            if th.count <= P:
+                partial(m)
+            else:           # threads past the partials sit out, as whole warps
+                B.if_then(B.icmp("lt", th.tid, P), lambda m=m: partial(m))
         B.barrier()
 
         def finish():
             tot = red.ref.read([0])
-            for w in range(1, warps):
+            for w in range(1, slots):
                 tot = B.add(tot, red.ref.read([w]))
             out.write(oidx, tot)
 
@@ -1497,7 +1578,7 @@ def _warp_jobs(th: Threads, jobs: list) -> None:
     """Run independent one-warp jobs (``job(warp_threads)``), job i on warp i mod warps
     (warp-uniform branches)."""
     warps = max(1, th.count // 32)
-    lane = Threads(th.tid % 32, 32, th.batch)
+    lane = Threads(th.tid % 32, 32, th.batch, th.ordered)
     warp = th.tid // 32
     for i, job in enumerate(jobs):
         # the cost report counts thread 0, which runs warp 0's jobs only (cold: weight 0)
