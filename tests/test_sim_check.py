@@ -31,3 +31,29 @@ def test_one_case_prints_every_gradient_against_bar_and_goal(capsys):
 def test_unknown_case_is_an_error(capsys):
     assert sim_check.main(["kda_bwd", "--head-dim", "64", "--case", "no such case"]) == 1
     assert "no case of kda_bwd matches" in capsys.readouterr().err
+
+
+def test_kernel_threads_gives_the_named_kernels_their_thread_counts():
+    """--kernel-threads k2=256: the portable lowering runs kernel k2 on 256 threads (its launch
+    block, which the simulator runs), the others on the options' 128."""
+    from kdagen.codegen.lower.kernel import prepare
+    from kdagen.codegen.lower.options import LowerOptions
+    from kdagen.codegen.lower.program import read_program
+    from kdagen.driver import build_module
+    program = read_program(build_module("kda_bwd", dict(head_k_dim=64, head_v_dim=64), "chip",
+                                        "sm_90a"))
+    with sim_check.kernel_threads(sim_check._kernel_counts("k2=256,k4=512")):
+        blocks = {pk.name.split("__")[1].split("_")[0]: pk.launch["block"][0]
+                  for pk in prepare(program, None, "t", LowerOptions(dot="auto"))
+                  if pk.group.kind != "global"}
+    assert blocks["k2"] == 256 and blocks["k4"] == 512 and blocks["k0"] == 128, blocks
+    after = {pk.name.split("__")[1].split("_")[0]: pk.launch["block"][0]
+             for pk in prepare(program, None, "t", LowerOptions(dot="auto"))
+             if pk.group.kind != "global"}
+    assert set(after.values()) == {128}                       # the patch is undone
+
+
+@pytest.mark.parametrize("bad", ["k2", "2=256", "k2=100", "k2=x"])
+def test_kernel_threads_rejects_what_it_cannot_run(bad):
+    with pytest.raises(SystemExit, match="--kernel-threads"):
+        sim_check._kernel_counts(bad)

@@ -52,11 +52,12 @@ def set_state_products(module, precision: str) -> int:
 class SimulatedProgram:
     """``program`` with ``options`` lowered with ``dot`` through ``chip``'s pipeline, ready to
     run the GPU check's cases (``cases``: their dicts, in the check's order, which is also
-    each case's seed) in the CPU simulator; ``edit(module)`` changes the module first.
+    each case's seed) in the CPU simulator; ``edit(module)`` changes the module first;
+    ``lower``: lowering options (LowerOptions fields) over the defaults.
     ``out``: where the bundle's manifest goes (a fresh temporary folder by default)."""
 
     def __init__(self, program: str, options: dict, dot: str, chip: str, edit=None, out=None,
-                 quick: bool = False):
+                 quick: bool = False, lower: dict | None = None):
         out = pathlib.Path(out) if out is not None else pathlib.Path(tempfile.mkdtemp())
         res = write_bundle(out, [(program, options, {"dot": dot, "pipeline": "chip"})], [chip],
                            assemble=False)
@@ -66,7 +67,7 @@ class SimulatedProgram:
         module = build_module(program, options, "chip", chip)
         if edit is not None:
             edit(module)
-        lib = SimLibrary(out, {vname: module}, chip, options=LowerOptions(dot=dot))
+        lib = SimLibrary(out, {vname: module}, chip, options=LowerOptions(dot=dot, **(lower or {})))
         self.lowered = LoweredProgram(out, vname, library=lib)
         self.cases = gpu_check._cases(self.spec, quick=quick)
 

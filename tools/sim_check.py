@@ -1,7 +1,7 @@
 """The GPU check's cases for one program, run in the CPU simulator of its kernels (no GPU).
 
 ``python -m tools.sim_check gdn_bwd [--head-dim 128] [--gate NAME] [--chip sm_90a]
-[--dot auto] [--case SUBSTRING] [--quick]``
+[--dot auto] [--case SUBSTRING] [--quick] [--lower KEY=VALUE ...] [--kernel-threads k2=256,...]``
 
 For each case of ``tools.gpu_check`` (its shapes, decays and seeds) the program is lowered
 with ``--chip``'s pipeline and run in the lockstep simulator (``tools.scan_precision_probe``'s
@@ -13,12 +13,23 @@ floor). The simulator has matched the H200's errors closely (GDN dA_log
 decay: 1.55e-3 and 1.54e-3), so it answers accuracy questions between GPU sessions. It
 takes 15 s to several minutes per case (T = 1000 at K = 128 is the slowest). Exit status 1
 when an error is over its GPU-check bar.
+
+The simulator runs the portable lowering, every tile kernel on 128 threads; the sm_90a native
+kernels run 256, 384 or 512 consumer threads, which change the order of a cumsum's or a
+reduction's sums (LowerOptions.ordered_sums). ``--kernel-threads k0=128,k2=256,k4=512`` gives
+those kernels (by index) those thread counts, to reproduce what that does to the gradients:
+KDA K = 64 "B1_T200 steep" dA_log 4.6e-4 at 128 threads everywhere, 1.56e-3 with those counts
+(the H100's native kernels: 1.68e-3), 5.5e-4 with them and ``--lower ordered_sums=true``.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+from dataclasses import replace
 
+from kdagen.codegen.lower import tuning
+from kdagen.codegen.lower.options import parse_lower_option
 from kdagen.emit import DEFAULT_GATES
 
 from .scan_precision_probe import SimulatedProgram
@@ -26,6 +37,34 @@ from .scan_precision_probe import SimulatedProgram
 #: docs/MATH.md §3's goals: fp32 outputs (the gate parameters' gradients, states) and bf16 ones
 FP32_OUTPUTS = ("final_state", "dh0", "dA_log", "ddt_bias")
 GOALS = {"fp32": 1e-3, "bf16": 2e-3}
+
+
+@contextlib.contextmanager
+def kernel_threads(counts: dict):
+    """Lower the tile kernels named in ``counts`` (``{"k2": 256}``: kernel index -> threads)
+    with those thread counts, the other kernels as the options say."""
+    original = tuning.tuned_options
+
+    def with_threads(opts, chip, path, program, head_dims, kernel):
+        out, applied = original(opts, chip, path, program, head_dims, kernel)
+        n = counts.get(kernel.split("_")[0])
+        return (replace(out, nthreads=n) if n else out), applied
+    tuning.tuned_options = with_threads
+    try:
+        yield
+    finally:
+        tuning.tuned_options = original
+
+
+def _kernel_counts(text: str) -> dict:
+    counts = {}
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.startswith("k") or not value.isdigit() or int(value) % 32:
+            raise SystemExit(f"sim_check: --kernel-threads {item!r}: expected k<index>=<a "
+                             "multiple of 32>, e.g. k2=256")
+        counts[key] = int(value)
+    return counts
 
 
 def main(argv=None) -> int:
@@ -37,15 +76,27 @@ def main(argv=None) -> int:
     ap.add_argument("--dot", default="auto")
     ap.add_argument("--case", default=None, help="only cases whose label contains this")
     ap.add_argument("--quick", action="store_true", help="the GPU check's two quick cases")
+    ap.add_argument("--lower", action="append", default=[], metavar="KEY=VALUE",
+                    help="a lowering option (LowerOptions field), e.g. ordered_sums=true")
+    ap.add_argument("--kernel-threads", default="", metavar="k2=256,...",
+                    help="threads of the named tile kernels (the native path's counts)")
     a = ap.parse_args(argv)
     gate = a.gate or DEFAULT_GATES[a.program.split("_")[0]]
     options = dict(head_k_dim=a.head_dim, head_v_dim=a.head_dim, gate=gate)
-    sim = SimulatedProgram(a.program, options, a.dot, a.chip, quick=a.quick)
+    lower = dict(parse_lower_option(t) for t in a.lower)
+    with kernel_threads(_kernel_counts(a.kernel_threads)):
+        return _report(a, gate, SimulatedProgram(a.program, options, a.dot, a.chip,
+                                                 quick=a.quick, lower=lower))
+
+
+def _report(a, gate: str, sim) -> int:
     labels = [c for c in sim.labels if a.case is None or a.case in c]
     if not labels:
         print(f"sim_check: no case of {a.program} matches {a.case!r}", file=sys.stderr)
         return 1
-    print(f"{a.program} K=V={a.head_dim} gate={gate} chip={a.chip} dot={a.dot} "
+    extra = "".join(f" {t}" for t in a.lower) + (f" threads {a.kernel_threads}"
+                                                  if a.kernel_threads else "")
+    print(f"{a.program} K=V={a.head_dim} gate={gate} chip={a.chip} dot={a.dot}{extra} "
           "(CPU simulator of the kernels)")
     print(f"{'case':28s} {'tensor':10s} {'rel_err':>9s} {'bar':>6s} {'floor':>8s} {'goal':>6s}  status")
     over_bar = 0

@@ -150,7 +150,7 @@ def prepare(program: Program, target: Target | None, prefix: str,
             block = em.block_threads
         else:
             em = TileKernelEmitter(program, g, plan, storage, kopts)
-            block = opts.nthreads
+            block = kopts.nthreads
         em.workspace_storage = storage_of
         heads = "HV" if program.value_split == 1 else f"HV * {program.value_split}"
         launch = {"grid": [heads, "N", "max_chunks" if g.parallel else "1"],

@@ -143,7 +143,7 @@ def simulate(module, inputs: dict, *, options: LowerOptions | None = None, stora
         for z in range(gz):
             for n in range(sz["N"]):
                 for hv in range(gx):
-                    be = SimBackend(opts.nthreads, check_races, counter)
+                    be = SimBackend(pk.launch["block"][0], check_races, counter)
                     cta = (z * sz["N"] + n) * gx + hv
                     base = None
                     if em.uses_global:
@@ -251,7 +251,9 @@ class SimKernel:
             for z in range(int(grid[2])):
                 for n in range(int(grid[1])):
                     for hv in range(int(grid[0])):
-                        be = SimBackend(self.nthreads, self.check_races)
+                        # each kernel's own block (the tuning table may give one kernel
+                        # other threads than the options')
+                        be = SimBackend(pk.launch["block"][0], self.check_races)
                         base = None
                         if em.uses_smem:
                             base = SimPtr(SimMemory("smem", np.full(max(1, em.smem_elems), np.nan,
