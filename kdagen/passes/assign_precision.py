@@ -34,13 +34,28 @@ class AssignPrecisionPass(ModulePass):
     summary = "choose each matrix product's operand precision (kda.precision)"
     products: str = field(default="auto", metadata={"choices": ("auto", *PRECISIONS)})
     gate_gradient_products: str = field(default="bf16x3", metadata={"choices": PRECISIONS})
+    # also give gate_gradient_products to the plain products of other kernels whose results
+    # that kernel loads from a workspace (the backward prologue's u = (I + Akk)^-1 (v ⊙ β),
+    # the dq kernel's w·S). In the CPU simulator (KDA K = 64, "B1_T65") TF32 in u alone puts
+    # dA_log at 1.58e-3; bf16x3 there, 1.44e-4 (fp32 FMA everywhere: 1.2e-5); no other
+    # kernel's products moved it. Static cost: the two kernels +1.6% and +3% (sm_90a stages
+    # one precision per kernel). Off until the GPU check has run with it.
+    gate_gradient_inputs: bool = False
 
     def run(self, module: ir.Module) -> None:
         with module.context:
             summing = set()
             if self.products == "auto":
-                for kernel in per_head_gradient_kernels(module):
+                kernels = per_head_gradient_kernels(module)
+                for kernel in kernels:
                     summing.update(op for op in walk(kernel) if op.name == "kda.dot")
+                if self.gate_gradient_inputs:
+                    # per kernel, as above: every plain product of a kernel with such a one
+                    feeding = products_loaded_by(module, kernels)
+                    for kernel in all_kernels(module):
+                        dots = [op for op in walk(kernel) if op.name == "kda.dot"]
+                        if any(op in feeding for op in dots):
+                            summing.update(dots)
             for op in walk(module):
                 if op.name in PRODUCT_OPS:
                     if self.products != "auto":
@@ -64,6 +79,28 @@ def per_head_gradient_kernels(module: ir.Module) -> list:
         if any(inner.name == "kda.store_chunk" and inner.operands[0] in summed
                for inner in walk(op)):
             out.append(op)
+    return out
+
+
+def all_kernels(module: ir.Module) -> list:
+    """The kernels of ``module`` (``kda.scan`` ops marked ``kda.kernel`` by kda-partition)."""
+    return [op for op in walk(module) if op.name == "kda.scan" and "kda.kernel" in op.attributes]
+
+
+def products_loaded_by(module: ir.Module, kernels: list) -> set:
+    """The kda.dot ops of other kernels whose results are stored (kda.store_chunk) into a
+    workspace that one of ``kernels`` loads (kda.load_chunk)."""
+    inside = {op for k in kernels for op in walk(k)}
+    loaded = {op.operands[0] for k in kernels for op in walk(k) if op.name == "kda.load_chunk"}
+    out = set()
+    for op in walk(module):
+        if op.name != "kda.store_chunk" or op in inside or op.operands[0] not in loaded:
+            continue
+        value = op.operands[2]
+        owner = None if isinstance(value, ir.BlockArgument) else value.owner
+        owner = owner.operation if hasattr(owner, "operation") else owner
+        if owner is not None and owner.name == "kda.dot":
+            out.add(owner)
     return out
 
 
