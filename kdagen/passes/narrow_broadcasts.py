@@ -48,11 +48,16 @@ class NarrowBroadcastsPass(ModulePass):
     summary = "run element-wise ops, cumsums and row ops on the narrow side of broadcasts"
 
     def run(self, module: ir.Module) -> None:
-        with module.context, ir.Location.unknown():
-            for op in walk(module):
-                if op.name == "kda.scan":
-                    _narrow_block(op.regions[0].blocks[0])
-            dce(module.operation)
+        rewrite_scan_bodies(module, _narrow_block)
+
+
+def rewrite_scan_bodies(module: ir.Module, rewrite_block) -> None:
+    """``rewrite_block(block)`` on the body of every kda.scan, then dead ops removed."""
+    with module.context, ir.Location.unknown():
+        for op in walk(module):
+            if op.name == "kda.scan":
+                rewrite_block(op.regions[0].blocks[0])
+        dce(module.operation)
 
 
 class _Narrow:

@@ -19,25 +19,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .._mlir import ir
-from ..ir.transforms import dce, walk
 from .base import ModulePass, register_pass
+from .narrow_broadcasts import _dims, _element, _shape, rewrite_scan_bodies
 from .partition import _attributes
 from .stable_reassociate import _owner
 
 #: ops a row sum passes through unchanged in form (linear, acting on each element alike)
 _ADDITIVE = ("kda.add", "kda.sub")
-
-
-def _shape(v: ir.Value) -> list[int]:
-    return list(ir.RankedTensorType(v.type).shape)
-
-
-def _element(v: ir.Value) -> ir.Type:
-    return ir.RankedTensorType(v.type).element_type
-
-
-def _dims(op) -> list[int]:
-    return [int(d) for d in ir.DenseI64ArrayAttr(op.attributes["dims"])]
 
 
 def _single_use(v: ir.Value) -> bool:
@@ -64,11 +52,7 @@ class NarrowReductionsPass(ModulePass):
     summary = "row sums over the channels move below the row cumsums they follow"
 
     def run(self, module: ir.Module) -> None:
-        with module.context, ir.Location.unknown():
-            for op in walk(module):
-                if op.name == "kda.scan":
-                    _narrow_block(op.regions[0].blocks[0])
-            dce(module.operation)
+        rewrite_scan_bodies(module, _narrow_block)
 
 
 def _narrow_block(block) -> None:
