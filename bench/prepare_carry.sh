@@ -16,10 +16,11 @@
 #   check       the GPU check's native set (python -m tools.gpu_check .bundles/check)
 #   check_k256  the GPU check's K = 256 set (python -m tools.gpu_check .bundles/check_k256)
 #   fla_compat  FLA's chunked-op test matrix (KDAGEN_BUNDLE=.bundles/fla_compat; long)
-#   ordered     LowerOptions.ordered_sums=true (not yet GPU-checked): the GPU check's native set
-#               (python -m tools.gpu_check .bundles/check_ordered) and bench bundles against
-#               bench (.bundles/ab_ordered: kdagen bench --bundle base=.bundles/bench
-#               --bundle ordered=.bundles/ab_ordered --configs B1_T8k_H16 --kernels --no-fla)
+#   candidates  the two accuracy fixes built at stop 46, not yet GPU-checked (docs/MATH.md §3):
+#               LowerOptions.ordered_sums=true and kda-assign-precision{gate_gradient_inputs=true};
+#               the GPU check's native set (python -m tools.gpu_check .bundles/check_candidates)
+#               and bench bundles to compare with bench (kdagen bench --bundle base=.bundles/bench
+#               --bundle cand=.bundles/ab_candidates --configs B1_T8k_H16 --kernels --no-fla)
 #   ab_k256     A/B candidates at K = 256 (bench/results/cpu_k256_chunk_options.log), against
 #               bench_k256: ab_k256_lb4 (load_batch=4: the cost model predicts kda_bwd's dk
 #               kernel 302 -> 242 us per CTA, with a 56-byte spill) and ab_k256_cw4
@@ -72,13 +73,14 @@ for job in "$@"; do
             "$PY" -m tools.check_bundle .bundles/check --set native --pipeline chip \
                 --chips sm_90a
             pack check ;;
-        ordered)
-            "$PY" -m tools.check_bundle .bundles/check_ordered --set native --pipeline chip \
-                --chips sm_90a --lower ordered_sums=true
-            pack check_ordered
-            "$PY" bench/emit_bench_bundle.py .bundles/ab_ordered --path native \
-                --configs B1_T8k_H16 --set ordered_sums=true
-            pack ab_ordered ;;
+        candidates)
+            cand="chip+kda-assign-precision{gate_gradient_inputs=true}"
+            "$PY" -m tools.check_bundle .bundles/check_candidates --set native \
+                --pipeline "$cand" --chips sm_90a --lower ordered_sums=true
+            pack check_candidates
+            "$PY" bench/emit_bench_bundle.py .bundles/ab_candidates --path native \
+                --configs B1_T8k_H16 --pipeline "$cand" --set ordered_sums=true
+            pack ab_candidates ;;
         fla_compat)
             "$PY" tests/test_fla_compat.py .bundles/fla_compat sm_90a
             pack fla_compat ;;

@@ -223,7 +223,7 @@ def _write_variants(out, files, manifest, lowered, programs_with_options, tgts, 
             prog = read_program(comp.module)
             if spec is None:
                 spec = _variant_spec(program, options, prog, lopts, item_pipeline)
-            if item_pipeline != "chip":
+            if not str(item_pipeline).startswith("chip"):     # a chip pipeline binds the chip
                 shared = comp.module
             spec["chip_workspaces"][target.chip] = workspace_specs(prog)
             pending.append((comp, target, program, options, vname, spec))

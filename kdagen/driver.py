@@ -78,10 +78,30 @@ BACKEND_STAGES = ("gpu", "cost", "ptx", "cubin")
 
 
 def pipeline_passes(pipeline: str, chip: str) -> list[ModulePass]:
-    """The passes of ``pipeline`` ("chip", "stable" or pipeline text) for ``chip``."""
+    """The passes of ``pipeline`` for ``chip``: "chip" (the chip's pipeline), "stable", pipeline
+    text, or "chip+PASS{KEY=VALUE,...}[+...]": the chip's pipeline with those passes' options
+    set (an ablation of one pass option; every pass named must be in the chip's pipeline)."""
     if pipeline == "chip":
         return pipeline_for(chip)
+    if pipeline.startswith("chip+"):
+        passes = pipeline_for(chip)
+        for override in parse_pipeline(pipeline[len("chip+"):].replace("+", ",")):
+            at = [i for i, p in enumerate(passes) if p.name == override.name]
+            if not at:
+                raise ValueError(f"pipeline {pipeline!r}: {override.name!r} is not a pass of "
+                                 f"{chip}'s pipeline ({', '.join(p.name for p in passes)})")
+            for i in at:
+                passes[i] = override
+        return passes
     return parse_pipeline("kda-stable-reassociate" if pipeline == "stable" else pipeline)
+
+
+def validate_pipeline(text: str, chip: str = "sm_90a") -> str:
+    """``text`` if it names a pipeline :func:`pipeline_passes` builds for ``chip`` ("stable",
+    "chip", "chip+PASS{KEY=VALUE}", pipeline text), else ValueError saying why."""
+    if text not in ("stable", "chip"):
+        pipeline_passes(text, chip)         # raises with the parser's message
+    return text
 
 
 def build_module(program: str, options: dict, pipeline: str = "stable", chip: str = "sm_90a"):

@@ -87,3 +87,19 @@ def test_emit_dumps_every_stage(tmp_path):
             if row["variant"] == folder.rsplit(".", 1)[0]:
                 assert (tmp_path / "bundle" / f"{row['kernel']}.sm_120a.ptx").read_text() \
                     in ptx.read_text()
+
+
+def test_chip_pipeline_with_a_pass_option():
+    """"chip+PASS{KEY=VALUE}": the chip's pipeline with that pass's option set, nothing else
+    changed; a pass outside the chip's pipeline, or an unknown one, is an error naming it."""
+    from kdagen.driver import pipeline_passes, validate_pipeline
+    plain = pipeline_passes("chip", "sm_90a")
+    tuned = pipeline_passes("chip+kda-assign-precision{gate_gradient_inputs=true}", "sm_90a")
+    assert [p.name for p in tuned] == [p.name for p in plain]
+    changed = [(a, b) for a, b in zip(plain, tuned) if a != b]
+    assert len(changed) == 1 and changed[0][1].gate_gradient_inputs is True
+    with pytest.raises(ValueError, match="'canonicalize' is not a pass of sm_90a's pipeline"):
+        validate_pipeline("chip+canonicalize")
+    with pytest.raises(ValueError, match="unknown pass 'kda-nonsense'"):
+        validate_pipeline("chip+kda-nonsense")
+    assert validate_pipeline("chip") == "chip"

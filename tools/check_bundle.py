@@ -5,8 +5,10 @@ then, on the GPU machine, ``python -m tools.gpu_check OUT``.
 """
 from __future__ import annotations
 
+import argparse
+
 from kdagen.bundle_writer import write_bundle
-from kdagen.driver import DEFAULT_LOWERING, Compilation
+from kdagen.driver import DEFAULT_LOWERING, Compilation, validate_pipeline
 
 # The variants the GPU check covers by default (kda/gdn, fwd/bwd, K = V = 64/128, both gate
 # forms, GVA, varlen, fp16, without initial state).
@@ -117,6 +119,17 @@ DEFAULT_SET = [
 ]
 
 
+def pipeline_arg(text: str) -> str:
+    """A --pipeline value: stable, chip, or chip+PASS{KEY=VALUE,...} naming passes of the
+    chip's pipeline (checked against sm_90a's)."""
+    if text not in ("stable", "chip") and not text.startswith("chip+"):
+        raise argparse.ArgumentTypeError(f"{text!r}: use stable, chip or chip+PASS{{KEY=VALUE}}")
+    try:
+        return validate_pipeline(text)
+    except Exception as exc:   # noqa: BLE001 - the parser's message names the problem
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
 def main(argv=None) -> int:
     """``python -m tools.check_bundle OUT [--chips sm_90a,...] [--quick]``: write the
     default variant set (DEFAULT_SET) for the GPU check."""
@@ -132,9 +145,11 @@ def main(argv=None) -> int:
                          "--chips sm_90a); k256: K = 256 on the sm_90a native path (K256_SET)")
     ap.add_argument("--standin-chips", default=",".join(STANDIN_CHIPS),
                     help="the chips --set standin stands in for")
-    ap.add_argument("--pipeline", default="stable", choices=["stable", "chip"],
+    ap.add_argument("--pipeline", default="stable", type=pipeline_arg,
                     help="stable: kda-stable-reassociate only; chip: the chip's full pipeline "
-                         "(partitioned chunk-parallel + state kernels)")
+                         "(partitioned chunk-parallel + state kernels); chip+PASS{KEY=VALUE}: "
+                         "the chip's pipeline with that pass option (also for the sets' "
+                         "variants that name the chip's pipeline)")
     ap.add_argument("--lower", action="append", default=[], metavar="KEY=VALUE",
                     help="a lowering option (kdagen.codegen.lower.options.LowerOptions) for "
                          "every variant, e.g. chunk_warpgroups=2 or tril_inv=columns; repeatable")
@@ -148,6 +163,9 @@ def main(argv=None) -> int:
     items = [it for it in chosen if not (args.quick and it[0].endswith("_bwd"))]
     if args.only:
         items = [it for it in items if args.only in f"{it[0]} {it[1]}"]
+    if args.pipeline.startswith("chip+"):     # the sets' chip-pipeline variants take it too
+        items = [(it[0], it[1], {**it[2], "pipeline": args.pipeline}, *it[3:])
+                 if len(it) > 2 and it[2].get("pipeline") == "chip" else it for it in items]
     extra = dict(_lower_option(kv) for kv in args.lower)
     if extra:
         items = [(it[0], it[1], {**(it[2] if len(it) > 2 else {}), **extra}, *it[3:])

@@ -298,7 +298,7 @@ def variant_name(program: str, options: dict, lower: dict | None = None) -> str:
         parts.append("varlen")
     if lower.get("dot", "fma") != "fma":
         parts.append(lower["dot"])
-    if lower.get("pipeline") == "chip":
+    if str(lower.get("pipeline", "")).startswith("chip"):
         parts.append("part")
     if lower.get("path", "portable") != "portable":
         parts.append(lower["path"])
