@@ -1,4 +1,4 @@
-"""kda-assign-precision{gate_gradient_inputs=true} (off by default until its GPU check): the
+"""kda-assign-precision{gate_gradient_inputs=true} (off: it helps some cases, not all): the
 plain products whose results the gate-parameter gradient's kernel loads (the backward
 prologue's u = (I + Akk)^-1 (v ⊙ β), the dq kernel's w·S) take that kernel's precision, per
 kernel; the sm_90a lowering takes it (one wgmma precision per kernel), and in the CPU

@@ -38,8 +38,10 @@ class AssignPrecisionPass(ModulePass):
     # that kernel loads from a workspace (the backward prologue's u = (I + Akk)^-1 (v ⊙ β),
     # the dq kernel's w·S). In the CPU simulator (KDA K = 64, "B1_T65") TF32 in u alone puts
     # dA_log at 1.58e-3; bf16x3 there, 1.44e-4 (fp32 FMA everywhere: 1.2e-5); no other
-    # kernel's products moved it. Static cost: the two kernels +1.6% and +3% (sm_90a stages
-    # one precision per kernel). Off until the GPU check has run with it.
+    # kernel's products moved it. Static cost: the two kernels +1.7% and +3.1% (sm_90a stages
+    # one precision per kernel). Off: at the native kernels' thread counts it makes KDA
+    # K = 128 "B1_T1000 weak" worse in the simulator (dA_log 7.2e-4 -> 1.8e-3), so it is not the
+    # whole answer (docs/MATH.md §3).
     gate_gradient_inputs: bool = False
 
     def run(self, module: ir.Module) -> None:

@@ -86,9 +86,11 @@ class LowerOptions:
     # each compute the gate's cumsum or a row's norm get the same bits: the gate gradient's
     # near-cancelling sums amplify any difference between kernels (tools.rounding_attribution,
     # KDA K = 64 steep gate: dA_log 2.8e-4 with every kernel's gate cumsum rounded alike,
-    # 6.3e-2 with one kernel's alone). Built and simulated (tests/test_tile_emitters_sim.py:
-    # bitwise equal at 128-512 threads); off until the GPU check has run with it (it is the
-    # candidate cause of KDA's native-path dA_log misses, 1.6-2.5e-3 at K = 64)
+    # 6.3e-2 with one kernel's alone). In the simulator at the native kernels' thread counts
+    # it takes KDA K = 64 steep-gate dA_log from 1.56e-3 to 5.5e-4 (correlated 1.62e-3 to
+    # 8.7e-4), but K = 128 "B1_T1000 weak" from 7.2e-4 to 1.2e-3: dA_log sits at the TF32
+    # products' noise (the float32 program: 4e-7), and reordering moves it either way.
+    # Bitwise equal at 128-512 threads (tests/test_tile_emitters_sim.py); off, not GPU-checked
     ordered_sums: bool = False
     # consumer warpgroups of a chunk-parallel kernel on the native sm_90a path (1, 2, 4 or
     # "auto": 4 where tile buffers spill to the global scratch, else 2; sm90_native.
