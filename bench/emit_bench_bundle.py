@@ -45,22 +45,14 @@ def bench_variants(ops: list[str], configs: list[str] | None = None,
     return rec.variants()
 
 
-def pipeline_arg(text: str) -> str:
-    """--pipeline: stable, chip, or chip+PASS{KEY=VALUE} (kdagen.driver.validate_pipeline)."""
-    from kdagen.driver import validate_pipeline
-    try:
-        return validate_pipeline(text)
-    except Exception as exc:   # noqa: BLE001 - the parser's message names the problem
-        raise argparse.ArgumentTypeError(str(exc)) from exc
-
-
 def main(argv=None) -> int:
+    from kdagen.driver import pipeline_argument
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out")
     ap.add_argument("--chip", default="sm_90a")
     ap.add_argument("--ops", default="kda,gdn")
     ap.add_argument("--lower", default="auto", choices=["fma", "auto", "tf32", "bf16x3", "bf16"])
-    ap.add_argument("--pipeline", default="chip", type=pipeline_arg,
+    ap.add_argument("--pipeline", default="chip", type=pipeline_argument,
                     help="stable, chip, or chip+PASS{KEY=VALUE} (a pass option's ablation)")
     ap.add_argument("--path", default="portable", choices=["portable", "native"],
                     help="native: the chip's own path (sm_90a: TMA + wgmma + warp specialisation)")

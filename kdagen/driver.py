@@ -104,6 +104,18 @@ def validate_pipeline(text: str, chip: str = "sm_90a") -> str:
     return text
 
 
+def pipeline_argument(text: str) -> str:
+    """The ``--pipeline`` argument of the bundle tools (an argparse ``type``): "stable", "chip"
+    or "chip+PASS{KEY=VALUE}", checked against sm_90a's pipeline."""
+    import argparse
+    if text not in ("stable", "chip") and not text.startswith("chip+"):
+        raise argparse.ArgumentTypeError(f"{text!r}: use stable, chip or chip+PASS{{KEY=VALUE}}")
+    try:
+        return validate_pipeline(text)
+    except Exception as exc:   # noqa: BLE001 - the parser's message names the problem
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
 def build_module(program: str, options: dict, pipeline: str = "stable", chip: str = "sm_90a"):
     """The program after the passes of ``pipeline`` (the module that the lowering takes)."""
     return Compilation(program, options, chip, pipeline=pipeline, keep_stages=False).run_passes().module

@@ -5,10 +5,8 @@ then, on the GPU machine, ``python -m tools.gpu_check OUT``.
 """
 from __future__ import annotations
 
-import argparse
-
 from kdagen.bundle_writer import write_bundle
-from kdagen.driver import DEFAULT_LOWERING, Compilation, validate_pipeline
+from kdagen.driver import DEFAULT_LOWERING, Compilation, pipeline_argument
 
 # The variants the GPU check covers by default (kda/gdn, fwd/bwd, K = V = 64/128, both gate
 # forms, GVA, varlen, fp16, without initial state).
@@ -119,17 +117,6 @@ DEFAULT_SET = [
 ]
 
 
-def pipeline_arg(text: str) -> str:
-    """A --pipeline value: stable, chip, or chip+PASS{KEY=VALUE,...} naming passes of the
-    chip's pipeline (checked against sm_90a's)."""
-    if text not in ("stable", "chip") and not text.startswith("chip+"):
-        raise argparse.ArgumentTypeError(f"{text!r}: use stable, chip or chip+PASS{{KEY=VALUE}}")
-    try:
-        return validate_pipeline(text)
-    except Exception as exc:   # noqa: BLE001 - the parser's message names the problem
-        raise argparse.ArgumentTypeError(str(exc)) from exc
-
-
 def main(argv=None) -> int:
     """``python -m tools.check_bundle OUT [--chips sm_90a,...] [--quick]``: write the
     default variant set (DEFAULT_SET) for the GPU check."""
@@ -145,7 +132,7 @@ def main(argv=None) -> int:
                          "--chips sm_90a); k256: K = 256 on the sm_90a native path (K256_SET)")
     ap.add_argument("--standin-chips", default=",".join(STANDIN_CHIPS),
                     help="the chips --set standin stands in for")
-    ap.add_argument("--pipeline", default="stable", type=pipeline_arg,
+    ap.add_argument("--pipeline", default="stable", type=pipeline_argument,
                     help="stable: kda-stable-reassociate only; chip: the chip's full pipeline "
                          "(partitioned chunk-parallel + state kernels); chip+PASS{KEY=VALUE}: "
                          "the chip's pipeline with that pass option (also for the sets' "

@@ -25,6 +25,7 @@ from .._mlir import ir
 from ..ir.precision import PRECISIONS, PRODUCT_OPS, auto_precision
 from ..ir.transforms import walk
 from .base import ModulePass, register_pass
+from .stable_reassociate import _owner
 
 
 @register_pass
@@ -74,14 +75,9 @@ def per_head_gradient_kernels(module: ir.Module) -> list:
     """The kernels (``kda.scan`` ops marked ``kda.kernel`` by kda-partition) that store into a
     workspace ``kda.sum_chunks`` reads: per-chunk partial sums of a per-head gradient."""
     summed = [op.operands[0] for op in walk(module) if op.name == "kda.sum_chunks"]
-    out = []
-    for op in walk(module):
-        if op.name != "kda.scan" or "kda.kernel" not in op.attributes:
-            continue
-        if any(inner.name == "kda.store_chunk" and inner.operands[0] in summed
-               for inner in walk(op)):
-            out.append(op)
-    return out
+    return [k for k in all_kernels(module)
+            if any(inner.name == "kda.store_chunk" and inner.operands[0] in summed
+                   for inner in walk(k))]
 
 
 def all_kernels(module: ir.Module) -> list:
@@ -98,9 +94,7 @@ def products_loaded_by(module: ir.Module, kernels: list) -> set:
     for op in walk(module):
         if op.name != "kda.store_chunk" or op in inside or op.operands[0] not in loaded:
             continue
-        value = op.operands[2]
-        owner = None if isinstance(value, ir.BlockArgument) else value.owner
-        owner = owner.operation if hasattr(owner, "operation") else owner
+        owner = _owner(op.operands[2])
         if owner is not None and owner.name == "kda.dot":
             out.add(owner)
     return out

@@ -209,6 +209,18 @@ def foreach(th: Threads, shape, body) -> None:
     B.for_range(th.tid, n, th.count, step, trips=-(-n // th.count))
 
 
+def each_round(th: Threads, items: int, body) -> None:
+    """``body(m, e)`` for work item e = thread + m * count of ``items`` (round m): whole rounds
+    unguarded, the last partial one only on the threads that have an item (a warp-uniform
+    branch where ``items`` is a multiple of 32)."""
+    for m in range(-(-items // th.count)):
+        e = addk(th.tid, m * th.count)
+        if (m + 1) * th.count <= items:
+            body(m, e)
+        else:
+            B.if_then(B.icmp("lt", e, items), lambda m=m, e=e: body(m, e))
+
+
 def foreach_batched(th: Threads, shape, read, write, straight_shared: bool = False) -> None:
     """``write(idx, read(idx))`` for every element of ``shape`` (element e on thread
     e % count), with each thread's reads of ``th.batch`` elements emitted before their writes:
@@ -1358,19 +1370,12 @@ def emit_cumsum_segmented(th: Threads, out: BufRef, x: Ref, reverse: bool,
     rounds = -(-items // th.count)
     zero = B.f(0.0)
 
-    def item(m):
-        e = addk(th.tid, m * th.count)
-        return e, unravel(e % cols, col_shape), e // cols
+    def item(e):
+        return unravel(e % cols, col_shape), e // cols
 
-    def busy(m, body):
-        """``body`` on the threads that have an item in round m; the barriers between the
-        phases stay outside, on every thread."""
-        if (m + 1) * th.count <= items:
-            return body()
-        B.if_then(B.icmp("lt", item(m)[0], items), body)
-
-    def scan(m):
-        _, cidx, part = item(m)
+    # the barriers between the phases stay outside each_round, on every thread
+    def scan(m, e):
+        cidx, part = item(e)
 
         def row_of(r):
             return part * seg + ((seg - 1) - r if reverse else r)
@@ -1381,12 +1386,11 @@ def emit_cumsum_segmented(th: Threads, out: BufRef, x: Ref, reverse: bool,
             return [v]
         fold_batched(seg, lambda r: x.read([row_of(r)] + list(cidx)), add, [zero], th.batch)
 
-    for m in range(rounds):
-        busy(m, lambda m=m: scan(m))
+    each_round(th, items, scan)
     B.barrier()
     offsets = []
     for m in range(rounds):
-        _, cidx, part = item(m)
+        cidx, part = item(addk(th.tid, m * th.count))
         offset = zero
         for q in range(segments):
             end = q * seg if reverse else q * seg + seg - 1      # where segment q's total is
@@ -1397,8 +1401,8 @@ def emit_cumsum_segmented(th: Threads, out: BufRef, x: Ref, reverse: bool,
         offsets.append(offset)
     B.barrier()          # every total is read before any row is shifted
 
-    def shift(m):
-        _, cidx, part = item(m)
+    def shift(m, e):
+        cidx, part = item(e)
         start = part * seg
 
         def step(acc, r, v):
@@ -1406,8 +1410,7 @@ def emit_cumsum_segmented(th: Threads, out: BufRef, x: Ref, reverse: bool,
             return acc
         fold_batched(seg, lambda r: out.read([start + r] + list(cidx)), step, [zero], th.batch)
 
-    for m in range(rounds):
-        busy(m, lambda m=m: shift(m))
+    each_round(th, items, shift)
 
 
 #: elements each lane of a grouped reduction folds (the group's lane count follows from the
@@ -1415,24 +1418,16 @@ def emit_cumsum_segmented(th: Threads, out: BufRef, x: Ref, reverse: bool,
 REDUCE_ELEMENTS_PER_LANE = 16
 
 
-def _lanes_filling(count: int, n_out: int, n_red: int) -> int:
-    """Lanes that share one output of a reduction (a power of two dividing a warp and the
-    reduced size), as many as keep whole warps of ``count`` threads busy: 1 when that is one
-    lane per output (the order of the sums then depends on ``count``)."""
-    for lanes in (32, 16, 8, 4, 2):
-        if n_red % lanes == 0 and n_out * lanes <= count and (n_out * lanes) % 32 == 0:
-            return lanes
-    return 1
-
-
-def _lanes_per_output(n_out: int, n_red: int) -> int:
+def _lanes_per_output(n_out: int, n_red: int, count: int | None = None) -> int:
     """Lanes that share one output of a reduction: a power of two dividing a warp and the
-    reduced size, each lane folding about :data:`REDUCE_ELEMENTS_PER_LANE` elements, with
-    whole warps of lane groups (n_out * lanes a multiple of 32); 1 where none fits. From the
-    shapes only, never from the thread count (the sum's order must not depend on it)."""
+    reduced size, with whole warps of lane groups (n_out * lanes a multiple of 32); 1 where
+    none fits. With ``count``: as many as ``count`` threads hold at once (the order of the
+    sums then depends on ``count``); without: each lane folding at least
+    :data:`REDUCE_ELEMENTS_PER_LANE` elements, from the shapes only."""
     for lanes in (32, 16, 8, 4, 2):
-        if (n_red % lanes == 0 and n_red // lanes >= REDUCE_ELEMENTS_PER_LANE
-                and (n_out * lanes) % 32 == 0):
+        fits = (n_out * lanes <= count if count is not None
+                else n_red // lanes >= REDUCE_ELEMENTS_PER_LANE)
+        if n_red % lanes == 0 and (n_out * lanes) % 32 == 0 and fits:
             return lanes
     return 1
 
@@ -1467,17 +1462,14 @@ def emit_reduce_sum(th: Threads, out: BufRef, x: Ref, dims, red: ReduceScratch) 
         materialize(th, FnRef(out_shape, lambda o: x.read(full_index(o, [0] * len(dims)))), out)
         return
     if n_out >= 32 or n_red <= 64:
-        lanes = (_lanes_per_output(n_out, n_red) if th.ordered
-                 else _lanes_filling(th.count, n_out, n_red))
+        lanes = _lanes_per_output(n_out, n_red, None if th.ordered else th.count)
         if lanes > 1:
             # ``lanes`` neighbouring lanes per output, each folding every lanes-th element
             # (coalesced along the reduced dim), then butterfly shuffles within the group;
             # work lane w = thread + round * count, so whole warps share a round's branch
-            work = n_out * lanes
             lane = th.tid % lanes
 
-            def grouped(m):
-                w = addk(th.tid, m * th.count)
+            def grouped(m, w):
                 oidx = unravel(w // lanes, out_shape)
                 (acc,) = fold_batched(
                     n_red // lanes,
@@ -1488,12 +1480,8 @@ def emit_reduce_sum(th: Threads, out: BufRef, x: Ref, dims, red: ReduceScratch) 
                     acc = B.add(acc, B.shfl_xor(acc, k))
                     k //= 2
                 B.if_then(B.icmp("eq", lane, 0), lambda: out.write(oidx, acc))
-            for m in range(-(-work // th.count)):
-                if (m + 1) * th.count <= work:
-                    grouped(m)
-                else:       # whole warps idle past the outputs: the shuffles stay converged
-                    B.if_then(B.icmp("lt", addk(th.tid, m * th.count), work),
-                              lambda m=m: grouped(m))
+            # whole warps idle past the outputs: the shuffles stay converged
+            each_round(th, n_out * lanes, grouped)
             return
 
         def one(oidx):
@@ -1508,15 +1496,12 @@ def emit_reduce_sum(th: Threads, out: BufRef, x: Ref, dims, red: ReduceScratch) 
     # else one partial per thread
     P = REDUCE_PARTIALS if th.ordered else th.count
     slots = P // 32
-    rounds = -(-P // th.count) if th.count < P else 1
     lane = th.tid % 32
 
     def per_output(o, *_):
         oidx = unravel(o, out_shape) if out_shape else []
 
-        def partial(m):
-            p = addk(th.tid, m * th.count)
-
+        def partial(m, p):
             def step(r, acc):
                 return [B.add(acc, x.read(full_index(oidx, unravel(r, red_shape))))]
 
@@ -1525,11 +1510,7 @@ def emit_reduce_sum(th: Threads, out: BufRef, x: Ref, dims, red: ReduceScratch) 
                 part = B.add(part, B.shfl_xor(part, k))
             B.if_then(B.icmp("eq", lane, 0), lambda: red.ref.write([p // 32], part))
 
-        for m in range(rounds):
-            if th.count <= P:
-                partial(m)
-            else:           # threads past the partials sit out, as whole warps
-                B.if_then(B.icmp("lt", th.tid, P), lambda m=m: partial(m))
+        each_round(th, P, partial)      # threads past the partials sit out, as whole warps
         B.barrier()
 
         def finish():
