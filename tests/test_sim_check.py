@@ -57,3 +57,30 @@ def test_kernel_threads_gives_the_named_kernels_their_thread_counts():
 def test_kernel_threads_rejects_what_it_cannot_run(bad):
     with pytest.raises(SystemExit, match="--kernel-threads"):
         sim_check._kernel_counts(bad)
+
+
+def test_kernel_dot_gives_the_named_kernels_their_product_precision():
+    """--kernel-dot k0=tf32x3: kernel k0 is lowered with dot=tf32x3 (every product), the others
+    with the options' dot; the patch is undone afterwards."""
+    from kdagen.codegen.lower.kernel import prepare
+    from kdagen.codegen.lower.options import LowerOptions
+    from kdagen.codegen.lower.program import read_program
+    from kdagen.driver import build_module
+    program = read_program(build_module("kda_bwd", dict(head_k_dim=64, head_v_dim=64), "chip",
+                                        "sm_90a"))
+
+    def dots():
+        return {pk.name.split("__")[1].split("_")[0]: pk.emitter.opts.dot
+                for pk in prepare(program, None, "t", LowerOptions(dot="auto"))
+                if pk.group.kind != "global"}
+    with sim_check.kernel_threads({}, sim_check._kernel_dots("k0=tf32x3,k3=bf16x3")):
+        inside = dots()
+    assert inside["k0"] == "tf32x3" and inside["k3"] == "bf16x3", inside
+    assert inside["k2"] == "auto", inside
+    assert set(dots().values()) == {"auto"}                    # the patch is undone
+
+
+@pytest.mark.parametrize("bad", ["k0", "0=tf32", "k0=tf33", "kx=tf32"])
+def test_kernel_dot_rejects_unknown_precisions(bad):
+    with pytest.raises(SystemExit, match="--kernel-dot"):
+        sim_check._kernel_dots(bad)

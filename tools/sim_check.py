@@ -1,7 +1,8 @@
 """The GPU check's cases for one program, run in the CPU simulator of its kernels (no GPU).
 
 ``python -m tools.sim_check gdn_bwd [--head-dim 128] [--gate NAME] [--chip sm_90a]
-[--dot auto] [--case SUBSTRING] [--quick] [--lower KEY=VALUE ...] [--kernel-threads k2=256,...]``
+[--dot auto] [--case SUBSTRING] [--quick] [--lower KEY=VALUE ...] [--kernel-threads k2=256,...]
+[--kernel-dot k0=tf32x3,...]``
 
 For each case of ``tools.gpu_check`` (its shapes, decays and seeds) the program is lowered
 with ``--chip``'s pipeline and run in the lockstep simulator (``tools.scan_precision_probe``'s
@@ -20,6 +21,13 @@ reduction's sums (LowerOptions.ordered_sums). ``--kernel-threads k0=128,k2=256,k
 those kernels (by index) those thread counts, to reproduce what that does to the gradients:
 KDA K = 64 "B1_T200 steep" dA_log 4.6e-4 at 128 threads everywhere, 1.56e-3 with those counts
 (the H100's native kernels: 1.68e-3), 5.5e-4 with them and ``--lower ordered_sums=true``.
+The native kernels' consumer threads are their launch block less the 128 producer threads
+(``kdagen bench --kernels`` prints the blocks; kda_bwd at K = 128: k0 256, k2 512, k4 512).
+
+``--kernel-dot k0=tf32x3,k1=tf32x3`` gives every product of the named kernels that precision
+(a per-kernel ``--dot``): which kernels' rounding an error comes from. KDA's dA_log at weak
+decay (K = 128, "B1_T1000 weak") is set by the serial scans' TF32 products: with ordered sums
+it needs k0, k1 and k3 at tf32x3 (docs/MATH.md §3).
 """
 from __future__ import annotations
 
@@ -31,6 +39,7 @@ from dataclasses import replace
 from kdagen.codegen.lower import tuning
 from kdagen.codegen.lower.options import parse_lower_option
 from kdagen.emit import DEFAULT_GATES
+from kdagen.ir.precision import PRECISIONS
 
 from .scan_precision_probe import SimulatedProgram
 
@@ -40,20 +49,40 @@ GOALS = {"fp32": 1e-3, "bf16": 2e-3}
 
 
 @contextlib.contextmanager
-def kernel_threads(counts: dict):
+def kernel_threads(counts: dict, dots: dict | None = None):
     """Lower the tile kernels named in ``counts`` (``{"k2": 256}``: kernel index -> threads)
-    with those thread counts, the other kernels as the options say."""
+    with those thread counts, and those named in ``dots`` (``{"k0": "tf32x3"}``) with that
+    product precision for every product (LowerOptions.dot), the other kernels as the options
+    say."""
     original = tuning.tuned_options
+    dots = dots or {}
 
-    def with_threads(opts, chip, path, program, head_dims, kernel):
+    def with_overrides(opts, chip, path, program, head_dims, kernel):
         out, applied = original(opts, chip, path, program, head_dims, kernel)
-        n = counts.get(kernel.split("_")[0])
-        return (replace(out, nthreads=n) if n else out), applied
-    tuning.tuned_options = with_threads
+        index = kernel.split("_")[0]
+        changes = {}
+        if index in counts:
+            changes["nthreads"] = counts[index]
+        if index in dots:
+            changes["dot"] = dots[index]
+        return (replace(out, **changes) if changes else out), applied
+    tuning.tuned_options = with_overrides
     try:
         yield
     finally:
         tuning.tuned_options = original
+
+
+def _kernel_dots(text: str) -> dict:
+    """``k0=tf32x3,k1=bf16x3`` -> {"k0": "tf32x3", "k1": "bf16x3"} (--kernel-dot)."""
+    dots = {}
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.startswith("k") or not key[1:].isdigit() or value not in PRECISIONS:
+            raise SystemExit(f"sim_check: --kernel-dot {item!r}: expected k<index>=<one of "
+                             f"{', '.join(PRECISIONS)}>, e.g. k0=tf32x3")
+        dots[key] = value
+    return dots
 
 
 def _kernel_counts(text: str) -> dict:
@@ -80,11 +109,15 @@ def main(argv=None) -> int:
                     help="a lowering option (LowerOptions field), e.g. ordered_sums=true")
     ap.add_argument("--kernel-threads", default="", metavar="k2=256,...",
                     help="threads of the named tile kernels (the native path's counts)")
+    ap.add_argument("--kernel-dot", default="", metavar="k0=tf32x3,...",
+                    help="the product precision of every product of the named tile kernels "
+                         "(a per-kernel --dot), e.g. to find which kernels' rounding an "
+                         "output's error comes from")
     a = ap.parse_args(argv)
     gate = a.gate or DEFAULT_GATES[a.program.split("_")[0]]
     options = dict(head_k_dim=a.head_dim, head_v_dim=a.head_dim, gate=gate)
     lower = dict(parse_lower_option(t) for t in a.lower)
-    with kernel_threads(_kernel_counts(a.kernel_threads)):
+    with kernel_threads(_kernel_counts(a.kernel_threads), _kernel_dots(a.kernel_dot)):
         return _report(a, gate, SimulatedProgram(a.program, options, a.dot, a.chip,
                                                  quick=a.quick, lower=lower))
 
@@ -94,8 +127,9 @@ def _report(a, gate: str, sim) -> int:
     if not labels:
         print(f"sim_check: no case of {a.program} matches {a.case!r}", file=sys.stderr)
         return 1
-    extra = "".join(f" {t}" for t in a.lower) + (f" threads {a.kernel_threads}"
-                                                  if a.kernel_threads else "")
+    extra = ("".join(f" {t}" for t in a.lower)
+             + (f" threads {a.kernel_threads}" if a.kernel_threads else "")
+             + (f" kernel dot {a.kernel_dot}" if a.kernel_dot else ""))
     print(f"{a.program} K=V={a.head_dim} gate={gate} chip={a.chip} dot={a.dot}{extra} "
           "(CPU simulator of the kernels)")
     print(f"{'case':28s} {'tensor':10s} {'rel_err':>9s} {'bar':>6s} {'floor':>8s} {'goal':>6s}  status")
