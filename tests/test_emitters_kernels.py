@@ -68,6 +68,18 @@ def test_suite_assembles_without_spills(suites, chip):
         assert c.dynamic_smem_bytes <= get_target(chip).smem_per_block
 
 
+def test_wgmma_takes_a_16_bit_a_operand_from_registers(suites):
+    """The chained test kernel's second product reads A from four packed registers (the first
+    product's accumulators, rounded to bf16), B by descriptor: the form a bf16 register scan
+    needs (kdagen.codegen.sm90.wgmma.wgmma_half_rs)."""
+    _, ptx, _ = suites["sm_90a"]
+    rs = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16 "
+                    r"\{[^}]*\}, \{(%r\d+), (%r\d+), (%r\d+), (%r\d+)\}, %rd\d+, p, 1, 1, 0;",
+                    ptx)
+    assert len(rs) == 4, rs          # one per k16 block of the 64-deep second product
+    assert "cvt.rn.bf16x2.f32" in ptx
+
+
 @pytest.mark.parametrize("chip", CHIPS)
 def test_intended_instructions_present(suites, chip):
     _, ptx, _ = suites[chip]

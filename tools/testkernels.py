@@ -449,6 +449,64 @@ def build_wgmma_tile(builder: GpuModuleBuilder, target: Target, n: int = 64, k: 
         chips=chips_with("has_wgmma"))
 
 
+def build_wgmma_rs_chain(builder: GpuModuleBuilder, target: Target, k1: int = 64, n1: int = 64,
+                         n2: int = 64, dtype: str = "bf16") -> LaunchContract:
+    """One warpgroup, two chained wgmma products: P[64, n1] = A · B1ᵀ from shared tiles, then
+    C[64, n2] = P · B2ᵀ with P's accumulator registers, rounded to ``dtype`` and packed in place
+    (`layouts.acc_regs_for_half_a`), as the register A operand (`wgmma.wgmma_half_rs`) — how a
+    16-bit register scan feeds one product's result to the next without shared memory.
+
+    Launch: grid (1,1,1); block (128,1,1). Params: A [64, k1], B1 [n1, k1], B2 [n2, n1] (dtype,
+    K-major), C f32 [64, n2]. Expected: C = (A.float() @ B1.float().T).to(dtype).float() @
+    B2.float().T."""
+    from kdagen.codegen.common.convert import pack_f32x2
+    from kdagen.codegen.common.layouts import acc_regs_for_half_a
+    from kdagen.codegen.sm90 import wgmma
+    name = f"emt_wgmma_rs_chain_m64k{k1}n{n1}n{n2}_{dtype}"
+    params = [Param("A", "ptr", dtype), Param("B1", "ptr", dtype), Param("B2", "ptr", dtype),
+              Param("C", "ptr", "f32")]
+    with builder.kernel(name, params, (128, 1, 1)) as p:
+        smem = SmemAllocator(builder, target.smem_per_block)
+        wc = warp_coords()
+        ta = _load_tile(smem, wc.tid, p["A"], dtype, 64, k1, 128, "128", False)
+        tb1 = _load_tile(smem, wc.tid, p["B1"], dtype, n1, k1, 128, "128", False)
+        tb2 = _load_tile(smem, wc.tid, p["B2"], dtype, n2, n1, 128, "128", False)
+        barrier.fence_proxy_async_shared()
+        barrier.sync_threads()
+        acc = AccFragment.filled(wgmma.wgmma_acc_layout(n1), 0.0)
+        wgmma.wgmma_fence(target)
+        acc = wgmma.wgmma_matmul(target, acc, SmemOperand(ta, False), SmemOperand(tb1, True), k1,
+                                 dtype, accumulate=False)
+        wgmma.wgmma_commit(target)
+        wgmma.wgmma_wait(target, 0)
+        values = wgmma.fence_accumulators(list(acc.values))
+        lay = tb2.layout
+        starts = [wgmma.operand_start_and_strides(lay, "b", True, 0, kb * 16)
+                  for kb in range(n1 // 16)]
+        _, lbo, sbo = starts[0]
+        descs = wgmma.make_descriptors(tb2.addr32(), [st for st, _, _ in starts], lbo, sbo,
+                                       lay.swizzle)
+        out = [arith.constant(ir.F32Type.get(), 0.0) for _ in range(n2 // 2)]
+        a_regs = [[pack_f32x2(values[lo], values[hi], dtype)
+                   for lo, hi in (acc_regs_for_half_a(kb, j) for j in range(4))]
+                  for kb in range(n1 // 16)]
+        wgmma.wgmma_fence(target)
+        for kb, desc in enumerate(descs):
+            out = wgmma.wgmma_half_rs(target, out, a_regs[kb], desc, n2, dtype)
+        wgmma.wgmma_commit(target)
+        wgmma.wgmma_wait(target, 0)
+        out = wgmma.fence_accumulators(out)
+        store_acc(AccFragment(wgmma.wgmma_acc_layout(n2), out), GlobalView(p["C"], "f32", n2),
+                  wc, "f32")
+    torch_dtype = {"bf16": "torch.bfloat16", "f16": "torch.float16"}[dtype]
+    return LaunchContract(
+        name, (1, 1, 1), (128, 1, 1), smem.size_bytes,
+        [tensor("A", dtype, (64, k1)), tensor("B1", dtype, (n1, k1)), tensor("B2", dtype, (n2, n1)),
+         tensor("C", "f32", (64, n2), True)],
+        f"C = (A.float() @ B1.float().T).to({torch_dtype}).float() @ B2.float().T",
+        chips=chips_with("has_wgmma"))
+
+
 def build_ws_tma_wgmma_pipeline(builder: GpuModuleBuilder, target: Target, n: int = 64,
                                 k_total: int = 256, k_tile: int = 64, stages: int = 2,
                                 dtype: str = "bf16", name: str | None = None) -> LaunchContract:
@@ -685,6 +743,7 @@ def build_suite(builder: GpuModuleBuilder, target: Target) -> list[LaunchContrac
                 build_wgmma_tile(builder, target, n=128, trans_a=True, trans_b=False),
                 build_wgmma_tile(builder, target, n=64, trans_a=False, trans_b=False, swizzle=64,
                                  k=32),
+                build_wgmma_rs_chain(builder, target),
                 build_ws_tma_wgmma_pipeline(builder, target)]
     if target.has_tcgen05:
         out += [build_tcgen05_tile(builder, target),

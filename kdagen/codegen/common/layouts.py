@@ -209,6 +209,14 @@ def acc_reg_for_tf32_a(kb: int, j: int) -> int:
     return 4 * kb + 2 * (j % 2) + j // 2
 
 
+def acc_regs_for_half_a(kb: int, j: int) -> tuple[int, int]:
+    """The two wgmma accumulator registers (`wgmma_d_coord` numbering, natural column order)
+    packed into register ``j`` (0..3) of the 16-bit A fragment of k16 block ``kb``: A register j
+    holds row g + 8·(j % 2), columns 16·kb + 8·(j // 2) + 2t + {0, 1} (PTX's m64nNk16 A register
+    layout), which accumulator registers 8·kb + 2j and 8·kb + 2j + 1 hold (low column first)."""
+    return 8 * kb + 2 * j, 8 * kb + 2 * j + 1
+
+
 # ------------------------------------------------------------------------------------------
 # Register reuse: an mma C fragment (rounded to 16 bits) as the A or B operand of the next mma
 # ------------------------------------------------------------------------------------------

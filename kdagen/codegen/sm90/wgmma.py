@@ -186,6 +186,38 @@ def wgmma_tf32_rs(target: Target, acc_values: list, a_regs: list, desc_b: ir.Val
     return [llvm.extractvalue(f32, res, [i]) for i in range(half)]
 
 
+def wgmma_half_rs(target: Target, acc_values: list, a_regs: list, desc_b: ir.Value, n: int,
+                  dtype: str = "bf16") -> list:
+    """One ``wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{dtype}.{dtype}`` (bf16 or f16) with A
+    from registers (``a_regs``: 4 i32, each two packed 16-bit values, lower column in bits
+    0-15; `layouts.acc_regs_for_half_a` says which accumulator registers of a previous
+    m64 product make them) and B (K-major, from shared memory) by descriptor:
+    ``acc[64, n] += A[64, 16] · B[16, n]``. Inline PTX, as `wgmma_tf32_rs`; read the results
+    only after `wgmma_wait` and `fence_accumulators`."""
+    target.require("has_wgmma", "wgmma")
+    if dtype not in ("bf16", "f16"):
+        raise ValueError(f"wgmma_half_rs takes bf16 or f16 operands, not {dtype!r} "
+                         "(TF32: wgmma_tf32_rs)")
+    if n % 8 or not 8 <= n <= 256:
+        raise ValueError(f"wgmma N must be a multiple of 8 in 8..256, got {n}")
+    half = n // 2
+    if len(acc_values) != half or len(a_regs) != 4:
+        raise ValueError(f"m64n{n}k16 {dtype} takes {half} accumulators and 4 A registers, "
+                         f"got {len(acc_values)} and {len(a_regs)}")
+    d = ", ".join(f"${i}" for i in range(half))
+    a = ", ".join(f"${2 * half + i}" for i in range(4))
+    # scale-d p, scale-a 1, scale-b 1, B not transposed (K-major)
+    asm = ("{ .reg .pred p; setp.ne.b32 p, 1, 0; "
+           f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{dtype}.{dtype} {{{d}}}, {{{a}}}, "
+           f"${2 * half + 4}, p, 1, 1, 0; }}")
+    constraints = ",".join(["=f"] * half + [str(i) for i in range(half)] + ["r"] * 4 + ["l"])
+    struct_t = ir.Type.parse("!llvm.struct<(" + ", ".join(["f32"] * half) + ")>")
+    res = llvm.inline_asm(struct_t, [*acc_values, *a_regs, desc_b], asm, constraints,
+                          has_side_effects=True)
+    f32 = ir.F32Type.get()
+    return [llvm.extractvalue(f32, res, [i]) for i in range(half)]
+
+
 def fence_accumulators(values: list) -> list:
     """Pass accumulator registers through an empty volatile asm after `wgmma_wait`, so that no
     use of them is scheduled above the wait (the wgmma asm's outputs look ready to LLVM as soon
