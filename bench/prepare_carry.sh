@@ -21,6 +21,11 @@
 #               the GPU check's native set (python -m tools.gpu_check .bundles/check_candidates)
 #               and bench bundles to compare with bench (kdagen bench --bundle base=.bundles/bench
 #               --bundle cand=.bundles/ab_candidates --configs B1_T8k_H16 --kernels --no-fla)
+#   dalog_fix   the simulator's fix of KDA's dA_log misses (docs/MATH.md §3) built with today's
+#               lowering, for the GPU check only (slow scans): kda_bwd variants of the native set
+#               with ordered sums, the serial scans on the tile path (register_scan=false: the
+#               register scans are TF32 only) and bf16x3 for every product of the prologue (k0)
+#               and both scans (k1, k3): python -m tools.gpu_check .bundles/dalog_fix
 #   ab_k256     A/B candidates at K = 256 (bench/results/cpu_k256_chunk_options.log), against
 #               bench_k256: ab_k256_lb4 (load_batch=4: the cost model predicts kda_bwd's dk
 #               kernel 302 -> 242 us per CTA, with a 56-byte spill) and ab_k256_cw4
@@ -73,6 +78,11 @@ for job in "$@"; do
             "$PY" -m tools.check_bundle .bundles/check --set native --pipeline chip \
                 --chips sm_90a
             pack check ;;
+        dalog_fix)
+            "$PY" -m tools.check_bundle .bundles/dalog_fix --set native --pipeline chip \
+                --chips sm_90a --only kda_bwd --lower ordered_sums=true \
+                --lower register_scan=false --kernel-dot k0=bf16x3,k1=bf16x3,k3=bf16x3
+            pack dalog_fix ;;
         candidates)
             cand="chip+kda-assign-precision{gate_gradient_inputs=true}"
             "$PY" -m tools.check_bundle .bundles/check_candidates --set native \

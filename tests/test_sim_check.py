@@ -84,3 +84,11 @@ def test_kernel_dot_gives_the_named_kernels_their_product_precision():
 def test_kernel_dot_rejects_unknown_precisions(bad):
     with pytest.raises(SystemExit, match="--kernel-dot"):
         sim_check._kernel_dots(bad)
+
+
+def test_check_bundle_rejects_a_bad_kernel_dot(tmp_path):
+    """tools.check_bundle --kernel-dot takes the same values as sim_check's (and says so)."""
+    from tools import check_bundle
+    with pytest.raises(SystemExit, match="--kernel-dot"):
+        check_bundle.main([str(tmp_path / "b"), "--only", "no such variant",
+                           "--kernel-dot", "k0=fp64"])

@@ -142,6 +142,9 @@ def main(argv=None) -> int:
                          "every variant, e.g. chunk_warpgroups=2 or tril_inv=columns; repeatable")
     ap.add_argument("--only", default=None, help="only variants whose program or options "
                                                  "contain this text")
+    ap.add_argument("--kernel-dot", default="", metavar="k0=bf16x3,...",
+                    help="every product of the named tile kernels (by index, in every variant: "
+                         "narrow with --only) at that precision, as tools.sim_check's option")
     args = ap.parse_args(argv)
     if args.set == "standin":
         chosen = standin_set(tuple(args.standin_chips.split(",")))
@@ -164,7 +167,10 @@ def main(argv=None) -> int:
             built.append(it)
         except Exception as exc:  # noqa: BLE001 - e.g. a backward that does not derive yet
             print(f"skipping {it[0]} {it[1]}: {type(exc).__name__}: {exc}")
-    res = write_bundle(args.out, built, args.chips.split(","), verbose=True, pipeline=args.pipeline)
+    from .sim_check import _kernel_dots, kernel_threads
+    with kernel_threads({}, _kernel_dots(args.kernel_dot)):
+        res = write_bundle(args.out, built, args.chips.split(","), verbose=True,
+                           pipeline=args.pipeline)
     print(f"wrote {len(res['variants'])} variants, {len(res['report'])} kernels to {args.out}")
     return 0
 
