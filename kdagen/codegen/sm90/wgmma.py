@@ -159,31 +159,39 @@ def wgmma_async(target: Target, acc_values: list, desc_a: ir.Value, desc_b: ir.V
     return [llvm.extractvalue(f32, res, [i]) for i in range(n // 2)]
 
 
-def wgmma_tf32_rs(target: Target, acc_values: list, a_regs: list, desc_b: ir.Value, n: int) -> list:
-    """One ``wgmma.mma_async.sync.aligned.m64n{n}k8.f32.tf32.tf32`` with A from registers
-    (``a_regs``: 4 i32 holding TF32 bits, `layouts.wgmma_tf32_a_coord`) and B (K-major, from
-    shared memory) by descriptor: ``acc[64, n] += A[64, 8] · B[8, n]``. MLIR's ``nvvm.wgmma``
-    takes descriptors only, so this is inline PTX. Returns the n/2 result registers; read them
-    only after `wgmma_wait` and `fence_accumulators` (the asm ties them to the inputs)."""
+def _wgmma_rs(target: Target, acc_values: list, a_regs: list, desc_b: ir.Value, n: int,
+              k: int, dtype: str, immediates: str) -> list:
+    """One register-A ``wgmma.mma_async`` m64n{n}k{k} (f32 accumulators, 4 A registers, B by
+    descriptor) as inline PTX (MLIR's ``nvvm.wgmma`` takes descriptors only); ``immediates``:
+    what follows the scale-d predicate (scale-a, scale-b[, transpose-b])."""
     target.require("has_wgmma", "wgmma")
     if n % 8 or not 8 <= n <= 256:
         raise ValueError(f"wgmma N must be a multiple of 8 in 8..256, got {n}")
     half = n // 2
     if len(acc_values) != half or len(a_regs) != 4:
-        raise ValueError(f"m64n{n}k8 TF32 takes {half} accumulators and 4 A registers, "
+        raise ValueError(f"m64n{n}k{k} {dtype} takes {half} accumulators and 4 A registers, "
                          f"got {len(acc_values)} and {len(a_regs)}")
     # operands are numbered outputs first, then inputs (the tied accumulators, A, the descriptor)
     d = ", ".join(f"${i}" for i in range(half))
     a = ", ".join(f"${2 * half + i}" for i in range(4))
     asm = ("{ .reg .pred p; setp.ne.b32 p, 1, 0; "
-           f"wgmma.mma_async.sync.aligned.m64n{n}k8.f32.tf32.tf32 {{{d}}}, {{{a}}}, ${2 * half + 4}, "
-           "p, 1, 1; }")
+           f"wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{dtype}.{dtype} {{{d}}}, {{{a}}}, "
+           f"${2 * half + 4}, p, {immediates}; }}")
     constraints = ",".join(["=f"] * half + [str(i) for i in range(half)] + ["r"] * 4 + ["l"])
     struct_t = ir.Type.parse("!llvm.struct<(" + ", ".join(["f32"] * half) + ")>")
     res = llvm.inline_asm(struct_t, [*acc_values, *a_regs, desc_b], asm, constraints,
                           has_side_effects=True)
     f32 = ir.F32Type.get()
     return [llvm.extractvalue(f32, res, [i]) for i in range(half)]
+
+
+def wgmma_tf32_rs(target: Target, acc_values: list, a_regs: list, desc_b: ir.Value, n: int) -> list:
+    """One ``wgmma.mma_async.sync.aligned.m64n{n}k8.f32.tf32.tf32`` with A from registers
+    (``a_regs``: 4 i32 holding TF32 bits, `layouts.wgmma_tf32_a_coord`) and B (K-major, from
+    shared memory) by descriptor: ``acc[64, n] += A[64, 8] · B[8, n]``. Returns the n/2 result
+    registers; read them only after `wgmma_wait` and `fence_accumulators` (the asm ties them
+    to the inputs)."""
+    return _wgmma_rs(target, acc_values, a_regs, desc_b, n, 8, "tf32", "1, 1")
 
 
 def wgmma_half_rs(target: Target, acc_values: list, a_regs: list, desc_b: ir.Value, n: int,
@@ -191,31 +199,12 @@ def wgmma_half_rs(target: Target, acc_values: list, a_regs: list, desc_b: ir.Val
     """One ``wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{dtype}.{dtype}`` (bf16 or f16) with A
     from registers (``a_regs``: 4 i32, each two packed 16-bit values, lower column in bits
     0-15; `layouts.acc_regs_for_half_a` says which accumulator registers of a previous
-    m64 product make them) and B (K-major, from shared memory) by descriptor:
-    ``acc[64, n] += A[64, 16] · B[16, n]``. Inline PTX, as `wgmma_tf32_rs`; read the results
-    only after `wgmma_wait` and `fence_accumulators`."""
-    target.require("has_wgmma", "wgmma")
+    m64 product make them) and B (K-major, from shared memory, not transposed) by descriptor:
+    ``acc[64, n] += A[64, 16] · B[16, n]``; read the results as `wgmma_tf32_rs`'s."""
     if dtype not in ("bf16", "f16"):
         raise ValueError(f"wgmma_half_rs takes bf16 or f16 operands, not {dtype!r} "
                          "(TF32: wgmma_tf32_rs)")
-    if n % 8 or not 8 <= n <= 256:
-        raise ValueError(f"wgmma N must be a multiple of 8 in 8..256, got {n}")
-    half = n // 2
-    if len(acc_values) != half or len(a_regs) != 4:
-        raise ValueError(f"m64n{n}k16 {dtype} takes {half} accumulators and 4 A registers, "
-                         f"got {len(acc_values)} and {len(a_regs)}")
-    d = ", ".join(f"${i}" for i in range(half))
-    a = ", ".join(f"${2 * half + i}" for i in range(4))
-    # scale-d p, scale-a 1, scale-b 1, B not transposed (K-major)
-    asm = ("{ .reg .pred p; setp.ne.b32 p, 1, 0; "
-           f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{dtype}.{dtype} {{{d}}}, {{{a}}}, "
-           f"${2 * half + 4}, p, 1, 1, 0; }}")
-    constraints = ",".join(["=f"] * half + [str(i) for i in range(half)] + ["r"] * 4 + ["l"])
-    struct_t = ir.Type.parse("!llvm.struct<(" + ", ".join(["f32"] * half) + ")>")
-    res = llvm.inline_asm(struct_t, [*acc_values, *a_regs, desc_b], asm, constraints,
-                          has_side_effects=True)
-    f32 = ir.F32Type.get()
-    return [llvm.extractvalue(f32, res, [i]) for i in range(half)]
+    return _wgmma_rs(target, acc_values, a_regs, desc_b, n, 16, dtype, "1, 1, 0")
 
 
 def fence_accumulators(values: list) -> list:
