@@ -411,6 +411,20 @@ def build_tma_tile_load(builder: GpuModuleBuilder, target: Target, rows: int = 6
         extra={"tensor_map": contract})
 
 
+def _wgmma_tile_product(target: Target, ta, tb, n: int, k: int, dtype: str,
+                        trans_a: bool = False, trans_b: bool = True) -> AccFragment:
+    """acc[64, n] = op(ta) · op(tb) with wgmma from the two shared tiles (after the fence and
+    barrier that publish them), waited for."""
+    from kdagen.codegen.sm90 import wgmma
+    acc = AccFragment.filled(wgmma.wgmma_acc_layout(n), 0.0)
+    wgmma.wgmma_fence(target)
+    acc = wgmma.wgmma_matmul(target, acc, SmemOperand(ta, trans_a), SmemOperand(tb, trans_b), k,
+                             dtype, accumulate=False)
+    wgmma.wgmma_commit(target)
+    wgmma.wgmma_wait(target, 0)
+    return acc
+
+
 def build_wgmma_tile(builder: GpuModuleBuilder, target: Target, n: int = 64, k: int = 64,
                      trans_a: bool = False, trans_b: bool = True, dtype: str = "bf16",
                      swizzle: int = 128, name: str | None = None) -> LaunchContract:
@@ -422,7 +436,6 @@ def build_wgmma_tile(builder: GpuModuleBuilder, target: Target, n: int = 64, k: 
     Expected: C = op(A).float() @ op(B).float()  (op = .T when transposed).
     trans_b=True / trans_a=False are the K-major forms; the others are MN-major (transposed) wgmma.
     """
-    from kdagen.codegen.sm90 import wgmma
     name = name or (f"emt_wgmma_m64n{n}k{k}_{'T' if trans_a else 'N'}{'T' if trans_b else 'N'}"
                     f"_{dtype}_sw{swizzle}")
     params = [Param("A", "ptr", dtype), Param("B", "ptr", dtype), Param("C", "ptr", "f32")]
@@ -435,12 +448,7 @@ def build_wgmma_tile(builder: GpuModuleBuilder, target: Target, n: int = 64, k: 
         tb = _load_tile(smem, wc.tid, p["B"], dtype, *b_shape, 128, str(swizzle), False)
         barrier.fence_proxy_async_shared()
         barrier.sync_threads()
-        acc = AccFragment.filled(wgmma.wgmma_acc_layout(n), 0.0)
-        wgmma.wgmma_fence(target)
-        acc = wgmma.wgmma_matmul(target, acc, SmemOperand(ta, trans_a), SmemOperand(tb, trans_b), k,
-                                 dtype, accumulate=False)
-        wgmma.wgmma_commit(target)
-        wgmma.wgmma_wait(target, 0)
+        acc = _wgmma_tile_product(target, ta, tb, n, k, dtype, trans_a, trans_b)
         store_acc(acc, GlobalView(p["C"], "f32", n), wc, "f32")
     return LaunchContract(
         name, (1, 1, 1), (128, 1, 1), smem.size_bytes,
@@ -473,19 +481,9 @@ def build_wgmma_rs_chain(builder: GpuModuleBuilder, target: Target, k1: int = 64
         tb2 = _load_tile(smem, wc.tid, p["B2"], dtype, n2, n1, 128, "128", False)
         barrier.fence_proxy_async_shared()
         barrier.sync_threads()
-        acc = AccFragment.filled(wgmma.wgmma_acc_layout(n1), 0.0)
-        wgmma.wgmma_fence(target)
-        acc = wgmma.wgmma_matmul(target, acc, SmemOperand(ta, False), SmemOperand(tb1, True), k1,
-                                 dtype, accumulate=False)
-        wgmma.wgmma_commit(target)
-        wgmma.wgmma_wait(target, 0)
+        acc = _wgmma_tile_product(target, ta, tb1, n1, k1, dtype)
         values = wgmma.fence_accumulators(list(acc.values))
-        lay = tb2.layout
-        starts = [wgmma.operand_start_and_strides(lay, "b", True, 0, kb * 16)
-                  for kb in range(n1 // 16)]
-        _, lbo, sbo = starts[0]
-        descs = wgmma.make_descriptors(tb2.addr32(), [st for st, _, _ in starts], lbo, sbo,
-                                       lay.swizzle)
+        descs = wgmma.k_block_descriptors(tb2.layout, tb2.addr32(), n1 // 16, 16)
         out = [arith.constant(ir.F32Type.get(), 0.0) for _ in range(n2 // 2)]
         a_regs = [[pack_f32x2(values[lo], values[hi], dtype)
                    for lo, hi in (acc_regs_for_half_a(kb, j) for j in range(4))]

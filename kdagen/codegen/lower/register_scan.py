@@ -1133,10 +1133,7 @@ class RegisterScanEmitter(TileKernelEmitter):
             a_regs = [([tf32_operand_bits(X.values[acc_reg_for_tf32_a(kb, j)])
                         for j in range(4)],) for kb in range(Kd // TF32_K)]
             self.cost.event("cvt.tf32", Kd // 2)
-        starts = [wgmma.operand_start_and_strides(lay, "b", True, 0, kb * TF32_K)
-                  for kb in range(Kd // TF32_K)]
-        _, lbo, sbo = starts[0]         # the same strides for every k block
-        descs = wgmma.make_descriptors(base32, [st for st, _, _ in starts], lbo, sbo, SWIZZLE)
+        descs = wgmma.k_block_descriptors(lay, base32, Kd // TF32_K, TF32_K)
         wgmma.wgmma_fence(self.target)
         for parts, desc in zip(a_regs, descs):
             for a in parts:

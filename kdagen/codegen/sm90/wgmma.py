@@ -90,6 +90,16 @@ def make_descriptors(start_addr32, deltas, lbo: int, sbo: int, swizzle: int) -> 
             for d in deltas]
 
 
+def k_block_descriptors(layout: SmemLayout, start_addr32, k_blocks: int, k_step: int) -> list:
+    """The descriptors of a K-major B tile's ``k_blocks`` blocks of ``k_step`` K elements from a
+    run-time shared address (`make_descriptors`: one address field, a constant per block) — what
+    a product with A from registers walks, one wgmma per block."""
+    starts = [operand_start_and_strides(layout, "b", True, 0, kb * k_step)
+              for kb in range(k_blocks)]
+    _, lbo, sbo = starts[0]         # the same strides for every k block
+    return make_descriptors(start_addr32, [st for st, _, _ in starts], lbo, sbo, layout.swizzle)
+
+
 def operand_is_k_major(operand: str, transposed: bool) -> bool:
     """A natural ([M, K]) and B transposed ([N, K]) are K-major."""
     return (not transposed) if operand == "a" else transposed
