@@ -73,7 +73,7 @@ def test_kernel_dot_gives_the_named_kernels_their_product_precision():
         return {pk.name.split("__")[1].split("_")[0]: pk.emitter.opts.dot
                 for pk in prepare(program, None, "t", LowerOptions(dot="auto"))
                 if pk.group.kind != "global"}
-    with sim_check.kernel_threads({}, sim_check._kernel_dots("k0=tf32x3,k3=bf16x3")):
+    with sim_check.kernel_threads({}, sim_check.kernel_dots("k0=tf32x3,k3=bf16x3")):
         inside = dots()
     assert inside["k0"] == "tf32x3" and inside["k3"] == "bf16x3", inside
     assert inside["k2"] == "auto", inside
@@ -83,7 +83,7 @@ def test_kernel_dot_gives_the_named_kernels_their_product_precision():
 @pytest.mark.parametrize("bad", ["k0", "0=tf32", "k0=tf33", "kx=tf32"])
 def test_kernel_dot_rejects_unknown_precisions(bad):
     with pytest.raises(SystemExit, match="--kernel-dot"):
-        sim_check._kernel_dots(bad)
+        sim_check.kernel_dots(bad)
 
 
 def test_check_bundle_rejects_a_bad_kernel_dot(tmp_path):

@@ -146,6 +146,8 @@ def main(argv=None) -> int:
                     help="every product of the named tile kernels (by index, in every variant: "
                          "narrow with --only) at that precision, as tools.sim_check's option")
     args = ap.parse_args(argv)
+    from .sim_check import kernel_dots, kernel_threads
+    dots = kernel_dots(args.kernel_dot)         # a bad value fails before any variant is built
     if args.set == "standin":
         chosen = standin_set(tuple(args.standin_chips.split(",")))
     else:
@@ -167,8 +169,7 @@ def main(argv=None) -> int:
             built.append(it)
         except Exception as exc:  # noqa: BLE001 - e.g. a backward that does not derive yet
             print(f"skipping {it[0]} {it[1]}: {type(exc).__name__}: {exc}")
-    from .sim_check import _kernel_dots, kernel_threads
-    with kernel_threads({}, _kernel_dots(args.kernel_dot)):
+    with kernel_threads({}, dots):
         res = write_bundle(args.out, built, args.chips.split(","), verbose=True,
                            pipeline=args.pipeline)
     print(f"wrote {len(res['variants'])} variants, {len(res['report'])} kernels to {args.out}")

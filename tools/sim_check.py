@@ -73,7 +73,7 @@ def kernel_threads(counts: dict, dots: dict | None = None):
         tuning.tuned_options = original
 
 
-def _kernel_dots(text: str) -> dict:
+def kernel_dots(text: str) -> dict:
     """``k0=tf32x3,k1=bf16x3`` -> {"k0": "tf32x3", "k1": "bf16x3"} (--kernel-dot)."""
     dots = {}
     for item in filter(None, (t.strip() for t in text.split(","))):
@@ -117,7 +117,7 @@ def main(argv=None) -> int:
     gate = a.gate or DEFAULT_GATES[a.program.split("_")[0]]
     options = dict(head_k_dim=a.head_dim, head_v_dim=a.head_dim, gate=gate)
     lower = dict(parse_lower_option(t) for t in a.lower)
-    with kernel_threads(_kernel_counts(a.kernel_threads), _kernel_dots(a.kernel_dot)):
+    with kernel_threads(_kernel_counts(a.kernel_threads), kernel_dots(a.kernel_dot)):
         return _report(a, gate, SimulatedProgram(a.program, options, a.dot, a.chip,
                                                  quick=a.quick, lower=lower))
 
