@@ -41,10 +41,10 @@ def test_unknown_dot_is_refused_by_the_lowering():
 
 
 def test_auto_lowers_decay_matmul_bf16x3_and_the_rest_tf32():
-    """On the native path: the wgmma products stage TF32 (k8 instructions) except in the
-    backward's kernel that sums the gate parameters' gradients (bf16x3: k16), the backward's
-    decay_matmul issues three bf16 mma.sync per 16-deep step, the forward's decay_dot TF32
-    m16n8k8."""
+    """On the native path: the forward's wgmma products stage TF32 (k8 instructions), its
+    decay_dot TF32 m16n8k8; KDA's backward takes bf16x3 (k16) in every kernel — the state path
+    (prologue, dq kernel, both register scans) and the kernel that sums the gate parameters'
+    gradients — and its decay_matmul three bf16 mma.sync per 16-deep step."""
     pytest.importorskip("kdagen._mlir")
     import re
 
@@ -53,17 +53,13 @@ def test_auto_lowers_decay_matmul_bf16x3_and_the_rest_tf32():
     opts = dict(head_k_dim=64, head_v_dim=64, gate="softplus")
     fwd = Compilation("kda_fwd", opts, "sm_90a", lower=DEFAULT_LOWERING).run("ptx")
     bwd = Compilation("kda_bwd", opts, "sm_90a", lower=DEFAULT_LOWERING).run("ptx")
-    summing = [k for k in bwd.kernels if k.name.endswith("__k4_scan4")]
-    assert len(summing) == 1
-    for comp in (fwd, bwd):
-        for k in comp.kernels:
-            if k.launch.get("parallel_chunks"):
-                if k in summing:
-                    assert k.launch["wgmma_precision"] == "bf16x3", k.name
-                    assert re.search(r"wgmma\.mma_async\S*k16", comp.ptx[k.name]), k.name
-                    continue
-                assert k.launch["wgmma_precision"] == "tf32", k.name
-                assert not re.search(r"wgmma\.mma_async\S*k16", comp.ptx[k.name]), k.name
+    for comp, want in ((fwd, "tf32"), (bwd, "bf16x3")):
+        wgmma_kernels = [k for k in comp.kernels if "wgmma.mma_async" in comp.ptx[k.name]]
+        assert len(wgmma_kernels) == (3 if comp is fwd else 5)
+        for k in wgmma_kernels:
+            assert k.launch["wgmma_precision"] == want, k.name
+            k16 = re.search(r"wgmma\.mma_async\S*k16", comp.ptx[k.name])
+            assert bool(k16) == (want == "bf16x3"), k.name
     fwd_ptx = "".join(fwd.ptx[k.name] for k in fwd.kernels)
     assert "m16n8k8" in fwd_ptx and "m16n8k16" not in fwd_ptx
     bwd_ptx = "".join(bwd.ptx[k.name] for k in bwd.kernels)
@@ -155,25 +151,47 @@ def test_scan_precision_probe_sets_only_the_state_products():
     assert print_module(module).count('kda.precision = "bf16"') == 1
 
 
-@pytest.mark.parametrize("program", ["kda_bwd", "gdn_bwd"])
-def test_only_the_kernel_summing_gate_parameter_gradients_takes_bf16x3_products(program):
-    """kda-assign-precision: the backward's kernel that stores the per-chunk partial sums of
-    dA_log / ddt_bias (its reverse scan's chunk-parallel kernel) takes bf16x3 for its plain
-    products; every other kernel's plain products stay TF32."""
-    pytest.importorskip("kdagen._mlir")
+def _kernel_precisions(program: str, pipeline: str = "chip") -> dict:
+    """{kernel name: the set of its kda.dot precisions} after ``pipeline``."""
     from kdagen.driver import build_module
     from kdagen.ir.transforms import walk
-    module = build_module(program, {}, "chip", "sm_90a")
+    module = build_module(program, {}, pipeline, "sm_90a")
     chosen = {}
     for op in walk(module):
         if op.name == "kda.scan" and "kda.kernel" in op.attributes:
             kernel = str(op.attributes["kda.kernel"]).strip('"')
             chosen[kernel] = {str(inner.attributes["kda.precision"]).strip('"')
                               for inner in walk(op) if inner.name == "kda.dot"}
+    return chosen
+
+
+@pytest.mark.parametrize("program", ["kda_bwd", "gdn_bwd"])
+def test_only_the_kernel_summing_gate_parameter_gradients_takes_bf16x3_without_the_state_path(
+        program):
+    """kda-assign-precision without its state-path rule: the backward's kernel that stores the
+    per-chunk partial sums of dA_log / ddt_bias takes bf16x3 for its plain products; every
+    other kernel's plain products stay TF32."""
+    pytest.importorskip("kdagen._mlir")
+    chosen = _kernel_precisions(program, "chip+kda-assign-precision{state_path_products=tf32}")
     assert chosen[f"{program[:3]}_bwd1_out"] == {"bf16x3"}, chosen
     for kernel, precisions in chosen.items():
         if kernel != f"{program[:3]}_bwd1_out":
             assert precisions <= {"tf32"}, (kernel, precisions)
+
+
+def test_state_path_takes_bf16x3_in_kda_backward_only():
+    """The state-path rule: KDA's backward (per-key gates) gives its serial kernels (the
+    recompute and reverse scans) and the kernels writing what they load (prologue, dq
+    kernel) bf16x3; GDN's backward (one gate value per row) and the forwards keep TF32 there."""
+    pytest.importorskip("kdagen._mlir")
+    kda = _kernel_precisions("kda_bwd")
+    assert set(kda) == {"kda_bwd0_chunk", "kda_bwd0_state", "kda_bwd1_chunk", "kda_bwd1_state",
+                        "kda_bwd1_out"}
+    assert all(p == {"bf16x3"} for p in kda.values()), kda
+    gdn = _kernel_precisions("gdn_bwd")
+    assert gdn["gdn_bwd0_state"] == gdn["gdn_bwd1_state"] == {"tf32"}, gdn
+    for fwd in ("kda_fwd", "gdn_fwd"):
+        assert all(p <= {"tf32"} for p in _kernel_precisions(fwd).values())
 
 
 def test_kda_gate_parameter_gradients_under_the_fp32_goal(tmp_path):

@@ -97,7 +97,7 @@ def _plans(program, k_split=1, **opts):
     prog = read_program(driver.build_module(program, opts, pipeline="chip", chip="sm_90a"))
     groups = group_kernels(prog, True)
     return prog, groups, _register_scan_plans(prog, groups, TARGETS["sm_90a"],
-                                              LowerOptions(path="native", scan_k_split=k_split))
+                                              LowerOptions(path="native", dot="auto", scan_k_split=k_split))
 
 
 @pytest.mark.parametrize("program", ["kda_fwd", "gdn_fwd"])
@@ -155,7 +155,7 @@ def test_register_scan_kernel_assembles_for_sm90a(tmp_path, k_split):
     from kdagen.target import TARGETS
     t = TARGETS["sm_90a"]
     mod = driver.build_module("kda_fwd", {}, pipeline="chip", chip="sm_90a")
-    opts = LowerOptions(path="native", dot="bf16x3", scan_k_split=k_split, scan_tma_stores=False)
+    opts = LowerOptions(path="native", dot="tf32", scan_k_split=k_split, scan_tma_stores=False)
     ks = [k for k in lower_program(mod, t, options=opts) if k.path == "sm90-register-scan"]
     assert len(ks) == 1
     ptx = driver.ptx_of(ks[0].module, t, ks[0].name)
@@ -204,7 +204,7 @@ def test_a_split_doubles_the_products_whose_register_operand_it_splits(tmp_path,
     from kdagen.target import TARGETS
     t = TARGETS["sm_90a"]
     mod = driver.build_module("kda_fwd", {}, pipeline="chip", chip="sm_90a")
-    opts = LowerOptions(path="native", dot="bf16x3", scan_k_split=2, scan_a_split=split)
+    opts = LowerOptions(path="native", dot="tf32", scan_k_split=2, scan_a_split=split)
     (k,) = [k for k in lower_program(mod, t, options=opts) if k.path == "sm90-register-scan"]
     ptx = driver.ptx_of(k.module, t, k.name)
     # per warpgroup, unsplit: 8 k-steps of w·S over its 64 state rows + 8 of krᵀ·v'
@@ -258,9 +258,14 @@ def test_k_split_slice_starts_are_the_operand_block_starts(rows, cols):
 def test_k128_scans_split_the_state_rows_over_two_warpgroups(program):
     """At K = 128 every serial scan splits S's rows over two warpgroups of one value block: the
     product summing over S's rows (w·S forward, kr·dS reverse) is the one exchange, and it meets
-    in its own ring tile; at K = 64 the partials do not fit there and the scan stays unsplit."""
+    in its own ring tile; at K = 64 the partials do not fit there and the scan stays unsplit.
+    A bf16x3 scan (KDA's backward) meets in the hi part of the tile only, half its bytes, where
+    the partials do not fit at K = 128 either: unsplit."""
     _, groups, plans = _plans(program, k_split=2)
     for rp in plans.values():
+        if rp.precision == "bf16x3":
+            assert program == "kda_bwd" and rp.k_split == 1
+            continue
         assert rp.k_split == 2 and rp.block_threads == 384 and rp.grid[0] == "HV * 2"
         want = "kr_ws" if rp.scan.attrs.get("reverse") else "w_ws"
         assert [s.tensor for s in rp.exchanges.values()] == [want]
@@ -322,7 +327,7 @@ def test_staged_checkpoint_kernel_assembles_without_spills(tmp_path):
     from kdagen.target import TARGETS
     t = TARGETS["sm_90a"]
     mod = driver.build_module("kda_fwd", {}, pipeline="chip", chip="sm_90a")
-    ks = [k for k in lower_program(mod, t, options=LowerOptions(path="native"))
+    ks = [k for k in lower_program(mod, t, options=LowerOptions(path="native", dot="auto"))
           if k.path == "sm90-register-scan"]
     ptx = driver.ptx_of(ks[0].module, t, ks[0].name)
     # two panel copies per step from thread 0 only, no branch; S's 64 registers go to shared

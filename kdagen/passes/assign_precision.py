@@ -16,6 +16,16 @@ simulator of the sm_90a kernels (KDA K = V = 128), TF32 in that kernel gives dA_
 (weak gate, the H200: 1.54e-3) and 1.24e-3 (correlated steep); bf16x3 gives 9.0e-4 and
 8.8e-4, fp32 products 9.0e-4 and 4.5e-4, and no other kernel's products moved it. The rule
 is per kernel because the sm_90a native path stages one wgmma precision per kernel.
+
+The state path of a backward with per-key gates (KDA: ``state_path_products``, bf16x3): in a
+program that sums a per-head gradient and whose decay products take a gate per key (not one
+value per row, as GDN's), the serial kernels (kernel scans that carry a value) and the kernels
+writing a workspace one of them loads. dA_log sums dG over every token and key, and under a
+weak gate the TF32 rounding of the serial scans' products (the recomputed states and dS)
+reaches it: in the CPU simulator of the sm_90a kernels with ordered sums (KDA K = 128
+"B1_T1000 weak"), dA_log 1.20e-3 with TF32 there, 5.8e-5 with more precise products in the
+prologue and both scans; the lower-bound gate 2.04e-3 against 2.0e-4; and no
+chunk-parallel kernel's precision alone fixes it (docs/MATH.md §3).
 """
 from __future__ import annotations
 
@@ -44,12 +54,19 @@ class AssignPrecisionPass(ModulePass):
     # K = 128 "B1_T1000 weak" worse in the simulator (dA_log 7.2e-4 -> 1.8e-3), so it is not the
     # whole answer (docs/MATH.md §3).
     gate_gradient_inputs: bool = False
+    # the state path of a backward with per-key gates (module doc); "" leaves it to the rules
+    # above
+    state_path_products: str = field(default="bf16x3", metadata={"choices": ("", *PRECISIONS)})
 
     def run(self, module: ir.Module) -> None:
         with module.context:
             summing = set()
+            state_path = set()
             if self.products == "auto":
                 kernels = per_head_gradient_kernels(module)
+                if self.state_path_products and kernels and not row_gate_program(module):
+                    for kernel in state_path_kernels(module):
+                        state_path.update(op for op in walk(kernel) if op.name in PRODUCT_OPS)
                 for kernel in kernels:
                     summing.update(op for op in walk(kernel) if op.name == "kda.dot")
                 if self.gate_gradient_inputs:
@@ -65,6 +82,8 @@ class AssignPrecisionPass(ModulePass):
                         chosen = self.products
                     elif op in summing:
                         chosen = self.gate_gradient_products
+                    elif op in state_path:
+                        chosen = self.state_path_products
                     else:
                         chosen = auto_precision(op.name,
                                                 op.name != "kda.dot" and has_row_gates(op))
@@ -78,6 +97,28 @@ def per_head_gradient_kernels(module: ir.Module) -> list:
     return [k for k in all_kernels(module)
             if any(inner.name == "kda.store_chunk" and inner.operands[0] in summed
                    for inner in walk(k))]
+
+
+def serial_kernels(module: ir.Module) -> list:
+    """The kernels that carry a value from chunk to chunk (a kernel scan with an initial
+    value)."""
+    return [k for k in all_kernels(module) if len(k.operands) > 0]
+
+
+def state_path_kernels(module: ir.Module) -> list:
+    """The serial kernels and the kernels that store into a workspace one of them loads."""
+    serial = serial_kernels(module)
+    loaded = {op.operands[0] for k in serial for op in walk(k) if op.name == "kda.load_chunk"}
+    writers = [k for k in all_kernels(module) if k not in serial
+               and any(op.name == "kda.store_chunk" and op.operands[0] in loaded
+                       for op in walk(k))]
+    return serial + writers
+
+
+def row_gate_program(module: ir.Module) -> bool:
+    """Whether the module's decay products take their gates as one value per row (GDN)."""
+    decays = [op for op in walk(module) if op.name in ("kda.decay_dot", "kda.decay_matmul")]
+    return bool(decays) and all(has_row_gates(op) for op in decays)
 
 
 def all_kernels(module: ir.Module) -> list:

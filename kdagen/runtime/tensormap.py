@@ -145,11 +145,16 @@ class MapSpec:
     swizzle: int = 0
     view: str | None = None
     transposed: bool = False
+    #: 2: the tensor (f32) holds each [rows, cols] tile as two tiles of ``dtype`` (16-bit)
+    #: in the same bytes, one after the other (a bf16x3 operand's hi and lo parts): the map
+    #: sees [.., 2·rows, cols] of ``dtype``
+    parts: int = 1
 
     @classmethod
     def of(cls, spec: dict) -> "MapSpec":
         return cls(spec["dtype"], int(spec["flatten"]), tuple(int(b) for b in spec["box"]),
-                   int(spec.get("swizzle", 0)), spec.get("view"), bool(spec.get("transposed")))
+                   int(spec.get("swizzle", 0)), spec.get("view"), bool(spec.get("transposed")),
+                   int(spec.get("parts", 1)))
 
 
 def device_tensor_map(tensor, spec: dict, name: str = "tensor"):
@@ -165,6 +170,12 @@ def _map_key(tensor, spec: MapSpec, name: str) -> tuple:
     shape = map_shape(tuple(tensor.shape), spec.flatten)
     if spec.transposed:                  # tiles stored transposed: the last two dims swap
         shape = (*shape[:-2], shape[-1], shape[-2])
+    if spec.parts != 1:
+        if spec.parts != 2 or tensor.element_size() != 2 * ELEM_BYTES[spec.dtype]:
+            raise TensorMapError(f"{name}: a map of {spec.parts} {spec.dtype} parts per element "
+                                 f"of a {tensor.dtype} tensor; the kernel's workspace contract "
+                                 "is two 16-bit parts of an f32 tensor")
+        shape = (*shape[:-2], 2 * shape[-2], shape[-1])
     return (tensor.device.index, tensor.data_ptr(), shape, spec)
 
 

@@ -117,6 +117,20 @@ def tf32_split_operand_bits(x: ir.Value) -> tuple:
     return hi, tf32_operand_bits(lo)
 
 
+def bf16_split_pack(lo_col: ir.Value, hi_col: ir.Value) -> tuple:
+    """(hi, lo): two f32 values (the lower column first) as two packed bf16x2 operand
+    registers of a bf16x3 product, hi = bf16(x) (round to nearest even) and lo = bf16(x − hi),
+    so hi + lo = x to ~16 significant bits. hi's f32 values come back from the packed register
+    by a shift and a mask (exact: a bf16 is the top half of an f32), not by two more
+    conversions."""
+    hi = pack_f32x2(lo_col, hi_col, "bf16")
+    f32 = ir.F32Type.get()
+    first = llvm.bitcast(f32, arith.shli(hi, arith.constant(_i32(), 16)))
+    second = llvm.bitcast(f32, arith.andi(hi, arith.constant(_i32(), -(1 << 16))))
+    lo = pack_f32x2(arith.subf(lo_col, first), arith.subf(hi_col, second), "bf16")
+    return hi, lo
+
+
 def round_tf32(x: ir.Value) -> ir.Value:
     """``x`` rounded to TF32 (`tf32_bits`) as an f32 value."""
     return llvm.bitcast(ir.F32Type.get(), tf32_bits(x))

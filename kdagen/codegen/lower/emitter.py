@@ -89,6 +89,10 @@ class MemRef:
     #: rounded on store (e.g. "tf32" for a tile read only as a TF32 wgmma operand)
     transposed: bool = False
     round: str | None = None
+    #: "bf16_hi_lo": each [rows, cols] f32 tile's bytes hold two bf16 tiles of the same shape,
+    #: hi = bf16(x) then lo = bf16(x - hi) (~16 significant bits), for a tile read only as the
+    #: B operand of bf16x3 register-scan products (register_scan.RingSlot.parts)
+    split: str | None = None
     #: first column of dim ``col_axis`` this view addresses (int-like): the running part's
     #: value columns, for the memory ops of a program split over them (value_parts; the
     #: value dim is the last, or -2 for a state stored value-first)
@@ -122,10 +126,27 @@ class MemRef:
             return base
         return base + B.wide(fl)
 
+    def _hi_lo_at(self, row, idx):
+        """bf16 element offsets of ``[row, *idx]``'s hi and lo parts (``split``): a row of
+        ``inner`` f32 holds 2·inner bf16, the hi tile then the lo tile."""
+        hi = self.at(row, idx) + (B.wide(row) * self.inner if self.inner != 1 else B.wide(row))
+        return hi, hi + self.inner
+
     def load(self, row, idx):
+        if self.split is not None:
+            hi, lo = self._hi_lo_at(row, idx)
+            return B.add(B.load(self.ptr, hi, "bf16"), B.load(self.ptr, lo, "bf16"))
         return B.load(self.ptr, self.at(row, idx), self.elt)
 
     def store(self, value, row, idx):
+        if self.split is not None:
+            if self.split != "bf16_hi_lo":
+                raise LoweringError(f"{self.name}: unknown split storage {self.split!r}")
+            hi, lo = self._hi_lo_at(row, idx)
+            top = B.round_to(value, "bf16")
+            B.store(self.ptr, hi, top, "bf16")
+            B.store(self.ptr, lo, B.sub(value, top), "bf16")
+            return
         if self.round is not None:
             value = B.round_to(value, self.round)
         B.store(self.ptr, self.at(row, idx), value, self.elt)

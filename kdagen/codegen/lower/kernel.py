@@ -105,7 +105,7 @@ def prepare(program: Program, target: Target | None, prefix: str,
                       "tensor_maps": rp.tensor_maps(),
                       "ring": {"depth": rp.depth, "stage_bytes": rp.stage_bytes,
                                "tma_loads": [s.tensor for s in rp.slots]},
-                      "wgmma_precision": "tf32"}
+                      "wgmma_precision": rp.precision}
             hbm = hbm_bytes_per_token(g)
             if hbm is not None:
                 launch["hbm_bytes_per_token"] = hbm
@@ -288,7 +288,7 @@ def _register_scan_plans(program: Program, groups: list, target: Target | None,
             rp = register_scan.match(program, g, target,
                                      (target.smem_per_block or 0) - opts.smem_reserve,
                                      opts.scan_warpgroups, opts.scan_k_split,
-                                     opts.scan_tma_stores)
+                                     opts.scan_tma_stores, opts.dot)
         except register_scan.NoMatch:
             continue
         if any(readers.get(ws, set()) - {g.index} for ws in rp.workspace_storage()):

@@ -81,6 +81,10 @@ class LowerOptions:
     # scans from 209 to 340 us (fwd) and 491 to 648 us (reverse)
     # (bench/results/h100_stop45_call3_checks.log, h100_stop45_call3_ab.log; docs/MATH.md §3)
     scan_a_split: str = "off"
+    # bf16x3 register scans: k16 blocks whose A parts are packed before each wgmma fence
+    # (0: all of a product's). 4: packing all 8 blocks of a 128-deep product first spilled
+    # 16 bytes in kda_bwd's reverse scan (ptxas, sm_90a); 2 or 4 blocks per fence, none
+    scan_a_group: int = 4
     # cumsums and reductions of the tile lowering sum in an order set by the tile's shape
     # alone (tiles.emit_cumsum, emit_reduce_sum), so kernels with different thread counts that
     # each compute the gate's cumsum or a row's norm get the same bits: the gate gradient's
@@ -89,9 +93,12 @@ class LowerOptions:
     # 6.3e-2 with one kernel's alone). In the simulator at the native kernels' thread counts
     # it takes KDA K = 64 steep-gate dA_log from 1.56e-3 to 5.5e-4 (correlated 1.62e-3 to
     # 8.7e-4), but K = 128 "B1_T1000 weak" from 7.2e-4 to 1.2e-3: dA_log sits at the TF32
-    # products' noise (the float32 program: 4e-7), and reordering moves it either way.
-    # Bitwise equal at 128-512 threads (tests/test_tile_emitters_sim.py); off, not GPU-checked
-    ordered_sums: bool = False
+    # products' noise (the float32 program: 4e-7), and reordering moves it either way; with
+    # kda-assign-precision's bf16x3 state path (KDA's backward prologue, dq kernel and both
+    # scans) every case of the K = 64 and K = 128 check sets meets its goal in the simulator
+    # (K = 128 weak 4.1e-5, steep 5.3e-4; docs/MATH.md §3). Bitwise equal at 128-512 threads
+    # (tests/test_tile_emitters_sim.py)
+    ordered_sums: bool = True
     # consumer warpgroups of a chunk-parallel kernel on the native sm_90a path (1, 2, 4 or
     # "auto": 4 where tile buffers spill to the global scratch, else 2; sm90_native.
     # chunk_warpgroups): the tile loops run on all of their threads (more warps per scheduler

@@ -44,12 +44,13 @@ from kdagen.target import Target
 
 from ..common import barrier as bar
 from ..common import smem as smem_mod
-from ..common.convert import tf32_operand_bits, tf32_split_operand_bits
+from ..common.convert import bf16_split_pack, tf32_operand_bits, tf32_split_operand_bits
 from ..common.shuffle import shfl_idx
 from ..common.ints import IntVal, ival
 from ..common.kernel import Param
 from ..common.launch import set_launch_bounds
-from ..common.layouts import SmemLayout, acc_reg_for_tf32_a, lane_group, lane_in_group
+from ..common.layouts import (SmemLayout, acc_reg_for_tf32_a, acc_regs_for_half_a, lane_group,
+                              lane_in_group)
 from ..common.smem import byte_gep, shared_addr32, shared_ptr_type
 from ..common.sreg import block_idx, thread_idx
 from ..sm90 import regalloc, tma, wgmma
@@ -57,7 +58,7 @@ from . import backend as B
 from .cost import CHUNKS, CostCounter, NullCounter
 from .emitter import Geometry, TileKernelEmitter, mem_info
 from .mlir_backend import MlirBackend
-from .options import tensormap_param_kind
+from .options import product_precision, tensormap_param_kind
 from .plan import LoweringError
 
 PATH_NAME = "sm90-register-scan"
@@ -67,6 +68,11 @@ PRODUCER_REGISTERS = 40
 CONSUMER_REGISTERS = 232
 SWIZZLE = 128
 TF32_K = 8
+BF16_K = 16
+#: the products' precisions this path lowers, one per kernel: "tf32" (one m64nNk8 per 8-deep
+#: block, the tile's columns interleaved) or "bf16x3" (A and B split into bf16 hi and lo
+#: parts, three m64nNk16 per 16-deep block, natural column order)
+SCAN_PRECISIONS = ("tf32", "bf16x3")
 MAX_WARPGROUPS = 2
 SMEM_LIMIT = 227 * 1024
 EXCHANGE_BARRIER = 1         # named barrier of a K-split scan's partial-sum exchange
@@ -87,10 +93,18 @@ class RingSlot:
     kind: str                    # "token" | "chunk"
     shape: tuple                 # logical tile shape
     heads: str | None
-    operand: bool = False        # read as a wgmma B operand (rows interleaved, K-major)
+    operand: bool = False        # read as a wgmma B operand (K-major)
     transposed: bool = False     # stored transposed by its writer (operand of a transposed dot)
     offset: int = 0
     v_cols: int = 0              # [R, V] tile read element-wise: the CTA loads only its V columns
+    # operands: 1 = one TF32 tile, rows loaded through the interleave8_rows view; 2 = a bf16x3
+    # operand stored by its writer as bf16 hi and lo tiles in the bytes of one f32 tile
+    # (MemRef.split), rows in natural order
+    parts: int = 1
+
+    @property
+    def smem_elt(self) -> str:
+        return "bf16" if self.parts == 2 else self.elt
 
     @property
     def cols_loaded(self) -> int:
@@ -108,14 +122,19 @@ class RingSlot:
         if len(self.shape) != 2:
             return None
         rows, _ = self.smem_shape
-        return SmemLayout(rows, self.cols_loaded, ELEM_BYTES[self.elt],
+        return SmemLayout(rows, self.cols_loaded, ELEM_BYTES[self.smem_elt],
                           SWIZZLE if self.operand else 0)
 
     @property
-    def nbytes(self) -> int:
+    def part_bytes(self) -> int:
+        """Bytes of one part (the hi or lo tile of a bf16x3 operand; else the whole tile)."""
         if len(self.shape) == 1:
             return ELEM_BYTES[self.elt] * self.shape[0]
         return self.layout.size_bytes
+
+    @property
+    def nbytes(self) -> int:
+        return self.parts * self.part_bytes
 
     @property
     def panel_cols(self) -> int:
@@ -135,10 +154,12 @@ class RingSlot:
         return (1, rows, self.panel_cols)
 
     def tensor_map(self) -> dict:
-        spec = {"tensor": self.tensor, "dtype": self.elt, "flatten": 2, "box": list(self.box()),
-                "swizzle": SWIZZLE if self.operand else 0}
-        if self.operand:
+        spec = {"tensor": self.tensor, "dtype": self.smem_elt, "flatten": 2,
+                "box": list(self.box()), "swizzle": SWIZZLE if self.operand else 0}
+        if self.operand and self.parts == 1:
             spec["view"] = "interleave8_rows"
+        if self.parts != 1:
+            spec["parts"] = self.parts
         if self.transposed:
             spec["transposed"] = True        # the writer stored the [rows, cols] tiles transposed
         return spec
@@ -192,6 +213,13 @@ class RegisterScanPlan:
     split_values: set = field(default_factory=set)    # tiles held as K / k_split row slices
     exchanges: dict = field(default_factory=dict)     # partial product -> slot it meets in
     stores: list = field(default_factory=list)        # checkpoints stored by TMA (StoreSlot)
+    precision: str = "tf32"      # of every product (SCAN_PRECISIONS)
+
+    @property
+    def natural_order(self) -> bool:
+        """Whether accumulator column n holds tile row n (bf16x3: a 16-bit A fragment pairs
+        columns 2t and 2t + 1, which the accumulator holds), not row interleave8(n) (TF32)."""
+        return self.precision == "bf16x3"
 
     @property
     def consumer_warpgroups(self) -> int:
@@ -236,7 +264,12 @@ class RegisterScanPlan:
         out = {}
         for s in self.slots:
             if s.kind == "chunk" and (s.transposed or s.operand):
-                out[s.mem] = {"transposed": s.transposed, "round": "tf32" if s.operand else None}
+                if s.parts == 2:
+                    out[s.mem] = {"transposed": s.transposed, "round": None,
+                                  "split": "bf16_hi_lo"}
+                else:
+                    out[s.mem] = {"transposed": s.transposed,
+                                  "round": "tf32" if s.operand else None}
         return out
 
 
@@ -367,13 +400,16 @@ def _source(v):
 
 
 def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT,
-          warpgroups: int = 1, k_split: int = 1, tma_stores: bool = True) -> RegisterScanPlan:
+          warpgroups: int = 1, k_split: int = 1, tma_stores: bool = True,
+          dot: str = "auto") -> RegisterScanPlan:
     """The plan of ``group`` on this path; raises `NoMatch` with the reason when it does not fit.
     ``warpgroups``: value blocks per CTA, one consumer warpgroup each (the value columns are
     split over V / (64·warpgroups) CTAs per head). ``k_split``: consumer warpgroups sharing one
     value block, each owning K / k_split state rows (`_plan_k_split`; taken where the scan
     allows it, else 1). ``tma_stores``: checkpoints of the carried value go through a shared
-    staging tile and TMA stores (`StoreSlot`) where it fits."""
+    staging tile and TMA stores (`StoreSlot`) where it fits. ``dot``: the lowering's product
+    precision option (`options.product_precision`); the scan's products must agree on one of
+    :data:`SCAN_PRECISIONS`."""
     if target is None or not all(getattr(target, c) for c in ("has_wgmma", "has_tma", "has_setmaxnreg")):
         raise NoMatch("the chip lacks wgmma, TMA or setmaxnreg")
     if group.kind != "tile" or group.parallel or len(group.scans) != 1:
@@ -405,6 +441,7 @@ def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT,
     plan = RegisterScanPlan(scan, K, V, wgs, blocks // wgs)
     slots: dict = {}
     frag = {carried}
+    precisions = set()
 
     def slot_of(v, operand=False, transposed=False):
         src = _source(v)
@@ -444,6 +481,10 @@ def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT,
                 raise NoMatch("a product whose right operand is not a register tile")
             M = n.results[0].shape[0]
             Kd = rhs.shape[0]
+            chosen = product_precision(dot, "kda.dot", n.attrs.get("kda.precision"))
+            # more precise than TF32 (fp32 FMA, tf32x3): bf16x3, as the native chunk kernels
+            # stage them (sm90_native.wgmma_precision)
+            precisions.add("bf16x3" if chosen in ("fma", "tf32x3") else chosen)
             if M % 8 or M > 256 or Kd % TF32_K:
                 raise NoMatch(f"product shape [{M}, {Kd}]")
             slot_of(lhs, operand=True, transposed=bool(n.attrs.get("transpose_lhs")))
@@ -466,7 +507,18 @@ def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT,
         raise NoMatch(f"{op} in the scan body")
     if scan.body.nodes[-1].operands[0] not in frag:
         raise NoMatch("the yielded value is not a register tile")
+    if len(precisions) > 1 or not precisions <= set(SCAN_PRECISIONS):
+        raise NoMatch(f"products of precision {', '.join(sorted(precisions))} (this path takes "
+                      f"one of {', '.join(SCAN_PRECISIONS)} per kernel)")
+    plan.precision = precisions.pop() if precisions else "tf32"
     plan.slots = sorted(slots.values(), key=lambda s: s.node.index)
+    if plan.precision == "bf16x3":
+        for s in plan.slots:
+            if s.operand:
+                s.parts = 2
+                if s.smem_shape[1] % (SWIZZLE // 2):
+                    raise NoMatch(f"{s.tensor}: a bf16x3 operand's contraction of "
+                                  f"{s.smem_shape[1]} is not whole 64-column panels")
     for s in plan.slots:
         if not s.operand and len(s.shape) == 2 and s.shape[1] == V and plan.v_ctas > 1:
             s.v_cols = V // plan.v_ctas
@@ -572,7 +624,7 @@ def _plan_k_split(plan: RegisterScanPlan, carried, k: int) -> None:
                     raise NoMatch(f"{slot.tensor} is read by more than one product")
                 if slot.transposed or local % lay.panel_cols or lay.num_panels % k:
                     raise NoMatch(f"{slot.tensor}: its K slices are not whole swizzle panels")
-                if M * V_BLOCK * 4 > slot.nbytes // k:
+                if M * V_BLOCK * 4 > slot.part_bytes // k:
                     raise NoMatch(f"the partial sums of {slot.tensor}'s product do not fit "
                                   "in its K slice")
                 exchanges[n] = slot
@@ -786,8 +838,9 @@ class RegisterScanEmitter(TileKernelEmitter):
             for s in rp.slots:
                 lay = s.layout
                 panels = lay.num_panels if lay is not None else 1
-                for pn in range(panels):
-                    off = self._tile_offset(s, stage) + (pn * lay.panel_bytes if lay else 0)
+                for part, pn in [(part, pn) for part in range(s.parts) for pn in range(panels)]:
+                    off = (self._tile_offset(s, stage) + part * s.part_bytes
+                           + (pn * lay.panel_bytes if lay else 0))
                     dst = byte_gep(self.smem_base, off, shared_ptr_type())
                     inner = pn * s.panel_cols + (self.cta_v0 if s.v_cols else 0)
                     if s.kind == "token":
@@ -795,8 +848,10 @@ class RegisterScanEmitter(TileKernelEmitter):
                                    and ratio > 1)
                         head = geo.hv // ratio if grouped else geo.hv
                         crd = [inner, head, B.narrow(geo.start + B.wide(c * geo.C))]
-                    elif s.operand:
+                    elif s.operand and s.parts == 1:         # the interleave8_rows view
                         crd = [inner, 0, 0, 0, B.narrow(geo.chunk_row(c))]
+                    elif s.operand:                 # part p's rows follow the others' (parts)
+                        crd = [inner, part * s.smem_shape[0], B.narrow(geo.chunk_row(c))]
                     else:
                         crd = [inner] + [0] * (len(s.box()) - 2) + [B.narrow(geo.chunk_row(c))]
                     tma.tma_load(self.target, dst, maps[s.param], crd, self._full(stage))
@@ -872,12 +927,25 @@ class RegisterScanEmitter(TileKernelEmitter):
                         self.row0)
         raise LoweringError(f"register scan: initial state from {n.op if n else v}")
 
+    def _lane_row(self):
+        """The tile row of this lane's accumulator register 0 (`_reg_row` gives the others'
+        offsets from it): its column 2t holds row t in the TF32 scans' interleaved order
+        (`interleave8`), row 2t in natural order (bf16x3)."""
+        t = lane_in_group(self.lane)
+        return 2 * t if self.rplan.natural_order else t
+
+    def _reg_row(self, i) -> int:
+        """Tile row of accumulator register ``i`` minus `_lane_row` (a constant): register i
+        sits at column 8·(i // 4) + 2t + i % 2 (`wgmma_d_coord`)."""
+        return 8 * (i // 4) + (1 if self.rplan.natural_order else 4) * (i % 2)
+
     def _coord(self, i):
         """(tile row, value column) of accumulator register ``i`` of this thread: the register
-        sits at (m, n) of `wgmma_d_coord`, and column n holds tile row interleave8(n)."""
-        g, t = lane_group(self.lane), lane_in_group(self.lane)
+        sits at (m, n) of `wgmma_d_coord`, and column n holds tile row interleave8(n) (TF32) or
+        n (bf16x3)."""
+        g = lane_group(self.lane)
         m = self.warp * 16 + g + 8 * ((i // 2) % 2)
-        return t + (8 * (i // 4) + 4 * (i % 2)), self.v0 + m
+        return self._lane_row() + self._reg_row(i), self.v0 + m
 
     def _lane_addresses(self, mem, row, rows, row0=None) -> tuple:
         """(pointer, constant element offsets) of this lane's registers of an [rows, V] tile
@@ -885,16 +953,19 @@ class RegisterScanEmitter(TileKernelEmitter):
         the rest immediates (hoisting one address per register would cost two registers
         each)."""
         sr, sc = (1, mem.tail[-2]) if mem.transposed else (mem.tail[-1], 1)
-        g, t = lane_group(self.lane), lane_in_group(self.lane)
+        g, t = lane_group(self.lane), self._lane_row()
         lane = (t + (row0 if row0 is not None else 0)) * sr + (self.v0 + self.warp * 16 + g) * sc
         ptr = B.gep(mem.ptr, B.wide(row) * mem.inner + B.wide(lane), mem.elt)
         offsets = []
         for i in range(rows // 2):
-            r, m = 8 * (i // 4) + 4 * (i % 2), 8 * ((i // 2) % 2)
+            r, m = self._reg_row(i), 8 * ((i // 2) % 2)
             offsets.append(r * sr + m * sc)
         return ptr, offsets
 
     def _store(self, frag: Frag, mem, row) -> None:
+        if mem.split is not None:
+            raise LoweringError(f"register scan: {mem.name} is stored split ({mem.split}), "
+                                "which only the chunk kernels' stores write")
         frag = self._ready(frag)
         ptr, offsets = self._lane_addresses(mem, row, frag.rows, frag.row0)
         pairs = list(zip(offsets, frag.values))
@@ -958,7 +1029,7 @@ class RegisterScanEmitter(TileKernelEmitter):
         bar.named_barrier_sync(STAGING_BARRIER, nconsumer)
         self.cost.event("bar.sync")
         lay = st.layout
-        g, t = lane_group(self.lane), lane_in_group(self.lane)
+        g, t = lane_group(self.lane), self._lane_row()
         col = (self.v0 - self.cta_v0) + self.warp * 16 + g
         row = t if frag.row0 is None else t + frag.row0
         base = {}
@@ -968,7 +1039,7 @@ class RegisterScanEmitter(TileKernelEmitter):
                 # one pointer per swizzle phase (it depends on the row mod 8 only), the 8-row
                 # groups as immediates: an address per register would be hoisted out of the
                 # chunk loop, two registers each, and spill
-                first = (lay.byte_offset(row + 4 * h, col + 8 * q) + st.offset) // 4
+                first = (lay.byte_offset(row + self._reg_row(h), col + 8 * q) + st.offset) // 4
                 base[(h, q)] = B.gep(self.smem_base, first, "f32")
             B.store(base[(h, q)], 8 * j * lay.row_pitch // 4, x, "f32")
         bar.fence_proxy_async_shared()
@@ -1057,7 +1128,7 @@ class RegisterScanEmitter(TileKernelEmitter):
         token tiles); rows from ``row0`` for a state slice."""
         geo = self.geo
         cols = slot.cols_loaded
-        g, t = lane_group(self.lane), lane_in_group(self.lane)
+        g, t = lane_group(self.lane), self._lane_row()
         if row0 is not None:
             t = t + row0
         col0 = self.v0 - self.cta_v0 if slot.v_cols else self.v0
@@ -1065,7 +1136,7 @@ class RegisterScanEmitter(TileKernelEmitter):
         ptr = B.gep(self.smem_base, first + t * cols + col0 + self.warp * 16 + g, slot.elt)
         vals = []
         for i in range(rows // 2):
-            r, m = 8 * (i // 4) + 4 * (i % 2), 8 * ((i // 2) % 2)
+            r, m = self._reg_row(i), 8 * ((i // 2) % 2)
             x = B.load(ptr, r * cols + m, slot.elt)
             if slot.kind == "token":
                 x = B.sel(B.icmp("lt", self._c * geo.C + (t + r), geo.seqlen), x, B.f(0.0))
@@ -1116,10 +1187,54 @@ class RegisterScanEmitter(TileKernelEmitter):
             base32 = base32 + slice_start(lay, "k", self.kpart, self.k_local)
         elif sliced:
             base32 = base32 + slice_start(lay, "n", self.kpart, rows)
+        if rp.precision == "bf16x3":
+            acc = self._bf16x3_products(X, acc, lay, base32, slot.part_bytes, Kd, rows)
+        else:
+            acc = self._tf32_products(X, acc, lay, base32, Kd, rows, rhs is self._carried_arg)
+        wgmma.wgmma_commit(self.target)
+        self.cost.event("wgmma.commit")
+        self._groups += 1
+        pending = _Pending(rows, acc, row0, self._groups)
+        env[n.results[0]] = pending
+        if partial:
+            env[n.results[0]] = self._exchange(self._ready(pending), slot, base)
+        if fuse is not None:
+            self._fused[id(fuse)] = pending
+        self._flush_early()
+
+    def _bf16x3_products(self, X: Frag, acc: list, lay, base32, part_bytes: int, Kd: int,
+                         rows: int) -> list:
+        """acc += X-as-A · B in bf16x3: per 16-deep block, A's hi and lo bf16 parts packed from
+        X's registers (natural column order: `acc_regs_for_half_a`), B's hi and lo tiles
+        ``part_bytes`` apart, three m64nNk16 products, the two small cross terms first."""
+        blocks = Kd // BF16_K
+        b_hi = wgmma.k_block_descriptors(lay, base32, blocks, BF16_K)
+        b_lo = wgmma.k_block_descriptors(lay, base32 + part_bytes, blocks, BF16_K)
+        group = self.opts.scan_a_group or blocks
+        for k0 in range(0, blocks, group):
+            a_parts = []
+            for kb in range(k0, min(blocks, k0 + group)):
+                pairs = [bf16_split_pack(*(X.values[r] for r in acc_regs_for_half_a(kb, j)))
+                         for j in range(4)]
+                a_parts.append(([hi for hi, _ in pairs], [lo for _, lo in pairs]))
+            # every A register of the group is written before its fence (see _tf32_products)
+            wgmma.wgmma_fence(self.target)
+            for (a_hi, a_lo), d_hi, d_lo in zip(a_parts, b_hi[k0:], b_lo[k0:]):
+                for a, d in ((a_hi, d_lo), (a_lo, d_hi), (a_hi, d_hi)):
+                    acc = wgmma.wgmma_half_rs(self.target, acc, a, d, rows, "bf16")
+                    self.cost.event("wgmma")
+        self.cost.event("cvt.bf16x2", Kd)
+        self.cost.event("alu.f32", Kd)
+        return acc
+
+    def _tf32_products(self, X: Frag, acc: list, lay, base32, Kd: int, rows: int,
+                       of_state: bool) -> list:
+        """acc += X-as-A · B in TF32 (X's registers in the interleaved column order:
+        `acc_reg_for_tf32_a`), A split into hi + lo parts where ``scan_a_split`` says."""
         # every A register is written before the fence: a register written between the fence
         # and the wgmma that reads it makes ptxas insert a wait before each wgmma (C7517)
         split = self.opts.scan_a_split
-        if split == "all" or (split == "state" and rhs is self._carried_arg):
+        if split == "all" or (split == "state" and of_state):
             # hi and lo parts per k block, lo's product first (the smaller terms accumulate
             # before the larger ones)
             a_regs = []
@@ -1139,16 +1254,7 @@ class RegisterScanEmitter(TileKernelEmitter):
             for a in parts:
                 acc = wgmma.wgmma_tf32_rs(self.target, acc, a, desc, rows)
                 self.cost.event("wgmma")
-        wgmma.wgmma_commit(self.target)
-        self.cost.event("wgmma.commit")
-        self._groups += 1
-        pending = _Pending(rows, acc, row0, self._groups)
-        env[n.results[0]] = pending
-        if partial:
-            env[n.results[0]] = self._exchange(self._ready(pending), slot, base)
-        if fuse is not None:
-            self._fused[id(fuse)] = pending
-        self._flush_early()
+        return acc
 
     def _exchange(self, part: Frag, slot: RingSlot, base: int) -> Frag:
         """The whole product from this warpgroup's partial sum and the other slices' partials:
@@ -1158,7 +1264,7 @@ class RegisterScanEmitter(TileKernelEmitter):
         and adds theirs. Every warpgroup adds the same partials (in slice order), so all hold
         bit-identical values."""
         k, n = self.rplan.k_split, len(part.values)
-        words = slot.nbytes // k // 4          # one slice of the tile, in f32 words
+        words = slot.part_bytes // k // 4      # one slice of the (hi) tile, in f32 words
         first = base // 4 + self.tid_wg
 
         def at(p, i):
