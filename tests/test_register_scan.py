@@ -400,3 +400,107 @@ def test_descriptor_series_matches_encoding_each_address():
         for d in deltas:
             series = const | (field + (d >> 4))
             assert series == descriptor_bits(base + d, lbo, sbo, swz)
+
+
+def _half_a_coord(warp, lane, j, h):
+    """(row, col) of half ``h`` (0: bits 0-15) of register ``j`` of a wgmma m64nNk16 16-bit A
+    fragment (PTX's register layout): a0 (g, 2t..), a1 (g + 8, 2t..), a2 (g, 2t + 8..),
+    a3 (g + 8, 2t + 8..)."""
+    g, t = lane // 4, lane % 4
+    return 16 * warp + g + 8 * (j % 2), 2 * t + 8 * (j // 2) + h
+
+
+@pytest.mark.parametrize("M,Kd", [(64, 128), (128, 64)])
+def test_bf16x3_product_in_natural_order(M, Kd):
+    """(L·X)ᵀ as the bf16x3 scan computes it — A = Xᵀ packed from X's own accumulator registers
+    (`acc_regs_for_half_a`), B = L's rows as stored (no view), hi and lo parts of both, three
+    products per 16-deep block — is a fragment in natural column order, to ~16 bits."""
+    from kdagen.codegen.common.layouts import acc_regs_for_half_a
+
+    def bf16(x):
+        b = np.asarray(x, np.float32).view(np.uint32)
+        b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000     # round to nearest even
+        return b.view(np.float32).astype(np.float64)
+
+    rng = np.random.default_rng(1)
+    X = rng.standard_normal((Kd, 64))
+    L = rng.standard_normal((M, Kd))
+    xc = _acc_coords(Kd)
+    x_regs = [[X[c, r] for (r, c) in xc[tid]] for tid in range(128)]   # column n = row n
+    L_hi = bf16(L)
+    L_lo = bf16(L - L_hi)
+    D = np.zeros((64, M))
+    for kb in range(Kd // 16):
+        A_hi, A_lo = np.zeros((64, 16)), np.zeros((64, 16))
+        for tid in range(128):
+            for j in range(4):
+                for h, reg in enumerate(acc_regs_for_half_a(kb, j)):
+                    r, c = _half_a_coord(tid // 32, tid % 32, j, h)
+                    x = x_regs[tid][reg]
+                    A_hi[r, c] = bf16(x)
+                    A_lo[r, c] = bf16(x - A_hi[r, c])
+        b_hi, b_lo = L_hi[:, 16 * kb:16 * kb + 16], L_lo[:, 16 * kb:16 * kb + 16]
+        D += A_hi @ b_lo.T + A_lo @ b_hi.T + A_hi @ b_hi.T
+    want = (L @ X).T
+    assert np.abs(D - want).max() < 2e-4 * np.abs(want).max()
+    # the plain product would be ~100x further off: the test sees the lo parts
+    assert np.abs(bf16(X).T @ bf16(L).T - want).max() > 1e-3 * np.abs(want).max()
+
+
+@pytest.mark.skipif(shutil.which("ptxas") is None, reason="needs ptxas")
+def test_kda_backward_scans_take_bf16x3(tmp_path):
+    """KDA's backward scans (kda-assign-precision's state path): three m64nNk16 bf16 wgmma per
+    16-deep block and no TF32 one; their B operands stored by the writing kernels as bf16 hi and
+    lo tiles (MemRef.split) and loaded as two bf16 parts, rows in natural order (no
+    interleave8_rows view); the kernels assemble without spills.""" 
+    import subprocess
+
+    from kdagen import driver
+    from kdagen.codegen.lower.kernel import lower_program
+    from kdagen.codegen.lower.options import LowerOptions
+    from kdagen.target import TARGETS
+    t = TARGETS["sm_90a"]
+    _, _, plans = _plans("kda_bwd")
+    for rp in plans.values():
+        assert rp.precision == "bf16x3" and rp.natural_order
+        for mem, st in rp.workspace_storage().items():
+            if any(s.mem is mem and s.operand for s in rp.slots):
+                assert st["split"] == "bf16_hi_lo" and st["round"] is None
+        for s in rp.slots:
+            spec = s.tensor_map()
+            if s.operand:
+                assert spec["dtype"] == "bf16" and spec["parts"] == 2 and "view" not in spec
+                assert s.nbytes == 2 * s.part_bytes
+    mod = driver.build_module("kda_bwd", {}, pipeline="chip", chip="sm_90a")
+    ks = [k for k in lower_program(mod, t, options=LowerOptions(path="native", dot="auto"))
+          if k.path == "sm90-register-scan"]
+    assert len(ks) == 2
+    for k in ks:
+        ptx = driver.ptx_of(k.module, t, k.name)
+        assert "k8.f32.tf32" not in ptx
+        n16 = len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n\d+k16\.f32\.bf16\.bf16", ptx))
+        assert n16 == k.cost["counts"]["wgmma"] > 0 and n16 % 3 == 0
+        (tmp_path / "k.ptx").write_text(ptx)
+        r = subprocess.run(["ptxas", "-arch=sm_90a", "-v", str(tmp_path / "k.ptx"), "-o",
+                            str(tmp_path / "k.cubin")], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        assert "0 bytes spill stores" in r.stderr, r.stderr
+        # ptxas waits for the first fence group's products before packing the second's A
+        # (LowerOptions.scan_a_group; one group per product spilled 16 bytes in the reverse
+        # scan); the TF32 reverse scan has one such wait of its own
+        assert r.stderr.count("C7517") <= 2, r.stderr
+
+
+def test_tensor_map_of_two_parts_doubles_the_tile_rows():
+    """A bf16x3 operand's map (MapSpec.parts = 2) sees an f32 workspace of [.., R, K] tiles as
+    [.., 2R, K] bf16: hi rows then lo rows in the bytes of each tile; a bf16 tensor is refused."""
+    import torch
+
+    from kdagen.runtime.tensormap import MapSpec, TensorMapError, _map_key
+    ws = torch.zeros(6, 4, 64, 128)                 # [chunks, heads, R, K] f32
+    spec = MapSpec("bf16", 2, (1, 64, 64), 128, None, False, 2)
+    assert _map_key(ws, spec, "w")[2] == (24, 128, 128)
+    spec_t = MapSpec("bf16", 2, (1, 128, 64), 128, None, True, 2)
+    assert _map_key(ws, spec_t, "kr")[2] == (24, 256, 64)
+    with pytest.raises(TensorMapError, match="two 16-bit parts of an f32 tensor"):
+        _map_key(ws.to(torch.bfloat16), spec, "w")

@@ -19,8 +19,9 @@ is per kernel because the sm_90a native path stages one wgmma precision per kern
 
 The state path of a backward with per-key gates (KDA: ``state_path_products``, bf16x3): in a
 program that sums a per-head gradient and whose decay products take a gate per key (not one
-value per row, as GDN's), the serial kernels (kernel scans that carry a value) and the kernels
-writing a workspace one of them loads. dA_log sums dG over every token and key, and under a
+value per row, as GDN's), every product of the serial kernels (kernel scans that carry a value)
+and the products whose results other kernels store for them to load (the prologue's
+u = (I + Akk)⁻¹ (v ⊙ β) and w, the dq kernel's w and dv'). dA_log sums dG over every token and key, and under a
 weak gate the TF32 rounding of the serial scans' products (the recomputed states and dS)
 reaches it: in the CPU simulator of the sm_90a kernels with ordered sums (KDA K = 128
 "B1_T1000 weak"), dA_log 1.20e-3 with TF32 there, 5.8e-5 with more precise products in the
@@ -57,6 +58,10 @@ class AssignPrecisionPass(ModulePass):
     # the state path of a backward with per-key gates (module doc); "" leaves it to the rules
     # above
     state_path_products: str = field(default="bf16x3", metadata={"choices": ("", *PRECISIONS)})
+    # "products": the serial kernels' products and the products stored for them; "kernels":
+    # every product of the serial kernels and of the kernels storing what they load
+    state_path_scope: str = field(default="products", metadata={"choices": ("products",
+                                                                             "kernels")})
 
     def run(self, module: ir.Module) -> None:
         with module.context:
@@ -65,8 +70,14 @@ class AssignPrecisionPass(ModulePass):
             if self.products == "auto":
                 kernels = per_head_gradient_kernels(module)
                 if self.state_path_products and kernels and not row_gate_program(module):
-                    for kernel in state_path_kernels(module):
-                        state_path.update(op for op in walk(kernel) if op.name in PRODUCT_OPS)
+                    serial = serial_kernels(module)
+                    feeding = products_loaded_by(module, serial)
+                    for kernel in all_kernels(module):
+                        ops = [op for op in walk(kernel) if op.name in PRODUCT_OPS]
+                        if kernel in serial or (self.state_path_scope == "kernels"
+                                                and any(op in feeding for op in ops)):
+                            state_path.update(ops)
+                    state_path.update(feeding)
                 for kernel in kernels:
                     summing.update(op for op in walk(kernel) if op.name == "kda.dot")
                 if self.gate_gradient_inputs:
@@ -105,16 +116,6 @@ def serial_kernels(module: ir.Module) -> list:
     return [k for k in all_kernels(module) if len(k.operands) > 0]
 
 
-def state_path_kernels(module: ir.Module) -> list:
-    """The serial kernels and the kernels that store into a workspace one of them loads."""
-    serial = serial_kernels(module)
-    loaded = {op.operands[0] for k in serial for op in walk(k) if op.name == "kda.load_chunk"}
-    writers = [k for k in all_kernels(module) if k not in serial
-               and any(op.name == "kda.store_chunk" and op.operands[0] in loaded
-                       for op in walk(k))]
-    return serial + writers
-
-
 def row_gate_program(module: ir.Module) -> bool:
     """Whether the module's decay products take their gates as one value per row (GDN)."""
     decays = [op for op in walk(module) if op.name in ("kda.decay_dot", "kda.decay_matmul")]
@@ -127,8 +128,8 @@ def all_kernels(module: ir.Module) -> list:
 
 
 def products_loaded_by(module: ir.Module, kernels: list) -> set:
-    """The kda.dot ops of other kernels whose results are stored (kda.store_chunk) into a
-    workspace that one of ``kernels`` loads (kda.load_chunk)."""
+    """The kda.dot ops of other kernels whose results are stored (kda.store_chunk, converted
+    or not) into a workspace that one of ``kernels`` loads (kda.load_chunk)."""
     inside = {op for k in kernels for op in walk(k)}
     loaded = {op.operands[0] for k in kernels for op in walk(k) if op.name == "kda.load_chunk"}
     out = set()
@@ -136,6 +137,8 @@ def products_loaded_by(module: ir.Module, kernels: list) -> set:
         if op.name != "kda.store_chunk" or op in inside or op.operands[0] not in loaded:
             continue
         owner = _owner(op.operands[2])
+        while owner is not None and owner.name == "kda.convert":     # a bf16 workspace
+            owner = _owner(owner.operands[0])
         if owner is not None and owner.name == "kda.dot":
             out.add(owner)
     return out

@@ -735,6 +735,16 @@ class TileKernelEmitter:
         elif k == "store_chunk":
             c = self.env[n.operands[1]]
             src = self.env[n.operands[2]]
+            if (mem.transposed and len(src.shape) == 2
+                    and self.opts.transposed_store_order == "stored"):
+                # a tile its reader wants transposed: consecutive threads take consecutive
+                # stored addresses (the tile is read down its columns), not one 4-byte piece
+                # of a different 32-byte sector each
+                view = T_.transpose(src)
+                T_.foreach_batched(self.th, view.shape, view.read,
+                                   lambda idx, v: mem.store(v, geo.chunk_row(c),
+                                                            [idx[1], idx[0]]))
+                return
             T_.foreach_batched(self.th, src.shape, src.read,
                                lambda idx, v: mem.store(v, geo.chunk_row(c), idx))
 

@@ -169,7 +169,7 @@ def prepare(program: Program, target: Target | None, prefix: str,
             launch.update(path=em.path, tensor_maps=native.tensor_maps(),
                           ring={"depth": native.depth, "stage_bytes": native.stage_bytes,
                                 "tma_loads": [s.tensor for s in native.slots]},
-                          wgmma_precision=native.precision)
+                          wgmma_precision="+".join(nat.kernel_precisions(g, opts.dot)))
         out.append(PreparedKernel(kname, g, em, storage, launch, plan))
     return out
 

@@ -85,6 +85,11 @@ class LowerOptions:
     # (0: all of a product's). 4: packing all 8 blocks of a 128-deep product first spilled
     # 16 bytes in kda_bwd's reverse scan (ptxas, sm_90a); 2 or 4 blocks per fence, none
     scan_a_group: int = 4
+    # chunk-kernel stores of a workspace tile its reader wants transposed
+    # (MemRef.transposed): "stored" walks the stored order (coalesced global stores; the
+    # tile, or what it is computed from, is read down its columns), "logical" the tile's own
+    # order (ablation)
+    transposed_store_order: str = "stored"
     # cumsums and reductions of the tile lowering sum in an order set by the tile's shape
     # alone (tiles.emit_cumsum, emit_reduce_sum), so kernels with different thread counts that
     # each compute the gate's cumsum or a row's norm get the same bits: the gate gradient's

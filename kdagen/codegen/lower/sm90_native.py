@@ -355,11 +355,13 @@ def _staging_layouts(N: int, K: int, precision: str) -> tuple:
 
 
 def _product_precision(n, kernel_precision: str, dot: str) -> str:
-    """The staging precision of wgmma product ``n`` in a kernel whose kda.dot products take
-    ``kernel_precision``, under the lowering's ``dot``: a row-gate decay_dot keeps its own
+    """The staging precision of wgmma product ``n`` in a kernel whose products take
+    ``kernel_precision`` by default, under the lowering's ``dot``: each product its own
     (kda.precision) under "auto", else the kernel's; what one wgmma does not take (tf32x3,
-    fp32) stages as bf16x3, as the kernel's products do."""
-    if n.op == "kda.dot" or dot != "auto":
+    fp32) stages as bf16x3. The staging tiles are sized for the largest product's set, and a
+    bf16x3 element (hi + lo) takes the bytes of a TF32 one, so products of one kernel may
+    differ."""
+    if dot != "auto":
         return kernel_precision
     p = product_precision(dot, n.op, n.attrs.get("kda.precision"))
     return p if p in WGMMA_PRECISIONS else "bf16x3"
@@ -385,22 +387,27 @@ SMEM_ROW_PAD = 4
 WGMMA_PRECISIONS = ("bf16", "bf16x3", "tf32")
 
 
-def wgmma_precision(group, dot: str, kname: str) -> str:
-    """The operand precision of a kernel's wgmma products (their staging tiles are sized for
-    it): each kda.dot's (options.product_precision: its kda.precision under ``dot="auto"``),
-    one for the whole kernel; bf16x3 where the lowering's ``dot`` is fma (wgmma has no fp32)."""
+def kernel_precisions(group, dot: str) -> list:
+    """The operand precisions of a kernel's kda.dot wgmma products (options.product_precision:
+    each one's kda.precision under ``dot="auto"``; bf16x3 for what wgmma does not take, e.g.
+    fp32 under ``dot="fma"``), sorted; the default product's where it has none."""
     chosen = set()
     for n in group.nodes:
         for m in [n, *(walk(n.body) if n.body is not None else [])]:
             if _wgmma_dot_dims(m) is not None:
                 chosen.add(product_precision(dot, m.op, m.attrs.get("kda.precision")))
-    chosen = {p if p in WGMMA_PRECISIONS else "bf16x3"
-              for p in chosen or {product_precision(dot, "kda.dot")}}
-    if len(chosen) > 1:
-        raise LoweringError(f"{kname}: its wgmma products ask for different precisions "
-                            f"({', '.join(sorted(chosen))}); the sm_90a native path stages one "
-                            "per kernel: give them one (kda-assign-precision, or the dot option)")
-    return chosen.pop()
+    return sorted({p if p in WGMMA_PRECISIONS else "bf16x3"
+                   for p in chosen or {product_precision(dot, "kda.dot")}})
+
+
+def wgmma_precision(group, dot: str, kname: str) -> str:
+    """The kernel's default wgmma operand precision (`kernel_precisions`; where its products
+    differ, the most precise: under ``dot="auto"`` each product stages its own anyway)."""
+    chosen = kernel_precisions(group, dot)
+    for p in ("bf16x3", "tf32", "bf16"):
+        if p in chosen:
+            return p
+    raise LoweringError(f"{kname}: no wgmma precision among {chosen}")
 
 
 def single_read_operands(group) -> frozenset:
@@ -747,7 +754,8 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
             b = T_.transpose(b)
         # the operands' tiles are row-major where they are stored: read A along K unless it
         # is a transposed view, B along N unless it is one (coalesced global reads)
-        self.dot_wgmma(out, a, b, a_along_k=not a_tr, b_along_k=b_tr)
+        self.dot_wgmma(out, a, b, a_along_k=not a_tr, b_along_k=b_tr,
+                       precision=_product_precision(n, self.layout.precision, self.opts.dot))
 
     def _row_gate_decay(self, n, out) -> None:
         """A decay_dot with row gates as one wgmma product, out = E ⊙ (lhs rhsᵀ): its result
