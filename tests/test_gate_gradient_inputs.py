@@ -2,7 +2,8 @@
 plain products whose results the gate-parameter gradient's kernel loads (the backward
 prologue's u = (I + Akk)^-1 (v ⊙ β), the dq kernel's w·S) take that kernel's precision, per
 kernel; the sm_90a lowering takes it (one wgmma precision per kernel), and in the CPU
-simulator KDA K = 64 "B1_T65" dA_log drops under the 1e-3 goal."""
+simulator KDA K = 64 "B1_T65" dA_log drops under the 1e-3 goal. Measured without the state-path
+rule (state_path_products=tf32), which gives those kernels bf16x3 by default."""
 import pytest
 
 pytest.importorskip("kdagen._mlir")
@@ -16,9 +17,14 @@ OPTS = dict(head_k_dim=64, head_v_dim=64)
 
 
 def _pipeline(on: bool) -> str:
-    return ",".join(
+    return ",".join(_passes(on))
+
+
+def _passes(on: bool) -> list:
+    return list(
         n if not n.startswith("kda-assign-precision")
-        else f"kda-assign-precision{{gate_gradient_inputs={str(on).lower()}}}"
+        else (f"kda-assign-precision{{gate_gradient_inputs={str(on).lower()},"
+              "state_path_products=tf32}")
         for n in pipelines.PIPELINES["sm_90a"])
 
 
@@ -55,14 +61,18 @@ def test_the_native_lowering_takes_one_precision_per_kernel(program):
     assert chunk and all(k.launch.get("wgmma_precision") == "bf16x3" for k in chunk)
 
 
-def test_kda_k64_b1_t65_dA_log_meets_the_goal_in_the_simulator(monkeypatch):
+def test_kda_k64_b1_t65_dA_log_meets_the_goal_with_the_state_path(monkeypatch):
+    """KDA K = 64 "B1_T65" in the CPU simulator of the sm_90a kernels: the default pipeline
+    (kda-assign-precision's bf16x3 state path, ordered sums) puts dA_log under the 1e-3 goal
+    (1.9e-4); with the state path at TF32 it misses (gate_gradient_inputs alone does not
+    bring it back: 4.8e-3 with ordered sums)."""
     from tools.scan_precision_probe import SimulatedProgram
     options = dict(OPTS, gate="softplus")
 
     def dA_log() -> float:
         rows = SimulatedProgram("kda_bwd", options, "auto", "sm_90a").run("B1_T65")
         return next(r["err"] for r in rows if r["tensor"] == "dA_log")
-    before = dA_log()
-    monkeypatch.setitem(pipelines.PIPELINES, "sm_90a", _pipeline(True).split(","))
-    after = dA_log()
-    assert before > 1e-3 and after < 1e-3, (before, after)
+    default = dA_log()
+    monkeypatch.setitem(pipelines.PIPELINES, "sm_90a", _passes(False))
+    tf32_state_path = dA_log()
+    assert default < 1e-3 < tf32_state_path, (default, tf32_state_path)

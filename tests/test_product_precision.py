@@ -43,9 +43,8 @@ def test_unknown_dot_is_refused_by_the_lowering():
 def test_auto_lowers_decay_matmul_bf16x3_and_the_rest_tf32():
     """On the native path: the forward's wgmma products stage TF32 (k8 instructions), its
     decay_dot TF32 m16n8k8; KDA's backward takes bf16x3 (k16) in every kernel — the state path
-    (the prologue's w and u, the dq kernel's dv' beside its TF32 products, both register
-    scans) and the kernel that sums the gate parameters' gradients — and its decay_matmul
-    three bf16 mma.sync per 16-deep step."""
+    (prologue, dq kernel, both register scans) and the kernel that sums the gate parameters'
+    gradients — and its decay_matmul three bf16 mma.sync per 16-deep step."""
     pytest.importorskip("kdagen._mlir")
     import re
 
@@ -58,12 +57,11 @@ def test_auto_lowers_decay_matmul_bf16x3_and_the_rest_tf32():
         wgmma_kernels = [k for k in comp.kernels if "wgmma.mma_async" in comp.ptx[k.name]]
         assert len(wgmma_kernels) == (3 if comp is fwd else 5)
         for k in wgmma_kernels:
-            mixed = k.name.endswith("__k2_scan2") and comp is bwd
-            assert k.launch["wgmma_precision"] == ("bf16x3+tf32" if mixed else want), k.name
+            assert k.launch["wgmma_precision"] == want, k.name
             k16 = re.search(r"wgmma\.mma_async\S*k16", comp.ptx[k.name])
             k8 = re.search(r"wgmma\.mma_async\S*k8", comp.ptx[k.name])
             assert bool(k16) == (want == "bf16x3"), k.name
-            assert bool(k8) == (want == "tf32" or mixed), k.name
+            assert bool(k8) == (want == "tf32"), k.name
     fwd_ptx = "".join(fwd.ptx[k.name] for k in fwd.kernels)
     assert "m16n8k8" in fwd_ptx and "m16n8k16" not in fwd_ptx
     bwd_ptx = "".join(bwd.ptx[k.name] for k in bwd.kernels)
@@ -185,14 +183,17 @@ def test_only_the_kernel_summing_gate_parameter_gradients_takes_bf16x3_without_t
 
 def test_state_path_takes_bf16x3_in_kda_backward_only():
     """The state-path rule: KDA's backward (per-key gates) gives bf16x3 to every product of
-    its serial kernels (the recompute and reverse scans) and to the products other kernels
-    store for them (the prologue's w and u — its only plain products —, the dq kernel's dv');
-    GDN's backward (one gate value per row) and the forwards keep TF32 there."""
+    its serial kernels (the recompute and reverse scans) and of the kernels storing products
+    for them (prologue, dq kernel); with state_path_scope=products only to the products
+    stored for them (the dq kernel's dv', not its other products). GDN's backward (one gate
+    value per row) and the forwards keep TF32 there."""
     pytest.importorskip("kdagen._mlir")
     kda = _kernel_precisions("kda_bwd")
-    assert kda == {"kda_bwd0_chunk": {"bf16x3"}, "kda_bwd0_state": {"bf16x3"},
-                   "kda_bwd1_chunk": {"bf16x3", "tf32"}, "kda_bwd1_state": {"bf16x3"},
-                   "kda_bwd1_out": {"bf16x3"}}, kda
+    assert kda == {k: {"bf16x3"} for k in ("kda_bwd0_chunk", "kda_bwd0_state", "kda_bwd1_chunk",
+                                             "kda_bwd1_state", "kda_bwd1_out")}, kda
+    narrow = _kernel_precisions("kda_bwd",
+                                "chip+kda-assign-precision{state_path_scope=products}")
+    assert narrow == {**kda, "kda_bwd1_chunk": {"bf16x3", "tf32"}}, narrow
     gdn = _kernel_precisions("gdn_bwd")
     assert gdn["gdn_bwd0_state"] == gdn["gdn_bwd1_state"] == {"tf32"}, gdn
     for fwd in ("kda_fwd", "gdn_fwd"):

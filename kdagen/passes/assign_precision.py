@@ -20,8 +20,8 @@ is per kernel because the sm_90a native path stages one wgmma precision per kern
 The state path of a backward with per-key gates (KDA: ``state_path_products``, bf16x3): in a
 program that sums a per-head gradient and whose decay products take a gate per key (not one
 value per row, as GDN's), every product of the serial kernels (kernel scans that carry a value)
-and the products whose results other kernels store for them to load (the prologue's
-u = (I + Akk)⁻¹ (v ⊙ β) and w, the dq kernel's w and dv'). dA_log sums dG over every token and key, and under a
+and of the kernels that store products for them to load (the prologue, whose
+u = (I + Akk)⁻¹ (v ⊙ β) mattered most, and the dq kernel). dA_log sums dG over every token and key, and under a
 weak gate the TF32 rounding of the serial scans' products (the recomputed states and dS)
 reaches it: in the CPU simulator of the sm_90a kernels with ordered sums (KDA K = 128
 "B1_T1000 weak"), dA_log 1.20e-3 with TF32 there, 5.8e-5 with more precise products in the
@@ -58,10 +58,13 @@ class AssignPrecisionPass(ModulePass):
     # the state path of a backward with per-key gates (module doc); "" leaves it to the rules
     # above
     state_path_products: str = field(default="bf16x3", metadata={"choices": ("", *PRECISIONS)})
-    # "products": the serial kernels' products and the products stored for them; "kernels":
-    # every product of the serial kernels and of the kernels storing what they load
-    state_path_scope: str = field(default="products", metadata={"choices": ("products",
-                                                                             "kernels")})
+    # "kernels": every product of the serial kernels and of the kernels storing products for
+    # them to load; "products": the serial kernels' products and the products stored for them
+    # only. On the H100 (GPU check, native set) the largest KDA dA_log / ddt_bias was 7.9e-4
+    # with "kernels", 9.8e-4 with "products" (lower-bound gate, steep), for 1% of fwd+bwd
+    # time (B1_T8k_H16 4.41 vs 4.37 ms, bench/results/h100_stop48_ab_variants_b1t8k.log)
+    state_path_scope: str = field(default="kernels", metadata={"choices": ("kernels",
+                                                                            "products")})
 
     def run(self, module: ir.Module) -> None:
         with module.context:

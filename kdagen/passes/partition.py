@@ -184,6 +184,10 @@ class PartitionPass(ModulePass):
     # steps per sequence) has almost no serial chain to shorten, and the split would add two
     # launches and a round trip of the state per token through memory
     min_chunk_rows: int = 2
+    # the off-cycle kernel (``_out``) loads chunk values the chunk kernel computes where the
+    # min cut says crossing moves less than recomputing (``_min_cut``: matrix products always
+    # cross); false: it recomputes every chunk value it needs from the inputs
+    out_crossing: bool = False
 
     def run(self, module: ir.Module) -> None:
         if self.workspace_dtype is None:
@@ -285,6 +289,8 @@ class PartitionPass(ModulePass):
                 ir.Operation.create("kda.store_chunk", results=[], operands=[
                     workspaces[value], args[0], value],
                     attributes={"name": ir.StringAttr.get(names[value])}, ip=before_yield)
+        crossing = self._out_crossing(body, dep_ops, off, recomputed, terminator, ip,
+                                      before_yield, args[0]) if self.out_crossing else {}
         # the chunk-parallel scan after it: checkpoints loaded, chunk values recomputed
         out = ir.Operation.create("kda.scan", results=[], operands=[],
                                   attributes={"reverse": scan.attributes["reverse"]},
@@ -298,8 +304,22 @@ class PartitionPass(ModulePass):
                 operands=[workspaces[value], out_block.arguments[0]],
                 attributes={"name": ir.StringAttr.get(names[value])},
                 loc=ir.Location.name(names[value]), ip=out_ip).results[0]
+        for value, (ws, name) in crossing.items():
+            loaded = ir.Operation.create(
+                "kda.load_chunk", results=[ir.RankedTensorType.get(
+                    _shape(value.type), _elt_type(self._storage(value)))],
+                operands=[ws, out_block.arguments[0]],
+                attributes={"name": ir.StringAttr.get(name)},
+                loc=ir.Location.name(name), ip=out_ip).results[0]
+            if _element(value.type) != self._storage(value):
+                loaded = ir.Operation.create("kda.convert", results=[value.type],
+                                             operands=[loaded], ip=out_ip).results[0]
+            mapping[value] = loaded
+        crossed = {v.owner.operation for v in crossing}
         off_set = set(off) | set(recomputed)
         for op in body:
+            if op in crossed:
+                continue
             if op in off_set or (op not in dep_ops and op.name not in CHUNK_STORES):
                 _clone(op, mapping, out_ip)
         ir.Operation.create("gpu.yield", results=[], operands=[], ip=out_ip)
@@ -308,6 +328,39 @@ class PartitionPass(ModulePass):
             op.erase()
         dce(scan)
         self._mark(out, f"{kernel_prefix}_out", parallel=True)
+
+    def _out_crossing(self, body, dep_ops, off, recomputed, terminator, ws_ip, store_ip,
+                      index) -> dict:
+        """{chunk value: (workspace, name)} the off-cycle kernel loads instead of recomputing:
+        the min cut between the chunk's inputs and what the off-cycle ops use (`_min_cut`).
+        The serial scan stores them before its yield; `_split` then moves those stores, with
+        everything they read, into the chunk kernel."""
+        dep_set = set(dep_ops)
+        indep = [op for op in body if op not in dep_set and op.name not in CHUNK_STORES]
+        users = [op for op in body if op in set(off) | set(recomputed)]
+        if not indep or not users:
+            return {}
+        _, crossing = self._min_cut(indep, users)
+        out = {}
+        for value in crossing:
+            name = f"{_value_name(value) or value.owner.operation.name[4:]}_x{len(out)}"
+            elt = _elt_type(self._storage(value))
+            dyn = ir.ShapedType.get_dynamic_size()
+            ws = ir.Operation.create(
+                "kda.workspace", results=[ir.MemRefType.get([dyn, dyn] + _shape(value.type),
+                                                            elt)],
+                attributes={"name": ir.StringAttr.get(f"{name}_ws"),
+                            "layout": ir.StringAttr.get("chunk")},
+                loc=ir.Location.name(f"{name}_ws"), ip=ws_ip).results[0]
+            stored = value
+            if _element(value.type) != self._storage(value):
+                stored = ir.Operation.create(
+                    "kda.convert", results=[ir.RankedTensorType.get(_shape(value.type), elt)],
+                    operands=[value], ip=store_ip).results[0]
+            ir.Operation.create("kda.store_chunk", results=[], operands=[ws, index, stored],
+                                attributes={"name": ir.StringAttr.get(name)}, ip=store_ip)
+            out[value] = (ws, name)
+        return out
 
     def _split(self, scan, kernel_prefix: str) -> None:
         block = scan.regions[0].blocks[0]
