@@ -206,3 +206,50 @@ def test_values_one_kernel_stores_get_workspaces_of_their_own(program, chip, hea
                 stored.setdefault(name, set()).add(ws)
         kernel = str(op.attributes["kda.kernel"])
         assert all(len(v) == 1 for v in stored.values()), (kernel, stored)
+
+
+def test_out_crossing_loads_the_output_kernels_chunk_products():
+    """kda-partition{out_crossing=true}: the min cut sends the forward output kernel's chunk
+    values across (qd = q ⊙ 2^Γ and the masked Aqk, a matrix product, which always crosses):
+    the chunk kernel stores both, and the output kernel is FLA's two products on loaded
+    tiles — no token loads, no decay product, norm or cumsum. Off by default: on the H100 the
+    prologue's extra stores cost what the output kernel saved
+    (bench/results/h100_stop48_ab_variants_b1t8k.log)."""
+    pytest.importorskip("kdagen._mlir")
+    from kdagen.driver import build_module
+    from kdagen.ir.transforms import walk
+
+    def kernels(pipeline):
+        out = {}
+        module = build_module("kda_fwd", {}, pipeline, "sm_90a")     # kept alive while walked
+        for op in walk(module):
+            if op.name == "kda.scan" and "kda.kernel" in op.attributes:
+                ops = [i.name for i in walk(op)]
+                names = {i.name: [str(x.attributes["name"]).strip('"') for x in walk(op)
+                                  if x.name == i.name] for i in walk(op)
+                         if i.name in ("kda.load_chunk", "kda.store_chunk")}
+                out[str(op.attributes["kda.kernel"]).strip('"')] = (ops, names)
+        return out
+    off = kernels("chip")
+    on = kernels("chip+kda-partition{out_crossing=true}")
+    ops, names = on["kda_fwd_out"]
+    crossed = [n for n in names["kda.load_chunk"] if n.endswith(("_x0", "_x1"))]
+    assert sorted(c.split("_x")[0] for c in crossed) == ["Aqk", "qd"]
+    assert ops.count("kda.dot") == 2 and "kda.load" not in ops
+    assert not {"kda.decay_dot", "kda.cumsum", "kda.rsqrt"} & set(ops)
+    assert set(crossed) <= set(on["kda_fwd_chunk"][1]["kda.store_chunk"])
+    assert "kda.decay_dot" in off["kda_fwd_out"][0] and "kda.load" in off["kda_fwd_out"][0]
+
+
+def test_transposed_store_order_takes_two_values():
+    pytest.importorskip("kdagen._mlir")
+    from kdagen.codegen.lower.kernel import prepare
+    from kdagen.codegen.lower.options import LowerOptions
+    from kdagen.codegen.lower.plan import LoweringError
+    from kdagen.codegen.lower.program import read_program
+    from kdagen.driver import build_module
+    from kdagen.target import TARGETS
+    program = read_program(build_module("kda_fwd", {}, "chip", "sm_90a"))
+    with pytest.raises(LoweringError, match="transposed_store_order: 'rows'; use 'stored'"):
+        prepare(program, TARGETS["sm_90a"], "t",
+                LowerOptions(path="native", transposed_store_order="rows"))

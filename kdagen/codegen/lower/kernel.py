@@ -83,6 +83,9 @@ def prepare(program: Program, target: Target | None, prefix: str,
                             "'memory' or 'program'")
     if opts.scan_a_split not in ("off", "state", "all"):
         raise LoweringError(f"scan_a_split: {opts.scan_a_split!r}; use 'off', 'state' or 'all'")
+    if opts.transposed_store_order not in ("stored", "logical"):
+        raise LoweringError(f"transposed_store_order: {opts.transposed_store_order!r}; use "
+                            "'stored' or 'logical'")
     if opts.tensormap_params not in TENSORMAP_PARAMS:
         raise LoweringError(f"tensormap_params: {opts.tensormap_params!r}; use one of "
                             f"{', '.join(map(repr, TENSORMAP_PARAMS))}")

@@ -13,6 +13,12 @@ accumulates the product onto X (wgmma's own accumulate); other elementwise ops r
 registers; ring tiles read element-wise (u, the decay vector) are read from shared memory at
 the fragment's coordinates; checkpoints are stored from registers.
 
+bf16x3 scans (every product of the kernel kda-assign-precision gives bf16x3: KDA's backward,
+docs/MATH.md §3) hold their tiles in natural column order instead (column n = row n: a 16-bit
+A fragment pairs accumulator columns 2t and 2t + 1), read B as bf16 hi and lo tiles its writer
+stored in the bytes of one f32 tile (``RingSlot.parts``, ``MemRef.split``; no tensor-map view)
+and issue three m64nNk16 products per 16-deep block.
+
 Roles: ``warpgroups`` consumer warpgroups (threads 0 .. 128·wg − 1) and one producer warpgroup
 whose elected thread fills a ring of ``depth`` stages with TMA (one 'full' mbarrier with the
 stage's byte count, one 'empty' mbarrier every consumer thread arrives on once its reads of the
