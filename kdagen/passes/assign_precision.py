@@ -15,14 +15,15 @@ summed over every token and key, so each product's rounding there is amplified. 
 simulator of the sm_90a kernels (KDA K = V = 128), TF32 in that kernel gives dA_log 1.55e-3
 (weak gate, the H200: 1.54e-3) and 1.24e-3 (correlated steep); bf16x3 gives 9.0e-4 and
 8.8e-4, fp32 products 9.0e-4 and 4.5e-4, and no other kernel's products moved it. The rule
-is per kernel because the sm_90a native path stages one wgmma precision per kernel.
+is per kernel: it was written when the sm_90a native path staged one wgmma precision per
+kernel (it now stages each product at its own).
 
 The state path of a backward with per-key gates (KDA: ``state_path_products``, bf16x3): in a
 program that sums a per-head gradient and whose decay products take a gate per key (not one
 value per row, as GDN's), every product of the serial kernels (kernel scans that carry a value)
 and of the kernels that store products for them to load (the prologue, whose
-u = (I + Akk)⁻¹ (v ⊙ β) mattered most, and the dq kernel). dA_log sums dG over every token and key, and under a
-weak gate the TF32 rounding of the serial scans' products (the recomputed states and dS)
+u = (I + Akk)⁻¹ (v ⊙ β) mattered most, and the dq kernel). dA_log sums dG over every token
+and key, and under a weak gate the TF32 rounding of the serial scans' products (the recomputed states and dS)
 reaches it: in the CPU simulator of the sm_90a kernels with ordered sums (KDA K = 128
 "B1_T1000 weak"), dA_log 1.20e-3 with TF32 there, 5.8e-5 with more precise products in the
 prologue and both scans; the lower-bound gate 2.04e-3 against 2.0e-4; and no
@@ -50,8 +51,8 @@ class AssignPrecisionPass(ModulePass):
     # that kernel loads from a workspace (the backward prologue's u = (I + Akk)^-1 (v ⊙ β),
     # the dq kernel's w·S). In the CPU simulator (KDA K = 64, "B1_T65") TF32 in u alone puts
     # dA_log at 1.58e-3; bf16x3 there, 1.44e-4 (fp32 FMA everywhere: 1.2e-5); no other
-    # kernel's products moved it. Static cost: the two kernels +1.7% and +3.1% (sm_90a stages
-    # one precision per kernel). Off: at the native kernels' thread counts it makes KDA
+    # kernel's products moved it. Static cost: the two kernels +1.7% and +3.1% (then, when
+    # sm_90a staged one precision per kernel). Off: at the native kernels' thread counts it makes KDA
     # K = 128 "B1_T1000 weak" worse in the simulator (dA_log 7.2e-4 -> 1.8e-3), so it is not the
     # whole answer (docs/MATH.md §3).
     gate_gradient_inputs: bool = False

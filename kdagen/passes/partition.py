@@ -305,16 +305,7 @@ class PartitionPass(ModulePass):
                 attributes={"name": ir.StringAttr.get(names[value])},
                 loc=ir.Location.name(names[value]), ip=out_ip).results[0]
         for value, (ws, name) in crossing.items():
-            loaded = ir.Operation.create(
-                "kda.load_chunk", results=[ir.RankedTensorType.get(
-                    _shape(value.type), _elt_type(self._storage(value)))],
-                operands=[ws, out_block.arguments[0]],
-                attributes={"name": ir.StringAttr.get(name)},
-                loc=ir.Location.name(name), ip=out_ip).results[0]
-            if _element(value.type) != self._storage(value):
-                loaded = ir.Operation.create("kda.convert", results=[value.type],
-                                             operands=[loaded], ip=out_ip).results[0]
-            mapping[value] = loaded
+            mapping[value] = self._load_crossing(ws, out_block.arguments[0], value, name, out_ip)
         crossed = {v.owner.operation for v in crossing}
         off_set = set(off) | set(recomputed)
         for op in body:
@@ -344,23 +335,41 @@ class PartitionPass(ModulePass):
         out = {}
         for value in crossing:
             name = f"{_value_name(value) or value.owner.operation.name[4:]}_x{len(out)}"
-            elt = _elt_type(self._storage(value))
-            dyn = ir.ShapedType.get_dynamic_size()
-            ws = ir.Operation.create(
-                "kda.workspace", results=[ir.MemRefType.get([dyn, dyn] + _shape(value.type),
-                                                            elt)],
-                attributes={"name": ir.StringAttr.get(f"{name}_ws"),
-                            "layout": ir.StringAttr.get("chunk")},
-                loc=ir.Location.name(f"{name}_ws"), ip=ws_ip).results[0]
-            stored = value
-            if _element(value.type) != self._storage(value):
-                stored = ir.Operation.create(
-                    "kda.convert", results=[ir.RankedTensorType.get(_shape(value.type), elt)],
-                    operands=[value], ip=store_ip).results[0]
-            ir.Operation.create("kda.store_chunk", results=[], operands=[ws, index, stored],
-                                attributes={"name": ir.StringAttr.get(name)}, ip=store_ip)
+            ws = self._crossing_workspace(value, name, ws_ip)
+            self._store_crossing(ws, index, value, value, name, store_ip)
             out[value] = (ws, name)
         return out
+
+    def _crossing_workspace(self, value, name: str, ip) -> ir.Value:
+        """A per-chunk workspace ``<name>_ws`` for ``value`` in its storage type."""
+        dyn = ir.ShapedType.get_dynamic_size()
+        mem_t = ir.MemRefType.get([dyn, dyn] + _shape(value.type),
+                                  _elt_type(self._storage(value)))
+        return ir.Operation.create("kda.workspace", results=[mem_t], attributes={
+            "name": ir.StringAttr.get(f"{name}_ws"), "layout": ir.StringAttr.get("chunk")},
+            loc=ir.Location.name(f"{name}_ws"), ip=ip).results[0]
+
+    def _store_crossing(self, ws, index, value, stored, name: str, ip) -> None:
+        """Store ``stored`` (``value`` or its clone) into ``ws``, converted to its storage
+        type."""
+        if _element(value.type) != self._storage(value):
+            stored = ir.Operation.create(
+                "kda.convert", results=[ir.RankedTensorType.get(
+                    _shape(value.type), _elt_type(self._storage(value)))],
+                operands=[stored], ip=ip).results[0]
+        ir.Operation.create("kda.store_chunk", results=[], operands=[ws, index, stored],
+                            attributes={"name": ir.StringAttr.get(name)}, ip=ip)
+
+    def _load_crossing(self, ws, index, value, name: str, ip) -> ir.Value:
+        """Load ``value`` back from ``ws``, converted from its storage type."""
+        loaded = ir.Operation.create("kda.load_chunk", results=[ir.RankedTensorType.get(
+            _shape(value.type), _elt_type(self._storage(value)))],
+            operands=[ws, index], attributes={"name": ir.StringAttr.get(name)},
+            loc=ir.Location.name(name), ip=ip).results[0]
+        if _element(value.type) != self._storage(value):
+            loaded = ir.Operation.create("kda.convert", results=[value.type], operands=[loaded],
+                                         ip=ip).results[0]
+        return loaded
 
     def _split(self, scan, kernel_prefix: str) -> None:
         block = scan.regions[0].blocks[0]
@@ -389,10 +398,6 @@ class PartitionPass(ModulePass):
         workspaces = {}
         _names: dict = {}
         for value in crossing:
-            shape = _shape(value.type)
-            elt = _elt_type(self._storage(value))
-            dyn = ir.ShapedType.get_dynamic_size()
-            mem_t = ir.MemRefType.get([dyn, dyn] + shape, elt)
             base = _value_name(value) or f"{value.owner.operation.name[4:]}{len(workspaces)}"
             # workspaces are found by name (kernels of other scans reuse a name as one buffer
             # used in turn); two values crossing from this scan must not share one
@@ -400,10 +405,7 @@ class PartitionPass(ModulePass):
             while name in _names.values():
                 name, i = f"{base}{i}", i + 1
             _names[value] = name
-            ws = ir.Operation.create("kda.workspace", results=[mem_t], attributes={
-                "name": ir.StringAttr.get(f"{name}_ws"), "layout": ir.StringAttr.get("chunk")},
-                loc=ir.Location.name(f"{name}_ws"), ip=chunk_ip)
-            workspaces[value] = ws.results[0]
+            workspaces[value] = self._crossing_workspace(value, name, chunk_ip)
 
         # kernel 1: every chunk at once, stores the crossing values
         par = ir.Operation.create("kda.scan", results=[], operands=[],
@@ -415,14 +417,8 @@ class PartitionPass(ModulePass):
         for op in indep_ops:
             _clone(op, mapping, par_ip)
         for value in crossing:
-            stored = mapping[value]
-            if _element(value.type) != self._storage(value):
-                stored = ir.Operation.create(
-                    "kda.convert", results=[ir.RankedTensorType.get(_shape(value.type), _elt_type(
-                        self._storage(value)))], operands=[stored], ip=par_ip).results[0]
-            ir.Operation.create("kda.store_chunk", results=[], operands=[
-                workspaces[value], par_block.arguments[0], stored],
-                attributes={"name": ir.StringAttr.get(_names[value])}, ip=par_ip)
+            self._store_crossing(workspaces[value], par_block.arguments[0], value, mapping[value],
+                                 _names[value], par_ip)
         ir.Operation.create("gpu.yield", results=[], operands=[], ip=par_ip)
         dce(par)
         self._mark(par, f"{kernel_prefix}_chunk", parallel=True)
@@ -436,15 +432,8 @@ class PartitionPass(ModulePass):
         mapping = {a: b for a, b in zip(args, st_block.arguments)}
         st_ip = ir.InsertionPoint(st_block)
         for value in crossing:
-            loaded = ir.Operation.create("kda.load_chunk", results=[ir.RankedTensorType.get(
-                _shape(value.type), _elt_type(self._storage(value)))],
-                operands=[workspaces[value], st_block.arguments[0]],
-                attributes={"name": ir.StringAttr.get(_names[value])},
-                loc=ir.Location.name(_names[value]), ip=st_ip).results[0]
-            if _element(value.type) != self._storage(value):
-                loaded = ir.Operation.create("kda.convert", results=[value.type], operands=[loaded],
-                                             ip=st_ip).results[0]
-            mapping[value] = loaded
+            mapping[value] = self._load_crossing(workspaces[value], st_block.arguments[0], value,
+                                                 _names[value], st_ip)
         for op in body:
             if op in remat or op in dep_ops:
                 _clone(op, mapping, st_ip)

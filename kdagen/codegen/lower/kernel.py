@@ -225,7 +225,7 @@ def _plan_group_with(program: Program, g, target: Target | None, opts: LowerOpti
         shared = nat.chunk_budget(opts.chunk_ctas_per_sm, target) if g.parallel else None
         if shared is not None:      # several CTAs per SM: each loads one chunk, one stage
             budget, max_depth = min(budget, shared - opts.smem_reserve), 1
-        precision = nat.wgmma_precision(g, opts.dot, kname)
+        precision = nat.wgmma_precision(g, opts.dot)
         single = nat.single_read_operands(g)
         # tiles streamed into the ring are read from it (no fp32 copy); the ring may keep
         # fewer loads than planned for when it must leave room: plan again until both agree

@@ -400,14 +400,14 @@ def kernel_precisions(group, dot: str) -> list:
                    for p in chosen or {product_precision(dot, "kda.dot")}})
 
 
-def wgmma_precision(group, dot: str, kname: str) -> str:
+#: WGMMA_PRECISIONS from the least to the most precise
+_BY_PRECISION = ("bf16", "tf32", "bf16x3")
+
+
+def wgmma_precision(group, dot: str) -> str:
     """The kernel's default wgmma operand precision (`kernel_precisions`; where its products
     differ, the most precise: under ``dot="auto"`` each product stages its own anyway)."""
-    chosen = kernel_precisions(group, dot)
-    for p in ("bf16x3", "tf32", "bf16"):
-        if p in chosen:
-            return p
-    raise LoweringError(f"{kname}: no wgmma precision among {chosen}")
+    return max(kernel_precisions(group, dot), key=_BY_PRECISION.index)
 
 
 def single_read_operands(group) -> frozenset:
