@@ -229,10 +229,13 @@ def test_counting_leaves_the_ptx_byte_identical():
 
 
 @pytest.mark.parametrize("batch", [1, 4, 8])
-def test_batched_element_loop_counts_one_round_per_batch(batch):
+@pytest.mark.parametrize("vector_source", [False, True])
+def test_batched_element_loop_counts_one_round_per_batch(batch, vector_source):
     """materialize of a [64, 128] tile read from global memory on 128 threads: 64 elements per
-    thread, ``batch`` of them loaded before any is stored, so 64 / batch iterations and global
-    rounds (the same 64 loads and stores)."""
+    thread, taken 4 consecutive at a time (tiles.VEC: one 16-byte shared store per group),
+    max(1, batch / 4) groups loaded before any is stored, so 64 / (4 * groups) iterations and
+    global rounds. A source with vector reads (FnRef.vec) loads a group with one 16-byte load,
+    any other element by element (the same 64 loads as before the groups)."""
     counter = CostCounter()
     b = GpuModuleBuilder("mat")
     with b.kernel("mat", [Param("x", "ptr", "f32"), Param("y", "ptr", "f32")], (128, 1, 1)) as p:
@@ -241,13 +244,17 @@ def test_batched_element_loop_counts_one_round_per_batch(batch):
         sm = llvm.mlir_addressof(smem_mod.shared_ptr_type(), smem_mod.DYNAMIC_SMEM_SYMBOL)
         with B.use(MlirBackend(cost=counter)):
             th = T_.Threads(IntVal(thread_idx("x")), 128, batch)
-            src = T_.FnRef((64, 128), lambda idx: B.load(p["x"], idx[0] * 128 + idx[1]))
+            vec = ((lambda idx, n: B.load_vec(p["x"], idx[0] * 128 + idx[1], n))
+                   if vector_source else None)
+            src = T_.FnRef((64, 128), lambda idx: B.load(p["x"], idx[0] * 128 + idx[1]),
+                           vec=vec)
             dst = T_.BufRef(T_.Scratch(sm, "smem"), 0, (64, 128), (128, 1))
             T_.materialize(th, src, dst)
     b.verify()
     c = counter.get("consumer", "kernel")
-    assert c["ld.global"] == 64 and c["st.shared"] == 64
-    assert c["global_rounds"] == 64 // batch and c["loop_iters"] == 64 // batch
+    groups = max(1, batch // T_.VEC)
+    assert c["ld.global"] == (16 if vector_source else 64) and c["st.shared"] == 16
+    assert c["global_rounds"] == 16 // groups and c["loop_iters"] == 16 // groups
 
 
 def test_the_report_breaks_the_counts_down_by_program_op(kda_fwd_cost):

@@ -32,7 +32,9 @@ def test_unravel_covers_every_index_once():
 def test_element_loop_derives_the_index_once_per_batch(nthreads, batch):
     """materialize of a [64, 128] tile: each loop iteration splits its first element's flat
     index into row and column once (one shift, one mask); the batch's other elements are that
-    row plus a constant (the plain unravel re-derived row and column of every element)."""
+    row plus a constant (the plain unravel re-derived row and column of every element). A thread
+    takes 4 consecutive elements at a time (tiles.VEC): one 16-byte load and store each, and
+    ``batch`` elements in flight means batch // 4 such groups (at least one)."""
     pytest.importorskip("numba_cuda_mlir")
     from kdagen.codegen.common.ints import IntVal
     from kdagen.codegen.common.kernel import GpuModuleBuilder, Param
@@ -50,14 +52,17 @@ def test_element_loop_derives_the_index_once_per_batch(nthreads, batch):
             th = T_.Threads(IntVal(thread_idx("x")), nthreads, batch)
             src = T_.BufRef(T_.Scratch(sm, "smem"), 0, (64, 128), (128, 1))
             dst = T_.BufRef(T_.Scratch(sm, "smem"), 64 * 128, (64, 128), (128, 1))
-            T_.materialize(th, T_.FnRef((64, 128), lambda idx: B.mul(src.read(idx), B.f(2.0))),
-                           dst)
+            T_.materialize(th, T_.binary("mul", src, T_.ConstRef(2.0, (64, 128))), dst)
     b.verify()
     text = str(b.module)
     body = text[text.index("scf.for"):]
     assert body.count("arith.shrui") == 1 and body.count("arith.andi") == 1
     assert "arith.divui" not in body and "arith.remui" not in body
-    assert body.count("llvm.load") == batch
+    groups = max(1, batch // T_.VEC)
+    assert body.count("llvm.load") == groups
+    assert body.count("!llvm.ptr<3> -> vector<4xf32>") == groups      # 16-byte loads
+    assert body.count("llvm.store") == groups
+    assert body.count(": vector<4xf32>, !llvm.ptr<3>") == groups       # 16-byte stores
 
 
 @pytest.mark.parametrize("S", [8, 16, 32, 64])
@@ -119,3 +124,47 @@ def test_wgmma_staging_covers_every_pair_once(rows, ks, along_k):
         # a warp: 8 consecutive rows x 4 consecutive pairs
         warp = {rc(T_.unravel(e, shape)) for e in range(32)}
         assert warp == {(r, c) for r in range(8) for c in range(4)}
+
+
+def test_vector_reads_only_where_consecutive_and_aligned():
+    """A buffer's 4 consecutive elements are one 16-byte access only where they are
+    consecutive in memory and the first is 4-element aligned (its offset and every outer stride
+    a multiple of 4); a broadcast along the last dim reads one element for all four."""
+    scratch = T_.Scratch(None, "smem")
+    assert T_.BufRef(scratch, 0, (64, 128), (132, 1)).vector_ok(4)
+    assert not T_.BufRef(scratch, 2, (64, 128), (132, 1)).vector_ok(4)     # offset
+    assert not T_.BufRef(scratch, 0, (64, 128), (129, 1)).vector_ok(4)     # odd row pitch
+    assert not T_.BufRef(scratch, 0, (64, 128), (1, 132)).vector_ok(4)     # transposed view
+    reads = []
+    bcast = T_.BufRef(scratch, 0, (64, 128), (1, 0))
+    bcast.read = lambda idx: reads.append(list(idx)) or len(reads)
+    assert T_.read_vec(bcast, [5, 8], 4) == [1, 1, 1, 1] and reads == [[5, 8]]
+
+
+def test_memref_vector_access_rules():
+    """Workspace and argument rows take vector accesses only in their stored order (not
+    transposed, not split into bf16 hi/lo tiles), with rows a multiple of the width, and, for
+    a value part's columns, a part width that keeps the first column aligned."""
+    from kdagen.codegen.lower.emitter import MemRef
+    base = MemRef("x", None, "f32", "chunk", None, (64, 128))
+    assert base.vector_ok(4)
+    assert not MemRef("x", None, "f32", "chunk", None, (64, 128), transposed=True).vector_ok(4)
+    assert not MemRef("x", None, "f32", "chunk", None, (64, 128), split="bf16_hi_lo").vector_ok(4)
+    assert not MemRef("x", None, "f32", "chunk", None, (64, 126)).vector_ok(4)
+    part = object()                       # a run-time column offset (the part index times 64)
+    assert MemRef("x", None, "f32", "chunk", None, (64, 128), col0=part, col_step=64).vector_ok(4)
+    assert not MemRef("x", None, "f32", "chunk", None, (64, 128), col0=part,
+                      col_step=2).vector_ok(4)
+    assert not MemRef("x", None, "f32", "chunk", None, (64, 128), col0=part).vector_ok(4)
+
+
+def test_simulator_rejects_a_misaligned_vector_access():
+    """The CPU simulator faults a vector access whose first element is not a multiple of its
+    width, as the GPU would (misaligned address)."""
+    import numpy as np
+    from kdagen.codegen.lower.sim_backend import SimBackend, SimError, SimMemory, SimPtr
+    sim = SimBackend(32)
+    mem = SimPtr(SimMemory("buf", np.zeros(256, np.float32), "f32"))
+    with pytest.raises(SimError, match="misaligned"):
+        sim.load_vec(mem, np.arange(32) * 4 + 2, 4)
+    assert len(sim.load_vec(mem, np.arange(32) * 4, 4)) == 4

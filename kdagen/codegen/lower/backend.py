@@ -182,6 +182,18 @@ def store(ptr, index, value, elt: str = "f32"):
     return current().store(ptr, index, value, elt)
 
 
+def load_vec(ptr, index, n: int, elt: str = "f32") -> list:
+    """Elements ``index`` .. ``index + n - 1`` (``index`` a multiple of ``n``, the pointer
+    aligned to ``n`` elements) as a list of f32 values: one vector load."""
+    return current().load_vec(ptr, index, n, elt)
+
+
+def store_vec(ptr, index, values, elt: str = "f32"):
+    """Store ``values`` (f32) as ``elt`` at elements ``index`` .. ``index + len - 1`` (aligned as
+    for :func:`load_vec`): one vector store."""
+    return current().store_vec(ptr, index, list(values), elt)
+
+
 def gep(ptr, index, elt: str = "f32"):
     return current().gep(ptr, index, elt)
 

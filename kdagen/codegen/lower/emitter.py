@@ -98,6 +98,8 @@ class MemRef:
     #: value dim is the last, or -2 for a state stored value-first)
     col0: object = 0
     col_axis: int = -1
+    #: col0 is a multiple of this (the part width; 0: unknown)
+    col_step: int = 0
 
     @property
     def inner(self) -> int:
@@ -137,6 +139,42 @@ class MemRef:
             hi, lo = self._hi_lo_at(row, idx)
             return B.add(B.load(self.ptr, hi, "bf16"), B.load(self.ptr, lo, "bf16"))
         return B.load(self.ptr, self.at(row, idx), self.elt)
+
+    def vector_ok(self, n: int) -> bool:
+        """Whether ``n`` consecutive elements of the last logical dim (from a multiple of
+        ``n``) are consecutive and ``n``-element aligned in memory (rows of ``inner`` elements
+        from a 16-byte aligned base; runtime.launch aligns every tensor)."""
+        if self.split is not None or self.transposed or not self.tail:
+            return False
+        if self.inner % n or self.tail[-1] % n:
+            return False
+        shifted = not (isinstance(self.col0, int) and self.col0 == 0)
+        if shifted and self.col_axis % len(self.tail) == len(self.tail) - 1:
+            # the part's first column: a multiple of the part width
+            step = self.col0 if isinstance(self.col0, int) else self.col_step
+            if not step or step % n:
+                return False
+        return True
+
+    def load_vec(self, row, idx, n: int) -> list:
+        if n == 1:
+            return [self.load(row, idx)]
+        if self.vector_ok(n):
+            return B.load_vec(self.ptr, self.at(row, idx), n, self.elt)
+        return [self.load(row, i) for i in T_.lanes(idx, n)]
+
+    def store_vec(self, values, row, idx) -> None:
+        n = len(values)
+        if n == 1:
+            self.store(values[0], row, idx)
+            return
+        if self.vector_ok(n):
+            if self.round is not None:
+                values = [B.round_to(v, self.round) for v in values]
+            B.store_vec(self.ptr, self.at(row, idx), values, self.elt)
+            return
+        for i, v in zip(T_.lanes(idx, n), values):
+            self.store(v, row, i)
 
     def store(self, value, row, idx):
         if self.split is not None:
@@ -661,7 +699,8 @@ class TileKernelEmitter:
             return self.load_token(n, ops[0], ops[1])
         if k == "load_head":
             mem = ops[0]
-            return T_.FnRef(shape, lambda idx: mem.load(geo.hv, idx))
+            return T_.FnRef(shape, lambda idx: mem.load(geo.hv, idx),
+                            vec=lambda idx, n: mem.load_vec(geo.hv, idx, n))
         if k == "load_state" and len(n.operands) == 2:
             # a pool row: the sequence's slot; a skipped sequence (slot < 0) reads zeros (its
             # loads go to slot 0, which they leave unused)
@@ -671,13 +710,15 @@ class TileKernelEmitter:
             return T_.FnRef(shape, lambda idx: B.sel(live, mem.load(row, idx), B.f(0.0)))
         if k == "load_state":
             mem = ops[0]
-            return T_.FnRef(shape, lambda idx: mem.load(geo.state_row(), idx))
+            return T_.FnRef(shape, lambda idx: mem.load(geo.state_row(), idx),
+                            vec=lambda idx, n: mem.load_vec(geo.state_row(), idx, n))
         if k == "slot_valid":
             live = B.sel(B.icmp("ge", self.slots[n.operands[0]], 0), B.f(1.0), B.f(0.0))
             return T_.ScalarRef(live, shape)
         if k == "load_chunk":
             mem, c = ops
-            return T_.FnRef(shape, lambda idx: mem.load(geo.chunk_row(c), idx))
+            return T_.FnRef(shape, lambda idx: mem.load(geo.chunk_row(c), idx),
+                            vec=lambda idx, n: mem.load_vec(geo.chunk_row(c), idx, n))
         raise LoweringError(f"{n.op}: no expression lowering")
 
     def value_part(self, n, mem: MemRef) -> MemRef:
@@ -687,7 +728,8 @@ class TileKernelEmitter:
         if parts == 1:
             return mem
         axis = int(n.attrs.get("value_axis", -1))
-        return replace(mem, col0=self.geo.v_part * (mem.tail[axis] // parts), col_axis=axis)
+        width = mem.tail[axis] // parts
+        return replace(mem, col0=self.geo.v_part * width, col_axis=axis, col_step=width)
 
     def load_token(self, n, mem: MemRef, c) -> T_.Ref:
         geo = self.geo
@@ -696,15 +738,24 @@ class TileKernelEmitter:
         grouped = n.attrs.get("head_map") == "grouped" and mem.heads == "qk" and ratio > 1
         shape = tuple(n.results[0].shape)
 
-        def read(idx):
+        def row_of(idx):
             pos = c * C + idx[0]
             valid = B.icmp("lt", pos, geo.seqlen)
             safe = B.isel(valid, pos, c * C)          # row 0 of a chunk is always in range
             head = geo.hv // ratio if grouped else geo.hv
-            x = mem.load(geo.token_row(mem, safe, head), idx[1:])
-            return B.sel(valid, x, B.f(0.0))
+            return valid, geo.token_row(mem, safe, head)
 
-        return T_.FnRef(shape, read)
+        def read(idx):
+            valid, row = row_of(idx)
+            return B.sel(valid, mem.load(row, idx[1:]), B.f(0.0))
+
+        def vec(idx, n):
+            if len(idx) < 2:                          # [C] per-token values: one per row
+                return [read(i) for i in T_.lanes(idx, n)]
+            valid, row = row_of(idx)
+            return [B.sel(valid, x, B.f(0.0)) for x in mem.load_vec(row, idx[1:], n)]
+
+        return T_.FnRef(shape, read, vec=vec)
 
     # -- stores --------------------------------------------------------------------------
     def store(self, n) -> None:
@@ -715,23 +766,22 @@ class TileKernelEmitter:
             c = self.env[n.operands[1]]
             src = self.env[n.operands[2]]
 
-            def write(idx, value):
+            def write(idx, values):
                 pos = c * geo.C + idx[0]
-                B.if_then(B.icmp("lt", pos, geo.seqlen), lambda: mem.store(
-                    value, geo.token_row(mem, pos, geo.hv), idx[1:]))
+                B.if_then(B.icmp("lt", pos, geo.seqlen), lambda: mem.store_vec(
+                    values, geo.token_row(mem, pos, geo.hv), idx[1:]))
             # the tile is read for rows past the sequence end too (they are computed, from
             # zero-masked loads) and only the rows inside it are stored
-            T_.foreach_batched(self.th, src.shape, src.read, write)
+            self.store_loop(src, write, rows_apart=len(src.shape) >= 2)
         elif k == "store_state" and len(n.operands) == 3:
             # a pool row: the sequence's slot, nothing for a skipped sequence (slot < 0)
             src, slot = self.env[n.operands[1]], self.slots[n.operands[2]]
             row = geo.state_row(slot)
-            B.if_then(B.icmp("ge", slot, 0), lambda: T_.foreach_batched(
-                self.th, src.shape, src.read, lambda idx, v: mem.store(v, row, idx)))
+            B.if_then(B.icmp("ge", slot, 0), lambda: self.store_loop(
+                src, lambda idx, v: mem.store_vec(v, row, idx)))
         elif k == "store_state":
             src = self.env[n.operands[1]]
-            T_.foreach_batched(self.th, src.shape, src.read,
-                               lambda idx, v: mem.store(v, geo.state_row(), idx))
+            self.store_loop(src, lambda idx, v: mem.store_vec(v, geo.state_row(), idx))
         elif k == "store_chunk":
             c = self.env[n.operands[1]]
             src = self.env[n.operands[2]]
@@ -745,8 +795,16 @@ class TileKernelEmitter:
                                    lambda idx, v: mem.store(v, geo.chunk_row(c),
                                                             [idx[1], idx[0]]))
                 return
-            T_.foreach_batched(self.th, src.shape, src.read,
-                               lambda idx, v: mem.store(v, geo.chunk_row(c), idx))
+            self.store_loop(src, lambda idx, v: mem.store_vec(v, geo.chunk_row(c), idx))
+
+    def store_loop(self, src: T_.Ref, write, rows_apart: bool = True) -> None:
+        """``write(idx, values)`` for groups of :func:`tiles.vector_width` consecutive elements
+        of ``src``'s last dim (one vector store each where the memory allows; 1 element where
+        the shape does not split so). ``rows_apart``: False where the first dim is the token
+        dim of a per-token value (``write`` tests each token), which then stays 1 wide."""
+        n = T_.vector_width(self.th, src.shape) if rows_apart else 1
+        T_.foreach_vec_batched(self.th, src.shape, n, lambda idx: T_.read_vec(src, idx, n),
+                               write)
 
     # -- matrix ops ----------------------------------------------------------------------
     def product_precision(self, n) -> str:

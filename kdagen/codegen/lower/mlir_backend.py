@@ -322,6 +322,28 @@ class MlirBackend:
             return self.arith.extf(self.f32(), v)
         return v
 
+    _ELT_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "i32": 4, "i64": 8}
+
+    def load_vec(self, ptr, index, n, elt="f32"):
+        self.cost.load(self._space(ptr))
+        vt = self.ir.VectorType.get([n], self._elem(elt))
+        v = self.llvm.load(vt, self.gep(ptr, index, elt), alignment=n * self._ELT_BYTES[elt])
+        out = [self.llvm.extractelement(v, self.ints.as_i32(k)) for k in range(n)]
+        if elt in ("bf16", "f16"):
+            out = [self.arith.extf(self.f32(), x) for x in out]
+        return out
+
+    def store_vec(self, ptr, index, values, elt="f32"):
+        self.cost.store(self._space(ptr))
+        n = len(values)
+        if elt in ("bf16", "f16"):
+            values = [self.arith.truncf(self._elem(elt), x) for x in values]
+        vt = self.ir.VectorType.get([n], self._elem(elt))
+        v = self.llvm.mlir_undef(vt)
+        for k, x in enumerate(values):
+            v = self.llvm.insertelement(v, x, self.ints.as_i32(k))
+        self.llvm.store(v, self.gep(ptr, index, elt), alignment=n * self._ELT_BYTES[elt])
+
     def store(self, ptr, index, value, elt="f32"):
         self.cost.store(self._space(ptr))
         if elt in ("bf16", "f16"):

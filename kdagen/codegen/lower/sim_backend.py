@@ -386,6 +386,21 @@ class SimBackend:
         out[m] = vals
         return out
 
+    def load_vec(self, ptr: SimPtr, index, n: int, elt: str = "f32"):
+        self._check_vec_aligned(ptr, index, n)
+        return [self.load(ptr, index + k, elt) for k in range(n)]
+
+    def store_vec(self, ptr: SimPtr, index, values, elt: str = "f32"):
+        self._check_vec_aligned(ptr, index, len(values))
+        for k, v in enumerate(values):
+            self.store(ptr, index + k, v, elt)
+
+    def _check_vec_aligned(self, ptr: SimPtr, index, n: int) -> None:
+        """A vector access must start on a multiple of its width (the GPU faults otherwise)."""
+        a, _ = self._addr(ptr, index)
+        if np.any(np.asarray(a) % n):
+            raise SimError(f"misaligned {n}-element vector access to {ptr.mem.name}")
+
     def store(self, ptr: SimPtr, index, value, elt: str = "f32"):
         a, m = self._addr(ptr, index)
         mem = ptr.mem

@@ -717,6 +717,13 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
         elem0 = start + stage * per_stage
         shape = tuple(n.results[0].shape)
         base = self.smem_base
+        # a stage's tiles are row-major and 16-byte aligned (TMA destinations): a thread's
+        # consecutive elements of a row are one vector load
+        aligned = ((self.layout.ring_offset + slot.offset) % 16 == 0
+                   and self.layout.stage_bytes % 16 == 0)
+
+        def vector_ok(n_):
+            return aligned and shape[-1] % n_ == 0
         if slot.kind == "token":
             geo = self.geo
             c = self.env[n.operands[1]]
@@ -726,19 +733,34 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
                 pos = c * geo.C + idx[0]
                 x = B.load(base, elem0 + idx[0] * D + idx[1], slot.elt)
                 return B.sel(B.icmp("lt", pos, geo.seqlen), x, B.f(0.0))
-            return T_.FnRef(shape, read, cheap=True)
+
+            def vec(idx, n_):
+                if len(idx) < 2 or not vector_ok(n_):
+                    return [read(i) for i in T_.lanes(idx, n_)]
+                live = B.icmp("lt", c * geo.C + idx[0], geo.seqlen)
+                xs = B.load_vec(base, elem0 + idx[0] * D + idx[1], n_, slot.elt)
+                return [B.sel(live, x, B.f(0.0)) for x in xs]
+            return T_.FnRef(shape, read, cheap=True, vec=vec)
         strides = []
         acc = 1
         for d in reversed(shape):
             strides.insert(0, acc)
             acc *= d
 
-        def read_chunk(idx):
+        def at(idx):
             e = elem0
             for i, st in zip(idx, strides):
                 e = e + i * st
-            return B.load(base, e, slot.elt)
-        return T_.FnRef(shape, read_chunk, cheap=True)
+            return e
+
+        def read_chunk(idx):
+            return B.load(base, at(idx), slot.elt)
+
+        def vec_chunk(idx, n_):
+            if not vector_ok(n_):
+                return [read_chunk(i) for i in T_.lanes(idx, n_)]
+            return B.load_vec(base, at(idx), n_, slot.elt)
+        return T_.FnRef(shape, read_chunk, cheap=True, vec=vec_chunk)
 
     def matrix(self, n, out) -> None:
         if _wgmma_product_dims(n) is not None and n.op != "kda.dot":

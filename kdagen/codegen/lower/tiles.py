@@ -30,7 +30,28 @@ from . import backend as B
 
 
 class Ref:
-    """Interface: ``shape``, ``cheap`` (reading costs a load at most), ``read(idx)``."""
+    """Interface: ``shape``, ``cheap`` (reading costs a load at most), ``read(idx)``; optionally
+    ``read_vec(idx, n)``: the ``n`` elements from ``idx`` along the last dim (``idx[-1]`` a
+    multiple of ``n``), one vector load per memory operand where the layout allows."""
+
+
+#: elements one thread takes together in element-wise loops (one 16-byte access for fp32)
+VEC = 4
+
+
+def lanes(idx, n: int) -> list:
+    """The ``n`` indices from ``idx`` along the last dim."""
+    return [list(idx[:-1]) + [addk(idx[-1], k)] for k in range(n)]
+
+
+def read_vec(x: Ref, idx, n: int) -> list:
+    """``[x.read(i) for i in lanes(idx, n)]``, through ``x.read_vec`` where it has one."""
+    if n == 1:
+        return [x.read(list(idx))]
+    vec = getattr(x, "read_vec", None)
+    if vec is not None:
+        return vec(list(idx), n)
+    return [x.read(i) for i in lanes(idx, n)]
 
 
 @dataclass
@@ -61,6 +82,26 @@ class BufRef(Ref):
     def write(self, idx, value) -> None:
         B.store(self.scratch.base, self.address(idx), value)
 
+    def vector_ok(self, n: int) -> bool:
+        """Whether ``n`` elements from an index whose last part is a multiple of ``n`` are
+        consecutive and ``n``-element aligned (the scratch pools start 16-byte aligned)."""
+        return (bool(self.strides) and self.strides[-1] == 1 and self.offset % n == 0
+                and all(s % n == 0 for s in self.strides[:-1]))
+
+    def read_vec(self, idx, n: int) -> list:
+        if self.strides and self.strides[-1] == 0:
+            return [self.read(idx)] * n          # broadcast along the last dim: one load
+        if self.vector_ok(n):
+            return B.load_vec(self.scratch.base, self.address(idx), n)
+        return [self.read(i) for i in lanes(idx, n)]
+
+    def write_vec(self, idx, values) -> None:
+        if self.vector_ok(len(values)):
+            B.store_vec(self.scratch.base, self.address(idx), values)
+            return
+        for i, v in zip(lanes(idx, len(values)), values):
+            self.write(i, v)
+
     def same_storage(self, other) -> bool:
         return (isinstance(other, BufRef) and other.offset == self.offset
                 and other.strides == self.strides and other.shape == self.shape)
@@ -75,6 +116,9 @@ class ConstRef(Ref):
     def read(self, idx):
         return B.f(self.value)
 
+    def read_vec(self, idx, n: int) -> list:
+        return [B.f(self.value)] * n
+
 
 @dataclass
 class ScalarRef(Ref):
@@ -85,6 +129,9 @@ class ScalarRef(Ref):
     def read(self, idx):
         return self.value
 
+    def read_vec(self, idx, n: int) -> list:
+        return [self.value] * n
+
 
 @dataclass
 class FnRef(Ref):
@@ -94,9 +141,16 @@ class FnRef(Ref):
     #: the Ref this one is the transpose of (`transpose`): `materialize` walks that one's
     #: order, so a transposed global read stays coalesced (a value-first state row)
     transpose_of: object = None
+    #: ``vec(idx, n)``: what ``read_vec`` returns (None: element by element)
+    vec: object = None
 
     def read(self, idx):
         return self.fn(list(idx))
+
+    def read_vec(self, idx, n: int) -> list:
+        if self.vec is not None:
+            return self.vec(list(idx), n)
+        return [self.fn(i) for i in lanes(idx, n)]
 
 
 def broadcast(x: Ref, dims, shape) -> Ref:
@@ -112,7 +166,12 @@ def broadcast(x: Ref, dims, shape) -> Ref:
         return ConstRef(x.value, shape)
     if isinstance(x, ScalarRef):
         return ScalarRef(x.value, shape)
-    return FnRef(shape, lambda idx: x.read([idx[d] for d in keep]), cheap=x.cheap)
+    last_kept = bool(keep) and keep[-1] == len(shape) - 1
+
+    def vec(idx, n):
+        sub = [idx[d] for d in keep]
+        return read_vec(x, sub, n) if last_kept else [x.read(sub)] * n
+    return FnRef(shape, lambda idx: x.read([idx[d] for d in keep]), cheap=x.cheap, vec=vec)
 
 
 def transpose(x: Ref) -> Ref:
@@ -132,7 +191,8 @@ def extract_row(x: Ref, index: int) -> Ref:
         return BufRef(x.scratch, x.offset + index * x.strides[0], shape, tuple(x.strides[1:]))
     if isinstance(x, ConstRef):
         return ConstRef(x.value, shape)
-    return FnRef(shape, lambda idx: x.read([index] + list(idx)), cheap=x.cheap)
+    return FnRef(shape, lambda idx: x.read([index] + list(idx)), cheap=x.cheap,
+                 vec=lambda idx, n: read_vec(x, [index] + list(idx), n))
 
 
 # ------------------------------------------------------------------------------------------
@@ -261,6 +321,30 @@ def foreach_batched(th: Threads, shape, read, write, straight_shared: bool = Fal
     B.for_range(th.tid, n, th.count * b, step, trips=per // b)
 
 
+def vector_width(th: Threads, shape) -> int:
+    """Elements a thread takes together (:data:`VEC`) in an element-wise loop over ``shape``:
+    where the last dim is a multiple of it and the groups split evenly over the threads (every
+    thread the same trips), else 1."""
+    if not shape or shape[-1] % VEC or (numel(shape) // VEC) % th.count:
+        return 1
+    return VEC
+
+
+def foreach_vec_batched(th: Threads, shape, n: int, read, write) -> None:
+    """:func:`foreach_batched` over groups of ``n`` consecutive elements of the last dim:
+    ``write(idx, read(idx))`` with ``idx`` each group's first element and values lists of
+    ``n``; group g on thread g % count, a batch of ``th.batch // n`` groups (at least one)."""
+    if n == 1:
+        foreach_batched(th, shape, read, write)
+        return
+    gshape = tuple(shape[:-1]) + (shape[-1] // n,)
+    gth = Threads(th.tid, th.count, max(1, th.batch // n), th.ordered)
+
+    def first(gidx):
+        return list(gidx[:-1]) + [gidx[-1] * n]
+    foreach_batched(gth, gshape, lambda g: read(first(g)), lambda g, v: write(first(g), v))
+
+
 def materialize(th: Threads, src: Ref, dst: BufRef, source_order: bool = False) -> None:
     """dst = src, element e of the loop on thread e % count. With ``source_order`` the
     transpose of a Ref is walked in that Ref's order (consecutive threads along its last dim,
@@ -270,6 +354,10 @@ def materialize(th: Threads, src: Ref, dst: BufRef, source_order: bool = False) 
     inner = getattr(src, "transpose_of", None) if source_order else None
     if inner is not None:
         foreach_batched(th, inner.shape, inner.read, lambda idx, v: dst.write([idx[1], idx[0]], v))
+        return
+    n = vector_width(th, dst.shape)
+    if n > 1:
+        foreach_vec_batched(th, dst.shape, n, lambda idx: read_vec(src, idx, n), dst.write_vec)
         return
     foreach_batched(th, dst.shape, src.read, dst.write)
 
@@ -1700,6 +1788,12 @@ def emit_tril_solve(th: Threads, out: BufRef, L: Ref, b: Ref) -> None:
 # ------------------------------------------------------------------------------------------
 
 
+def _map(x: Ref, fn) -> FnRef:
+    """fn of each element of x (vector reads of x pass through)."""
+    return FnRef(x.shape, lambda idx: fn(x.read(idx)),
+                 vec=lambda idx, n: [fn(v) for v in read_vec(x, idx, n)])
+
+
 def unary(op: str, x: Ref, attrs: dict) -> FnRef:
     if op == "exp2":
         lo, hi = attrs.get("clamp_min"), attrs.get("clamp_max")
@@ -1707,41 +1801,54 @@ def unary(op: str, x: Ref, attrs: dict) -> FnRef:
     else:
         fn = {"neg": B.neg, "log2": B.lg2, "sigmoid": B.sigmoid, "softplus": B.softplus,
               "rsqrt": B.rsqrt}[op]
-    return FnRef(x.shape, lambda idx: fn(x.read(idx)))
+    return _map(x, fn)
 
 
 def clamp(x: Ref, lo: float, hi: float) -> FnRef:
-    return FnRef(x.shape, lambda idx: B.clamp(x.read(idx), lo, hi))
+    return _map(x, lambda v: B.clamp(v, lo, hi))
 
 
 def in_range(x: Ref, lo: float, hi: float) -> FnRef:
-    return FnRef(x.shape, lambda idx: B.in_range(x.read(idx), lo, hi))
+    return _map(x, lambda v: B.in_range(v, lo, hi))
 
 
 def binary(op: str, a: Ref, b: Ref) -> FnRef:
     fn = {"add": B.add, "sub": B.sub, "mul": B.mul, "div": B.div}[op]
-    return FnRef(a.shape, lambda idx: fn(a.read(idx), b.read(idx)))
+    return FnRef(a.shape, lambda idx: fn(a.read(idx), b.read(idx)),
+                 vec=lambda idx, n: [fn(x, y) for x, y in zip(read_vec(a, idx, n),
+                                                             read_vec(b, idx, n))])
 
 
 def convert(x: Ref, src: str, dst: str) -> Ref:
     if dst == "i1":
-        return FnRef(x.shape, lambda idx: B.sel(B.nonzero(x.read(idx)), B.f(1.0), B.f(0.0)))
+        return _map(x, lambda v: B.sel(B.nonzero(v), B.f(1.0), B.f(0.0)))
     if dst in ("bf16", "f16") and src != dst:
-        return FnRef(x.shape, lambda idx: B.round_to(x.read(idx), dst))
+        return _map(x, lambda v: B.round_to(v, dst))
     return x
 
 
 def select(c: Ref, a: Ref, b: Ref) -> FnRef:
-    return FnRef(a.shape, lambda idx: B.sel(B.nonzero(c.read(idx)), a.read(idx), b.read(idx)))
+    def vec(idx, n):
+        return [B.sel(B.nonzero(cv), av, bv) for cv, av, bv in
+                zip(read_vec(c, idx, n), read_vec(a, idx, n), read_vec(b, idx, n))]
+    return FnRef(a.shape, lambda idx: B.sel(B.nonzero(c.read(idx)), a.read(idx), b.read(idx)),
+                 vec=vec)
 
 
 def tril(x: Ref, diagonal: int) -> FnRef:
-    return FnRef(x.shape, lambda idx: B.sel(B.icmp("le", idx[1], addk(idx[0], diagonal)),
-                                            x.read(idx), B.f(0.0)))
+    def keep(idx, v):
+        return B.sel(B.icmp("le", idx[1], addk(idx[0], diagonal)), v, B.f(0.0))
+    return FnRef(x.shape, lambda idx: keep(idx, x.read(idx)),
+                 vec=lambda idx, n: [keep(i, v) for i, v in zip(lanes(idx, n),
+                                                                read_vec(x, idx, n))])
 
 
 def embed_row(x: Ref, index: int, shape) -> FnRef:
     if index < 0:
         index += shape[0]
+
+    def vec(idx, n):
+        on_row = B.icmp("eq", idx[0], index)
+        return [B.sel(on_row, v, B.f(0.0)) for v in read_vec(x, idx[1:], n)]
     return FnRef(tuple(shape), lambda idx: B.sel(B.icmp("eq", idx[0], index), x.read(idx[1:]),
-                                                 B.f(0.0)))
+                                                 B.f(0.0)), vec=vec)
