@@ -770,6 +770,8 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
         a = self.env[n.operands[0]]
         b = self.env[n.operands[1]]
         a_tr, b_tr = bool(n.attrs.get("transpose_lhs")), bool(n.attrs.get("transpose_rhs"))
+        a_rows = None if a_tr else a          # [M, K]: its rows run along K
+        b_rows = b if b_tr else None          # transpose_rhs: the stored [N, K]
         if a_tr:
             a = T_.transpose(a)
         if b_tr:
@@ -777,7 +779,8 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
         # the operands' tiles are row-major where they are stored: read A along K unless it
         # is a transposed view, B along N unless it is one (coalesced global reads)
         self.dot_wgmma(out, a, b, a_along_k=not a_tr, b_along_k=b_tr,
-                       precision=_product_precision(n, self.layout.precision, self.opts.dot))
+                       precision=_product_precision(n, self.layout.precision, self.opts.dot),
+                       a_rows=a_rows, b_rows=b_rows)
 
     def _row_gate_decay(self, n, out) -> None:
         """A decay_dot with row gates as one wgmma product, out = E ⊙ (lhs rhsᵀ): its result
@@ -798,13 +801,16 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
 
     # -- wgmma -------------------------------------------------------------------------------
     def dot_wgmma(self, out, a, b, a_along_k: bool = True, b_along_k: bool = False,
-                  precision: str | None = None) -> None:
+                  precision: str | None = None, a_rows=None, b_rows=None) -> None:
         """out[M, N] = a[M, K] @ b[K, N] with wgmma on staging tiles of ``precision`` (default:
         the kernel's): bf16 hi [+ lo], or TF32.
         ``a_along_k`` / ``b_along_k``: consecutive threads stage consecutive K elements of an
         operand (its tile is contiguous along K where stored), else consecutive M / N
         elements (8 of them, then the next K pair: whole 32-byte sectors of a row-major tile
-        and at most a few shared-memory bank conflicts on the K-major staging stores)."""
+        and at most a few shared-memory bank conflicts on the K-major staging stores).
+        ``a_rows`` / ``b_rows``: the operand as a Ref whose rows run along K ([M, K] for A,
+        [N, K] for B), where it is read along K: a thread then stages 4 consecutive K elements
+        from one vector read (:func:`tiles.read_vec`) where the staging loop splits so."""
         M, N = out.shape
         K = a.shape[1]
         precision = precision or self.layout.precision
@@ -826,8 +832,22 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
         th = self.th
         W = self.warpgroups
 
-        def stage(tiles, rows, value, along_k=True):
-            """tiles[p][r, 2c:2c+2] = part p of (value(r, 2c), value(r, 2c + 1))."""
+        def stage(tiles, rows, value, along_k=True, quad=None):
+            """tiles[p][r, 2c:2c+2] = part p of (value(r, 2c), value(r, 2c + 1)). ``quad(r,
+            c)``: [value(r, c + j) for j < 4] (one vector read), used along K where every
+            thread then takes whole groups of 4."""
+            if (along_k and quad is not None and ks % 4 == 0
+                    and (rows * ks // 4) % th.count == 0):
+                def read4(idx):
+                    return quad(idx[0], idx[1] * 4)
+
+                def write4(idx, vals):
+                    write_pair(tiles, idx[0], idx[1] * 2, (vals[0], vals[1]))
+                    write_pair(tiles, idx[0], idx[1] * 2 + 1, (vals[2], vals[3]))
+                T_.foreach_batched(T_.Threads(th.tid, th.count, max(1, th.batch // 2),
+                                              th.ordered), (rows, ks // 4), read4, write4,
+                                   straight_shared=W <= 2)
+                return
             shape, rc = staging_order(rows, ks, along_k)
 
             def read(idx):
@@ -836,23 +856,27 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
 
             def write(idx, pair):
                 r, c2 = rc(idx)
-                x0, x1 = pair
-                if tf32:
-                    tiles[0].store(tf32_operand_bits(x0), r, c2 * 2)
-                    tiles[0].store(tf32_operand_bits(x1), r, c2 * 2 + 1)
-                    self.cost.event("cvt.tf32", 2)
-                    self.cost.event("st.shared.staging", 2)
-                    return
-                tiles[0].store(pack_f32x2(x0, x1), r, c2 * 2)
-                if parts == 2:
-                    l0 = B.sub(x0, B.round_to(x0, "bf16"))
-                    l1 = B.sub(x1, B.round_to(x1, "bf16"))
-                    tiles[1].store(pack_f32x2(l0, l1), r, c2 * 2)
-                self.cost.event("cvt.bf16x2", parts)
-                self.cost.event("st.shared.staging", parts)
+                write_pair(tiles, r, c2, pair)
             # shared indices where the consumers hold 232 registers; at the 96 of four
             # warpgroups they made the backward's dq and dk kernels spill (4-8 bytes)
             T_.foreach_batched(th, shape, read, write, straight_shared=W <= 2)
+
+        def write_pair(tiles, r, c2, pair):
+            """Elements 2·c2 and 2·c2 + 1 of staging row r (each part's)."""
+            x0, x1 = pair
+            if tf32:
+                tiles[0].store(tf32_operand_bits(x0), r, c2 * 2)
+                tiles[0].store(tf32_operand_bits(x1), r, c2 * 2 + 1)
+                self.cost.event("cvt.tf32", 2)
+                self.cost.event("st.shared.staging", 2)
+                return
+            tiles[0].store(pack_f32x2(x0, x1), r, c2 * 2)
+            if parts == 2:
+                l0 = B.sub(x0, B.round_to(x0, "bf16"))
+                l1 = B.sub(x1, B.round_to(x1, "bf16"))
+                tiles[1].store(pack_f32x2(l0, l1), r, c2 * 2)
+            self.cost.event("cvt.bf16x2", parts)
+            self.cost.event("st.shared.staging", parts)
 
         # each consumer warpgroup computes N / warpgroups of the columns, reading its rows of
         # the (K-major, one swizzle panel wide) B staging tile
@@ -890,9 +914,12 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
                 acc = AccFragment.filled(wgmma.wgmma_acc_layout(Nw), 0.0)
             k0 = kk * ks
             stage(a_tiles, WGMMA_M, lambda r, c: a.read([T_.addk(r, m0), T_.addk(c, k0)]),
-                  a_along_k)
+                  a_along_k, None if a_rows is None else (
+                      lambda r, c: T_.read_vec(a_rows, [T_.addk(r, m0), T_.addk(c, k0)], 4)))
             if nk > 1 or m0 == 0:
-                stage(b_tiles, N, lambda r, c: b.read([T_.addk(c, k0), r]), b_along_k)
+                stage(b_tiles, N, lambda r, c: b.read([T_.addk(c, k0), r]), b_along_k,
+                      None if b_rows is None else (
+                          lambda r, c: T_.read_vec(b_rows, [r, T_.addk(c, k0)], 4)))
             bar.fence_proxy_async_shared()
             self.cost.event("fence.proxy.async")
             if sets > 1 and kk > 0:
