@@ -1522,7 +1522,7 @@ def _lanes_per_output(n_out: int, n_red: int, count: int | None = None) -> int:
 
 #: partial sums of a reduction with few outputs: a thread's strided share of the reduced
 #: elements, then a warp's shuffles, then the warps' slots in order (count-independent)
-REDUCE_PARTIALS = 256
+REDUCE_PARTIALS = 512
 
 
 @dataclass
@@ -1556,13 +1556,25 @@ def emit_reduce_sum(th: Threads, out: BufRef, x: Ref, dims, red: ReduceScratch) 
             # (coalesced along the reduced dim), then butterfly shuffles within the group;
             # work lane w = thread + round * count, so whole warps share a round's branch
             lane = th.tid % lanes
+            # over the last dim, a lane folds groups of VEC consecutive elements (one vector
+            # read each where x's memory allows; the order follows from the shapes alone)
+            vec = VEC if (len(red_shape) == 1 and dims == [len(x.shape) - 1]
+                          and (n_red // lanes) % VEC == 0) else 1
+
+            def add_all(acc, t, vals):
+                a = acc[0]
+                for v in vals:
+                    a = B.add(a, v)
+                return [a]
 
             def grouped(m, w):
                 oidx = unravel(w // lanes, out_shape)
                 (acc,) = fold_batched(
-                    n_red // lanes,
-                    lambda t: x.read(full_index(oidx, unravel(t * lanes + lane, red_shape))),
-                    lambda acc, t, v: [B.add(acc[0], v)], [B.f(0.0)], th.batch)
+                    n_red // (lanes * vec),
+                    lambda t: read_vec(x, full_index(oidx, [(t * lanes + lane) * vec]), vec)
+                    if vec > 1 else
+                    [x.read(full_index(oidx, unravel(t * lanes + lane, red_shape)))],
+                    add_all, [B.f(0.0)], max(1, th.batch // vec))
                 k = lanes // 2
                 while k:
                     acc = B.add(acc, B.shfl_xor(acc, k))
@@ -1586,14 +1598,24 @@ def emit_reduce_sum(th: Threads, out: BufRef, x: Ref, dims, red: ReduceScratch) 
     slots = P // 32
     lane = th.tid % 32
 
+    # a partial sums groups of VEC consecutive elements of the last reduced dim (one vector
+    # read each where x's memory allows; the order follows from the shapes alone)
+    pvec = VEC if (red_shape and red_shape[-1] % VEC == 0 and dims[-1] == len(x.shape) - 1
+                   and n_red % (P * VEC) == 0) else 1
+
     def per_output(o, *_):
         oidx = unravel(o, out_shape) if out_shape else []
 
         def partial(m, p):
             def step(r, acc):
-                return [B.add(acc, x.read(full_index(oidx, unravel(r, red_shape))))]
+                if pvec == 1:
+                    return [B.add(acc, x.read(full_index(oidx, unravel(r, red_shape))))]
+                for v in read_vec(x, full_index(oidx, unravel(r * pvec, red_shape)), pvec):
+                    acc = B.add(acc, v)
+                return [acc]
 
-            (part,) = B.for_range(p, n_red, P, step, [B.f(0.0)], trips=-(-n_red // P))
+            (part,) = B.for_range(p, n_red // pvec, P, step, [B.f(0.0)],
+                                  trips=-(-n_red // (P * pvec)))
             for k in (16, 8, 4, 2, 1):
                 part = B.add(part, B.shfl_xor(part, k))
             B.if_then(B.icmp("eq", lane, 0), lambda: red.ref.write([p // 32], part))
