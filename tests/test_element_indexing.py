@@ -168,3 +168,35 @@ def test_simulator_rejects_a_misaligned_vector_access():
     with pytest.raises(SimError, match="misaligned"):
         sim.load_vec(mem, np.arange(32) * 4 + 2, 4)
     assert len(sim.load_vec(mem, np.arange(32) * 4, 4)) == 4
+
+
+@pytest.mark.parametrize("dims,vector", [([1], True), ([0, 1], True), ([0], False)])
+def test_reductions_along_rows_read_four_elements_at_once(dims, vector):
+    """A reduction over the last dim of a [64, 128] buffer folds groups of 4 consecutive
+    elements, each one 16-byte shared load (the few-output form too: [64, 128] -> []); one
+    down the columns ([0]) keeps a lane per output and reads element by element."""
+    pytest.importorskip("numba_cuda_mlir")
+    from kdagen.codegen.common.ints import IntVal
+    from kdagen.codegen.common.kernel import GpuModuleBuilder, Param
+    from kdagen.codegen.common import smem as smem_mod
+    from kdagen.codegen.common.sreg import thread_idx
+    from kdagen.codegen.lower import backend as B
+    from kdagen.codegen.lower.mlir_backend import MlirBackend
+    from kdagen._mlir import llvm
+
+    b = GpuModuleBuilder("red")
+    with b.kernel("red", [Param("x", "ptr", "f32")], (512, 1, 1)):
+        smem_mod.declare_dynamic_smem(b)
+        sm = llvm.mlir_addressof(smem_mod.shared_ptr_type(), smem_mod.DYNAMIC_SMEM_SYMBOL)
+        with B.use(MlirBackend()):
+            th = T_.Threads(IntVal(thread_idx("x")), 512, 2, ordered=True)
+            src = T_.BufRef(T_.Scratch(sm, "smem"), 0, (64, 128), (132, 1))
+            out_shape = tuple(s for d, s in enumerate((64, 128)) if d not in dims)
+            out = T_.BufRef(T_.Scratch(sm, "smem"), 64 * 132, out_shape,
+                            (1,) if out_shape else ())
+            red = T_.ReduceScratch(T_.BufRef(T_.Scratch(sm, "smem"), 64 * 132 + 128, (16,),
+                                             (1,)))
+            T_.emit_reduce_sum(th, out, src, dims, red)
+    b.verify()
+    text = str(b.module)
+    assert ("!llvm.ptr<3> -> vector<4xf32>" in text) == vector
