@@ -233,7 +233,8 @@ def _plan_group_with(program: Program, g, target: Target | None, opts: LowerOpti
         for _ in range(len(ring) + 1):
             plan = plan_storage(program, g, ring_loads=ring, single_read=single,
                                 keep_lazy=keep_lazy, row_pad=_row_pad(opts, nat),
-                                in_place=in_place, eager_sums=eager_sums)
+                                in_place=in_place, eager_sums=eager_sums,
+                                scan_operand_reads=opts.scan_operand_reads)
             native = nat.plan_native(program, g, budget - REDUCE_SLOTS_BYTES,
                                      plan.total_bytes, precision, ring,
                                      staging_sets=staging_sets, dot=opts.dot,
@@ -247,7 +248,8 @@ def _plan_group_with(program: Program, g, target: Target | None, opts: LowerOpti
         budget -= native.bytes + 1024       # the native region starts 1024-aligned
     else:
         plan = plan_storage(program, g, keep_lazy=keep_lazy, row_pad=_row_pad(opts, None),
-                            in_place=in_place, eager_sums=eager_sums)
+                            in_place=in_place, eager_sums=eager_sums,
+                            scan_operand_reads=opts.scan_operand_reads)
     need = REDUCE_SLOTS_BYTES + plan.total_bytes
     storage = opts.storage
     if storage == "auto":

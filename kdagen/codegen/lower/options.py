@@ -126,6 +126,12 @@ class LowerOptions:
     # element loops and row folds of the tile lowering issue the loads of this many elements
     # (rows) before using them (kdagen.codegen.lower.tiles.foreach_batched / fold_batched)
     load_batch: int = 8
+    # a cumsum's lazy operand that reads more than this many product results per element is
+    # materialised first (one vector-wide element loop), so the column scan reads one buffer
+    # (storage.plan_storage); 0 = never. Off until measured on the GPU: at 2, kda_bwd's dk
+    # kernel takes 6088 instead of 6312 instructions per thread in the cost report (ld.global
+    # 293 -> 217) and its dq kernel 3739 instead of 3717
+    scan_operand_reads: int = 0
     # tile values whose buffers would land in the global scratch are re-evaluated at each
     # consumer when their expression takes at most this many instructions from what stays
     # stored (kdagen.codegen.lower.storage.remat_candidates); 0 = always materialise

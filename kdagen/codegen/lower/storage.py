@@ -194,10 +194,34 @@ def _share_in_place(knodes: list, buffers: dict, positions: dict) -> int:
     return shared
 
 
+#: ops that walk their operand down its columns (a thread per column segment, one element per
+#: row), so its reads cannot be vector accesses
+SCAN_READ = frozenset({"kda.cumsum"})
+
+
+def _buffers_read(v: Value, modes: dict) -> int:
+    """Distinct materialised values (products, reductions) that evaluating lazy ``v`` reads."""
+    seen, found, stack = set(), set(), [v]
+    while stack:
+        x = stack.pop()
+        if x in seen:
+            continue
+        seen.add(x)
+        m = modes.get(x)
+        if x is not v and m == "buffer":
+            found.add(x)
+            continue
+        if m in ("lazy", "view") or x is v:
+            if x.owner is not None:
+                stack.extend(o for o in x.owner.operands if o.kind == "tile")
+    return len(found)
+
+
 def plan_storage(program: Program, group: KernelGroup, align: int = 16,
                  ring_loads: frozenset = frozenset(), single_read: frozenset = frozenset(),
                  keep_lazy: frozenset = frozenset(), row_pad: int = 1,
-                 in_place: bool = False, eager_sums: bool = False) -> StoragePlan:
+                 in_place: bool = False, eager_sums: bool = False,
+                 scan_operand_reads: int = 0) -> StoragePlan:
     """``ring_loads``: load nodes whose tiles a native path streams into a shared-memory ring
     (mode ``ring``: cheap to read, no buffer, valid for the chunk step that loaded them).
     ``single_read``: (node, operand index) pairs of matrix ops that read each element of that
@@ -280,6 +304,11 @@ def plan_storage(program: Program, group: KernelGroup, align: int = 16,
             return reads_written(v)
         (u,) = users
         if u.block is not v.block:
+            return True
+        if (scan_operand_reads and u.op in SCAN_READ and v not in keep_lazy
+                and _buffers_read(v, modes) > scan_operand_reads):
+            # materialised by one vector-wide element loop, so the scan reads one buffer
+            # (LowerOptions.scan_operand_reads)
             return True
         if u.op in MULTI_READ and not all((u, i) in single_read for uu, i in cons if uu is u):
             if v not in keep_lazy or reads_written(v):
