@@ -200,3 +200,52 @@ def test_reductions_along_rows_read_four_elements_at_once(dims, vector):
     b.verify()
     text = str(b.module)
     assert ("!llvm.ptr<3> -> vector<4xf32>" in text) == vector
+
+
+def _materialize_text(vec_loops: str, src_of) -> str:
+    """The MLIR of materialising ``src_of(buffer)`` into a second [64, 128] shared buffer
+    (pitch 132) on 256 threads under ``vec_loops``."""
+    from kdagen.codegen.common.ints import IntVal
+    from kdagen.codegen.common.kernel import GpuModuleBuilder, Param
+    from kdagen.codegen.common import smem as smem_mod
+    from kdagen.codegen.common.sreg import thread_idx
+    from kdagen.codegen.lower import backend as B
+    from kdagen.codegen.lower.mlir_backend import MlirBackend
+    from kdagen._mlir import llvm
+
+    b = GpuModuleBuilder("mat")
+    with b.kernel("mat", [Param("x", "ptr", "f32")], (256, 1, 1)):
+        smem_mod.declare_dynamic_smem(b)
+        sm = llvm.mlir_addressof(smem_mod.shared_ptr_type(), smem_mod.DYNAMIC_SMEM_SYMBOL)
+        with B.use(MlirBackend()):
+            th = T_.Threads(IntVal(thread_idx("x")), 256, 8, vec_loops=vec_loops)
+            src = T_.BufRef(T_.Scratch(sm, "smem"), 0, (128, 132), (132, 1))
+            dst = T_.BufRef(T_.Scratch(sm, "smem"), 128 * 132, (64, 128), (132, 1))
+            T_.materialize(th, src_of(src), dst)
+    b.verify()
+    return str(b.module)
+
+
+@pytest.mark.parametrize("vec_loops,plain,transposed", [
+    ("all", True, True), ("dst", True, True), ("capable", True, False), ("off", False, False)])
+def test_vector_loops_option(vec_loops, plain, transposed):
+    """LowerOptions.vector_loops: "all" and "dst" group any loop whose destination takes vector
+    stores; "capable" only where every read of the source is a vector access too (a
+    transposed operand's reads are not); "off" never."""
+    pytest.importorskip("numba_cuda_mlir")
+    def rows(src):
+        return T_.binary("mul", T_.BufRef(src.scratch, 0, (64, 128), (132, 1)),
+                         T_.ConstRef(2.0, (64, 128)))
+
+    def columns(src):          # [64, 128] read down the columns of a [128, 64] view
+        return T_.unary("neg", T_.transpose(T_.BufRef(src.scratch, 0, (128, 64), (132, 1))), {})
+    store4 = ": vector<4xf32>, !llvm.ptr<3>"
+    assert (store4 in _materialize_text(vec_loops, rows)) == plain
+    assert (store4 in _materialize_text(vec_loops, columns)) == transposed
+
+
+def test_vector_loops_option_is_checked():
+    from kdagen.codegen.lower.kernel import LowerOptions, prepare
+    from kdagen.codegen.lower.plan import LoweringError
+    with pytest.raises(LoweringError, match="vector_loops"):
+        prepare(None, None, "k", LowerOptions(vector_loops="some"))

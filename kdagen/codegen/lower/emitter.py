@@ -430,7 +430,8 @@ class TileKernelEmitter:
                        for m in [n, *(walk(n.body) if n.body is not None else [])])
         geo = Geometry(self.program, p, coords, need_off)
         self.geo = geo
-        self.th = T_.Threads(geo.tid, nt, self.opts.load_batch, self.opts.ordered_sums)
+        self.th = T_.Threads(geo.tid, nt, self.opts.load_batch, self.opts.ordered_sums,
+                             self.opts.vector_loops)
         self.pools = {}
         if self.uses_smem:
             self.pools["smem"] = T_.Scratch(smem_base, "smem")
@@ -524,7 +525,7 @@ class TileKernelEmitter:
         op = n.op
         # a fresh thread index per op: its addressing is not hoisted out of the chunk loop
         self.th = T_.Threads(B.fresh_tid(), self.opts.nthreads, self.opts.load_batch,
-                             self.opts.ordered_sums)
+                             self.opts.ordered_sums, self.opts.vector_loops)
         if op == "kda.workspace":
             return  # the memref is a kernel parameter (bound in body)
         if op == "kda.pipeline_release":
@@ -596,7 +597,8 @@ class TileKernelEmitter:
         # state_load_batch at a time (a [128, 128] state on 128 threads and 32 at a time: 4
         # rounds, not 16)
         state_th = T_.Threads(self.th.tid, self.th.count,
-                              max(self.th.batch, self.state_load_batch), self.th.ordered)
+                              max(self.th.batch, self.state_load_batch), self.th.ordered,
+                              self.th.vec_loops)
         for i, init in enumerate(n.operands):
             src = self.env[init]
             if not carried[i].same_storage(src):
@@ -700,7 +702,8 @@ class TileKernelEmitter:
         if k == "load_head":
             mem = ops[0]
             return T_.FnRef(shape, lambda idx: mem.load(geo.hv, idx),
-                            vec=lambda idx, n: mem.load_vec(geo.hv, idx, n))
+                            vec=lambda idx, n: mem.load_vec(geo.hv, idx, n),
+                            vec_ok=mem.vector_ok(T_.VEC))
         if k == "load_state" and len(n.operands) == 2:
             # a pool row: the sequence's slot; a skipped sequence (slot < 0) reads zeros (its
             # loads go to slot 0, which they leave unused)
@@ -711,14 +714,16 @@ class TileKernelEmitter:
         if k == "load_state":
             mem = ops[0]
             return T_.FnRef(shape, lambda idx: mem.load(geo.state_row(), idx),
-                            vec=lambda idx, n: mem.load_vec(geo.state_row(), idx, n))
+                            vec=lambda idx, n: mem.load_vec(geo.state_row(), idx, n),
+                            vec_ok=mem.vector_ok(T_.VEC))
         if k == "slot_valid":
             live = B.sel(B.icmp("ge", self.slots[n.operands[0]], 0), B.f(1.0), B.f(0.0))
             return T_.ScalarRef(live, shape)
         if k == "load_chunk":
             mem, c = ops
             return T_.FnRef(shape, lambda idx: mem.load(geo.chunk_row(c), idx),
-                            vec=lambda idx, n: mem.load_vec(geo.chunk_row(c), idx, n))
+                            vec=lambda idx, n: mem.load_vec(geo.chunk_row(c), idx, n),
+                            vec_ok=mem.vector_ok(T_.VEC))
         raise LoweringError(f"{n.op}: no expression lowering")
 
     def value_part(self, n, mem: MemRef) -> MemRef:
@@ -755,7 +760,8 @@ class TileKernelEmitter:
             valid, row = row_of(idx)
             return [B.sel(valid, x, B.f(0.0)) for x in mem.load_vec(row, idx[1:], n)]
 
-        return T_.FnRef(shape, read, vec=vec)
+        return T_.FnRef(shape, read, vec=vec,
+                        vec_ok=len(shape) >= 2 and mem.vector_ok(T_.VEC))
 
     # -- stores --------------------------------------------------------------------------
     def store(self, n) -> None:
@@ -772,16 +778,16 @@ class TileKernelEmitter:
                     values, geo.token_row(mem, pos, geo.hv), idx[1:]))
             # the tile is read for rows past the sequence end too (they are computed, from
             # zero-masked loads) and only the rows inside it are stored
-            self.store_loop(src, write, rows_apart=len(src.shape) >= 2)
+            self.store_loop(src, write, mem, rows_apart=len(src.shape) >= 2)
         elif k == "store_state" and len(n.operands) == 3:
             # a pool row: the sequence's slot, nothing for a skipped sequence (slot < 0)
             src, slot = self.env[n.operands[1]], self.slots[n.operands[2]]
             row = geo.state_row(slot)
             B.if_then(B.icmp("ge", slot, 0), lambda: self.store_loop(
-                src, lambda idx, v: mem.store_vec(v, row, idx)))
+                src, lambda idx, v: mem.store_vec(v, row, idx), mem))
         elif k == "store_state":
             src = self.env[n.operands[1]]
-            self.store_loop(src, lambda idx, v: mem.store_vec(v, geo.state_row(), idx))
+            self.store_loop(src, lambda idx, v: mem.store_vec(v, geo.state_row(), idx), mem)
         elif k == "store_chunk":
             c = self.env[n.operands[1]]
             src = self.env[n.operands[2]]
@@ -795,14 +801,15 @@ class TileKernelEmitter:
                                    lambda idx, v: mem.store(v, geo.chunk_row(c),
                                                             [idx[1], idx[0]]))
                 return
-            self.store_loop(src, lambda idx, v: mem.store_vec(v, geo.chunk_row(c), idx))
+            self.store_loop(src, lambda idx, v: mem.store_vec(v, geo.chunk_row(c), idx), mem)
 
-    def store_loop(self, src: T_.Ref, write, rows_apart: bool = True) -> None:
+    def store_loop(self, src: T_.Ref, write, mem: MemRef, rows_apart: bool = True) -> None:
         """``write(idx, values)`` for groups of :func:`tiles.vector_width` consecutive elements
         of ``src``'s last dim (one vector store each where the memory allows; 1 element where
         the shape does not split so). ``rows_apart``: False where the first dim is the token
         dim of a per-token value (``write`` tests each token), which then stays 1 wide."""
-        n = T_.vector_width(self.th, src.shape) if rows_apart else 1
+        n = (T_.vector_width(self.th, src.shape, src, mem.vector_ok(T_.VEC)) if rows_apart
+             else 1)
         T_.foreach_vec_batched(self.th, src.shape, n, lambda idx: T_.read_vec(src, idx, n),
                                write)
 

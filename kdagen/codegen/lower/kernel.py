@@ -86,6 +86,9 @@ def prepare(program: Program, target: Target | None, prefix: str,
     if opts.transposed_store_order not in ("stored", "logical"):
         raise LoweringError(f"transposed_store_order: {opts.transposed_store_order!r}; use "
                             "'stored' or 'logical'")
+    if opts.vector_loops not in ("all", "dst", "capable", "off"):
+        raise LoweringError(f"vector_loops: {opts.vector_loops!r}; use 'all', 'dst', "
+                            "'capable' or 'off'")
     if opts.tensormap_params not in TENSORMAP_PARAMS:
         raise LoweringError(f"tensormap_params: {opts.tensormap_params!r}; use one of "
                             f"{', '.join(map(repr, TENSORMAP_PARAMS))}")

@@ -126,6 +126,15 @@ class LowerOptions:
     # element loops and row folds of the tile lowering issue the loads of this many elements
     # (rows) before using them (kdagen.codegen.lower.tiles.foreach_batched / fold_batched)
     load_batch: int = 8
+    # element-wise loops (materialisations, tile stores) that give a thread 4 consecutive
+    # elements at a time, each memory operand read or written with one 16-byte access where
+    # its layout allows (tiles.vector_width): "all" (H100, kda B1_T8k_H16: the dk kernel
+    # 1752 -> 1601 us, bench/results/h100_stop49_ab_vec3_b1t8k.log), "dst" (only where the
+    # destination takes vector accesses: a hi/lo-split or transposed workspace's element
+    # stores then stay coalesced, likely the bwd prologue's +2-4% under "all"), "capable"
+    # (that and every read of the source), "off" (ablation); "dst" and "capable" not yet
+    # measured
+    vector_loops: str = "all"
     # a cumsum's lazy operand that reads more than this many product results per element is
     # materialised first (one vector-wide element loop), so the column scan reads one buffer
     # (storage.plan_storage); 0 = never. Off until measured on the GPU: at 2, kda_bwd's dk

@@ -740,7 +740,8 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
                 live = B.icmp("lt", c * geo.C + idx[0], geo.seqlen)
                 xs = B.load_vec(base, elem0 + idx[0] * D + idx[1], n_, slot.elt)
                 return [B.sel(live, x, B.f(0.0)) for x in xs]
-            return T_.FnRef(shape, read, cheap=True, vec=vec)
+            return T_.FnRef(shape, read, cheap=True, vec=vec,
+                            vec_ok=len(shape) >= 2 and vector_ok(T_.VEC))
         strides = []
         acc = 1
         for d in reversed(shape):
@@ -760,7 +761,8 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
             if not vector_ok(n_):
                 return [read_chunk(i) for i in T_.lanes(idx, n_)]
             return B.load_vec(base, at(idx), n_, slot.elt)
-        return T_.FnRef(shape, read_chunk, cheap=True, vec=vec_chunk)
+        return T_.FnRef(shape, read_chunk, cheap=True, vec=vec_chunk,
+                        vec_ok=vector_ok(T_.VEC))
 
     def matrix(self, n, out) -> None:
         if _wgmma_product_dims(n) is not None and n.op != "kda.dot":
@@ -770,8 +772,12 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
         a = self.env[n.operands[0]]
         b = self.env[n.operands[1]]
         a_tr, b_tr = bool(n.attrs.get("transpose_lhs")), bool(n.attrs.get("transpose_rhs"))
-        a_rows = None if a_tr else a          # [M, K]: its rows run along K
-        b_rows = b if b_tr else None          # transpose_rhs: the stored [N, K]
+        mode = self.opts.vector_loops
+
+        def quads(x):          # stage along K from vector reads of x (LowerOptions.vector_loops)
+            return mode in ("all", "dst") or (mode == "capable" and T_.vec_ok(x))
+        a_rows = None if a_tr or not quads(a) else a      # [M, K]: its rows run along K
+        b_rows = b if b_tr and quads(b) else None         # transpose_rhs: the stored [N, K]
         if a_tr:
             a = T_.transpose(a)
         if b_tr:

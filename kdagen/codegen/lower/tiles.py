@@ -44,6 +44,16 @@ def lanes(idx, n: int) -> list:
     return [list(idx[:-1]) + [addk(idx[-1], k)] for k in range(n)]
 
 
+def vec_ok(x: Ref) -> bool:
+    """Whether every memory read of ``x`` along its last dim is a vector access (or needs none:
+    constants, broadcasts along it)."""
+    if isinstance(x, BufRef):
+        return bool(x.strides) and (x.strides[-1] == 0 or x.vector_ok(VEC))
+    if isinstance(x, (ConstRef, ScalarRef)):
+        return True
+    return bool(getattr(x, "vec_ok", False))
+
+
 def read_vec(x: Ref, idx, n: int) -> list:
     """``[x.read(i) for i in lanes(idx, n)]``, through ``x.read_vec`` where it has one."""
     if n == 1:
@@ -143,6 +153,8 @@ class FnRef(Ref):
     transpose_of: object = None
     #: ``vec(idx, n)``: what ``read_vec`` returns (None: element by element)
     vec: object = None
+    #: every memory read ``vec`` makes is a vector access (:func:`vec_ok`)
+    vec_ok: bool = False
 
     def read(self, idx):
         return self.fn(list(idx))
@@ -171,7 +183,8 @@ def broadcast(x: Ref, dims, shape) -> Ref:
     def vec(idx, n):
         sub = [idx[d] for d in keep]
         return read_vec(x, sub, n) if last_kept else [x.read(sub)] * n
-    return FnRef(shape, lambda idx: x.read([idx[d] for d in keep]), cheap=x.cheap, vec=vec)
+    return FnRef(shape, lambda idx: x.read([idx[d] for d in keep]), cheap=x.cheap, vec=vec,
+                 vec_ok=vec_ok(x) if last_kept else True)
 
 
 def transpose(x: Ref) -> Ref:
@@ -192,7 +205,7 @@ def extract_row(x: Ref, index: int) -> Ref:
     if isinstance(x, ConstRef):
         return ConstRef(x.value, shape)
     return FnRef(shape, lambda idx: x.read([index] + list(idx)), cheap=x.cheap,
-                 vec=lambda idx, n: read_vec(x, [index] + list(idx), n))
+                 vec=lambda idx, n: read_vec(x, [index] + list(idx), n), vec_ok=vec_ok(x))
 
 
 # ------------------------------------------------------------------------------------------
@@ -246,6 +259,10 @@ class Threads:
     # cumsums and reductions sum in an order set by the tile's shape alone, not by ``count``
     # (LowerOptions.ordered_sums)
     ordered: bool = False
+    # element-wise loops that take VEC elements per thread at a time (LowerOptions.vector_loops):
+    # "all", "dst" (only where the destination takes vector accesses), "capable" (that and
+    # every read of the source) or "off"
+    vec_loops: str = "all"
 
 
 def foreach(th: Threads, shape, body) -> None:
@@ -321,11 +338,18 @@ def foreach_batched(th: Threads, shape, read, write, straight_shared: bool = Fal
     B.for_range(th.tid, n, th.count * b, step, trips=per // b)
 
 
-def vector_width(th: Threads, shape) -> int:
+def vector_width(th: Threads, shape, src: Ref | None = None, dst_ok: bool = True) -> int:
     """Elements a thread takes together (:data:`VEC`) in an element-wise loop over ``shape``:
     where the last dim is a multiple of it and the groups split evenly over the threads (every
-    thread the same trips), else 1."""
-    if not shape or shape[-1] % VEC or (numel(shape) // VEC) % th.count:
+    thread the same trips), else 1. ``th.vec_loops`` "dst" also wants the destination to take
+    vector accesses (``dst_ok``), "capable" that and every read of ``src``: a group's element
+    accesses of a transposed or hi/lo-split operand go 16 bytes apart across a warp (4-way
+    bank conflicts, 4x the sectors per instruction); "off" is 1 always."""
+    if th.vec_loops == "off" or not shape or shape[-1] % VEC or (numel(shape) // VEC) % th.count:
+        return 1
+    if th.vec_loops == "dst" and not dst_ok:
+        return 1
+    if th.vec_loops == "capable" and not (dst_ok and (src is None or vec_ok(src))):
         return 1
     return VEC
 
@@ -338,7 +362,7 @@ def foreach_vec_batched(th: Threads, shape, n: int, read, write) -> None:
         foreach_batched(th, shape, read, write)
         return
     gshape = tuple(shape[:-1]) + (shape[-1] // n,)
-    gth = Threads(th.tid, th.count, max(1, th.batch // n), th.ordered)
+    gth = Threads(th.tid, th.count, max(1, th.batch // n), th.ordered, th.vec_loops)
 
     def first(gidx):
         return list(gidx[:-1]) + [gidx[-1] * n]
@@ -355,7 +379,7 @@ def materialize(th: Threads, src: Ref, dst: BufRef, source_order: bool = False) 
     if inner is not None:
         foreach_batched(th, inner.shape, inner.read, lambda idx, v: dst.write([idx[1], idx[0]], v))
         return
-    n = vector_width(th, dst.shape)
+    n = vector_width(th, dst.shape, src, dst.vector_ok(VEC))
     if n > 1:
         foreach_vec_batched(th, dst.shape, n, lambda idx: read_vec(src, idx, n), dst.write_vec)
         return
@@ -1813,7 +1837,7 @@ def emit_tril_solve(th: Threads, out: BufRef, L: Ref, b: Ref) -> None:
 def _map(x: Ref, fn) -> FnRef:
     """fn of each element of x (vector reads of x pass through)."""
     return FnRef(x.shape, lambda idx: fn(x.read(idx)),
-                 vec=lambda idx, n: [fn(v) for v in read_vec(x, idx, n)])
+                 vec=lambda idx, n: [fn(v) for v in read_vec(x, idx, n)], vec_ok=vec_ok(x))
 
 
 def unary(op: str, x: Ref, attrs: dict) -> FnRef:
@@ -1838,7 +1862,8 @@ def binary(op: str, a: Ref, b: Ref) -> FnRef:
     fn = {"add": B.add, "sub": B.sub, "mul": B.mul, "div": B.div}[op]
     return FnRef(a.shape, lambda idx: fn(a.read(idx), b.read(idx)),
                  vec=lambda idx, n: [fn(x, y) for x, y in zip(read_vec(a, idx, n),
-                                                             read_vec(b, idx, n))])
+                                                             read_vec(b, idx, n))],
+                 vec_ok=vec_ok(a) and vec_ok(b))
 
 
 def convert(x: Ref, src: str, dst: str) -> Ref:
@@ -1854,7 +1879,7 @@ def select(c: Ref, a: Ref, b: Ref) -> FnRef:
         return [B.sel(B.nonzero(cv), av, bv) for cv, av, bv in
                 zip(read_vec(c, idx, n), read_vec(a, idx, n), read_vec(b, idx, n))]
     return FnRef(a.shape, lambda idx: B.sel(B.nonzero(c.read(idx)), a.read(idx), b.read(idx)),
-                 vec=vec)
+                 vec=vec, vec_ok=vec_ok(c) and vec_ok(a) and vec_ok(b))
 
 
 def tril(x: Ref, diagonal: int) -> FnRef:
@@ -1862,7 +1887,8 @@ def tril(x: Ref, diagonal: int) -> FnRef:
         return B.sel(B.icmp("le", idx[1], addk(idx[0], diagonal)), v, B.f(0.0))
     return FnRef(x.shape, lambda idx: keep(idx, x.read(idx)),
                  vec=lambda idx, n: [keep(i, v) for i, v in zip(lanes(idx, n),
-                                                                read_vec(x, idx, n))])
+                                                                read_vec(x, idx, n))],
+                 vec_ok=vec_ok(x))
 
 
 def embed_row(x: Ref, index: int, shape) -> FnRef:
@@ -1873,4 +1899,4 @@ def embed_row(x: Ref, index: int, shape) -> FnRef:
         on_row = B.icmp("eq", idx[0], index)
         return [B.sel(on_row, v, B.f(0.0)) for v in read_vec(x, idx[1:], n)]
     return FnRef(tuple(shape), lambda idx: B.sel(B.icmp("eq", idx[0], index), x.read(idx[1:]),
-                                                 B.f(0.0)), vec=vec)
+                                                 B.f(0.0)), vec=vec, vec_ok=vec_ok(x))
