@@ -31,6 +31,9 @@
 #               kernel 302 -> 242 us per CTA, with a 56-byte spill) and ab_k256_cw4
 #               (chunk_warpgroups=4 load_batch=2: dk 302 -> 249, a 172-byte spill; the dq
 #               kernel no longer spills there)
+#   ab_stop49   stop 49's A/B candidates at K = 128, B1_T8k_H16, kda (docs: the stop note):
+#               ab_vectorloopsdst, ab_scanoperandreads2, ab_eagersumstrue, ab_vectorloopsoff;
+#               compare with kdagen bench --bundle base=.bundles/bench --bundle NAME=... --no-fla
 #
 # Then, for example (carry [".whl", ".gpucarry"]):
 #   bash bench/gpu_run.sh 'KDAGEN_BUNDLE=.bundles/api python3 -m pytest -q tests/test_api_gpu.py'
@@ -101,6 +104,15 @@ for job in "$@"; do
             "$PY" bench/emit_bench_bundle.py .bundles/ab_k256_cw4 --path native --head-dim 256 \
                 --configs B1_T8k_H16 --ops kda --set chunk_warpgroups=4 --set load_batch=2
             pack ab_k256_cw4 ;;
+        ab_stop49)
+            # stop 49's candidates, each against bench at B1_T8k_H16 (kda): vector_loops=dst,
+            # scan_operand_reads=2, eager_sums=true, and vector_loops=off (the ablation)
+            for kv in vector_loops=dst scan_operand_reads=2 eager_sums=true vector_loops=off; do
+                name=ab_${kv//[=_]/}
+                "$PY" bench/emit_bench_bundle.py ".bundles/$name" --path native \
+                    --configs B1_T8k_H16 --ops kda --set "$kv"
+                pack "$name"
+            done ;;
         *)
             echo "unknown job: $job (see the header of $0)" >&2
             exit 2 ;;
