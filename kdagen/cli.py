@@ -410,13 +410,29 @@ def _run_passes(module, passes, dump_before, dump_after, time_passes, keep_stage
 @click.option("--lower", "lower_options", multiple=True, metavar="KEY=VALUE",
               help="A lowering option over the defaults, e.g. --lower load_batch=2 (what the "
                    "gpu, cost, ptx and cubin stages show under it); repeatable.")
+@click.option("--cost-ops", default=12, show_default=True, type=click.IntRange(min=0),
+              help="Program ops listed per kernel by the cost stage, the most instructions "
+                   "first (0: every op).")
 @_pipeline_options
-def show(program, stage, arch, options, gate_files, lower_options, dump_before, dump_after,
-         time_passes):
+def show(program, stage, arch, options, gate_files, lower_options, cost_ops, dump_before,
+         dump_after, time_passes):
     """Print a program at a stage of its compilation (MLIR, PTX, ptxas's report).
 
     The stages are those of `kdagen emit` (the chip's pipeline, then the default lowering: the
     chip's native path where kdagen has one); the lowered stages print one section per kernel."""
+    from .codegen.lower import cost_model
+    # the cost stage's per-op table (a display choice: the kernels are the same), for this
+    # command only
+    saved, cost_model.BY_OP_TOP = cost_model.BY_OP_TOP, cost_ops or None
+    try:
+        _show(program, stage, arch, options, gate_files, lower_options, dump_before,
+              dump_after, time_passes)
+    finally:
+        cost_model.BY_OP_TOP = saved
+
+
+def _show(program, stage, arch, options, gate_files, lower_options, dump_before, dump_after,
+          time_passes):
     from .driver import BACKEND_STAGES, DEFAULT_LOWERING, Compilation
     from .ir import programs
     from .passes.base import PipelineSyntaxError

@@ -561,3 +561,21 @@ def test_lowering_options_parse_by_the_field_type():
     for bad in ("load_batch=two", "register_scan=maybe", "load_batch", "nosuch=1"):
         with pytest.raises(ValueError):
             parse(bad)
+
+
+def test_show_cost_ops_lists_more_or_fewer_ops_per_kernel():
+    """``--cost-ops N`` sets how many program ops each kernel's cost section lists (0: all of
+    them), for that command only."""
+    pytest.importorskip("kdagen._mlir")
+    from kdagen.codegen.lower import cost_model
+
+    def rows(*extra):
+        out = run("show", "gdn_fwd", "--stage", "cost", *extra).output
+        section = out.split("// ----- kernel ")[1]
+        table = section.split("ops with the most first):")[1].split("ESTIMATE")[0]
+        return [ln for ln in table.splitlines()[2:] if ln.strip()]
+    before = cost_model.BY_OP_TOP
+    every, three = rows("--cost-ops", "0"), rows("--cost-ops", "3")
+    assert len(three) == 3 and len(every) > len(rows()) >= 3
+    assert every[:3] == three
+    assert cost_model.BY_OP_TOP == before
