@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# One GPU call: stop 49's A/B candidates against the default lowering, KDA B1_T8k_H16, one
+# process, per-kernel table (no FLA). Prepare with
+#   bash bench/prepare_carry.sh wheels bench ab_stop49
+# and run through bench/gpu_run.sh with carry [".whl", ".gpucarry"]. Output in $OUT.
+set -x
+nvidia-smi --query-gpu=name --format=csv,noheader
+timeout 400 python3 -m kdagen.cli bench --bundle base=.bundles/bench \
+    --bundle vl_dst=.bundles/ab_vectorloopsdst --bundle vl_off=.bundles/ab_vectorloopsoff \
+    --bundle scan_ops2=.bundles/ab_scanoperandreads2 --bundle eager=.bundles/ab_eagersumstrue \
+    --configs B1_T8k_H16 --ops kda --kernels --no-fla --json "$OUT/ab_stop49.json" \
+    > "$OUT/ab_stop49.log" 2>&1
+head -14 "$OUT/ab_stop49.log"; grep -E "k0_scan0|k2_scan2|k4_scan4" "$OUT/ab_stop49.log"
