@@ -275,3 +275,25 @@ def test_the_report_breaks_the_counts_down_by_program_op(kda_fwd_cost):
     assert top.startswith("decay_dot"), ex2
     assert ex2[top] > rep["counts"]["ex2"] / 2
     assert "where the instructions go" in kda_fwd_cost.output("cost")
+
+
+@pytest.mark.parametrize("vec_loops,strided", [("all", 64), ("capable", 0)])
+def test_grouped_element_reads_that_are_not_vector_accesses_are_reported(vec_loops, strided):
+    """A loop that takes 4 elements per thread but reads a transposed operand element by
+    element puts a warp's reads 16 bytes apart (bank conflicts in shared memory): the report
+    counts them (``strided.smem``, 64 per thread at 128 threads for [64, 128]); under
+    vector_loops="capable" the loop stays one element per thread and there are none."""
+    counter = CostCounter()
+    b = GpuModuleBuilder("mat")
+    with b.kernel("mat", [Param("x", "ptr", "f32")], (128, 1, 1)):
+        smem_mod.declare_dynamic_smem(b)
+        from kdagen._mlir import llvm
+        sm = llvm.mlir_addressof(smem_mod.shared_ptr_type(), smem_mod.DYNAMIC_SMEM_SYMBOL)
+        with B.use(MlirBackend(cost=counter)):
+            th = T_.Threads(IntVal(thread_idx("x")), 128, 4, vec_loops=vec_loops)
+            src = T_.transpose(T_.BufRef(T_.Scratch(sm, "smem"), 0, (128, 64), (68, 1)))
+            dst = T_.BufRef(T_.Scratch(sm, "smem"), 128 * 68, (64, 128), (132, 1))
+            T_.materialize(th, T_.unary("neg", src, {}), dst)
+    b.verify()
+    c = counter.get("consumer", "kernel")
+    assert c.get("strided.smem", 0) == strided and c["ld.shared"] == 64

@@ -198,6 +198,14 @@ def gep(ptr, index, elt: str = "f32"):
     return current().gep(ptr, index, elt)
 
 
+def count(kind: str, n: float = 1) -> None:
+    """Record ``n`` events of ``kind`` in the cost report (no code; backends without a cost
+    counter ignore it)."""
+    cost = getattr(current(), "cost", None)
+    if cost is not None:
+        cost.event(kind, n)
+
+
 def uniform(x):
     """A value every thread holds equally, made a plain scalar where the backend can
     (the simulator turns equal lanes into a Python int; MLIR values pass through)."""

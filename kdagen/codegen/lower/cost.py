@@ -85,6 +85,11 @@ EVENTS = {
     "cvt.bf16x2": "f32 pairs packed to bf16x2",
     "cvt.tf32": "f32 rounded to TF32 (cvt.rna) for a register wgmma operand",
     "shfl": "warp shuffles",
+    "strided.global": "element accesses of a thread's 4-element group that could not be one "
+                      "vector access (a transposed or hi/lo-split global operand): a warp's "
+                      "accesses lie 16 bytes apart, 4x the sectors per instruction "
+                      "(LowerOptions.vector_loops)",
+    "strided.smem": "the same in shared memory: bank conflicts",
 }
 
 

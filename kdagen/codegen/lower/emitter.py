@@ -161,6 +161,7 @@ class MemRef:
             return [self.load(row, idx)]
         if self.vector_ok(n):
             return B.load_vec(self.ptr, self.at(row, idx), n, self.elt)
+        B.count(T_.STRIDED.format(space="global"), n)
         return [self.load(row, i) for i in T_.lanes(idx, n)]
 
     def store_vec(self, values, row, idx) -> None:
@@ -173,6 +174,7 @@ class MemRef:
                 values = [B.round_to(v, self.round) for v in values]
             B.store_vec(self.ptr, self.at(row, idx), values, self.elt)
             return
+        B.count(T_.STRIDED.format(space="global"), n)
         for i, v in zip(T_.lanes(idx, n), values):
             self.store(v, row, i)
 

@@ -37,6 +37,11 @@ class Ref:
 
 #: elements one thread takes together in element-wise loops (one 16-byte access for fp32)
 VEC = 4
+#: cost-report event: an element access of a thread's group that could not be one vector
+#: access (a transposed or split operand): across a warp such accesses lie ``VEC`` elements
+#: apart (more sectors per global instruction, bank conflicts in shared memory), which the
+#: instruction counts alone do not show
+STRIDED = "strided.{space}"
 
 
 def lanes(idx, n: int) -> list:
@@ -103,12 +108,14 @@ class BufRef(Ref):
             return [self.read(idx)] * n          # broadcast along the last dim: one load
         if self.vector_ok(n):
             return B.load_vec(self.scratch.base, self.address(idx), n)
+        B.count(STRIDED.format(space=self.scratch.space), n)
         return [self.read(i) for i in lanes(idx, n)]
 
     def write_vec(self, idx, values) -> None:
         if self.vector_ok(len(values)):
             B.store_vec(self.scratch.base, self.address(idx), values)
             return
+        B.count(STRIDED.format(space=self.scratch.space), len(values))
         for i, v in zip(lanes(idx, len(values)), values):
             self.write(i, v)
 
