@@ -28,13 +28,10 @@ def test_unravel_covers_every_index_once():
     assert got == list(itertools.product(*map(range, shape)))
 
 
-@pytest.mark.parametrize("nthreads,batch", [(128, 4), (256, 4), (512, 2)])
-def test_element_loop_derives_the_index_once_per_batch(nthreads, batch):
-    """materialize of a [64, 128] tile: each loop iteration splits its first element's flat
-    index into row and column once (one shift, one mask); the batch's other elements are that
-    row plus a constant (the plain unravel re-derived row and column of every element). A thread
-    takes 4 consecutive elements at a time (tiles.VEC): one 16-byte load and store each, and
-    ``batch`` elements in flight means batch // 4 such groups (at least one)."""
+def _smem_kernel_text(nthreads: int, emit) -> str:
+    """The MLIR of a kernel of ``nthreads`` threads whose body is ``emit(tid, smem)`` (the
+    thread index as an int-like, the dynamic shared memory's base), emitted with the MLIR
+    backend."""
     pytest.importorskip("numba_cuda_mlir")
     from kdagen.codegen.common.ints import IntVal
     from kdagen.codegen.common.kernel import GpuModuleBuilder, Param
@@ -44,17 +41,29 @@ def test_element_loop_derives_the_index_once_per_batch(nthreads, batch):
     from kdagen.codegen.lower.mlir_backend import MlirBackend
     from kdagen._mlir import llvm
 
-    b = GpuModuleBuilder("mat")
-    with b.kernel("mat", [Param("x", "ptr", "f32")], (nthreads, 1, 1)):
+    b = GpuModuleBuilder("k")
+    with b.kernel("k", [Param("x", "ptr", "f32")], (nthreads, 1, 1)):
         smem_mod.declare_dynamic_smem(b)
         sm = llvm.mlir_addressof(smem_mod.shared_ptr_type(), smem_mod.DYNAMIC_SMEM_SYMBOL)
         with B.use(MlirBackend()):
-            th = T_.Threads(IntVal(thread_idx("x")), nthreads, batch)
-            src = T_.BufRef(T_.Scratch(sm, "smem"), 0, (64, 128), (128, 1))
-            dst = T_.BufRef(T_.Scratch(sm, "smem"), 64 * 128, (64, 128), (128, 1))
-            T_.materialize(th, T_.binary("mul", src, T_.ConstRef(2.0, (64, 128))), dst)
+            emit(IntVal(thread_idx("x")), sm)
     b.verify()
-    text = str(b.module)
+    return str(b.module)
+
+
+@pytest.mark.parametrize("nthreads,batch", [(128, 4), (256, 4), (512, 2)])
+def test_element_loop_derives_the_index_once_per_batch(nthreads, batch):
+    """materialize of a [64, 128] tile: each loop iteration splits its first element's flat
+    index into row and column once (one shift, one mask); the batch's other elements are that
+    row plus a constant (the plain unravel re-derived row and column of every element). A thread
+    takes 4 consecutive elements at a time (tiles.VEC): one 16-byte load and store each, and
+    ``batch`` elements in flight means batch // 4 such groups (at least one)."""
+    def emit(tid, sm):
+        th = T_.Threads(tid, nthreads, batch)
+        src = T_.BufRef(T_.Scratch(sm, "smem"), 0, (64, 128), (128, 1))
+        dst = T_.BufRef(T_.Scratch(sm, "smem"), 64 * 128, (64, 128), (128, 1))
+        T_.materialize(th, T_.binary("mul", src, T_.ConstRef(2.0, (64, 128))), dst)
+    text = _smem_kernel_text(nthreads, emit)
     body = text[text.index("scf.for"):]
     assert body.count("arith.shrui") == 1 and body.count("arith.andi") == 1
     assert "arith.divui" not in body and "arith.remui" not in body
@@ -175,55 +184,26 @@ def test_reductions_along_rows_read_four_elements_at_once(dims, vector):
     """A reduction over the last dim of a [64, 128] buffer folds groups of 4 consecutive
     elements, each one 16-byte shared load (the few-output form too: [64, 128] -> []); one
     down the columns ([0]) keeps a lane per output and reads element by element."""
-    pytest.importorskip("numba_cuda_mlir")
-    from kdagen.codegen.common.ints import IntVal
-    from kdagen.codegen.common.kernel import GpuModuleBuilder, Param
-    from kdagen.codegen.common import smem as smem_mod
-    from kdagen.codegen.common.sreg import thread_idx
-    from kdagen.codegen.lower import backend as B
-    from kdagen.codegen.lower.mlir_backend import MlirBackend
-    from kdagen._mlir import llvm
-
-    b = GpuModuleBuilder("red")
-    with b.kernel("red", [Param("x", "ptr", "f32")], (512, 1, 1)):
-        smem_mod.declare_dynamic_smem(b)
-        sm = llvm.mlir_addressof(smem_mod.shared_ptr_type(), smem_mod.DYNAMIC_SMEM_SYMBOL)
-        with B.use(MlirBackend()):
-            th = T_.Threads(IntVal(thread_idx("x")), 512, 2, ordered=True)
-            src = T_.BufRef(T_.Scratch(sm, "smem"), 0, (64, 128), (132, 1))
-            out_shape = tuple(s for d, s in enumerate((64, 128)) if d not in dims)
-            out = T_.BufRef(T_.Scratch(sm, "smem"), 64 * 132, out_shape,
-                            (1,) if out_shape else ())
-            red = T_.ReduceScratch(T_.BufRef(T_.Scratch(sm, "smem"), 64 * 132 + 128, (16,),
-                                             (1,)))
-            T_.emit_reduce_sum(th, out, src, dims, red)
-    b.verify()
-    text = str(b.module)
+    def emit(tid, sm):
+        th = T_.Threads(tid, 512, 2, ordered=True)
+        src = T_.BufRef(T_.Scratch(sm, "smem"), 0, (64, 128), (132, 1))
+        out_shape = tuple(s for d, s in enumerate((64, 128)) if d not in dims)
+        out = T_.BufRef(T_.Scratch(sm, "smem"), 64 * 132, out_shape, (1,) if out_shape else ())
+        red = T_.ReduceScratch(T_.BufRef(T_.Scratch(sm, "smem"), 64 * 132 + 128, (16,), (1,)))
+        T_.emit_reduce_sum(th, out, src, dims, red)
+    text = _smem_kernel_text(512, emit)
     assert ("!llvm.ptr<3> -> vector<4xf32>" in text) == vector
 
 
 def _materialize_text(vec_loops: str, src_of) -> str:
     """The MLIR of materialising ``src_of(buffer)`` into a second [64, 128] shared buffer
     (pitch 132) on 256 threads under ``vec_loops``."""
-    from kdagen.codegen.common.ints import IntVal
-    from kdagen.codegen.common.kernel import GpuModuleBuilder, Param
-    from kdagen.codegen.common import smem as smem_mod
-    from kdagen.codegen.common.sreg import thread_idx
-    from kdagen.codegen.lower import backend as B
-    from kdagen.codegen.lower.mlir_backend import MlirBackend
-    from kdagen._mlir import llvm
-
-    b = GpuModuleBuilder("mat")
-    with b.kernel("mat", [Param("x", "ptr", "f32")], (256, 1, 1)):
-        smem_mod.declare_dynamic_smem(b)
-        sm = llvm.mlir_addressof(smem_mod.shared_ptr_type(), smem_mod.DYNAMIC_SMEM_SYMBOL)
-        with B.use(MlirBackend()):
-            th = T_.Threads(IntVal(thread_idx("x")), 256, 8, vec_loops=vec_loops)
-            src = T_.BufRef(T_.Scratch(sm, "smem"), 0, (128, 132), (132, 1))
-            dst = T_.BufRef(T_.Scratch(sm, "smem"), 128 * 132, (64, 128), (132, 1))
-            T_.materialize(th, src_of(src), dst)
-    b.verify()
-    return str(b.module)
+    def emit(tid, sm):
+        th = T_.Threads(tid, 256, 8, vec_loops=vec_loops)
+        src = T_.BufRef(T_.Scratch(sm, "smem"), 0, (128, 132), (132, 1))
+        dst = T_.BufRef(T_.Scratch(sm, "smem"), 128 * 132, (64, 128), (132, 1))
+        T_.materialize(th, src_of(src), dst)
+    return _smem_kernel_text(256, emit)
 
 
 @pytest.mark.parametrize("vec_loops,plain,transposed", [

@@ -598,9 +598,7 @@ class TileKernelEmitter:
         # the initial state: once per CTA, before anything else can run, so its loads go out
         # state_load_batch at a time (a [128, 128] state on 128 threads and 32 at a time: 4
         # rounds, not 16)
-        state_th = T_.Threads(self.th.tid, self.th.count,
-                              max(self.th.batch, self.state_load_batch), self.th.ordered,
-                              self.th.vec_loops)
+        state_th = replace(self.th, batch=max(self.th.batch, self.state_load_batch))
         for i, init in enumerate(n.operands):
             src = self.env[init]
             if not carried[i].same_storage(src):

@@ -850,9 +850,8 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
                 def write4(idx, vals):
                     write_pair(tiles, idx[0], idx[1] * 2, (vals[0], vals[1]))
                     write_pair(tiles, idx[0], idx[1] * 2 + 1, (vals[2], vals[3]))
-                T_.foreach_batched(T_.Threads(th.tid, th.count, max(1, th.batch // 2),
-                                              th.ordered), (rows, ks // 4), read4, write4,
-                                   straight_shared=W <= 2)
+                T_.foreach_batched(replace(th, batch=max(1, th.batch // 2)), (rows, ks // 4),
+                                   read4, write4, straight_shared=W <= 2)
                 return
             shape, rc = staging_order(rows, ks, along_k)
 

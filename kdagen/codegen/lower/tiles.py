@@ -20,7 +20,7 @@ the CPU simulator. Math is fp32: ``ex2.approx`` / ``lg2.approx`` / ``rcp.approx`
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from . import backend as B
 
@@ -369,7 +369,7 @@ def foreach_vec_batched(th: Threads, shape, n: int, read, write) -> None:
         foreach_batched(th, shape, read, write)
         return
     gshape = tuple(shape[:-1]) + (shape[-1] // n,)
-    gth = Threads(th.tid, th.count, max(1, th.batch // n), th.ordered, th.vec_loops)
+    gth = replace(th, batch=max(1, th.batch // n))
 
     def first(gidx):
         return list(gidx[:-1]) + [gidx[-1] * n]
@@ -1065,7 +1065,7 @@ def _per_diagonal_block(th: Threads, S: int, rows: int, body) -> None:
     """``body(bs, sub)``: the threads split evenly over the rows // S diagonal blocks (block
     start bs, warp-uniform), each group a register-tiled contraction of its own block."""
     per = th.count // (rows // S)
-    body((th.tid // per) * S, Threads(th.tid % per, per, th.batch, th.ordered))
+    body((th.tid // per) * S, replace(th, tid=th.tid % per, count=per))
     # the tensor-core pass reads these results back in its epilogue, on other threads
     B.barrier()
 
@@ -1602,9 +1602,8 @@ def emit_reduce_sum(th: Threads, out: BufRef, x: Ref, dims, red: ReduceScratch) 
                 oidx = unravel(w // lanes, out_shape)
                 (acc,) = fold_batched(
                     n_red // (lanes * vec),
-                    lambda t: read_vec(x, full_index(oidx, [(t * lanes + lane) * vec]), vec)
-                    if vec > 1 else
-                    [x.read(full_index(oidx, unravel(t * lanes + lane, red_shape)))],
+                    lambda t: read_vec(
+                        x, full_index(oidx, unravel((t * lanes + lane) * vec, red_shape)), vec),
                     add_all, [B.f(0.0)], max(1, th.batch // vec))
                 k = lanes // 2
                 while k:
@@ -1639,8 +1638,6 @@ def emit_reduce_sum(th: Threads, out: BufRef, x: Ref, dims, red: ReduceScratch) 
 
         def partial(m, p):
             def step(r, acc):
-                if pvec == 1:
-                    return [B.add(acc, x.read(full_index(oidx, unravel(r, red_shape))))]
                 for v in read_vec(x, full_index(oidx, unravel(r * pvec, red_shape)), pvec):
                     acc = B.add(acc, v)
                 return [acc]
@@ -1700,7 +1697,7 @@ def _warp_jobs(th: Threads, jobs: list) -> None:
     """Run independent one-warp jobs (``job(warp_threads)``), job i on warp i mod warps
     (warp-uniform branches)."""
     warps = max(1, th.count // 32)
-    lane = Threads(th.tid % 32, 32, th.batch, th.ordered)
+    lane = replace(th, tid=th.tid % 32, count=32)
     warp = th.tid // 32
     for i, job in enumerate(jobs):
         # the cost report counts thread 0, which runs warp 0's jobs only (cold: weight 0)
