@@ -32,7 +32,8 @@
 #               (chunk_warpgroups=4 load_batch=2: dk 302 -> 249, a 172-byte spill; the dq
 #               kernel no longer spills there)
 #   ab_stop49   stop 49's A/B candidates at K = 128, B1_T8k_H16, kda (docs: the stop note):
-#               ab_vectorloopsdst, ab_scanoperandreads2, ab_eagersumstrue, ab_vectorloopsoff;
+#               ab_vectorloopsdst, ab_scanoperandreads2, ab_eagersumstrue, ab_vectorloopsoff,
+#               ab_chunkwarpgroups4 (every chunk kernel at 4 consumer warpgroups);
 #               compare with kdagen bench --bundle base=.bundles/bench --bundle NAME=... --no-fla
 #
 # Then, for example (carry [".whl", ".gpucarry"]):
@@ -106,8 +107,10 @@ for job in "$@"; do
             pack ab_k256_cw4 ;;
         ab_stop49)
             # stop 49's candidates, each against bench at B1_T8k_H16 (kda): vector_loops=dst,
-            # scan_operand_reads=2, eager_sums=true, and vector_loops=off (the ablation)
-            for kv in vector_loops=dst scan_operand_reads=2 eager_sums=true vector_loops=off; do
+            # scan_operand_reads=2, eager_sums=true, vector_loops=off (the ablation) and
+            # chunk_warpgroups=4 (kda_fwd's shared-memory chunk kernels run 2 warps per scheduler)
+            for kv in vector_loops=dst scan_operand_reads=2 eager_sums=true vector_loops=off \
+                    chunk_warpgroups=4; do
                 name=ab_${kv//[=_]/}
                 "$PY" bench/emit_bench_bundle.py ".bundles/$name" --path native \
                     --configs B1_T8k_H16 --ops kda --set "$kv"

@@ -8,6 +8,7 @@ nvidia-smi --query-gpu=name --format=csv,noheader
 timeout 400 python3 -m kdagen.cli bench --bundle base=.bundles/bench \
     --bundle vl_dst=.bundles/ab_vectorloopsdst --bundle vl_off=.bundles/ab_vectorloopsoff \
     --bundle scan_ops2=.bundles/ab_scanoperandreads2 --bundle eager=.bundles/ab_eagersumstrue \
+    --bundle cw4=.bundles/ab_chunkwarpgroups4 \
     --configs B1_T8k_H16 --ops kda --kernels --no-fla --json "$OUT/ab_stop49.json" \
     > "$OUT/ab_stop49.log" 2>&1
 head -14 "$OUT/ab_stop49.log"; grep -E "k0_scan0|k2_scan2|k4_scan4" "$OUT/ab_stop49.log"
