@@ -413,9 +413,12 @@ def _run_passes(module, passes, dump_before, dump_after, time_passes, keep_stage
 @click.option("--cost-ops", default=12, show_default=True, type=click.IntRange(min=0),
               help="Program ops listed per kernel by the cost stage, the most instructions "
                    "first (0: every op).")
+@click.option("--pipeline", default="chip", show_default=True,
+              help="The pass pipeline: 'chip' (the chip's), or passes and options over it, "
+                   "e.g. 'chip+kda-partition{out_crossing=true}'.")
 @_pipeline_options
-def show(program, stage, arch, options, gate_files, lower_options, cost_ops, dump_before,
-         dump_after, time_passes):
+def show(program, stage, arch, options, gate_files, lower_options, cost_ops, pipeline,
+         dump_before, dump_after, time_passes):
     """Print a program at a stage of its compilation (MLIR, PTX, ptxas's report).
 
     The stages are those of `kdagen emit` (the chip's pipeline, then the default lowering: the
@@ -425,14 +428,14 @@ def show(program, stage, arch, options, gate_files, lower_options, cost_ops, dum
     # command only
     saved, cost_model.BY_OP_TOP = cost_model.BY_OP_TOP, cost_ops or None
     try:
-        _show(program, stage, arch, options, gate_files, lower_options, dump_before,
+        _show(program, stage, arch, options, gate_files, lower_options, pipeline, dump_before,
               dump_after, time_passes)
     finally:
         cost_model.BY_OP_TOP = saved
 
 
-def _show(program, stage, arch, options, gate_files, lower_options, dump_before, dump_after,
-          time_passes):
+def _show(program, stage, arch, options, gate_files, lower_options, pipeline, dump_before,
+          dump_after, time_passes):
     from .driver import BACKEND_STAGES, DEFAULT_LOWERING, Compilation
     from .ir import programs
     from .passes.base import PipelineSyntaxError
@@ -444,12 +447,14 @@ def _show(program, stage, arch, options, gate_files, lower_options, dump_before,
                                    f"{', '.join(known)} (`kdagen list` describes them)")
     _load_gate_files(gate_files)
     try:
-        comp = Compilation(program, _parse_options(options), arch,
+        comp = Compilation(program, _parse_options(options), arch, pipeline=pipeline,
                            lower=dict(DEFAULT_LOWERING, **_parse_lower(lower_options)),
                            dump_before=dump_before, dump_after=dump_after,
                            time_passes=time_passes)
     except UnknownTargetError as err:
         raise click.ClickException(f"--arch: {err}")
+    except (PipelineSyntaxError, KeyError, ValueError) as err:
+        raise click.ClickException(f"--pipeline {pipeline!r}: {err}")
     names = comp.pass_names()
     aliases = {"dsl": "kda", "final": names[-1] if names else "kda"}
     wanted = aliases.get(stage, stage)
