@@ -35,6 +35,9 @@
 #               ab_vectorloopsdst, ab_scanoperandreads2, ab_eagersumstrue, ab_vectorloopsoff,
 #               ab_chunkwarpgroups4 (every chunk kernel at 4 consumer warpgroups);
 #               compare with kdagen bench --bundle base=.bundles/bench --bundle NAME=... --no-fla
+#   ab_stop50   pipeline candidates at K = 128, B1_T8k_H16, kda: ab_hoist
+#               (kda-share-chunk-values{hoist_products=true}) and ab_oc
+#               (kda-partition{out_crossing=true}); bench/calls/ab_stop50.sh compares them
 #
 # Then, for example (carry [".whl", ".gpucarry"]):
 #   bash bench/gpu_run.sh 'KDAGEN_BUNDLE=.bundles/api python3 -m pytest -q tests/test_api_gpu.py'
@@ -114,6 +117,14 @@ for job in "$@"; do
                 name=ab_${kv//[=_]/}
                 "$PY" bench/emit_bench_bundle.py ".bundles/$name" --path native \
                     --configs B1_T8k_H16 --ops kda --set "$kv"
+                pack "$name"
+            done ;;
+        ab_stop50)
+            for spec in "hoist:kda-share-chunk-values{hoist_products=true}" \
+                        "oc:kda-partition{out_crossing=true}"; do
+                name=ab_${spec%%:*}
+                "$PY" bench/emit_bench_bundle.py ".bundles/$name" --path native \
+                    --configs B1_T8k_H16 --ops kda --pipeline "chip+${spec#*:}"
                 pack "$name"
             done ;;
         *)

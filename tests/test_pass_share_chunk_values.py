@@ -120,3 +120,59 @@ def test_dk_kernel_loads_what_the_dq_kernel_computed_from_the_checkpoints():
     assert dk.count('"kda.decay_matmul"') == 3            # dk's own three (dq's is loaded)
     assert dq.count('"kda.decay_matmul"') == 1
     assert '"kda.load_chunk"(%dS_chunks' in dk and '"kda.load"(%do' not in dk
+
+
+HOIST = BEFORE + ",kda-share-chunk-values{hoist_products=true}"
+
+
+@pytest.mark.parametrize("family,spec", [
+    ("kda", dict(gate="softplus", lengths=[1, 70, 64], H=1, HV=2)),
+    ("gdn", dict(gate="gdn_softplus", lengths=[64, 3, 100], H=1, HV=2)),
+])
+def test_hoisted_products_compute_the_same_gradients(family, spec):
+    """hoist_products: the same gradients (float64 interpreter) as without the option."""
+    case = make_case(family, seed=11, **spec)
+    x = _backward_inputs(family, case)
+    before = build_program(f"{family}_bwd", **case.options)
+    run_pipeline(before, parse_pipeline(AFTER))
+    after = build_program(f"{family}_bwd", **case.options)
+    run_pipeline(after, parse_pipeline(HOIST))
+    assert str(after) != str(before)
+    ref, got = interpreter.run(before, x), interpreter.run(after, x)
+    assert set(got) == set(ref)
+    for key in ref:
+        assert rel_err(got[key], ref[key]) <= 1e-14, key
+
+
+def test_hoisted_products_run_in_the_prologue():
+    """hoist_products: the query-key decay product, which the dq kernel computed from the
+    chunk's inputs alone, runs in the prologue beside Akk's (with the query load and norm it
+    needs), and so does its product with do, which the dq kernel then loads (stored right
+    after it, not at the kernel's end); the decay product itself no kernel loads, so it is not
+    stored. Products of the checkpoints (written by the recompute scan after the prologue)
+    stay where they were."""
+    module = build_program("kda_bwd")
+    run_pipeline(module, parse_pipeline(HOIST))
+    kernels = _kernels(module)
+    pro, dq, dk = kernels["kda_bwd0_chunk"], kernels["kda_bwd1_chunk"], kernels["kda_bwd1_out"]
+    assert pro.count('"kda.decay_dot"') == 2 and '"kda.load"(%q' in pro
+    assert '"kda.decay_dot"' not in dq and '"kda.decay_dot"' not in dk
+    lines = pro.splitlines()
+    stores = [i for i, line in enumerate(lines) if '"kda.store_chunk"(%dv_new1_ws' in line]
+    assert len(stores) == 1
+    stored = lines[stores[0]].split(", ")[2].split(")")[0]
+    assert f"{stored} = " in lines[stores[0] - 1]              # right after it
+    assert '"kda.load_chunk"(%dv_new1_ws' in dq
+    assert sum('"kda.store_chunk"(%decay_dot' in line for line in lines) == 1   # Akk's, for dk
+    assert dq.count('"kda.decay_matmul"') == 1 and '"kda.load_chunk"(%S_chunks' in dq
+
+
+def test_forward_hoists_the_output_kernels_decay_product():
+    """In the forward the output kernel's q·k decay product moves to the prologue; the output
+    kernel keeps the rest (the gate's cumsum for q ⊙ 2^Γ) and loads the product."""
+    module = build_program("kda_fwd")
+    run_pipeline(module, parse_pipeline(HOIST))
+    kernels = _kernels(module)
+    assert kernels["kda_fwd_chunk"].count('"kda.decay_dot"') == 2
+    assert '"kda.decay_dot"' not in kernels["kda_fwd_out"]
+    assert '"kda.cumsum"' in kernels["kda_fwd_out"]

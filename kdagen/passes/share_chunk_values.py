@@ -54,7 +54,7 @@ from ..ir.accessors import program_func
 from ..ir.dialect import ops_with
 from ..ir.transforms import SIDE_EFFECT_OPS, attr_key, dce, walk
 from .base import ModulePass, register_pass
-from .partition import _shape, _value_name, hbm_bytes_per_token
+from .partition import _attributes, _shape, _value_name, hbm_bytes_per_token
 
 SHARED_OPS = ops_with(kind=("matrix", "solve"))
 PURE_OPS = ops_with(effect="pure")
@@ -162,11 +162,32 @@ def _still_needed(scan, candidates: set) -> list:
     return sorted(reached, key=order.__getitem__)
 
 
+@dataclass
+class _FirstKernel:
+    """The program's first chunk-parallel kernel, as :meth:`ShareChunkValuesPass._hoist`
+    needs it: its scan, where it stands among the function's ops, the memory versions its
+    reads saw, the memory it writes, and its values by value number."""
+    scan: object
+    position: int
+    versions: dict
+    writes: set
+    values: dict                  # value number -> value of the kernel
+
+
 @register_pass
 @dataclass
 class ShareChunkValuesPass(ModulePass):
     name = "kda-share-chunk-values"
     summary = "later chunk-parallel kernels load the matrix results an earlier one computed"
+    # a matrix product a later chunk kernel computes from the chunk's inputs alone (no value
+    # of a serial kernel, no memory written since the first chunk kernel) moves into the first
+    # one, with the element-wise work feeding it that the first kernel lacks, and is loaded
+    # where it was (the backward's query-key decay product and its product with do move from
+    # the dq kernel into the prologue). Off: measured no gain on the H100 (kda B1_T8k_H16,
+    # bench/results/h100_stop50_ab_candidates_b1t8k.log): the forward's prologue +87 us and
+    # output kernel -92; the backward's prologue +206 us and dq kernel -9 (its 1362 fewer
+    # instructions per thread do not show: it waits on shared memory and its loads instead)
+    hoist_products: bool = False
 
     def run(self, module: ir.Module) -> None:
         with module.context, ir.Location.unknown():
@@ -180,21 +201,116 @@ class ShareChunkValuesPass(ModulePass):
             workspaces = {ir.StringAttr(op.operation.attributes["name"]).value
                           for op in func.regions[0].blocks[0].operations
                           if op.operation.name == "kda.workspace"}
-            for top in [op.operation for op in func.regions[0].blocks[0].operations]:
+            tops = [op.operation for op in func.regions[0].blocks[0].operations]
+            head: _FirstKernel | None = None
+            hoisted: set = set()        # values hoist_products moved into the first kernel
+            for position, top in enumerate(tops):
                 written = _written_memory(top)
                 if top in scans:
-                    self._share_into(top, numbering.of_scan(top, written), first, workspaces,
-                                     made)
+                    numbers = numbering.of_scan(top, written)
+                    if head is None:
+                        head = _FirstKernel(top, position, dict(numbering.versions), written,
+                                            {n: v for v, n in numbers.items()})
+                    elif self.hoist_products:
+                        hoisted |= self._hoist(top, numbers, head, numbering.versions, tops,
+                                               first)
+                    self._share_into(top, numbers, first, workspaces, made, hoisted)
                 numbering.wrote(written)
+            if hoisted:
+                dce(head.scan)                 # hoisted products no kernel ended up loading
 
-    def _share_into(self, scan, numbers: dict, first: dict, workspaces: set, made: dict) -> None:
+    def _hoist(self, scan, numbers: dict, head: _FirstKernel, versions: dict, tops: list,
+               first: dict) -> set:
+        """Move the matrix products of ``scan`` that only the chunk's inputs feed into
+        ``head``'s kernel (``hoist_products``), with the ops feeding them that ``head`` does
+        not compute already; ``first`` then sends ``scan`` (and later kernels) to load them
+        (the store made where a kernel loads one). Returns the hoisted values."""
+        body = _body(scan)
+        defining = {r: op for op in body for r in op.results}
+        positions = {top: i for i, top in enumerate(tops)}
+
+        def cone(op, seen: dict) -> bool:
+            """Whether ``op`` can run in the head kernel: collect into ``seen`` (op -> True)
+            the ops of ``scan`` it needs that the head kernel lacks."""
+            if op in seen:
+                return True
+            if any(numbers.get(r) is None for r in op.results):
+                return False                     # an effect, or a read of its own writes
+            if all(numbers[r] in head.values for r in op.results):
+                return True
+            if op.name in READ_OPS:
+                for v in op.operands:
+                    if _is_memref(v):
+                        key = _memory_key(v)
+                        if key in head.writes or versions.get(key, 0) != head.versions.get(key, 0):
+                            return False         # written since the head kernel read it
+            for v in op.operands:
+                src = defining.get(v)
+                if src is not None:
+                    if not cone(src, seen):
+                        return False
+                elif not isinstance(v, ir.BlockArgument):
+                    owner = v.owner.operation if hasattr(v.owner, "operation") else v.owner
+                    if owner.parent == scan or positions.get(owner, -1) >= head.position:
+                        return False             # defined after the head kernel
+            seen[op] = True
+            return True
+
+        order = {op: i for i, op in enumerate(body)}
+        moved = set()
+        for op in body:
+            if op.name not in SHARED_OPS or numbers.get(op.results[0]) in first:
+                continue
+            if numbers.get(op.results[0]) in head.values:
+                continue
+            needed: dict = {}
+            if not cone(op, needed):
+                continue
+            value = self._clone_into(head, sorted(needed, key=order.__getitem__), numbers,
+                                     scan)
+            first[numbers[op.results[0]]] = (head.scan, value)
+            moved.add(value)
+        return moved
+
+    @staticmethod
+    def _clone_into(head: _FirstKernel, ops: list, numbers: dict, scan):
+        """Clone ``ops`` (program order) into the head kernel, each right after the last of
+        the head kernel's ops it reads (so what it reads dies no later than before); returns
+        the last op's result."""
+        block = head.scan.regions[0].blocks[0]
+        chunk, their_chunk = block.arguments[0], scan.regions[0].blocks[0].arguments[0]
+        cloned = None
+        for op in ops:
+            operands = []
+            for v in op.operands:
+                n = numbers.get(v)
+                operands.append(chunk if v == their_chunk else
+                                head.values[n] if n is not None and n in head.values else v)
+            head_ops = _body(head.scan)
+            index = {o: i for i, o in enumerate(head_ops)}
+            defs = [index[v.owner.operation if hasattr(v.owner, "operation") else v.owner]
+                    for v in operands if not isinstance(v, ir.BlockArgument)
+                    and (v.owner.operation if hasattr(v.owner, "operation") else v.owner) in index]
+            at = head_ops[max(defs) + 1] if defs else head_ops[0]
+            cloned = ir.Operation.create(op.name, results=[r.type for r in op.results],
+                                         operands=operands, attributes=_attributes(op),
+                                         loc=op.location, ip=ir.InsertionPoint(at))
+            for old, fresh in zip(op.results, cloned.results):
+                head.values[numbers[old]] = fresh
+        head.scan.attributes["kda.hbm_bytes_per_token"] = ir.FloatAttr.get(
+            ir.F64Type.get(), hbm_bytes_per_token(head.scan))
+        return cloned.results[0]
+
+    def _share_into(self, scan, numbers: dict, first: dict, workspaces: set, made: dict,
+                    hoisted: set = frozenset()) -> None:
         """Replace what ``scan`` computes that an earlier kernel computed by a load of it."""
         candidates = {op for op in _body(scan) if op.name in SHARED_OPS
                       and numbers.get(op.results[0]) in first}
         changed = set()
         for op in _still_needed(scan, candidates):
             source_scan, value = first[numbers[op.results[0]]]
-            ws, name = self._workspace_of(source_scan, value, workspaces, made)
+            ws, name = self._workspace_of(source_scan, value, workspaces, made,
+                                          after=value if value in hoisted else None)
             loaded = ir.Operation.create(
                 "kda.load_chunk", results=[value.type],
                 operands=[ws, scan.regions[0].blocks[0].arguments[0]],
@@ -211,7 +327,7 @@ class ShareChunkValuesPass(ModulePass):
                 ir.F64Type.get(), hbm_bytes_per_token(s))
 
     @staticmethod
-    def _workspace_of(scan, value, names: set, made: dict):
+    def _workspace_of(scan, value, names: set, made: dict, after=None):
         """(workspace, tile name) ``scan`` stores ``value`` to for sharing: a chunk workspace of the
         value's own type (fp32) and a store before the kernel's yield, made once per value.
         Never a workspace the kernel already stores: other kernels read those, and a register
@@ -230,9 +346,15 @@ class ShareChunkValuesPass(ModulePass):
         ws = ir.Operation.create("kda.workspace", results=[mem_t], attributes={
             "name": ir.StringAttr.get(name), "layout": ir.StringAttr.get("chunk")},
             loc=ir.Location.name(name), ip=ir.InsertionPoint(scan)).results[0]
-        yield_op = _body(scan)[-1]
+        # before the yield; ``after``: right after that value (a hoisted product: its buffer
+        # then dies there)
+        ip = ir.InsertionPoint(_body(scan)[-1])
+        if after is not None:
+            ops = _body(scan)
+            ip = ir.InsertionPoint(ops[ops.index(after.owner.operation if hasattr(
+                after.owner, "operation") else after.owner) + 1])
         ir.Operation.create("kda.store_chunk", results=[], operands=[
             ws, scan.regions[0].blocks[0].arguments[0], value],
-            attributes={"name": ir.StringAttr.get(name[:-3])}, ip=ir.InsertionPoint(yield_op))
+            attributes={"name": ir.StringAttr.get(name[:-3])}, ip=ip)
         made[value] = ws, name[:-3]
         return made[value]
