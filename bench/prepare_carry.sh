@@ -38,6 +38,9 @@
 #   ab_stop50   pipeline candidates at K = 128, B1_T8k_H16, kda: ab_hoist
 #               (kda-share-chunk-values{hoist_products=true}) and ab_oc
 #               (kda-partition{out_crossing=true}); bench/calls/ab_stop50.sh compares them
+#   ab_banks    the shared-memory bank-conflict fixes at K = 128, B1_T8k_H16, kda: ab_sv
+#               (transposed_store_order=stored_vec), ab_pad (smem_pad_all=true), ab_svpad (both),
+#               and the GPU check's native set with both (check_svpad); bench/calls/ab_banks_stop50.sh
 #
 # Then, for example (carry [".whl", ".gpucarry"]):
 #   bash bench/gpu_run.sh 'KDAGEN_BUNDLE=.bundles/api python3 -m pytest -q tests/test_api_gpu.py'
@@ -127,6 +130,19 @@ for job in "$@"; do
                     --configs B1_T8k_H16 --ops kda --pipeline "chip+${spec#*:}"
                 pack "$name"
             done ;;
+        ab_banks)
+            for spec in "sv:transposed_store_order=stored_vec" "pad:smem_pad_all=true" \
+                        "svpad:transposed_store_order=stored_vec smem_pad_all=true"; do
+                name=ab_${spec%%:*}
+                sets=()
+                for kv in ${spec#*:}; do sets+=(--set "$kv"); done
+                "$PY" bench/emit_bench_bundle.py ".bundles/$name" --path native \
+                    --configs B1_T8k_H16 --ops kda "${sets[@]}"
+                pack "$name"
+            done
+            "$PY" -m tools.check_bundle .bundles/check_svpad --set native --pipeline chip \
+                --chips sm_90a --lower transposed_store_order=stored_vec --lower smem_pad_all=true
+            pack check_svpad ;;
         *)
             echo "unknown job: $job (see the header of $0)" >&2
             exit 2 ;;

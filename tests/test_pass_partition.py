@@ -241,7 +241,7 @@ def test_out_crossing_loads_the_output_kernels_chunk_products():
     assert "kda.decay_dot" in off["kda_fwd_out"][0] and "kda.load" in off["kda_fwd_out"][0]
 
 
-def test_transposed_store_order_takes_two_values():
+def test_transposed_store_order_takes_its_values_only():
     pytest.importorskip("kdagen._mlir")
     from kdagen.codegen.lower.kernel import prepare
     from kdagen.codegen.lower.options import LowerOptions
@@ -250,6 +250,6 @@ def test_transposed_store_order_takes_two_values():
     from kdagen.driver import build_module
     from kdagen.target import TARGETS
     program = read_program(build_module("kda_fwd", {}, "chip", "sm_90a"))
-    with pytest.raises(LoweringError, match="transposed_store_order: 'rows'; use 'stored'"):
+    with pytest.raises(LoweringError, match="transposed_store_order: 'rows'; use 'stored', 'stored_vec'"):
         prepare(program, TARGETS["sm_90a"], "t",
                 LowerOptions(path="native", transposed_store_order="rows"))

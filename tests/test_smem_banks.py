@@ -72,13 +72,16 @@ def test_row_padding_changes_addresses_not_results_and_cuts_conflicts():
         waves[pad] = (sum(r for r, _ in tot), sum(w for _, w in tot))
     for name in outs[1]:
         assert torch.equal(outs[1][name], outs[4][name]), name
-    assert waves[1][0] == waves[4][0]                   # the same loads ...
+    # the same loads (fewer requests: a 16-byte aligned row takes vector loads) ...
+    assert waves[4][0] <= waves[1][0]
     assert waves[4][1] < 0.7 * waves[1][1]              # ... in far fewer passes
 
 
 def test_only_buffers_a_product_reads_or_writes_are_padded():
-    """The plan pads the rows of the buffers a matrix product gathers fragments from or stores
-    its fragments to, and leaves the others at the odd pitch (padding costs shared memory)."""
+    """Without ``smem_pad_all`` the plan pads the rows of the buffers a matrix product gathers
+    fragments from or stores its fragments to, and leaves the others at the odd pitch (padding
+    costs shared memory); with it (the default) every 2-D buffer is padded, so every row is
+    16-byte aligned for the vector loops."""
     from kdagen.codegen.lower.kernel import prepare
     from kdagen.codegen.lower.options import LowerOptions
     from kdagen.codegen.lower.program import read_program
@@ -88,9 +91,13 @@ def test_only_buffers_a_product_reads_or_writes_are_padded():
 
     program = read_program(build_module("kda_bwd", dict(head_k_dim=64, head_v_dim=64),
                                         "chip", "sm_90a"))
-    kernels = prepare(program, TARGETS["sm_90a"], "kda_bwd", LowerOptions(path="native", dot="auto"))
-    bufs = [b for pk in kernels if pk.plan is not None for b in pk.plan.unique_buffers()
-            if len(b.value.shape) == 2]
+    def buffers(**kw):
+        kernels = prepare(program, TARGETS["sm_90a"], "kda_bwd",
+                          LowerOptions(path="native", dot="auto", **kw))
+        return [b for pk in kernels if pk.plan is not None for b in pk.plan.unique_buffers()
+                if len(b.value.shape) == 2]
+    assert {b.row_pad for b in buffers()} == {4}
+    bufs = buffers(smem_pad_all=False)
     pads = {b.row_pad for b in bufs}
     assert pads == {1, 4}
     for b in bufs:
@@ -99,3 +106,52 @@ def test_only_buffers_a_product_reads_or_writes_are_padded():
         assert (b.row_pad == 4) == b.mma_read
         if made_by in FRAGMENT_READERS or readers & FRAGMENT_READERS:
             assert b.row_pad == 4, (made_by, readers)
+
+
+def test_vector_accesses_go_in_phases():
+    """A warp's 16-byte accesses are served 8 lanes (128 bytes) at a time: consecutive vectors
+    take 4 wavefronts (the minimum), a column of 4-word vectors of a 128-wide tile 32 (each
+    quarter warp on one bank group), of a 132-wide one 4 again."""
+    def vec(pattern, n=4):
+        banks = BankCounter()
+        be = SimBackend(32, banks=banks)
+        mem = SimMemory("smem", np.zeros(1 << 14, np.float32), "f32")
+        with B.use(be):
+            B.load_vec(SimPtr(mem), pattern(be.lanes), n)
+        return banks.totals()["ld"]
+    assert vec(lambda t: 4 * t) == [1, 4]
+    assert vec(lambda t: 128 * t) == [1, 32]
+    assert vec(lambda t: 132 * t) == [1, 4]
+    assert vec(lambda t: 2 * t, n=2) == [1, 2]               # 8 bytes: two 16-lane phases
+
+
+@pytest.mark.parametrize("pitch", [128, 132])
+def test_transposed_walk_reads_rows_in_vectors(pitch):
+    """tiles.foreach_transposed writes every element of the source to its transposed place
+    (consecutive threads on consecutive stored addresses) with either width; with 4 columns a
+    thread it reads the source in 16-byte vectors: down a column of an unpadded 128-wide tile
+    (a TMA ring tile) 4x fewer wavefronts than 4-byte reads of one column (32-way conflicts),
+    and none in excess on the 132-wide tile buffers."""
+    from kdagen.codegen.lower import tiles as T_
+    rows, cols, threads = 64, 128, 256
+    src_vals = np.arange(rows * pitch, dtype=np.float32)
+    out = {}
+    for n in (1, 4):
+        banks = BankCounter()
+        be = SimBackend(threads, banks=banks)
+        mem = SimMemory("smem", src_vals.copy(), "f32")
+        dst = SimMemory("dst", np.full(rows * cols, -1, np.float32), "f32")
+        src = T_.BufRef(T_.Scratch(SimPtr(mem), "smem"), 0, (rows, cols), (pitch, 1))
+        th = T_.Threads(tid=be.lanes, count=threads)
+        with B.use(be):
+            T_.foreach_transposed(th, src, lambda idx, v: B.store(
+                SimPtr(dst), idx[1] * rows + idx[0], v), n)
+        want = src_vals.reshape(rows, pitch)[:, :cols].T.reshape(-1)
+        np.testing.assert_array_equal(dst.data, want)
+        out[n] = banks.totals()["ld"]
+    ideal = rows * cols // 32                            # one wavefront per 32 words
+    if pitch == 128:
+        assert out[1][1] == 32 * out[1][0]               # every lane on one bank
+        assert out[4][1] * 4 == out[1][1]
+    else:
+        assert out[4][1] == ideal

@@ -791,15 +791,14 @@ class TileKernelEmitter:
         elif k == "store_chunk":
             c = self.env[n.operands[1]]
             src = self.env[n.operands[2]]
-            if (mem.transposed and len(src.shape) == 2
-                    and self.opts.transposed_store_order == "stored"):
+            order = self.opts.transposed_store_order
+            if mem.transposed and len(src.shape) == 2 and order in ("stored", "stored_vec"):
                 # a tile its reader wants transposed: consecutive threads take consecutive
                 # stored addresses (the tile is read down its columns), not one 4-byte piece
                 # of a different 32-byte sector each
-                view = T_.transpose(src)
-                T_.foreach_batched(self.th, view.shape, view.read,
-                                   lambda idx, v: mem.store(v, geo.chunk_row(c),
-                                                            [idx[1], idx[0]]))
+                n = T_.VEC if order == "stored_vec" and T_.vec_ok(src) else 1
+                T_.foreach_transposed(self.th, src, lambda idx, v: mem.store(
+                    v, geo.chunk_row(c), idx), n)
                 return
             self.store_loop(src, lambda idx, v: mem.store_vec(v, geo.chunk_row(c), idx), mem)
 

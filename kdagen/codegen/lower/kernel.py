@@ -16,7 +16,7 @@ from . import register_scan, sm90_native, tuning
 from . import tiles as T_
 from .cost_model import kernel_report
 from .emitter import REDUCE_SLOTS_BYTES, GlobalKernelEmitter, TileKernelEmitter
-from .options import TENSORMAP_PARAMS, LowerOptions, product_precision
+from .options import TENSORMAP_PARAMS, TRANSPOSED_STORE_ORDERS, LowerOptions, product_precision
 from .plan import KernelGroup, LoweringError, group_kernels
 from .program import Program, read_program, walk
 from .schedule import schedule_for_memory
@@ -83,9 +83,9 @@ def prepare(program: Program, target: Target | None, prefix: str,
                             "'memory' or 'program'")
     if opts.scan_a_split not in ("off", "state", "all"):
         raise LoweringError(f"scan_a_split: {opts.scan_a_split!r}; use 'off', 'state' or 'all'")
-    if opts.transposed_store_order not in ("stored", "logical"):
+    if opts.transposed_store_order not in TRANSPOSED_STORE_ORDERS:
         raise LoweringError(f"transposed_store_order: {opts.transposed_store_order!r}; use "
-                            "'stored' or 'logical'")
+                            f"{', '.join(repr(o) for o in TRANSPOSED_STORE_ORDERS)}")
     if opts.vector_loops not in ("all", "dst", "capable", "off"):
         raise LoweringError(f"vector_loops: {opts.vector_loops!r}; use 'all', 'dst', "
                             "'capable' or 'off'")
@@ -236,7 +236,7 @@ def _plan_group_with(program: Program, g, target: Target | None, opts: LowerOpti
         for _ in range(len(ring) + 1):
             plan = plan_storage(program, g, ring_loads=ring, single_read=single,
                                 keep_lazy=keep_lazy, row_pad=_row_pad(opts, nat),
-                                in_place=in_place, eager_sums=eager_sums,
+                                pad_all=opts.smem_pad_all, in_place=in_place, eager_sums=eager_sums,
                                 scan_operand_reads=opts.scan_operand_reads)
             native = nat.plan_native(program, g, budget - REDUCE_SLOTS_BYTES,
                                      plan.total_bytes, precision, ring,
@@ -251,7 +251,7 @@ def _plan_group_with(program: Program, g, target: Target | None, opts: LowerOpti
         budget -= native.bytes + 1024       # the native region starts 1024-aligned
     else:
         plan = plan_storage(program, g, keep_lazy=keep_lazy, row_pad=_row_pad(opts, None),
-                            in_place=in_place, eager_sums=eager_sums,
+                            pad_all=opts.smem_pad_all, in_place=in_place, eager_sums=eager_sums,
                             scan_operand_reads=opts.scan_operand_reads)
     need = REDUCE_SLOTS_BYTES + plan.total_bytes
     storage = opts.storage

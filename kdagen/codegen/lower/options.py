@@ -9,6 +9,8 @@ __all__ = ["LowerOptions", "product_precision", "TENSORMAP_PARAMS", "tensormap_p
            "parse_lower_option"]
 
 #: LowerOptions.tensormap_params values -> the kernel parameter kind (codegen.common.kernel.Param)
+#: LowerOptions.transposed_store_order values
+TRANSPOSED_STORE_ORDERS = ("stored", "stored_vec", "logical")
 TENSORMAP_PARAMS = {"global": "ptr", "grid_constant": "tmap"}
 
 
@@ -87,9 +89,14 @@ class LowerOptions:
     scan_a_group: int = 4
     # chunk-kernel stores of a workspace tile its reader wants transposed
     # (MemRef.transposed): "stored" walks the stored order (coalesced global stores; the
-    # tile, or what it is computed from, is read down its columns), "logical" the tile's own
-    # order (ablation)
-    transposed_store_order: str = "stored"
+    # tile, or what it is computed from, is read down its columns), "stored_vec" too, a thread
+    # taking 4 stored rows from one 16-byte read along a tile row (tiles.foreach_transposed:
+    # a warp's reads of an unpadded ring tile down a column all hit one bank, 32-way, the dq
+    # kernel's 39% of excess shared wavefronts on the H100), "logical" the tile's own order
+    # (ablation). stored_vec by default: on the H100 (kda B1_T8k_H16, with smem_pad_all) the
+    # dq kernel 786 -> 722 us, the forward's prologue 289 -> 276
+    # (bench/results/h100_stop50_ab_banks_b1t8k.log)
+    transposed_store_order: str = "stored_vec"
     # cumsums and reductions of the tile lowering sum in an order set by the tile's shape
     # alone (tiles.emit_cumsum, emit_reduce_sum), so kernels with different thread counts that
     # each compute the gate's cumsum or a row's norm get the same bits: the gate gradient's
@@ -150,6 +157,15 @@ class LowerOptions:
     # (an mma fragment's 8 rows x 4 columns hit 32 banks); tools/smem_banks.py counts both.
     # None: the lowering path's own (sm90_native.SMEM_ROW_PAD; 1 on the portable path)
     smem_row_pad: int | None = None
+    # every 2-D tile buffer takes smem_row_pad, not only those a product reads or writes: the
+    # rest keep an odd pitch (129) that serves reads down a column, but their rows are not
+    # 16-byte aligned, so the vector loops read and write them 4 bytes at a time, 16 bytes
+    # apart across a warp (4-way bank conflicts: tools.smem_banks, the cost report's strided.smem).
+    # On by default: kda B1_T8k_H16 on the H100, with stored_vec, fwd 0.804 -> 0.772 ms and
+    # fwd+bwd 4.099 -> 4.002 (bench/results/h100_stop50_ab_banks_b1t8k.log); a pad of 8 (a
+    # pitch of 8 mod 32, what bf16 fragment pairs want) was slower (4.103: more tiles spill to
+    # the global scratch, and the TF32 gathers conflict)
+    smem_pad_all: bool = True
     # order of a chunk-parallel kernel's step: "memory" re-orders it so products are consumed
     # soon after they are made (kdagen.codegen.lower.schedule: fewer tile buffers live at
     # once, less spilled to the global scratch); "program" keeps the IR order (ablation)

@@ -83,6 +83,22 @@ class BankCounter:
         tally[0] += len(active)
         tally[1] += int(per_bank.max(axis=1)[active].sum())
 
+    def record_vec(self, kind: str, lanes: np.ndarray, words: np.ndarray, n: int) -> None:
+        """A vector access of ``n`` consecutive words per lane (``words``: each lane's first):
+        the shared memory serves a warp's 8- or 16-byte accesses 128 bytes at a time, so the
+        lanes go in phases of 32 / n (quarter warps for 16 bytes), each taking as many
+        wavefronts as its most loaded bank needs; one request per warp."""
+        per_phase = max(1, self.BANKS // n)
+        warp = lanes // 32
+        phase = (lanes % 32) // per_phase
+        group = warp * 64 + phase
+        tally = self.by_op.setdefault(self.label or "(kernel)", {}).setdefault(kind, [0, 0])
+        tally[0] += len(np.unique(warp))
+        for g in np.unique(group):
+            sel = group == g
+            w = np.unique((words[sel][:, None] + np.arange(n)[None, :]).reshape(-1))
+            tally[1] += int(np.bincount(w % self.BANKS, minlength=self.BANKS).max())
+
     def totals(self) -> dict:
         out = {"ld": [0, 0], "st": [0, 0]}
         for kinds in self.by_op.values():
@@ -388,12 +404,30 @@ class SimBackend:
 
     def load_vec(self, ptr: SimPtr, index, n: int, elt: str = "f32"):
         self._check_vec_aligned(ptr, index, n)
-        return [self.load(ptr, index + k, elt) for k in range(n)]
+        with self._vector_banks("ld", ptr, index, n):
+            return [self.load(ptr, index + k, elt) for k in range(n)]
 
     def store_vec(self, ptr: SimPtr, index, values, elt: str = "f32"):
         self._check_vec_aligned(ptr, index, len(values))
-        for k, v in enumerate(values):
-            self.store(ptr, index + k, v, elt)
+        with self._vector_banks("st", ptr, index, len(values)):
+            for k, v in enumerate(values):
+                self.store(ptr, index + k, v, elt)
+
+    @contextlib.contextmanager
+    def _vector_banks(self, kind: str, ptr: SimPtr, index, n: int):
+        """Count a vector access once, as one (:meth:`BankCounter.record_vec`), not as the
+        ``n`` element accesses it is simulated with."""
+        banks = self.banks
+        if banks is None or ptr.mem.name != "smem":
+            yield
+            return
+        a, m = self._addr(ptr, index)
+        banks.record_vec(kind, self.lanes if m is None else self.lanes[m], np.asarray(a), n)
+        self.banks = None
+        try:
+            yield
+        finally:
+            self.banks = banks
 
     def _check_vec_aligned(self, ptr: SimPtr, index, n: int) -> None:
         """A vector access must start on a multiple of its width (the GPU faults otherwise)."""

@@ -33,6 +33,11 @@ __all__ = ["StoragePlan", "plan_storage", "remat_candidates", "expr_ops", "expre
 #: byte alignment of buffers in the global scratch (whole 128-byte lines; the per-CTA
 #: scratch size is a multiple of it too)
 GLOBAL_ALIGN = 128
+#: byte alignment of buffers in shared memory: 16, so the rows of a tile whose pitch is a
+#: multiple of 4 elements take 16-byte vector accesses (a buffer packed after a scalar one
+#: started 4 bytes off, and its element loops fell back to 4-byte accesses 16 bytes apart
+#: across a warp: 4-way bank conflicts, the top excess wavefronts of the dk kernel on the H100)
+SMEM_ALIGN = 16
 
 
 @dataclass(eq=False)
@@ -81,7 +86,7 @@ class StoragePlan:
         if storage in ("smem", "global"):
             for b in bufs:
                 b.space = storage
-            total = _first_fit(bufs, align, GLOBAL_ALIGN if storage == "global" else 1)
+            total = _first_fit(bufs, align, GLOBAL_ALIGN if storage == "global" else SMEM_ALIGN)
             self.smem_bytes, self.global_bytes = (total, 0) if storage == "smem" else (0, total)
             return
         if storage != "hybrid":
@@ -91,7 +96,7 @@ class StoragePlan:
         for b in sorted(bufs, key=lambda b: (-b.density, b.start, -b.nbytes)):
             for space in ("smem", "global"):
                 cap = smem_capacity if space == "smem" else None
-                off = _fit(b, placed[space], cap, GLOBAL_ALIGN if space == "global" else 1)
+                off = _fit(b, placed[space], cap, GLOBAL_ALIGN if space == "global" else SMEM_ALIGN)
                 if off is not None:
                     b.space, b.offset = space, off
                     placed[space].append(b)
@@ -220,7 +225,7 @@ def _buffers_read(v: Value, modes: dict) -> int:
 def plan_storage(program: Program, group: KernelGroup, align: int = 16,
                  ring_loads: frozenset = frozenset(), single_read: frozenset = frozenset(),
                  keep_lazy: frozenset = frozenset(), row_pad: int = 1,
-                 in_place: bool = False, eager_sums: bool = False,
+                 pad_all: bool = False, in_place: bool = False, eager_sums: bool = False,
                  scan_operand_reads: int = 0) -> StoragePlan:
     """``ring_loads``: load nodes whose tiles a native path streams into a shared-memory ring
     (mode ``ring``: cheap to read, no buffer, valid for the chunk step that loaded them).
@@ -409,10 +414,10 @@ def plan_storage(program: Program, group: KernelGroup, align: int = 16,
         _share_in_place(knodes, buffers, positions)
     # the padding that keeps fragment gathers conflict-free costs shared memory (and, padded
     # everywhere, it made the backward's dk kernel spill 8 bytes at its 96 registers): only the
-    # buffers a product gathers from or stores to take it
+    # buffers a product gathers from or stores to take it, unless ``pad_all``
     unique = list({id(b): b for b in buffers.values()}.values())
     for b in unique:
-        b.row_pad = row_pad if b.mma_read else 1
+        b.row_pad = row_pad if b.mma_read or pad_all else 1
         b.nbytes = _nbytes(b.value, align, b.row_pad)
     total = _first_fit(unique, align)
     return StoragePlan(modes, buffers, carried, total, positions, written, yield_copy,

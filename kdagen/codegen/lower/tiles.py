@@ -376,6 +376,26 @@ def foreach_vec_batched(th: Threads, shape, n: int, read, write) -> None:
     foreach_batched(gth, gshape, lambda g: read(first(g)), lambda g, v: write(first(g), v))
 
 
+def foreach_transposed(th: Threads, src: Ref, write, n: int = 1) -> None:
+    """``write([r, c], src[r, c])`` for every element of the 2-D ``src``, walked down its
+    columns: consecutive threads take consecutive rows (consecutive addresses of a store that
+    transposes the tile). With ``n`` > 1 a thread takes ``n`` consecutive columns of its row
+    from one vector read (:func:`read_vec`) and writes them one by one: a warp's reads of a
+    row-major source then go 16 bytes per lane instead of 4, one bank group per row, where
+    reading down a column of an unpadded source put every lane of a warp on one bank."""
+    rows, cols = src.shape
+    if n == 1 or cols % n or (rows * cols // n) % th.count:
+        view = transpose(src)
+        foreach_batched(th, view.shape, view.read, lambda idx, v: write([idx[1], idx[0]], v))
+        return
+    gth = replace(th, batch=max(1, th.batch // n))
+
+    def store(g, values):
+        for k, v in enumerate(values):
+            write([g[1], addk(g[0] * n, k)], v)
+    foreach_batched(gth, (cols // n, rows), lambda g: read_vec(src, [g[1], g[0] * n], n), store)
+
+
 def materialize(th: Threads, src: Ref, dst: BufRef, source_order: bool = False) -> None:
     """dst = src, element e of the loop on thread e % count. With ``source_order`` the
     transpose of a Ref is walked in that Ref's order (consecutive threads along its last dim,
