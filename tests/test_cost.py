@@ -83,6 +83,7 @@ def test_counts_of_a_small_kernel_match_a_hand_count():
         "bar.sync": 2,
         "alu.f32": 2 * 16,
         "ex2": 8,
+        "bytes.global": 4 * (3 * 16 + 16 + 8 + 1),   # fp32 loads and stores, 4 bytes each
     }
     assert len(counter.unknown) == 1 and counter.unknown[0].startswith("consumer/step")
 
@@ -92,7 +93,7 @@ def test_the_chunk_step_region_excludes_the_prologue():
     _toy_kernel(counter)
     prologue = counter.get("consumer", "kernel")
     assert prologue == {"global_rounds": 4, "loop_iters": 4, "ld.global": 4, "st.global": 1,
-                        "bar.sync": 1, "alu.f32": 4}
+                        "bar.sync": 1, "alu.f32": 4, "bytes.global": 4 * 5}
     report = cost_model.kernel_report(counter, serial=True)
     assert report["unit"] == "chunk step"
     assert report["counts"] == counter.get("consumer", "step")
@@ -297,3 +298,23 @@ def test_grouped_element_reads_that_are_not_vector_accesses_are_reported(vec_loo
     b.verify()
     c = counter.get("consumer", "kernel")
     assert c.get("strided.smem", 0) == strided and c["ld.shared"] == 64
+
+
+def test_global_bytes_count_access_widths_and_scale_to_the_cta():
+    """bytes.global tallies what each global load and store moves (a vector access its whole
+    width; shared accesses nothing), and a chunk-parallel kernel's report scales thread 0's
+    bytes to its consumer threads: the CTA's LDG/STG traffic between L1 and L2. On the H100
+    (ncu source counters, kda_bwd B1_T8k_H16) the sectors the dq and dk kernels' accesses
+    ideally take were 433 and 1544 KiB per CTA, against 438 and 1586 from this count
+    (bench/results/h100_stop50_ncu_source_kda_bwd_k{2,4}.csv.xz)."""
+    counter = CostCounter()
+    counter.load("global", 2, nbytes=16)
+    counter.store("global", 1, nbytes=2)
+    counter.load("shared", 3, nbytes=16)
+    counts = counter.get("consumer", "kernel")
+    assert counts["bytes.global"] == 2 * 16 + 2
+    report = cost_model.kernel_report(counter, serial=False, warps=4)
+    assert report["global_bytes_per_cta"] == (2 * 16 + 2) * 4 * 32
+    # an annotation, not an instruction: the issue fit does not count it
+    assert report["throughput"]["instructions"] == 2 + 1 + 3
+    assert "global traffic (LDG/STG, L1<->L2)" in cost_model.format_report("k", report)

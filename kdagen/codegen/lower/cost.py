@@ -90,6 +90,8 @@ EVENTS = {
                       "accesses lie 16 bytes apart, 4x the sectors per instruction "
                       "(LowerOptions.vector_loops)",
     "strided.smem": "the same in shared memory: bank conflicts",
+    "bytes.global": "bytes the global loads and stores move (LDG/STG: the global tile scratch, "
+                    "lazy reads of inputs, output stores; TMA copies not included)",
 }
 
 
@@ -137,16 +139,21 @@ class CostCounter:
         finally:
             self._op = None
 
-    def load(self, space: str, n: float = 1) -> None:
-        """A load from ``space`` ("global" or "shared"): counted and marked for the rounds."""
+    def load(self, space: str, n: float = 1, nbytes: int = 0) -> None:
+        """A load from ``space`` ("global" or "shared"): counted and marked for the rounds;
+        ``nbytes``: what one load moves (tallied as ``bytes.global`` for global ones)."""
         self.event(f"ld.{space}", n)
         if space == "global":
             self._frames[-1].glob = True
+            if nbytes:
+                self.event("bytes.global", n * nbytes)
         else:
             self._frames[-1].shared = True
 
-    def store(self, space: str, n: float = 1) -> None:
+    def store(self, space: str, n: float = 1, nbytes: int = 0) -> None:
         self.event(f"st.{space}", n)
+        if space == "global" and nbytes:
+            self.event("bytes.global", n * nbytes)
 
     def barrier(self) -> None:
         """A barrier: counted; ends a straight-line round."""
@@ -262,7 +269,10 @@ class NullCounter(CostCounter):
     def event(self, kind: str, n: float = 1) -> None:
         pass
 
-    def load(self, space: str, n: float = 1) -> None:
+    def load(self, space: str, n: float = 1, nbytes: int = 0) -> None:
+        pass
+
+    def store(self, space: str, n: float = 1, nbytes: int = 0) -> None:
         pass
 
     def _flush(self, frame: _Frame) -> None:

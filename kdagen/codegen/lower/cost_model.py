@@ -103,7 +103,9 @@ BARRIER_CYCLES = 590
 THROUGHPUT_ROUND_CYCLES = 423
 #: counts that are not instructions (rounds, loop trips, bytes) or count a subset of another
 NOT_INSTRUCTIONS = frozenset({"global_rounds", "shared_rounds", "loop_iters", "ring.refill_bytes",
-                              "st.shared.staging", "unknown_trip_loops"})
+                              "st.shared.staging", "unknown_trip_loops", "bytes.global",
+                              # annotations of accesses ld/st.* count already
+                              "strided.global", "strided.smem"})
 
 #: the events shown in the text report, in this order (others are in the manifest only)
 REPORT_EVENTS = ("global_rounds", "shared_rounds", "loop_iters", "ld.global", "st.global",
@@ -164,6 +166,10 @@ def kernel_report(counter: CostCounter, serial: bool, warps: int | None = None) 
            "estimate": estimate(counts)}
     if unit == "CTA" and warps:
         out["throughput"] = throughput_estimate(counts, warps)
+        if counts.get("bytes.global"):
+            # thread 0's bytes for every consumer thread: what the CTA's LDG/STG move between
+            # L1 and L2 if every access is coalesced (ncu's "L2 theoretical sectors global")
+            out["global_bytes_per_cta"] = int(counts["bytes.global"] * warps * 32)
     if once:
         out["once_per_cta"] = once
     if producer:
@@ -230,6 +236,10 @@ def format_report(name: str, report: dict) -> str:
                  + (f" + ring refill {t['ring_refill']:g}" if t.get("ring_refill") else "")
                  + f"); range {e['us_low']:g} "
                  f"(hoisted) .. {e['us_high']:g} (HBM)")
+    if report.get("global_bytes_per_cta"):
+        lines.append(f"  global traffic (LDG/STG, L1<->L2): {report['global_bytes_per_cta'] / 1024:.0f}"
+                     " KB per CTA (thread 0's bytes.global x the consumer threads; TMA copies not "
+                     "included)")
     if report.get("throughput"):
         th = report["throughput"]
         t = th["terms_us"]

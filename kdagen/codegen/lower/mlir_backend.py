@@ -316,7 +316,7 @@ class MlirBackend:
         return self.llvm.getelementptr(ptr.type, ptr, [iv], [-2147483648], self._elem(elt), 0)
 
     def load(self, ptr, index, elt="f32"):
-        self.cost.load(self._space(ptr))
+        self.cost.load(self._space(ptr), nbytes=self._ELT_BYTES[elt])
         v = self.llvm.load(self._elem(elt), self.gep(ptr, index, elt))
         if elt in ("bf16", "f16"):
             return self.arith.extf(self.f32(), v)
@@ -325,7 +325,7 @@ class MlirBackend:
     _ELT_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "i32": 4, "i64": 8}
 
     def load_vec(self, ptr, index, n, elt="f32"):
-        self.cost.load(self._space(ptr))
+        self.cost.load(self._space(ptr), nbytes=n * self._ELT_BYTES[elt])
         vt = self.ir.VectorType.get([n], self._elem(elt))
         v = self.llvm.load(vt, self.gep(ptr, index, elt), alignment=n * self._ELT_BYTES[elt])
         out = [self.llvm.extractelement(v, self.ints.as_i32(k)) for k in range(n)]
@@ -334,7 +334,7 @@ class MlirBackend:
         return out
 
     def store_vec(self, ptr, index, values, elt="f32"):
-        self.cost.store(self._space(ptr))
+        self.cost.store(self._space(ptr), nbytes=len(values) * self._ELT_BYTES[elt])
         n = len(values)
         if elt in ("bf16", "f16"):
             values = [self.arith.truncf(self._elem(elt), x) for x in values]
@@ -345,7 +345,7 @@ class MlirBackend:
         self.llvm.store(v, self.gep(ptr, index, elt), alignment=n * self._ELT_BYTES[elt])
 
     def store(self, ptr, index, value, elt="f32"):
-        self.cost.store(self._space(ptr))
+        self.cost.store(self._space(ptr), nbytes=self._ELT_BYTES[elt])
         if elt in ("bf16", "f16"):
             value = self.arith.truncf(self._elem(elt), value)
         self.llvm.store(value, self.gep(ptr, index, elt))
