@@ -238,7 +238,7 @@ def format_report(name: str, report: dict) -> str:
                  f"(hoisted) .. {e['us_high']:g} (HBM)")
     if report.get("global_bytes_per_cta"):
         lines.append(f"  global traffic (LDG/STG, L1<->L2): {report['global_bytes_per_cta'] / 1024:.0f}"
-                     " KB per CTA (thread 0's bytes.global x the consumer threads; TMA copies not "
+                     " KiB per CTA (thread 0's bytes.global x the consumer threads; TMA copies not "
                      "included)")
     if report.get("throughput"):
         th = report["throughput"]
