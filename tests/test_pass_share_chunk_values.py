@@ -46,12 +46,18 @@ def _backward_inputs(family, case):
     ("gdn", dict(gate="gdn_softplus", lengths=[64, 3, 100], H=1, HV=2)),
 ])
 def test_sharing_computes_the_same_gradients(family, spec):
+    _same_gradients(family, spec, BEFORE, AFTER)
+
+
+def _same_gradients(family, spec, before_passes: str, after_passes: str) -> None:
+    """The backward under ``after_passes`` differs from, and computes what, ``before_passes``
+    does (float64 interpreter)."""
     case = make_case(family, seed=11, **spec)
     x = _backward_inputs(family, case)
     before = build_program(f"{family}_bwd", **case.options)
-    run_pipeline(before, parse_pipeline(BEFORE))
+    run_pipeline(before, parse_pipeline(before_passes))
     after = build_program(f"{family}_bwd", **case.options)
-    run_pipeline(after, parse_pipeline(AFTER))
+    run_pipeline(after, parse_pipeline(after_passes))
     assert str(after) != str(before)
     ref, got = interpreter.run(before, x), interpreter.run(after, x)
     assert set(got) == set(ref)
@@ -131,17 +137,7 @@ HOIST = BEFORE + ",kda-share-chunk-values{hoist_products=true}"
 ])
 def test_hoisted_products_compute_the_same_gradients(family, spec):
     """hoist_products: the same gradients (float64 interpreter) as without the option."""
-    case = make_case(family, seed=11, **spec)
-    x = _backward_inputs(family, case)
-    before = build_program(f"{family}_bwd", **case.options)
-    run_pipeline(before, parse_pipeline(AFTER))
-    after = build_program(f"{family}_bwd", **case.options)
-    run_pipeline(after, parse_pipeline(HOIST))
-    assert str(after) != str(before)
-    ref, got = interpreter.run(before, x), interpreter.run(after, x)
-    assert set(got) == set(ref)
-    for key in ref:
-        assert rel_err(got[key], ref[key]) <= 1e-14, key
+    _same_gradients(family, spec, AFTER, HOIST)
 
 
 def test_hoisted_products_run_in_the_prologue():
