@@ -3,7 +3,7 @@
 # samples, shared-memory wavefronts and bank conflicts, global sectors) of the KDA backward's
 # dq kernel (k2) and dk kernel (k4) at B1_T8k_H16, for the default bundle. Carry
 # [".whl", ".gpucarry"] after `bash bench/prepare_carry.sh wheels bench`; read the CSVs with
-# python -m tools.ncu_hotspots (stalls) or tools.ncu_smem (bank conflicts). Outputs in $OUT.
+# python -m tools.ncu_hotspots (stalls; --memory: bank conflicts, global sectors). Outputs in $OUT.
 set -x
 for spec in "k2_scan2 1" "k4_scan4 0"; do set -- $spec; k=$1
   timeout 240 ncu --clock-control none -k "regex:${k}" --launch-skip $2 -c 1 --section WarpStateStats \
