@@ -445,7 +445,9 @@ def main(argv=None):
         print(" | ".join(cells))
     if kernels:
         print("\nper kernel (median us per call over --kernel-reps calls; us/step: state scans, "
-              "per chunk of the longest sequence; % floor: HBM bytes at 4.8 TB/s / us)")
+              "per chunk of the longest sequence; % floor: HBM bytes at 4.8 TB/s / us; L2 MB: "
+              "what the kernel's global loads and stores move between L1 and L2, counted "
+              "statically, TMA copies not included)")
         print(kernel_table.format_kernel_table(kernels))
     _write_json(args.json, rows, kernels, device_name)
     return 0

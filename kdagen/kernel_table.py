@@ -11,7 +11,12 @@ timing itself lives in :mod:`kdagen.benchmark`):
 - ``us``: median µs per call; ``us_per_step``: for state scans (one CTA per head and
   sequence, chunks in sequence), µs / chunks of the longest sequence;
 - ``bytes``: the manifest's ``hbm_bytes_per_token`` × tokens × value heads; ``floor_us``:
-  those bytes at the H200's peak HBM bandwidth; ``pct_floor``: floor_us / us × 100.
+  those bytes at the H200's peak HBM bandwidth; ``pct_floor``: floor_us / us × 100;
+- ``l2_bytes``: the static count of what the kernel's LDG/STG move between L1 and L2 (the
+  cost report's ``global_bytes_per_cta``: the global tile scratch, lazy input reads, output
+  stores; TMA copies not included) × the CTAs launched. ncu's ideal global sectors of kda_bwd's
+  dq and dk kernels on the H100 were within 3% of it; the dk kernel's 3.2 GB per call there
+  are what bounds it.
 """
 from __future__ import annotations
 
@@ -140,7 +145,8 @@ def kernel_row(entry: dict, grid, times_us: list[float], *, tokens: int, value_h
            "ctas_per_sm": (None if registers is None
                            else ctas_per_sm(threads, registers, smem, limits)),
            "us": us, "reps": len(times_us), "us_per_step": None,
-           "bytes": None, "floor_us": None, "pct_floor": None}
+           "bytes": None, "floor_us": None, "pct_floor": None,
+           "l2_bytes": l2_bytes(entry, grid)}
     if is_serial(launch):
         row["us_per_step"] = us_per_chunk_step(us, longest_tokens, chunk)
     per_token = launch.get("hbm_bytes_per_token")    # None: the program was not partitioned
@@ -149,6 +155,13 @@ def kernel_row(entry: dict, grid, times_us: list[float], *, tokens: int, value_h
         row["floor_us"] = bandwidth_floor_us(row["bytes"])
         row["pct_floor"] = pct_of_floor(row["floor_us"], us) if us > 0 else None
     return row
+
+
+def l2_bytes(entry: dict, grid) -> float | None:
+    """The kernel's static LDG/STG bytes per CTA (its cost report's ``global_bytes_per_cta``)
+    × the CTAs of ``grid``; None where the bundle carries no such count."""
+    per_cta = (entry.get("cost") or {}).get("global_bytes_per_cta")
+    return None if per_cta is None else float(per_cta) * math.prod(int(g) for g in grid)
 
 
 def group_launches(calls: list[list[tuple]]) -> list[tuple]:
@@ -179,6 +192,7 @@ _COLUMNS = [
     ("regs", "registers", "{}", True), ("smem B", "smem_bytes", "{}", True),
     ("us", "us", "{:.1f}", True), ("us/step", "us_per_step", "{:.2f}", True),
     ("MB", "bytes", "{:.1f}", True), ("% floor", "pct_floor", "{:.1f}", True),
+    ("L2 MB", "l2_bytes", "{:.1f}", True),
 ]
 
 
@@ -190,7 +204,7 @@ def _cell(row: dict, key: str, fmt: str) -> str:
         return value.split("__", 1)[-1]
     if key == "grid":
         return ",".join(str(g) for g in value)
-    if key == "bytes":
+    if key in ("bytes", "l2_bytes"):
         return fmt.format(value / 1e6)
     return fmt.format(value)
 

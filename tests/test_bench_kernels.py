@@ -134,11 +134,11 @@ def test_table_is_aligned_and_marks_missing_values():
     lines = format_kernel_table(rows).splitlines()
     assert lines[0].split() == ["impl", "op", "config", "mode", "kernel", "grid", "threads",
                                 "CTA/SM", "regs", "smem", "B", "us", "us/step", "MB", "%",
-                                "floor"]
+                                "floor", "L2", "MB"]
     assert lines[1].split()[4:] == ["k1_scan1", "16,1,1", "256", "1", "232", "206864", "11032.0",
-                                    "86.19", "402.7", "0.8"]
+                                    "86.19", "402.7", "0.8", "-"]
     assert lines[2].split()[4:] == ["k2_sum", "1,1,1", "256", "-", "-", "0", "3.2", "-", "-",
-                                    "-"]
+                                    "-", "-"]
     # right-aligned numbers: every row's "us" column ends where the header's does
     end = lines[0].index("us/step") - 2
     assert all(line[end - 1] != " " and line[end] == " " for line in lines)
@@ -189,3 +189,17 @@ def test_launch_recorders_nest_and_leave():
             assert launch._RECORDERS == [outer, inner]
         assert launch._RECORDERS == [outer]
     assert launch._RECORDERS == []
+
+
+def test_static_l2_bytes_scale_the_cost_reports_count_to_the_grid():
+    """l2_bytes: the manifest's per-CTA LDG/STG bytes (cost report) x the CTAs launched; none
+    without a cost report."""
+    entry = _state_entry(registers=96, shared_bytes=0)
+    assert kernel_row(entry, (16, 1, 128), [10.0], tokens=8192, value_heads=16,
+                      longest_tokens=8192)["l2_bytes"] is None
+    entry["cost"] = {"global_bytes_per_cta": 1_624_064}
+    row = kernel_row(entry, (16, 1, 128), [10.0], tokens=8192, value_heads=16,
+                     longest_tokens=8192)
+    assert row["l2_bytes"] == 1_624_064 * 16 * 128
+    assert format_kernel_table([{"impl": "k", "op": "kda", "config": "c", "mode": "fwdbwd",
+                                 **row}]).splitlines()[1].split()[-1] == "3326.1"
