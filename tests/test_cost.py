@@ -276,6 +276,10 @@ def test_the_report_breaks_the_counts_down_by_program_op(kda_fwd_cost):
     assert top.startswith("decay_dot"), ex2
     assert ex2[top] > rep["counts"]["ex2"] / 2
     assert "where the instructions go" in kda_fwd_cost.output("cost")
+    # the global bytes by op add up to the kernel's (every global access is inside an op)
+    assert sum(r["counts"].get("bytes.global", 0) for r in rep["by_op"]) <= \
+        rep["counts"]["bytes.global"] + 1e-6
+    assert "bytes.global" in kda_fwd_cost.output("cost").split("where the instructions go")[1]
 
 
 @pytest.mark.parametrize("vec_loops,strided", [("all", 64), ("capable", 0)])

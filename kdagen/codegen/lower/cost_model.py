@@ -82,7 +82,7 @@ from .cost import CostCounter, op_breakdown
 BY_OP_TOP = 12
 #: the counts each op's row of the breakdown shows
 BY_OP_COLUMNS = ("ld.global", "st.global", "ld.shared", "st.shared", "bar.sync", "fma",
-                 "alu.f32", "ex2", "mma.sync", "wgmma")
+                 "alu.f32", "ex2", "mma.sync", "wgmma", "bytes.global")
 
 __all__ = ["CLOCK_GHZ", "GLOBAL_ROUND_CYCLES", "GLOBAL_ROUND_HBM_CYCLES",
            "GLOBAL_ROUND_HOISTED_CYCLES", "SHARED_ROUND_CYCLES", "WGMMA_CYCLES",
