@@ -1,9 +1,11 @@
 """Small cleanups on kda IR used by the program builder and the autodiff: CSE and DCE."""
 from __future__ import annotations
 
+from kdagen._mlir import ir
+
 from .dialect import ops_with
 
-__all__ = ["attr_key", "cse", "dce", "walk", "PURE_TILE_OPS", "SIDE_EFFECT_OPS"]
+__all__ = ["attr_key", "cse", "dce", "defining_op", "walk", "PURE_TILE_OPS", "SIDE_EFFECT_OPS"]
 
 # ops that compute a tile from their operands and attributes only (no memory access)
 PURE_TILE_OPS = ops_with(effect="pure")
@@ -14,6 +16,14 @@ SIDE_EFFECT_OPS = ops_with(effect=("write", "global", "sync")) | {"func.return",
 
 def _ops(block):
     return [op.operation for op in block.operations]
+
+
+def defining_op(value):
+    """The op that defines ``value`` (as an ``ir.Operation``), None for a block argument."""
+    if isinstance(value, ir.BlockArgument):
+        return None
+    owner = value.owner
+    return owner.operation if hasattr(owner, "operation") else owner
 
 
 def walk(root) -> list:

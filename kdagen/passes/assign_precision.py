@@ -35,9 +35,8 @@ from dataclasses import dataclass, field
 
 from .._mlir import ir
 from ..ir.precision import PRECISIONS, PRODUCT_OPS, auto_precision
-from ..ir.transforms import walk
+from ..ir.transforms import defining_op, walk
 from .base import ModulePass, register_pass
-from .stable_reassociate import _owner
 
 
 @register_pass
@@ -140,9 +139,9 @@ def products_loaded_by(module: ir.Module, kernels: list) -> set:
     for op in walk(module):
         if op.name != "kda.store_chunk" or op in inside or op.operands[0] not in loaded:
             continue
-        owner = _owner(op.operands[2])
+        owner = defining_op(op.operands[2])
         while owner is not None and owner.name == "kda.convert":     # a bf16 workspace
-            owner = _owner(owner.operands[0])
+            owner = defining_op(owner.operands[0])
         if owner is not None and owner.name == "kda.dot":
             out.add(owner)
     return out
@@ -156,10 +155,8 @@ def has_row_gates(op) -> bool:
     if len(operands) < 4:
         return False
     for g in operands[2:4]:
-        if isinstance(g, ir.BlockArgument):
-            return False
-        owner = g.owner.operation if hasattr(g.owner, "operation") else g.owner
-        if owner.name != "kda.broadcast":
+        owner = defining_op(g)
+        if owner is None or owner.name != "kda.broadcast":
             return False
         dims = list(ir.DenseI64ArrayAttr(owner.attributes["dims"]))
         if dims != [1] or ir.RankedTensorType(owner.operands[0].type).rank != 1:

@@ -18,10 +18,9 @@ from dataclasses import dataclass
 
 from .._mlir import ir
 from ..ir.dialect import ops_with
-from ..ir.transforms import dce, walk
+from ..ir.transforms import dce, defining_op, walk
 from .base import ModulePass, register_pass
 from .partition import _attributes
-from .stable_reassociate import _owner
 
 #: element-wise ops that act on each element alike (no position-dependent attribute)
 ELEMENTWISE = ops_with(kind="elementwise") - {"kda.tril"}
@@ -71,7 +70,7 @@ class _Narrow:
         dims) and narrows to any shape."""
         if v in self.facts:
             return self.facts[v]
-        op = _owner(v)
+        op = defining_op(v)
         if op is not None and op.name == "kda.constant":
             return ("splat", list(range(len(_shape(v)))))
         return None
@@ -81,7 +80,7 @@ class _Narrow:
         x, have = self.of(v)
         shape = [s for i, s in enumerate(_shape(v)) if i not in dims]
         if x == "splat":
-            const = _owner(v)
+            const = defining_op(v)
             return ir.Operation.create(
                 "kda.constant", results=[ir.RankedTensorType.get(shape, _element(v))],
                 attributes={"value": const.attributes["value"]}, ip=ip).results[0]

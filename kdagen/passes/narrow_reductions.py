@@ -19,10 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .._mlir import ir
+from ..ir.transforms import defining_op
 from .base import ModulePass, register_pass
 from .narrow_broadcasts import _dims, _element, _shape, rewrite_scan_bodies
 from .partition import _attributes
-from .stable_reassociate import _owner
 
 #: ops a row sum passes through unchanged in form (linear, acting on each element alike)
 _ADDITIVE = ("kda.add", "kda.sub")
@@ -35,7 +35,7 @@ def _single_use(v: ir.Value) -> bool:
 def _row_factor(v: ir.Value):
     """A [C, K] value the row sum can factor out of a product: a splat constant (-> the
     constant op) or a broadcast over dim 1 of a [C] value (-> that value); else None."""
-    op = _owner(v)
+    op = defining_op(v)
     if op is None or len(_shape(v)) != 2:
         return None
     if op.name == "kda.constant":
@@ -69,7 +69,7 @@ def _narrow_block(block) -> None:
 def _on_scan_path(v: ir.Value, block) -> bool:
     """Whether ``v`` is a single-use value of ``block`` reaching a row cumsum through
     single-use adds, subs, negations and row-factor products only."""
-    op = _owner(v)
+    op = defining_op(v)
     if op is None or op.parent != block.owner or not _single_use(v):
         return False
     if op.name == "kda.cumsum":
@@ -107,7 +107,7 @@ class _Rewriter:
         plainly and negated below one reduction is reduced once."""
         if v in self.leaves:
             return self.leaves[v]
-        op = _owner(v)
+        op = defining_op(v)
         if op is not None and _single_use(v) and op.name == "kda.neg":
             new = self._create("kda.neg", [self.leaf(op.operands[0])], v)
         elif (op is not None and _single_use(v) and op.name == "kda.mul"
@@ -128,7 +128,7 @@ class _Rewriter:
     def narrow(self, v: ir.Value, block) -> ir.Value:
         if not _on_scan_path(v, block):
             return self.leaf(v)
-        op = _owner(v)
+        op = defining_op(v)
         if op.name == "kda.cumsum":
             return self._create("kda.cumsum", [self.narrow(op.operands[0], block)], v,
                                 _attributes(op))

@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from .._mlir import ir
 from ..ir.accessors import program_func
 from ..ir.dialect import ops_with
-from ..ir.transforms import SIDE_EFFECT_OPS, attr_key, dce, walk
+from ..ir.transforms import SIDE_EFFECT_OPS, attr_key, dce, defining_op, walk
 from .base import ModulePass, register_pass
 from .partition import _attributes, _shape, _value_name, hbm_bytes_per_token
 
@@ -99,8 +99,7 @@ class _Numbering:
                 return ("chunk",)
             if isinstance(v, ir.BlockArgument):
                 return None if v.owner == block else ("outer", v)
-            owner = v.owner.operation if hasattr(v.owner, "operation") else v.owner
-            if owner.parent != scan:
+            if defining_op(v).parent != scan:
                 return ("outer", v)
             return numbers.get(v)
 
@@ -126,8 +125,7 @@ class _Numbering:
 def _memory_key(v):
     """What a memref names at run time: the runtime allocates workspaces by name (two
     ``kda.workspace`` ops of one name are one buffer), any other memref is itself."""
-    owner = None if isinstance(v, ir.BlockArgument) else (
-        v.owner.operation if hasattr(v.owner, "operation") else v.owner)
+    owner = defining_op(v)
     if owner is not None and owner.name == "kda.workspace":
         return ("workspace", ir.StringAttr(owner.attributes["name"]).value)
     return ("value", v)
@@ -135,6 +133,12 @@ def _memory_key(v):
 
 def _written_memory(op) -> set:
     return {_memory_key(inner.operands[0]) for inner in walk(op) if inner.name in WRITE_OPS}
+
+
+def _count_bytes(scan) -> None:
+    """Re-count a kernel's ``kda.hbm_bytes_per_token`` after its loads or stores changed."""
+    scan.attributes["kda.hbm_bytes_per_token"] = ir.FloatAttr.get(
+        ir.F64Type.get(), hbm_bytes_per_token(scan))
 
 
 def _is_memref(v) -> bool:
@@ -218,6 +222,7 @@ class ShareChunkValuesPass(ModulePass):
                 numbering.wrote(written)
             if hoisted:
                 dce(head.scan)                 # hoisted products no kernel ended up loading
+                _count_bytes(head.scan)
 
     def _hoist(self, scan, numbers: dict, head: _FirstKernel, versions: dict, tops: list,
                first: dict) -> set:
@@ -250,7 +255,7 @@ class ShareChunkValuesPass(ModulePass):
                     if not cone(src, seen):
                         return False
                 elif not isinstance(v, ir.BlockArgument):
-                    owner = v.owner.operation if hasattr(v.owner, "operation") else v.owner
+                    owner = defining_op(v)
                     if owner.parent == scan or positions.get(owner, -1) >= head.position:
                         return False             # defined after the head kernel
             seen[op] = True
@@ -288,17 +293,13 @@ class ShareChunkValuesPass(ModulePass):
                                 head.values[n] if n is not None and n in head.values else v)
             head_ops = _body(head.scan)
             index = {o: i for i, o in enumerate(head_ops)}
-            defs = [index[v.owner.operation if hasattr(v.owner, "operation") else v.owner]
-                    for v in operands if not isinstance(v, ir.BlockArgument)
-                    and (v.owner.operation if hasattr(v.owner, "operation") else v.owner) in index]
+            defs = [index[op_] for op_ in map(defining_op, operands) if op_ in index]
             at = head_ops[max(defs) + 1] if defs else head_ops[0]
             cloned = ir.Operation.create(op.name, results=[r.type for r in op.results],
                                          operands=operands, attributes=_attributes(op),
                                          loc=op.location, ip=ir.InsertionPoint(at))
             for old, fresh in zip(op.results, cloned.results):
                 head.values[numbers[old]] = fresh
-        head.scan.attributes["kda.hbm_bytes_per_token"] = ir.FloatAttr.get(
-            ir.F64Type.get(), hbm_bytes_per_token(head.scan))
         return cloned.results[0]
 
     def _share_into(self, scan, numbers: dict, first: dict, workspaces: set, made: dict,
@@ -323,8 +324,7 @@ class ShareChunkValuesPass(ModulePass):
         if changed:
             dce(scan)
         for s in changed:
-            s.attributes["kda.hbm_bytes_per_token"] = ir.FloatAttr.get(
-                ir.F64Type.get(), hbm_bytes_per_token(s))
+            _count_bytes(s)
 
     @staticmethod
     def _workspace_of(scan, value, names: set, made: dict, after=None):
@@ -334,8 +334,7 @@ class ShareChunkValuesPass(ModulePass):
         scan among them chooses how they are laid out (transposed, TF32-rounded)."""
         if value in made:
             return made[value]
-        owner = value.owner.operation if hasattr(value.owner, "operation") else value.owner
-        base = _value_name(value) or owner.name[4:]
+        base = _value_name(value) or defining_op(value).name[4:]
         name, i = f"{base}_ws", 1
         while name in names:
             name, i = f"{base}{i}_ws", i + 1
@@ -351,8 +350,7 @@ class ShareChunkValuesPass(ModulePass):
         ip = ir.InsertionPoint(_body(scan)[-1])
         if after is not None:
             ops = _body(scan)
-            ip = ir.InsertionPoint(ops[ops.index(after.owner.operation if hasattr(
-                after.owner, "operation") else after.owner) + 1])
+            ip = ir.InsertionPoint(ops[ops.index(defining_op(after)) + 1])
         ir.Operation.create("kda.store_chunk", results=[], operands=[
             ws, scan.regions[0].blocks[0].arguments[0], value],
             attributes={"name": ir.StringAttr.get(name[:-3])}, ip=ip)

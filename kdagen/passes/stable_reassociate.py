@@ -38,7 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .._mlir import ir
-from ..ir.transforms import dce, walk
+from ..ir.transforms import dce, defining_op, walk
 from .base import ModulePass, PassError, register_pass
 from .exponent_range import Range, RangeAnalysis
 
@@ -52,13 +52,6 @@ def _chunk(op) -> int:
         parent = o.parent
         o = parent.operation if parent is not None and hasattr(parent, "operation") else parent
     return 64
-
-
-def _owner(value: ir.Value):
-    if isinstance(value, ir.BlockArgument):
-        return None
-    owner = value.owner
-    return owner.operation if hasattr(owner, "operation") else owner
 
 
 def _bool_attr(op, name: str) -> bool:
@@ -79,18 +72,18 @@ def _f64(v: float) -> ir.Attribute:
 
 def _exp_scaled(value: ir.Value):
     """``x ⊙ 2^p`` → (x, p); None when ``value`` is not such a product."""
-    op = _owner(value)
+    op = defining_op(value)
     if op is None or op.name != "kda.mul":
         return None
     for i in (0, 1):
-        e = _owner(op.operands[i])
+        e = defining_op(op.operands[i])
         if e is not None and e.name == "kda.exp2" and "clamp_min" not in e.attributes:
             return op.operands[1 - i], e.operands[0]
     return None
 
 
 def _negated(value: ir.Value):
-    op = _owner(value)
+    op = defining_op(value)
     return op.operands[0] if op is not None and op.name == "kda.neg" else None
 
 
@@ -144,7 +137,7 @@ class StableReassociatePass(ModulePass):
     # -- rule 1 -------------------------------------------------------------------------
     def _rewrite_decay_product(self, tril, analysis: RangeAnalysis) -> None:
         diagonal = _int_attr(tril, "diagonal")
-        dot = _owner(tril.operands[0])
+        dot = defining_op(tril.operands[0])
         if diagonal > 0 or dot is None or dot.name != "kda.dot":
             return
         if _bool_attr(dot, "transpose_lhs") or not _bool_attr(dot, "transpose_rhs"):
@@ -269,7 +262,7 @@ def _rewrite_sigmoid_complements(module: ir.Module) -> None:
     for op in walk(module):
         if op.name != "kda.sub":
             continue
-        one, sig = _owner(op.operands[0]), _owner(op.operands[1])
+        one, sig = defining_op(op.operands[0]), defining_op(op.operands[1])
         if one is None or sig is None or one.name != "kda.constant" or sig.name != "kda.sigmoid":
             continue
         if float(ir.FloatAttr(one.attributes["value"]).value) != 1.0:

@@ -8,9 +8,9 @@ from kdagen.ir.precision import PRECISIONS, auto_precision
 __all__ = ["LowerOptions", "product_precision", "TENSORMAP_PARAMS", "tensormap_param_kind",
            "parse_lower_option"]
 
-#: LowerOptions.tensormap_params values -> the kernel parameter kind (codegen.common.kernel.Param)
 #: LowerOptions.transposed_store_order values
 TRANSPOSED_STORE_ORDERS = ("stored", "stored_vec", "logical")
+#: LowerOptions.tensormap_params values -> the kernel parameter kind (codegen.common.kernel.Param)
 TENSORMAP_PARAMS = {"global": "ptr", "grid_constant": "tmap"}
 
 
