@@ -41,6 +41,10 @@
 #   ab_banks    the shared-memory bank-conflict fixes at K = 128, B1_T8k_H16, kda: ab_sv
 #               (transposed_store_order=stored_vec), ab_pad (smem_pad_all=true), ab_svpad (both),
 #               and the GPU check's native set with both (check_svpad); bench/calls/ab_banks_stop50.sh
+#   ab_flags    stop 51's chunk-ready flags against their ablation at K = 128, B1_T8k_H16 and
+#               B1_T32k_H16: ab_noflags (chunk_flags=false: every kernel in order on one
+#               stream); bench has them on (KDAGEN_OVERLAP=0 runs its kernels in order);
+#               bench/calls/ab_flags_stop51.sh
 #
 # Then, for example (carry [".whl", ".gpucarry"]):
 #   bash bench/gpu_run.sh 'KDAGEN_BUNDLE=.bundles/api python3 -m pytest -q tests/test_api_gpu.py'
@@ -130,6 +134,10 @@ for job in "$@"; do
                     --configs B1_T8k_H16 --ops kda --pipeline "chip+${spec#*:}"
                 pack "$name"
             done ;;
+        ab_flags)
+            "$PY" bench/emit_bench_bundle.py .bundles/ab_noflags --path native \
+                --configs B1_T8k_H16,B1_T32k_H16 --set chunk_flags=false
+            pack ab_noflags ;;
         ab_banks)
             for spec in "sv:transposed_store_order=stored_vec" "pad:smem_pad_all=true" \
                         "svpad:transposed_store_order=stored_vec smem_pad_all=true"; do

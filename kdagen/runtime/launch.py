@@ -32,6 +32,7 @@ import ast
 import functools
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +42,9 @@ from . import chips
 from .bundle import LOWERED, KernelEntry
 from .loader import KernelLibrary
 from .tensormap import MapSpec, tensor_map, tensor_map_bytes
+
+#: the chunk-ready flags' kernel parameter (kdagen.codegen.lower.chunk_flags.FLAGS_PARAM)
+FLAGS_PARAM = "chunk_flags"
 
 _TORCH_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32,
                  "i64": torch.int64, "i32": torch.int32}
@@ -140,6 +144,7 @@ class _Launch:
     kernel: object          # LoadedKernel
     grid: tuple
     params: tuple
+    flags: str | None = None   # launch["chunk_flags"]: "publish" / "wait" (or None)
 
 
 @dataclass(frozen=True)
@@ -201,7 +206,9 @@ class LoweredProgram:
         out = {}
         for name, shape, dtype, offset, nbytes in plan.workspaces:
             x = arena[offset:offset + nbytes].view(dtype).view(shape)
-            if poison and x.is_floating_point():
+            if name == FLAGS_PARAM:
+                x.zero_()                   # no chunk is ready before the call's kernels run
+            elif poison and x.is_floating_point():
                 x.fill_(float("nan"))
             out[name] = x
         return out
@@ -277,7 +284,12 @@ class LoweredProgram:
                     params.append((_SCRATCH, max(1, nbytes // 4), None))
                 else:
                     params.append((_VALUE, p["name"], None))
-            launches.append(_Launch(name, kern, grid, tuple(params)))
+            launches.append(_Launch(name, kern, grid, tuple(params), launch.get("chunk_flags")))
+        if any(p["name"] == FLAGS_PARAM for la in launches for p in la.kernel.entry.params):
+            # one i32 flag per (chunk row, head), zeroed at every call (``_workspaces``)
+            shape = self._lead("chunk", "v", sz)
+            workspaces.append((FLAGS_PARAM, shape, torch.int32, offset, 4 * math.prod(shape)))
+            offset += -(-4 * math.prod(shape) // _ARENA_ALIGN) * _ARENA_ALIGN
         if len(self._plans) >= _PLANS_KEPT:     # sizes vary (varlen, decode batches): bounded
             self._plans.pop(next(iter(self._plans)))
         plan = self._plans[key] = _CallPlan(tuple(launches), tuple(workspaces), offset)
@@ -321,29 +333,95 @@ class LoweredProgram:
         if stream is None and device.type == "cuda":  # one lookup per call, not per launch
             stream = torch.cuda.current_stream(device)
         timed = profile is not None or bool(_RECORDERS)
-        for launch in plan.launches:
-            args = []
-            for kind, key, extra in launch.params:
-                if kind is _VALUE:
-                    args.append(values[key])
-                elif kind is _TMAP:
-                    args.append(tensor_map(values[key], extra, key))
-                elif kind is _TMAP_BYTES:
-                    args.append(tensor_map_bytes(values[key], extra, key))
-                else:                                   # scratch: key float32 elements
-                    args.append(torch.empty(key, dtype=torch.float32, device=device))
-            if timed:
-                events = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                events[0].record(stream)        # None: the current stream, as the launch
-            launch.kernel.launch(launch.grid, args, stream=stream)
-            if timed:
-                events[1].record(stream)
-                if profile is not None:
-                    profile.append((launch.name, *events))
-                for recorder in _RECORDERS:
-                    recorder.records.append(LaunchRecord(launch.name, launch.grid,
-                                                         launch.kernel.entry, *events))
+        launches = plan.launches
+        i = 0
+        while i < len(launches):
+            launch = launches[i]
+            nxt = launches[i + 1] if i + 1 < len(launches) else None
+            if (launch.flags == "publish" and nxt is not None and nxt.flags == "wait"
+                    and _overlap_ok(nxt.grid, device)):
+                # both argument lists first: a tensor map's device copy goes out on this
+                # stream, before the fork the side stream waits for
+                args = self._args(launch, values, device), self._args(nxt, values, device,
+                                                                       aside=True)
+                aside = _side_stream(device)
+                fork, join = torch.cuda.Event(), torch.cuda.Event()
+                fork.record(stream)
+                self._launch(launch, args[0], stream, profile, timed)
+                aside.wait_event(fork)          # the scan sees every earlier kernel's output
+                self._launch(nxt, args[1], aside, profile, timed)
+                join.record(aside)
+                stream.wait_event(join)         # later kernels read what the scan wrote
+                i += 2
+                continue
+            self._launch(launch, self._args(launch, values, device), stream, profile, timed)
+            i += 1
         return outputs
+
+    @staticmethod
+    def _args(launch, values, device, aside: bool = False) -> list:
+        args = []
+        for kind, key, extra in launch.params:
+            if kind is _VALUE:
+                args.append(values[key])
+            elif kind is _TMAP:
+                args.append(tensor_map(values[key], extra, key))
+            elif kind is _TMAP_BYTES:
+                args.append(tensor_map_bytes(values[key], extra, key))
+            else:                                   # scratch: key float32 elements
+                x = torch.empty(key, dtype=torch.float32, device=device)
+                if aside:       # freed when the call returns, while the side stream may run
+                    x.record_stream(_side_stream(device))
+                args.append(x)
+        return args
+
+    @staticmethod
+    def _launch(launch, args, stream, profile, timed) -> None:
+        if timed:
+            events = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            events[0].record(stream)        # None: the current stream, as the launch
+        launch.kernel.launch(launch.grid, args, stream=stream)
+        if timed:
+            events[1].record(stream)
+            if profile is not None:
+                profile.append((launch.name, *events))
+            for recorder in _RECORDERS:
+                recorder.records.append(LaunchRecord(launch.name, launch.grid,
+                                                     launch.kernel.entry, *events))
+
+
+#: run a register scan beside the chunk kernel that feeds it (chunk-ready flags,
+#: kdagen.codegen.lower.chunk_flags); False (or KDAGEN_OVERLAP=0) launches every kernel in
+#: order on one stream (the kernels are the same: the flags are then set before the scan looks
+#: at them). An ablation switch for benchmarks.
+OVERLAP = os.environ.get("KDAGEN_OVERLAP", "1") != "0"
+#: the scan overlaps only while its CTAs take at most this share of the SMs: they wait for
+#: chunk CTAs that need SMs of their own (every SM held by a waiting scan CTA would deadlock)
+OVERLAP_SM_SHARE = 0.5
+
+_SIDE_STREAMS: dict = {}
+_SM_COUNT: dict = {}
+
+
+def _overlap_ok(grid: tuple, device) -> bool:
+    if not OVERLAP or device.type != "cuda":
+        return False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    sms = _SM_COUNT.get(index)
+    if sms is None:
+        sms = _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return math.prod(grid) <= OVERLAP_SM_SHARE * sms
+
+
+def _side_stream(device) -> "torch.cuda.Stream":
+    """A high-priority stream per device: the scan's CTAs are dispatched as soon as SMs free
+    up, not after every CTA of the chunk kernel launched before them."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    s = _SIDE_STREAMS.get(index)
+    if s is None:
+        lo, hi = torch.cuda.Stream.priority_range()
+        s = _SIDE_STREAMS[index] = torch.cuda.Stream(device=index, priority=hi)
+    return s
 
 
 def ceil_div(a: int, b: int) -> int:

@@ -67,6 +67,9 @@ EVENTS = {
     "mbarrier.wait": "mbarrier phase waits (try_wait loops)",
     "mbarrier.arrive": "mbarrier arrivals",
     "fence.proxy.async": "generic-to-async proxy fences",
+    "fence.gpu": "fence.acq_rel.gpu (a chunk's stores ordered before its ready flag)",
+    "flag.publish": "chunk-ready flags released (st.release.gpu; lower.chunk_flags)",
+    "flag.wait": "chunk-ready flag waits (ld.acquire.gpu until set) before a chunk's loads",
     "tma.load": "TMA tensor copies issued",
     "tma.store": "TMA tensor stores issued (shared to global)",
     "ring.refill_bytes": "bytes a chunk step waits for because its ring has one stage (the "

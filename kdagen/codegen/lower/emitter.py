@@ -632,6 +632,7 @@ class TileKernelEmitter:
             if copied:
                 B.barrier()
             self.step_end(it)
+            self.step_done(c)
             self.gates_checked = outer_checked
             return []
 
@@ -654,6 +655,10 @@ class TileKernelEmitter:
 
     def step_end(self, it) -> None:
         pass
+
+    def step_done(self, c) -> None:
+        """After chunk ``c``'s step, every consumer thread past its last store (the native
+        path publishes a chunk-ready flag here, kdagen.codegen.lower.chunk_flags)."""
 
     # -- expressions ---------------------------------------------------------------------
     def expr(self, n) -> T_.Ref:

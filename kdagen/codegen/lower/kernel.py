@@ -14,6 +14,7 @@ from kdagen.target import Target
 
 from . import register_scan, sm90_native, tuning
 from . import tiles as T_
+from .chunk_flags import pair_kernels
 from .cost_model import kernel_report
 from .emitter import REDUCE_SLOTS_BYTES, GlobalKernelEmitter, TileKernelEmitter
 from .options import TENSORMAP_PARAMS, TRANSPOSED_STORE_ORDERS, LowerOptions, product_precision
@@ -177,7 +178,27 @@ def prepare(program: Program, target: Target | None, prefix: str,
                                 "tma_loads": [s.tensor for s in native.slots]},
                           wgmma_precision="+".join(nat.kernel_precisions(g, opts.dot)))
         out.append(PreparedKernel(kname, g, em, storage, launch, plan))
+    if opts.chunk_flags:
+        _pair_with_flags(out)
     return out
+
+
+def _pair_with_flags(prepared: list) -> None:
+    """Let each register scan that reads the chunk kernel before it only through its TMA ring
+    run beside it (kdagen.codegen.lower.chunk_flags): the chunk kernel publishes a flag per
+    chunk, the scan waits for it; the launch entries tell the runtime."""
+    pairs = pair_kernels(
+        prepared,
+        lambda pk: isinstance(pk.emitter, sm90_native.Sm90NativeTileEmitter)
+        and pk.group.parallel and len(pk.group.scans) == 1,
+        lambda pk: isinstance(pk.emitter, register_scan.RegisterScanEmitter))
+    for i, j in pairs:
+        prod, cons = prepared[i], prepared[j]
+        prod.emitter.publish_flags = True
+        cons.emitter.wait_flags = True
+        prod.launch["chunk_flags"] = "publish"
+        cons.launch["chunk_flags"] = "wait"
+        cons.launch["overlaps"] = prod.name
 
 
 def _settled_plan(program: Program, g, target: Target | None, opts: LowerOptions, nat,

@@ -68,6 +68,11 @@ class LowerOptions:
     # checkpoints of a register scan's carried value through a shared staging tile and TMA
     # stores (register_scan.StoreSlot); False: per-thread global stores (ablation)
     scan_tma_stores: bool = True
+    # a register scan that reads the chunk-parallel kernel before it only through its TMA ring
+    # runs beside it: the chunk kernel publishes a flag per chunk once its stores are out, the
+    # scan's TMA producer waits for it (kdagen.codegen.lower.chunk_flags), and the runtime
+    # launches the scan on a second stream when its CTAs leave the chunk kernel most SMs
+    chunk_flags: bool = True
     # emission order of a register scan's step: "program" keeps the IR order; "early" issues
     # each product as soon as its operands allow (register_scan.schedule_step). "program" by
     # default: on the H200 (kda B1_T8k_H16) "early" measured 1.90 vs 1.74 us per forward step

@@ -59,8 +59,9 @@ from ..common.layouts import (SmemLayout, acc_reg_for_tf32_a, acc_regs_for_half_
                               lane_in_group)
 from ..common.smem import byte_gep, shared_addr32, shared_ptr_type
 from ..common.sreg import block_idx, thread_idx
-from ..sm90 import regalloc, tma, wgmma
+from ..sm90 import flags, regalloc, tma, wgmma
 from . import backend as B
+from .chunk_flags import FLAGS_PARAM
 from .cost import CHUNKS, CostCounter, NullCounter
 from .emitter import Geometry, TileKernelEmitter, mem_info
 from .mlir_backend import MlirBackend
@@ -716,6 +717,9 @@ class RegisterScanEmitter(TileKernelEmitter):
         self.rplan = plan
         self.slot_of = {s.node: s for s in plan.slots}
         self._fused: dict = {}          # id(add node) -> the product accumulated onto its operand
+        #: wait for the chunk-ready flag of each chunk before loading it (kernel.prepare sets
+        #: it where this scan overlaps the chunk kernel before it, lower.chunk_flags)
+        self.wait_flags = False
 
     # -- calling convention ----------------------------------------------------------------
     @property
@@ -743,6 +747,8 @@ class RegisterScanEmitter(TileKernelEmitter):
         for s in [*self.rplan.slots, *self.rplan.stores]:
             if s.param not in [p.name for p in ps]:
                 ps.append(Param(s.param, tensormap_param_kind(self.opts)))
+        if self.wait_flags:
+            ps.append(Param(FLAGS_PARAM, "ptr", "i32"))
         return ps
 
     # -- kernel ------------------------------------------------------------------------------
@@ -837,6 +843,11 @@ class RegisterScanEmitter(TileKernelEmitter):
         def step(it, *_):
             c = self._chunk(it)
             stage, phase = self._stage(it)
+            if self.wait_flags:
+                # the chunk kernel running beside this one has stored chunk c
+                # (kdagen.codegen.lower.chunk_flags)
+                flags.wait_published(self.target, p[FLAGS_PARAM], geo.chunk_row(c))
+                self.cost.event("flag.wait")
             bar.mbarrier_wait(self._empty(stage), phase ^ 1)
             bar.mbarrier_arrive_expect_tx(self._full(stage), rp.stage_bytes_tx)
             self.cost.event("mbarrier.wait")

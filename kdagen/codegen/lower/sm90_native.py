@@ -54,9 +54,10 @@ from ..common.layouts import SmemLayout, wgmma_d_coord
 from ..common.mma import AccFragment, SmemOperand
 from ..common.smem import SmemTile, byte_gep, shared_ptr_type
 from ..common.sreg import block_idx, thread_idx
-from ..sm90 import regalloc, tma, wgmma
+from ..sm90 import flags, regalloc, tma, wgmma
 from . import backend as B
 from . import tiles as T_
+from .chunk_flags import FLAGS_PARAM
 from .cost import CHUNKS, CostCounter, NullCounter
 from .emitter import (STATE_LOAD_BATCH, Geometry, TileKernelEmitter, mem_info,
                       row_gate_sources)
@@ -544,6 +545,9 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
         self.target = target
         self.layout = layout
         self.slot_of = {s.node: s for s in layout.slots}
+        #: publish a chunk-ready flag after each chunk's stores (kernel.prepare sets it for a
+        #: kernel a register scan overlaps, kdagen.codegen.lower.chunk_flags)
+        self.publish_flags = False
 
     # -- calling convention ----------------------------------------------------------------
     def params(self):
@@ -552,7 +556,10 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
         for s in self.layout.slots:
             if s.param not in seen:
                 seen.append(s.param)
-        return ps + [Param(p, tensormap_param_kind(self.opts)) for p in seen]
+        ps = ps + [Param(p, tensormap_param_kind(self.opts)) for p in seen]
+        if self.publish_flags:
+            ps.append(Param(FLAGS_PARAM, "ptr", "i32"))
+        return ps
 
     @property
     def consumer_threads(self) -> int:
@@ -580,6 +587,7 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
                               grid=(IntVal(nvvm.read_ptx_sreg_nctaid_x(results=[i32])),
                                     IntVal(nvvm.read_ptx_sreg_nctaid_y(results=[i32]))))
                 p = {k: (IntVal(v) if k in ("T", "N", "HV") else v) for k, v in p.items()}
+                self.p_flags = p.get(FLAGS_PARAM)
                 smem_mod.declare_dynamic_smem(builder)
                 base = llvm.mlir_addressof(smem_mod.shared_ptr_type(), smem_mod.DYNAMIC_SMEM_SYMBOL)
                 self.smem_base = base
@@ -696,6 +704,19 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
         stage, _ = self._stage(it)
         B.if_then(B.icmp("eq", self.geo.tid, 0), lambda: bar.mbarrier_arrive(self._empty(stage)))
         self.cost.event("mbarrier.arrive")
+
+    def step_done(self, c) -> None:
+        if not self.publish_flags:
+            return
+        # every consumer thread orders its stores of the chunk before the barrier, then one
+        # thread releases the flag (kdagen.codegen.sm90.flags)
+        flags.release_fence(self.target)
+        B.barrier()
+        self.cost.event("fence.gpu")
+        base = self.p_flags
+        B.if_then(B.icmp("eq", self.geo.tid, 0),
+                  lambda: flags.publish(self.target, base, self.geo.chunk_row(c)))
+        self.cost.event("flag.publish")
 
     def _wait_full(self) -> None:
         if self._waited:
