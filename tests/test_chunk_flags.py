@@ -1,0 +1,176 @@
+"""Chunk-ready flags (kdagen.codegen.lower.chunk_flags): which kernels pair, what each side
+emits, and how the runtime fills the flags. The overlap itself (a second stream) and its
+numerics run on the GPU (tools.gpu_check, bench/calls/ab_flags_stop51.sh)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kdagen.codegen.lower.chunk_flags import FLAGS_PARAM, pair_kernels
+
+
+@pytest.fixture(scope="module")
+def lowered():
+    from kdagen import driver
+    from kdagen.codegen.lower.kernel import lower_program
+    from kdagen.codegen.lower.options import LowerOptions
+    from kdagen.target import TARGETS
+    out = {}
+    for program in ("kda_fwd", "kda_bwd"):
+        mod = driver.build_module(program, {}, pipeline="chip", chip="sm_90a")
+        for flags in (True, False):
+            opts = LowerOptions(path="native", dot="auto", chunk_flags=flags)
+            out[program, flags] = [
+                (k, driver.ptx_of(k.module, TARGETS["sm_90a"], k.name))
+                for k in lower_program(mod, TARGETS["sm_90a"], options=opts, cost=True)]
+    return out
+
+
+def _roles(kernels):
+    return [k.launch.get("chunk_flags") for k, _ in kernels]
+
+
+@pytest.mark.parametrize("program, roles", [
+    ("kda_fwd", ["publish", "wait", None]),
+    # prologue -> recompute scan, dq kernel -> reverse scan; the dk kernel reads the reverse
+    # scan's dS and so waits for the whole scan (a chunk kernel never waits on a flag)
+    ("kda_bwd", ["publish", "wait", "publish", "wait", None, None, None, None]),
+])
+def test_each_register_scan_pairs_with_the_chunk_kernel_that_feeds_it(lowered, program, roles):
+    kernels = lowered[program, True]
+    assert _roles(kernels) == roles
+    for (k, ptx), role in zip(kernels, roles):
+        has_param = FLAGS_PARAM in [p.name for p in k.params]
+        assert has_param == (role is not None)
+        # the producer releases after a GPU-scope fence; the consumer acquires, then orders
+        # the TMA loads after it with a proxy fence
+        assert ("st.release.gpu.global.u32" in ptx) == (role == "publish")
+        assert ("fence.acq_rel.gpu" in ptx) == (role == "publish")
+        assert ("ld.acquire.gpu.global.u32" in ptx) == (role == "wait")
+        assert ("fence.proxy.async.global" in ptx) == (role == "wait")
+        if role == "wait":
+            assert k.path == "sm90-register-scan"
+            assert k.launch["overlaps"] == kernels[kernels.index((k, ptx)) - 1][0].name
+            assert k.cost["producer"].get("flag.wait", 0) == 1
+        if role == "publish":
+            assert k.launch["parallel_chunks"]
+            assert k.cost["counts"].get("flag.publish", 0) == 1
+
+
+@pytest.mark.parametrize("program", ["kda_fwd", "kda_bwd"])
+def test_without_flags_no_kernel_publishes_or_waits(lowered, program):
+    for k, ptx in lowered[program, False]:
+        assert "chunk_flags" not in k.launch and FLAGS_PARAM not in [p.name for p in k.params]
+        assert "ld.acquire.gpu" not in ptx and "st.release.gpu" not in ptx
+
+
+class _Obj:
+    """An IR stand-in (hashed by identity, as the lowering's nodes and values are)."""
+
+    def __init__(self, **fields):
+        self.__dict__.update(fields)
+
+
+def _kernel(reads=(), ring=(), writes=(), reverse=False, parallel=True):
+    """A prepared-kernel stand-in: a scan whose body loads ``ring`` through the producer role,
+    reads ``reads`` any other way and stores ``writes``."""
+    def mem(name):
+        return _MEMS.setdefault(name, _Obj(kind="memref", name=name))
+    body = [_Obj(op="kda.load_chunk", operands=[mem(m)], attrs={"kda.role": "producer"},
+                            body=None) for m in ring]
+    body += [_Obj(op="kda.load_chunk", operands=[mem(m)], attrs={"kda.role": "consumer"},
+                             body=None) for m in reads]
+    body += [_Obj(op="kda.store_chunk", operands=[mem(m)], attrs={}, body=None)
+             for m in writes]
+    scan = _Obj(op="kda.scan", operands=[], attrs={"reverse": reverse},
+                           body=_Obj(nodes=body))
+    return _Obj(group=_Obj(nodes=[scan], scans=[scan], parallel=parallel),
+                           kind="chunk" if parallel else "scan")
+
+
+_MEMS: dict = {}
+
+
+@pytest.fixture(autouse=True)
+def _walk(monkeypatch):
+    from kdagen.codegen.lower import chunk_flags
+    monkeypatch.setattr(chunk_flags, "walk", lambda body: list(body.nodes))
+
+
+def _pairs(*kernels):
+    return pair_kernels(list(kernels), lambda k: k.kind == "chunk", lambda k: k.kind == "scan")
+
+
+def test_a_scan_reading_the_chunk_kernel_only_through_its_ring_pairs():
+    assert _pairs(_kernel(writes=["w"]), _kernel(ring=["w", "x"], writes=["S"],
+                                                 parallel=False)) == [(0, 1)]
+
+
+@pytest.mark.parametrize("consumer", [
+    _kernel(ring=["w"], reads=["w"], parallel=False),       # a read the flag does not order
+    _kernel(ring=["w"], writes=["u"], parallel=False),      # writes what the chunk kernel reads
+    _kernel(ring=["w"], reverse=True, parallel=False),      # walks the chunks the other way
+    _kernel(ring=["x"], parallel=False),                    # nothing of the chunk kernel's
+    _kernel(ring=["w"]),                                    # not a serial scan
+])
+def test_pairs_only_where_the_flags_order_every_dependence(consumer):
+    assert _pairs(_kernel(reads=["u"], writes=["w"]), consumer) == []
+
+
+class _RecordingKernel:
+    def __init__(self, entry, log):
+        self.entry, self.log = entry, log
+
+    def launch(self, grid, args, stream=None):
+        self.log.append((self.entry.name, tuple(grid), list(args)))
+
+
+def test_launcher_gives_both_kernels_one_zeroed_flag_array(tmp_path):
+    """The flags: i32, one per (chunk row, value head), zero at every call's start (a NaN
+    poison must not reach them), the same array for the publishing and the waiting kernel;
+    off the GPU the two launch in order on one stream."""
+    import torch
+
+    from kdagen.runtime import launch as L
+    from kdagen.runtime.bundle import KernelEntry
+    args = [dict(name="q", role="input", layout="token", heads="v", dtype="bf16", tail=[128])]
+    (tmp_path / L.LOWERED).write_text(json.dumps({"variants": {"v": dict(
+        program="p", args=args, workspaces=[], kernels=["prod", "cons"], chips={},
+        chunk_size=64, gva_ratio=1)}}))
+    log = []
+    kernels = {
+        name: _RecordingKernel(KernelEntry(
+            name, "sm_90a", "sm90-native", f"{name}.ptx",
+            params=[{"name": "q", "kind": "ptr"}, {"name": FLAGS_PARAM, "kind": "ptr"}],
+            launch={"grid": grid, "block": [128, 1, 1], "scratch_bytes_per_cta": 0,
+                    "chunk_flags": role}), log)
+        for name, grid, role in (("prod", ["HV", "N", "ceil_div(T, 64)"], "publish"),
+                                 ("cons", ["HV * 2", "N", 1], "wait"))}
+
+    class Library:
+        def get(self, name, device):
+            return kernels[name]
+
+    prog = L.LoweredProgram(tmp_path, "v", library=Library())
+    for T in (130, 64):
+        log.clear()
+        prog(chip="sm_90a", q=torch.randn(2, T, 3, 128).bfloat16())
+        assert [name for name, _, _ in log] == ["prod", "cons"]
+        flags = [a[1] for _, _, a in log]
+        assert flags[0] is flags[1]
+        assert flags[0].dtype == torch.int32 and tuple(flags[0].shape) == (2 * -(-T // 64), 3)
+        assert int(flags[0].abs().sum()) == 0
+
+
+def test_overlap_needs_the_scan_to_leave_most_sms_free(monkeypatch):
+    import torch
+
+    from kdagen.runtime import launch as L
+    monkeypatch.setattr(L, "_SM_COUNT", {0: 132})
+    cuda = torch.device("cuda", 0)
+    assert L._overlap_ok((32, 1, 1), cuda) and L._overlap_ok((66, 1, 1), cuda)
+    assert not L._overlap_ok((64, 2, 1), cuda)         # 128 waiting CTAs: most SMs held
+    assert not L._overlap_ok((32, 1, 1), torch.device("cpu"))
+    monkeypatch.setattr(L, "OVERLAP", False)
+    assert not L._overlap_ok((32, 1, 1), cuda)
