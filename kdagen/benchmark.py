@@ -227,15 +227,21 @@ def time_kernel_launches(run, reps: int) -> list[list[tuple]]:
 
     The events are recorded on the launch stream right before and after each launch, so a
     launch that finds the GPU idle also counts the few µs the host takes to submit it; the
-    bench's kernels run for tens of µs to ms, well above that."""
+    bench's kernels run for tens of µs to ms, well above that. The kernels run in order on one
+    stream here (no scan beside the chunk kernel that feeds it, kdagen.runtime.launch.OVERLAP):
+    each row is that kernel alone; the end-to-end rows time the overlapped call."""
     import torch
 
-    from kdagen.runtime.launch import LaunchRecorder
+    from kdagen.runtime import launch as L
     calls = []
-    for _ in range(reps):
-        with LaunchRecorder() as recorder:
-            run()
-        calls.append(recorder.records)
+    overlap, L.OVERLAP = L.OVERLAP, False
+    try:
+        for _ in range(reps):
+            with L.LaunchRecorder() as recorder:
+                run()
+            calls.append(recorder.records)
+    finally:
+        L.OVERLAP = overlap
     torch.cuda.synchronize()        # elapsed_time needs both events completed
     kernels = {r.name: r.entry for records in calls for r in records}
     entries = {name: asdict(entry) for name, entry in kernels.items()}   # one dict per kernel

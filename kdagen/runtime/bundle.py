@@ -43,7 +43,13 @@ manifest.json
     (true where element-wise results share their operands' tile buffers because the kernel's
     buffers spilled otherwise; informational); native kernels add
     ``path``, ``tensor_maps``, ``ring`` (``depth``, ``stage_bytes``, ``tma_loads``) and
-    ``wgmma_precision``;
+    ``wgmma_precision``; a kernel pair that may overlap adds ``chunk_flags``: ``publish`` on
+    the chunk-parallel kernel (it sets flag [chunk row, value head] of its ``chunk_flags``
+    parameter, i32 [total_chunks, HV], once that chunk's stores are out) and ``wait`` on the
+    state scan launched right after it (``overlaps``: the publisher's name; its TMA producer
+    waits for each chunk's flag). The caller zeroes the flags before the publisher starts, and
+    may launch the scan on a second stream right after the publisher (after an event, so it
+    sees every earlier launch) as long as the scan's CTAs leave SMs for the publisher;
   - ``resources``: ptxas's report (``registers``, ``spill_stores``, ``spill_loads``,
     ``stack_bytes``, ``shared_bytes``), null without ptxas;
   - ``cost``: the compiler's static cost report (null when not counted): ``unit`` (``chunk
