@@ -56,6 +56,12 @@ def test_each_register_scan_pairs_with_the_chunk_kernel_that_feeds_it(lowered, p
         if role == "publish":
             assert k.launch["parallel_chunks"]
             assert k.cost["counts"].get("flag.publish", 0) == 1
+        if role is not None:
+            # the k-th pair of the call publishes and waits for k (one zeroed array per call)
+            ordinal = roles[:kernels.index((k, ptx)) + 1].count(role)
+            assert (f"st.release.gpu.global.u32 [%rd" in ptx) == (role == "publish")
+            assert (f"], {ordinal};" in ptx if role == "publish"
+                    else f"setp.lt.u32 p, f, {ordinal};" in ptx)
 
 
 @pytest.mark.parametrize("program", ["kda_fwd", "kda_bwd"])
@@ -126,10 +132,19 @@ class _RecordingKernel:
         self.log.append((self.entry.name, tuple(grid), list(args)))
 
 
-def test_launcher_gives_both_kernels_one_zeroed_flag_array(tmp_path):
+class _Stream:
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+
+    def wait_event(self, event):
+        self.log.append(("wait", self.name, event.name))
+
+
+def test_launcher_gives_both_kernels_one_zeroed_flag_array(tmp_path, monkeypatch):
     """The flags: i32, one per (chunk row, value head), zero at every call's start (a NaN
-    poison must not reach them), the same array for the publishing and the waiting kernel;
-    off the GPU the two launch in order on one stream."""
+    poison must not reach them), the same array for the publishing and the waiting kernel when
+    the two overlap (the scan on the side stream after a fork event, the main stream joining
+    it); a null pointer for both when they run in order (the kernels then skip the flags)."""
     import torch
 
     from kdagen.runtime import launch as L
@@ -153,14 +168,37 @@ def test_launcher_gives_both_kernels_one_zeroed_flag_array(tmp_path):
             return kernels[name]
 
     prog = L.LoweredProgram(tmp_path, "v", library=Library())
+    # in order (no GPU): both kernels get a null flag pointer
+    prog(chip="sm_90a", q=torch.randn(2, 130, 3, 128).bfloat16())
+    assert [(name, a[1]) for name, _, a in log] == [("prod", 0), ("cons", 0)]
+
+    # overlapped: a stand-in for the streams and events (no GPU here)
+    class Event:
+        count = 0
+
+        def __init__(self):
+            Event.count += 1
+            self.name = f"e{Event.count}"
+
+        def record(self, stream):
+            log.append(("record", stream.name, self.name))
+    events = []
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(L, "_overlap_ok", lambda grid, device: True)
+    monkeypatch.setattr(L, "_side_stream", lambda device: _Stream("side", events))
     for T in (130, 64):
         log.clear()
-        prog(chip="sm_90a", q=torch.randn(2, T, 3, 128).bfloat16())
-        assert [name for name, _, _ in log] == ["prod", "cons"]
-        flags = [a[1] for _, _, a in log]
-        assert flags[0] is flags[1]
+        prog(chip="sm_90a", stream=_Stream("main", log), q=torch.randn(2, T, 3, 128).bfloat16())
+        launches = [x for x in log if x[0] in ("prod", "cons")]
+        flags = [a[1] for _, _, a in launches]
+        assert [x[0] for x in launches] == ["prod", "cons"] and flags[0] is flags[1]
         assert flags[0].dtype == torch.int32 and tuple(flags[0].shape) == (2 * -(-T // 64), 3)
         assert int(flags[0].abs().sum()) == 0
+        # fork before the publisher, the scan's join recorded on the side stream, main waits
+        fork, join = [x for x in log if x[0] == "record"]
+        assert fork[1] == "main" and join[1] == "side"
+        assert log.index(fork) < log.index(launches[0]) and log[-1] == ("wait", "main", join[2])
+    assert events[-1] == ("wait", "side", fork[2])
 
 
 def test_overlap_needs_the_scan_to_leave_most_sms_free(monkeypatch):

@@ -342,8 +342,8 @@ class LoweredProgram:
                     and _overlap_ok(nxt.grid, device)):
                 # both argument lists first: a tensor map's device copy goes out on this
                 # stream, before the fork the side stream waits for
-                args = self._args(launch, values, device), self._args(nxt, values, device,
-                                                                       aside=True)
+                args = (self._args(launch, values, device, flags=True),
+                        self._args(nxt, values, device, aside=True, flags=True))
                 aside = _side_stream(device)
                 fork, join = torch.cuda.Event(), torch.cuda.Event()
                 fork.record(stream)
@@ -359,11 +359,14 @@ class LoweredProgram:
         return outputs
 
     @staticmethod
-    def _args(launch, values, device, aside: bool = False) -> list:
+    def _args(launch, values, device, aside: bool = False, flags: bool = False) -> list:
+        """``flags``: the launch is one of an overlapped pair (its chunk-ready flags are
+        live); otherwise a flag parameter gets a null pointer, which both kernels of a pair
+        read as "in order: nothing to publish or wait for"."""
         args = []
         for kind, key, extra in launch.params:
             if kind is _VALUE:
-                args.append(values[key])
+                args.append(values[key] if flags or key != FLAGS_PARAM else 0)
             elif kind is _TMAP:
                 args.append(tensor_map(values[key], extra, key))
             elif kind is _TMAP_BYTES:

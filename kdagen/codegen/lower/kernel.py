@@ -192,10 +192,13 @@ def _pair_with_flags(prepared: list) -> None:
         lambda pk: isinstance(pk.emitter, sm90_native.Sm90NativeTileEmitter)
         and pk.group.parallel and len(pk.group.scans) == 1,
         lambda pk: isinstance(pk.emitter, register_scan.RegisterScanEmitter))
-    for i, j in pairs:
+    for ordinal, (i, j) in enumerate(pairs, start=1):
         prod, cons = prepared[i], prepared[j]
         prod.emitter.publish_flags = True
         cons.emitter.wait_flags = True
+        # the flags are zeroed once per call: the k-th pair publishes and waits for k, so
+        # the backward's second pair never reads the first pair's flags as its own
+        prod.emitter.flag_value = cons.emitter.flag_value = ordinal
         prod.launch["chunk_flags"] = "publish"
         cons.launch["chunk_flags"] = "wait"
         cons.launch["overlaps"] = prod.name

@@ -720,6 +720,7 @@ class RegisterScanEmitter(TileKernelEmitter):
         #: wait for the chunk-ready flag of each chunk before loading it (kernel.prepare sets
         #: it where this scan overlaps the chunk kernel before it, lower.chunk_flags)
         self.wait_flags = False
+        self.flag_value = 1             # the pair's ordinal in the program (sm90.flags)
 
     # -- calling convention ----------------------------------------------------------------
     @property
@@ -845,8 +846,10 @@ class RegisterScanEmitter(TileKernelEmitter):
             stage, phase = self._stage(it)
             if self.wait_flags:
                 # the chunk kernel running beside this one has stored chunk c
-                # (kdagen.codegen.lower.chunk_flags)
-                flags.wait_published(self.target, p[FLAGS_PARAM], geo.chunk_row(c))
+                # (kdagen.codegen.lower.chunk_flags; a null pointer: it ran before this one)
+                base = p[FLAGS_PARAM]
+                B.if_then(flags.is_set(base), lambda: flags.wait_published(
+                    self.target, base, geo.chunk_row(c), self.flag_value))
                 self.cost.event("flag.wait")
             bar.mbarrier_wait(self._empty(stage), phase ^ 1)
             bar.mbarrier_arrive_expect_tx(self._full(stage), rp.stage_bytes_tx)

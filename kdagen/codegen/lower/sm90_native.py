@@ -548,6 +548,7 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
         #: publish a chunk-ready flag after each chunk's stores (kernel.prepare sets it for a
         #: kernel a register scan overlaps, kdagen.codegen.lower.chunk_flags)
         self.publish_flags = False
+        self.flag_value = 1             # the pair's ordinal in the program (sm90.flags)
 
     # -- calling convention ----------------------------------------------------------------
     def params(self):
@@ -708,15 +709,20 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
     def step_done(self, c) -> None:
         if not self.publish_flags:
             return
-        # every consumer thread orders its stores of the chunk before the barrier, then one
-        # thread releases the flag (kdagen.codegen.sm90.flags)
-        flags.release_fence(self.target)
-        B.barrier()
-        self.cost.event("fence.gpu")
         base = self.p_flags
-        B.if_then(B.icmp("eq", self.geo.tid, 0),
-                  lambda: flags.publish(self.target, base, self.geo.chunk_row(c)))
-        self.cost.event("flag.publish")
+
+        def publish():
+            # every consumer thread orders its stores of the chunk before the barrier, then
+            # one thread releases the flag (kdagen.codegen.sm90.flags)
+            flags.release_fence(self.target)
+            B.barrier()
+            self.cost.event("fence.gpu")
+            B.if_then(B.icmp("eq", self.geo.tid, 0),
+                      lambda: flags.publish(self.target, base, self.geo.chunk_row(c),
+                                            self.flag_value))
+            self.cost.event("flag.publish")
+        # a null pointer: the scan runs after this kernel, nothing to announce
+        B.if_then(flags.is_set(base), publish)
 
     def _wait_full(self) -> None:
         if self._waited:

@@ -1,13 +1,18 @@
 """Chunk-ready flags: how a CTA of one kernel tells a CTA of a kernel running beside it (another
 stream) that a chunk's outputs are in global memory.
 
-Protocol (one 32-bit flag per (chunk row, head), zero before the producing kernel starts):
+Protocol (one 32-bit flag per (chunk row, head), zero at the start of a program call; the
+k-th pair of kernels of the call, k = 1, 2, ..., uses the value k, so a later pair never takes
+an earlier pair's flags for its own):
 
   producing CTA:   every thread that stored the chunk's outputs runs `release_fence`, the
-                   threads synchronise, then one thread runs `publish` (st.release.gpu 1)
+                   threads synchronise, then one thread runs `publish` (st.release.gpu k)
   consuming CTA:   the thread that issues the chunk's TMA loads runs `wait_published` first
-                   (ld.acquire.gpu until nonzero, then a proxy fence: the loads that follow are
-                   async-proxy reads of what generic-proxy stores wrote)
+                   (ld.acquire.gpu until the flag is k or more, then a proxy fence: the loads
+                   that follow are async-proxy reads of what generic-proxy stores wrote)
+
+A null flag pointer (the kernels run in order on one stream: every chunk is out before the
+consumer starts) skips both sides.
 
 The consumer never waits on a flag the producer will not set, and the producer never waits, so
 the pair cannot deadlock as long as the consumer's CTAs leave the producer SMs to run on (the
@@ -39,25 +44,41 @@ def release_fence(target: Target) -> None:
                     has_side_effects=True)
 
 
-def publish(target: Target, base: ir.Value, index) -> None:
-    """``st.release.gpu.global.u32 [flag], 1`` (one thread, after `release_fence` and a
+def _check_value(value: int) -> None:
+    if not 1 <= value < 2 ** 31:
+        raise ValueError(f"a chunk-ready flag value is a pair's ordinal, 1 or more; got {value}")
+
+
+def publish(target: Target, base: ir.Value, index, value: int = 1) -> None:
+    """``st.release.gpu.global.u32 [flag], value`` (one thread, after `release_fence` and a
     barrier of every thread whose stores the flag announces)."""
     _check(target)
+    _check_value(value)
     llvm.inline_asm(ir.Type.parse("!llvm.void"), [flag_ptr(base, index)],
-                    "st.release.gpu.global.u32 [$0], 1;", "l", has_side_effects=True)
+                    f"st.release.gpu.global.u32 [$0], {value};", "l", has_side_effects=True)
 
 
-def wait_published(target: Target, base: ir.Value, index) -> None:
-    """Spin until flag ``index`` is nonzero (``ld.acquire.gpu``, backing off with nanosleep),
-    then ``fence.proxy.async.global`` so that the TMA loads issued next see what the
-    publishing CTA stored."""
+def wait_published(target: Target, base: ir.Value, index, value: int = 1) -> None:
+    """Spin until flag ``index`` is ``value`` or more (``ld.acquire.gpu``, backing off with
+    nanosleep), then ``fence.proxy.async.global`` so that the TMA loads issued next see what
+    the publishing CTA stored."""
     _check(target)
+    _check_value(value)
     asm = ("{\n .reg .pred p;\n .reg .u32 f;\n"
            "KDA_FLAG_WAIT_${:uid}:\n"
            " ld.acquire.gpu.global.u32 f, [$0];\n"
-           " setp.eq.u32 p, f, 0;\n"
+           f" setp.lt.u32 p, f, {value};\n"
            " @p nanosleep.u32 64;\n"
            " @p bra KDA_FLAG_WAIT_${:uid};\n"
            " fence.proxy.async.global;\n}")
     llvm.inline_asm(ir.Type.parse("!llvm.void"), [flag_ptr(base, index)], asm, "l",
                     has_side_effects=True)
+
+
+def is_set(base: ir.Value) -> ir.Value:
+    """i1: whether the flag array pointer is not null (the runtime passes null when the two
+    kernels run in order)."""
+    i64 = ir.IntegerType.get_signless(64)
+    addr = llvm.ptrtoint(i64, base)
+    from ..._mlir import arith
+    return arith.cmpi(arith.CmpIPredicate.ne, addr, arith.constant(i64, 0))
