@@ -29,3 +29,9 @@ timeout 280 python3 -m kdagen.cli bench --bundle flags=.bundles/bench \
     --bundle noflags=.bundles/ab_noflags --configs $cfg --kernels \
     --json "$OUT/ab_flags_$cfg.json" > "$OUT/ab_flags_$cfg.log" 2>&1
 echo "bench_rc=$?"; head -30 "$OUT/ab_flags_$cfg.log"
+if [ "$part" = 1 ]; then      # B1_T32k_H16 without FLA (its times: stop 50's note)
+    timeout 100 python3 -m kdagen.cli bench --bundle flags=.bundles/bench \
+        --bundle noflags=.bundles/ab_noflags --configs B1_T32k_H16 --no-fla \
+        --json "$OUT/ab_flags_B1_T32k_H16_nofla.json" > "$OUT/ab_flags_B1_T32k_H16_nofla.log" 2>&1
+    echo "t32k_rc=$?"; grep -A8 "^op |" "$OUT/ab_flags_B1_T32k_H16_nofla.log"
+fi
