@@ -23,6 +23,7 @@ def run(family, cfg, overlap: bool, reps: int):
     B, T, H, HV, lengths = CONFIGS[cfg]
     outs = []
     for _ in range(reps):
+        torch.manual_seed(1)        # make_inputs draws A_log and dt_bias from the global RNG
         x, kw, _ = make_inputs(family, B, T, H, HV, lengths, "cuda", seed=1)
         x = {n: t.requires_grad_(True) for n, t in x.items()}
         fn = kdagen.chunk_kda if family == "kda" else kdagen.chunk_gated_delta_rule
