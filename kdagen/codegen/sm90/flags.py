@@ -20,7 +20,7 @@ runtime overlaps the two only then).
 """
 from __future__ import annotations
 
-from ..._mlir import ir, llvm
+from ..._mlir import arith, ir, llvm
 from ..common.kernel import to_i64
 from ..common.memory import element_ptr
 from ...target import Target
@@ -75,10 +75,10 @@ def wait_published(target: Target, base: ir.Value, index, value: int = 1) -> Non
                     has_side_effects=True)
 
 
-def is_set(base: ir.Value) -> ir.Value:
+def is_set(base: ir.Value, negate: bool = False) -> ir.Value:
     """i1: whether the flag array pointer is not null (the runtime passes null when the two
-    kernels run in order)."""
+    kernels run in order); ``negate``: whether it is null."""
     i64 = ir.IntegerType.get_signless(64)
     addr = llvm.ptrtoint(i64, base)
-    from ..._mlir import arith
-    return arith.cmpi(arith.CmpIPredicate.ne, addr, arith.constant(i64, 0))
+    pred = arith.CmpIPredicate.eq if negate else arith.CmpIPredicate.ne
+    return arith.cmpi(pred, addr, arith.constant(i64, 0))
