@@ -19,7 +19,7 @@ def lowered():
     out = {}
     for program in ("kda_fwd", "kda_bwd"):
         mod = driver.build_module(program, {}, pipeline="chip", chip="sm_90a")
-        for flags in (True, False):
+        for flags in ("forward", "all", "off"):
             opts = LowerOptions(path="native", dot="auto", chunk_flags=flags)
             out[program, flags] = [
                 (k, driver.ptx_of(k.module, TARGETS["sm_90a"], k.name))
@@ -31,14 +31,18 @@ def _roles(kernels):
     return [k.launch.get("chunk_flags") for k, _ in kernels]
 
 
-@pytest.mark.parametrize("program, roles", [
-    ("kda_fwd", ["publish", "wait", None]),
-    # prologue -> recompute scan, dq kernel -> reverse scan; the dk kernel reads the reverse
-    # scan's dS and so waits for the whole scan (a chunk kernel never waits on a flag)
-    ("kda_bwd", ["publish", "wait", "publish", "wait", None, None, None, None]),
+@pytest.mark.parametrize("program, flags, roles", [
+    ("kda_fwd", "forward", ["publish", "wait", None]),
+    ("kda_fwd", "all", ["publish", "wait", None]),
+    # prologue -> recompute scan; with "all" also dq kernel -> reverse scan. The dk kernel
+    # reads the reverse scan's dS and so waits for the whole scan (a chunk kernel never waits
+    # on a flag)
+    ("kda_bwd", "forward", ["publish", "wait", None, None, None, None, None, None]),
+    ("kda_bwd", "all", ["publish", "wait", "publish", "wait", None, None, None, None]),
 ])
-def test_each_register_scan_pairs_with_the_chunk_kernel_that_feeds_it(lowered, program, roles):
-    kernels = lowered[program, True]
+def test_each_register_scan_pairs_with_the_chunk_kernel_that_feeds_it(lowered, program, flags,
+                                                                      roles):
+    kernels = lowered[program, flags]
     assert _roles(kernels) == roles
     for (k, ptx), role in zip(kernels, roles):
         has_param = FLAGS_PARAM in [p.name for p in k.params]
@@ -66,9 +70,41 @@ def test_each_register_scan_pairs_with_the_chunk_kernel_that_feeds_it(lowered, p
 
 @pytest.mark.parametrize("program", ["kda_fwd", "kda_bwd"])
 def test_without_flags_no_kernel_publishes_or_waits(lowered, program):
-    for k, ptx in lowered[program, False]:
+    for k, ptx in lowered[program, "off"]:
         assert "chunk_flags" not in k.launch and FLAGS_PARAM not in [p.name for p in k.params]
         assert "ld.acquire.gpu" not in ptx and "st.release.gpu" not in ptx
+    # kernels outside a pair are the kernels without flags, byte for byte
+    for (k, ptx), (k_off, ptx_off) in zip(lowered[program, "forward"], lowered[program, "off"]):
+        if "chunk_flags" not in k.launch:
+            assert ptx == ptx_off.replace(k_off.name, k.name)
+
+
+def test_chunk_flags_option_is_checked():
+    from kdagen.codegen.lower.kernel import chunk_flag_directions
+    from kdagen.codegen.lower.plan import LoweringError
+    assert chunk_flag_directions("forward") == {False} and chunk_flag_directions(True) == {
+        False, True} and not chunk_flag_directions("off")
+    with pytest.raises(LoweringError, match="chunk_flags: 'both'.*'forward', 'all' or 'off'"):
+        chunk_flag_directions("both")
+
+
+def test_two_loop_producer_keeps_the_in_order_loop_free_of_flags():
+    """scan_flag_loops=2: one loop waits on every chunk's flag, the other (a null pointer)
+    has no flag code at all; both are unrolled alike."""
+    from kdagen import driver
+    from kdagen.codegen.lower.kernel import lower_program
+    from kdagen.codegen.lower.options import LowerOptions
+    from kdagen.target import TARGETS
+    mod = driver.build_module("kda_bwd", {}, pipeline="chip", chip="sm_90a")
+    ks = lower_program(mod, TARGETS["sm_90a"], options=LowerOptions(
+        path="native", dot="auto", chunk_flags="all", scan_flag_loops=2))
+    (k3,) = [k for k in ks if k.name.endswith("k3_scan3")]
+    ptx = driver.ptx_of(k3.module, TARGETS["sm_90a"], k3.name)
+    loads = ptx.count("cp.async.bulk.tensor.3d.shared::cta.global")
+    acquires = ptx.count("ld.acquire.gpu.global.u32")
+    assert acquires >= 1 and loads > 0
+    # the loads of the wait-free loop: as many copies as in the loop with the waits
+    assert loads % 2 == 0 and k3.cost["producer"].get("flag.wait") == 1
 
 
 class _Obj:

@@ -51,18 +51,21 @@ def _reverse(group) -> bool:
     return bool(group.scans[0].attrs.get("reverse", False))
 
 
-def pair_kernels(prepared: list, is_chunk_kernel, is_register_scan) -> list[tuple[int, int]]:
+def pair_kernels(prepared: list, is_chunk_kernel, is_register_scan,
+                 directions=frozenset({False, True})) -> list[tuple[int, int]]:
     """(producer index, consumer index) of consecutive prepared kernels that may overlap: a
     chunk-parallel kernel (``is_chunk_kernel(pk)``: its path can publish flags) followed by a
     register scan (``is_register_scan(pk)``) of the same direction that reads what the chunk
     kernel writes only through its TMA ring (loaded after the flag wait), and writes nothing
-    the chunk kernel reads or writes. A kernel takes part in at most one pair."""
+    the chunk kernel reads or writes. ``directions``: the scans' ``reverse`` values paired
+    (LowerOptions.chunk_flags). A kernel takes part in at most one pair."""
     pairs, used = [], set()
     for i in range(len(prepared) - 1):
         prod, cons = prepared[i], prepared[i + 1]
         if i in used or not (is_chunk_kernel(prod) and is_register_scan(cons)):
             continue
-        if _reverse(prod.group) != _reverse(cons.group):
+        if (_reverse(prod.group) != _reverse(cons.group)
+                or _reverse(cons.group) not in directions):
             continue
         p_reads, p_writes, _ = kernel_memrefs(prod.group)
         c_reads, c_writes, c_other = kernel_memrefs(cons.group)

@@ -178,12 +178,23 @@ def prepare(program: Program, target: Target | None, prefix: str,
                                 "tma_loads": [s.tensor for s in native.slots]},
                           wgmma_precision="+".join(nat.kernel_precisions(g, opts.dot)))
         out.append(PreparedKernel(kname, g, em, storage, launch, plan))
-    if opts.chunk_flags:
-        _pair_with_flags(out)
+    directions = chunk_flag_directions(opts.chunk_flags)
+    if directions:
+        _pair_with_flags(out, directions)
     return out
 
 
-def _pair_with_flags(prepared: list) -> None:
+def chunk_flag_directions(option) -> frozenset:
+    """The scan directions LowerOptions.chunk_flags pairs: "forward", "all", "off" (and the
+    booleans: true = "all")."""
+    table = {"off": frozenset(), False: frozenset(), "forward": frozenset({False}),
+             "all": frozenset({False, True}), True: frozenset({False, True})}
+    if option not in table:
+        raise LoweringError(f"chunk_flags: {option!r}; use 'forward', 'all' or 'off'")
+    return table[option]
+
+
+def _pair_with_flags(prepared: list, directions: frozenset) -> None:
     """Let each register scan that reads the chunk kernel before it only through its TMA ring
     run beside it (kdagen.codegen.lower.chunk_flags): the chunk kernel publishes a flag per
     chunk, the scan waits for it; the launch entries tell the runtime."""
@@ -191,7 +202,8 @@ def _pair_with_flags(prepared: list) -> None:
         prepared,
         lambda pk: isinstance(pk.emitter, sm90_native.Sm90NativeTileEmitter)
         and pk.group.parallel and len(pk.group.scans) == 1,
-        lambda pk: isinstance(pk.emitter, register_scan.RegisterScanEmitter))
+        lambda pk: isinstance(pk.emitter, register_scan.RegisterScanEmitter),
+        directions)
     for ordinal, (i, j) in enumerate(pairs, start=1):
         prod, cons = prepared[i], prepared[j]
         prod.emitter.publish_flags = True

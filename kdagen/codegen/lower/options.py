@@ -71,8 +71,21 @@ class LowerOptions:
     # a register scan that reads the chunk-parallel kernel before it only through its TMA ring
     # runs beside it: the chunk kernel publishes a flag per chunk once its stores are out, the
     # scan's TMA producer waits for it (kdagen.codegen.lower.chunk_flags), and the runtime
-    # launches the scan on a second stream when its CTAs leave the chunk kernel most SMs
-    chunk_flags: bool = True
+    # launches the scan on a second stream when its CTAs leave the chunk kernel most SMs.
+    # "forward": the pairs whose scan walks the chunks forwards (the forward's state scan, the
+    # backward's recompute scan); "all": the backward's reverse scan beside the dq kernel as
+    # well; "off" (or false). "forward" by default: on the H100 (B1_T8k_H16, one process) "all"
+    # took KDA fwd+bwd 3.990 -> 3.481 ms and GDN 3.390 -> 2.836, but its reverse scans, whose
+    # one-stage ring puts the producer's flag check on the step's path, ran 4.25 -> 5.70 us per
+    # step whenever the runtime runs them in order (scans over half the SMs: B8_T4k_H32, the
+    # varlen mix); scan_flag_loops=2 is the fix, not yet run on a GPU
+    # (bench/results/h100_stop51_ab_flags_b1t8k.log)
+    chunk_flags: str | bool = "forward"
+    # a waiting register scan's producer loop: 1 = one loop, the flag wait under a branch on
+    # the flag pointer each step (GPU-checked, stop 51); 2 = two versions of the loop, with the
+    # waits (a live pointer) and without (null: in order), so the in-order loop is the one
+    # without flags (ptxas unrolls it as before); not yet run on a GPU
+    scan_flag_loops: int = 1
     # emission order of a register scan's step: "program" keeps the IR order; "early" issues
     # each product as soon as its operands allow (register_scan.schedule_step). "program" by
     # default: on the H200 (kda B1_T8k_H16) "early" measured 1.90 vs 1.74 us per forward step

@@ -850,6 +850,12 @@ class RegisterScanEmitter(TileKernelEmitter):
                 flags.wait_published(self.target, p[FLAGS_PARAM], geo.chunk_row(c),
                                      self.flag_value)
                 self.cost.event("flag.wait")
+            elif self.wait_flags and self.opts.scan_flag_loops == 1:
+                # one loop: the wait under a branch on the pointer (null: in order)
+                base = p[FLAGS_PARAM]
+                B.if_then(flags.is_set(base), lambda: flags.wait_published(
+                    self.target, base, geo.chunk_row(c), self.flag_value))
+                self.cost.event("flag.wait")
             bar.mbarrier_wait(self._empty(stage), phase ^ 1)
             bar.mbarrier_arrive_expect_tx(self._full(stage), rp.stage_bytes_tx)
             self.cost.event("mbarrier.wait")
@@ -876,7 +882,9 @@ class RegisterScanEmitter(TileKernelEmitter):
                     tma.tma_load(self.target, dst, maps[s.param], crd, self._full(stage))
                     self.cost.event("tma.load")
             return []
-        if not self.wait_flags:
+        if self.opts.scan_flag_loops not in (1, 2):
+            raise LoweringError(f"scan_flag_loops={self.opts.scan_flag_loops!r}: use 1 or 2")
+        if not self.wait_flags or self.opts.scan_flag_loops == 1:
             B.for_range(0, geo.nchunks, 1, step, trips=CHUNKS)
             return
         # two versions of the loop: with a null flag pointer (the chunk kernel ran before
