@@ -45,6 +45,12 @@
 #               B1_T32k_H16: ab_noflags (chunk_flags=false: every kernel in order on one
 #               stream); bench has them on (KDAGEN_OVERLAP=0 runs its kernels in order);
 #               bench/calls/ab_flags_stop51.sh
+#   ab_flags2   the next A/B (not yet run): ab_flagsfwd (the default, chunk_flags=forward),
+#               ab_flagsall2 (chunk_flags=all scan_flag_loops=2: the
+#               reverse scans beside the dq kernel, their in-order loop free of flag code) at
+#               B1_T8k_H16, B1_T32k_H16 and B8_T4k_H32 (in order there: scans over half the SMs),
+#               ab_noflags at the same configs, and the GPU check's native set with it
+#               (check_flagsall2); bench/calls/ab_flags2.sh
 #
 # Then, for example (carry [".whl", ".gpucarry"]):
 #   bash bench/gpu_run.sh 'KDAGEN_BUNDLE=.bundles/api python3 -m pytest -q tests/test_api_gpu.py'
@@ -138,6 +144,20 @@ for job in "$@"; do
             "$PY" bench/emit_bench_bundle.py .bundles/ab_noflags --path native \
                 --configs B1_T8k_H16,B1_T32k_H16 --set chunk_flags=false
             pack ab_noflags ;;
+        ab_flags2)
+            for name in ab_flagsfwd ab_flagsall2 ab_noflags; do
+                case $name in
+                    ab_flagsfwd) sets=() ;;
+                    ab_flagsall2) sets=(--set chunk_flags=all --set scan_flag_loops=2) ;;
+                    ab_noflags) sets=(--set chunk_flags=off) ;;
+                esac
+                "$PY" bench/emit_bench_bundle.py .bundles/$name --path native \
+                    --configs B1_T8k_H16,B1_T32k_H16,B8_T4k_H32 "${sets[@]}"
+                pack $name
+            done
+            "$PY" -m tools.check_bundle .bundles/check_flagsall2 --set native --pipeline chip \
+                --chips sm_90a --lower chunk_flags=all --lower scan_flag_loops=2
+            pack check_flagsall2 ;;
         ab_banks)
             for spec in "sv:transposed_store_order=stored_vec" "pad:smem_pad_all=true" \
                         "svpad:transposed_store_order=stored_vec smem_pad_all=true"; do

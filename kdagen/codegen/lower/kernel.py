@@ -187,8 +187,9 @@ def prepare(program: Program, target: Target | None, prefix: str,
 def chunk_flag_directions(option) -> frozenset:
     """The scan directions LowerOptions.chunk_flags pairs: "forward", "all", "off" (and the
     booleans: true = "all")."""
-    table = {"off": frozenset(), False: frozenset(), "forward": frozenset({False}),
-             "all": frozenset({False, True}), True: frozenset({False, True})}
+    off, forward, both = frozenset(), frozenset({False}), frozenset({False, True})
+    table = {"off": off, False: off, "false": off, "forward": forward, "all": both,
+             True: both, "true": both}
     if option not in table:
         raise LoweringError(f"chunk_flags: {option!r}; use 'forward', 'all' or 'off'")
     return table[option]
