@@ -42,9 +42,9 @@
 #               (transposed_store_order=stored_vec), ab_pad (smem_pad_all=true), ab_svpad (both),
 #               and the GPU check's native set with both (check_svpad); bench/calls/ab_banks_stop50.sh
 #   ab_flags    stop 51's chunk-ready flags against their ablation at K = 128, B1_T8k_H16 and
-#               B1_T32k_H16: ab_noflags (chunk_flags=false: every kernel in order on one
-#               stream); bench has them on (KDAGEN_OVERLAP=0 runs its kernels in order);
-#               bench/calls/ab_flags_stop51.sh
+#               B1_T32k_H16: ab_flagsall (chunk_flags=all: both of the backward's pairs, what
+#               stop 51 measured) and ab_noflags (chunk_flags=false: every kernel in order on
+#               one stream); bench/calls/ab_flags_stop51.sh
 #   ab_flags2   the next A/B (not yet run): ab_flagsfwd (the default, chunk_flags=forward),
 #               ab_flagsall2 (chunk_flags=all scan_flag_loops=2: the
 #               reverse scans beside the dq kernel, their in-order loop free of flag code) at
@@ -141,6 +141,9 @@ for job in "$@"; do
                 pack "$name"
             done ;;
         ab_flags)
+            "$PY" bench/emit_bench_bundle.py .bundles/ab_flagsall --path native \
+                --configs B1_T8k_H16,B1_T32k_H16 --set chunk_flags=all
+            pack ab_flagsall
             "$PY" bench/emit_bench_bundle.py .bundles/ab_noflags --path native \
                 --configs B1_T8k_H16,B1_T32k_H16 --set chunk_flags=false
             pack ab_noflags ;;
