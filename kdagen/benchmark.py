@@ -289,7 +289,9 @@ def reference_stack() -> dict:
 
 
 def _write_json(path, rows, kernels, device_name) -> None:
-    data = {"rows": rows, "device": device_name, "references": reference_stack()}
+    from kdagen.runtime import launch
+    data = {"rows": rows, "device": device_name, "references": reference_stack(),
+            "kdagen_overlap": launch.OVERLAP}
     if kernels is not None:
         data["kernels"] = kernels
     with open(path, "w") as f:
@@ -379,8 +381,10 @@ def main(argv=None):
         return 2
     device = "cuda"
     device_name = torch.cuda.get_device_name()
-    print("references: " + ", ".join(f"{k} {v or '-'}" for k, v in reference_stack().items()),
-          flush=True)
+    from kdagen.runtime import launch
+    print("references: " + ", ".join(f"{k} {v or '-'}" for k, v in reference_stack().items())
+          + f"; kdagen scans beside their chunk kernels: {'on' if launch.OVERLAP else 'off'} "
+          "(KDAGEN_OVERLAP)", flush=True)
     rows = []
     kernels = [] if args.kernels else None
     for family in args.ops.split(","):
