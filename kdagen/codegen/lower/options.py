@@ -76,9 +76,10 @@ class LowerOptions:
     # backward's recompute scan); "all": the backward's reverse scan beside the dq kernel as
     # well; "off" (or false). "forward" by default: on the H100 (B1_T8k_H16, one process) "all"
     # took KDA fwd+bwd 3.990 -> 3.481 ms and GDN 3.390 -> 2.836, but its reverse scans, whose
-    # one-stage ring puts the producer's flag check on the step's path, ran 4.25 -> 5.70 us per
-    # step whenever the runtime runs them in order (scans over half the SMs: B8_T4k_H32, the
-    # varlen mix); scan_flag_loops=2 is the fix, not yet run on a GPU
+    # one-stage ring puts the producer on the step's path, ran 4.25 -> 5.70 us per step when
+    # the runtime runs them in order (as it does where the scans take over half the SMs:
+    # B8_T4k_H32, the varlen mix), their producer loop no longer unrolled (PTX);
+    # scan_flag_loops=2 is the candidate fix, not yet run on a GPU
     # (bench/results/h100_stop51_ab_flags_b1t8k.log)
     chunk_flags: str | bool = "forward"
     # a waiting register scan's producer loop: 1 = one loop, the flag wait under a branch on

@@ -888,9 +888,10 @@ class RegisterScanEmitter(TileKernelEmitter):
             B.for_range(0, geo.nchunks, 1, step, trips=CHUNKS)
             return
         # two versions of the loop: with a null flag pointer (the chunk kernel ran before
-        # this one) the loop without the waits, as without flags. One loop with the wait
-        # under a branch was not unrolled any more and took the H100's reverse scans from
-        # 4.25 to 5.70 us per step in order (bench/results/h100_stop51_ab_flags_b1t8k.log)
+        # this one) the loop without the waits, as without flags. With one loop and the wait
+        # under a branch, the loop was no longer unrolled (PTX) and the H100's reverse scans
+        # ran 4.25 -> 5.70 us per step in order (bench/results/h100_stop51_ab_flags_b1t8k.log);
+        # these two loops are the candidate fix (LowerOptions.scan_flag_loops), not yet GPU-run
         live = flags.is_set(p[FLAGS_PARAM])
         B.if_then(live, lambda: B.for_range(0, geo.nchunks, 1,
                                             lambda it, *a: step(it, *a, wait=True),
