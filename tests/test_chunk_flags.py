@@ -134,12 +134,6 @@ def _kernel(reads=(), ring=(), writes=(), reverse=False, parallel=True):
 _MEMS: dict = {}
 
 
-@pytest.fixture(autouse=True)
-def _walk(monkeypatch):
-    from kdagen.codegen.lower import chunk_flags
-    monkeypatch.setattr(chunk_flags, "walk", lambda body: list(body.nodes))
-
-
 def _pairs(*kernels):
     return pair_kernels(list(kernels), lambda k: k.kind == "chunk", lambda k: k.kind == "scan")
 

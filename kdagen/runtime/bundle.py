@@ -114,6 +114,10 @@ import secrets
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+#: the kernel parameter of a pair's chunk-ready flags (launch ``chunk_flags``; written by
+#: kdagen.codegen.lower.chunk_flags, filled by kdagen.runtime.launch)
+FLAGS_PARAM = "chunk_flags"
+
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
 

@@ -39,12 +39,9 @@ from pathlib import Path
 import torch
 
 from . import chips
-from .bundle import LOWERED, KernelEntry
+from .bundle import FLAGS_PARAM, LOWERED, KernelEntry
 from .loader import KernelLibrary
 from .tensormap import MapSpec, tensor_map, tensor_map_bytes
-
-#: the chunk-ready flags' kernel parameter (kdagen.codegen.lower.chunk_flags.FLAGS_PARAM)
-FLAGS_PARAM = "chunk_flags"
 
 _TORCH_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32,
                  "i64": torch.int64, "i32": torch.int32}

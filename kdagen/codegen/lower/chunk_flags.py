@@ -17,14 +17,12 @@ publishes and which waits (``launch["chunk_flags"]``), which the runtime reads.
 """
 from __future__ import annotations
 
+from kdagen.runtime.bundle import FLAGS_PARAM
+
 from .plan import LOAD_OPS, STORE_OPS
 from .program import walk
 
 __all__ = ["FLAGS_PARAM", "pair_kernels", "kernel_memrefs"]
-
-#: the kernel parameter (i32 [total chunk rows, HV], zero before the publishing kernel starts)
-FLAGS_PARAM = "chunk_flags"
-
 
 def kernel_memrefs(group) -> tuple[set, set, set]:
     """(memrefs the kernel reads, memrefs it writes, the read memrefs that some read reaches

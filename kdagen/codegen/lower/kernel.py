@@ -93,6 +93,9 @@ def prepare(program: Program, target: Target | None, prefix: str,
     if opts.tensormap_params not in TENSORMAP_PARAMS:
         raise LoweringError(f"tensormap_params: {opts.tensormap_params!r}; use one of "
                             f"{', '.join(map(repr, TENSORMAP_PARAMS))}")
+    directions = chunk_flag_directions(opts.chunk_flags)
+    if opts.scan_flag_loops not in (1, 2):
+        raise LoweringError(f"scan_flag_loops={opts.scan_flag_loops!r}: use 1 or 2")
     out = []
     groups = group_kernels(program, opts.split_scans)
     register_plans = _register_scan_plans(program, groups, target, opts)
@@ -178,7 +181,6 @@ def prepare(program: Program, target: Target | None, prefix: str,
                                 "tma_loads": [s.tensor for s in native.slots]},
                           wgmma_precision="+".join(nat.kernel_precisions(g, opts.dot)))
         out.append(PreparedKernel(kname, g, em, storage, launch, plan))
-    directions = chunk_flag_directions(opts.chunk_flags)
     if directions:
         _pair_with_flags(out, directions)
     return out

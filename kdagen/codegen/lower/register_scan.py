@@ -844,17 +844,17 @@ class RegisterScanEmitter(TileKernelEmitter):
         def step(it, *_, wait=False):
             c = self._chunk(it)
             stage, phase = self._stage(it)
-            if wait:
-                # the chunk kernel running beside this one has stored chunk c
-                # (kdagen.codegen.lower.chunk_flags)
+            # the chunk kernel running beside this one has stored chunk c
+            # (kdagen.codegen.lower.chunk_flags)
+            def wait_for_chunk():
                 flags.wait_published(self.target, p[FLAGS_PARAM], geo.chunk_row(c),
                                      self.flag_value)
+            if wait:
+                wait_for_chunk()
                 self.cost.event("flag.wait")
             elif self.wait_flags and self.opts.scan_flag_loops == 1:
                 # one loop: the wait under a branch on the pointer (null: in order)
-                base = p[FLAGS_PARAM]
-                B.if_then(flags.is_set(base), lambda: flags.wait_published(
-                    self.target, base, geo.chunk_row(c), self.flag_value))
+                B.if_then(flags.is_set(p[FLAGS_PARAM]), wait_for_chunk)
                 self.cost.event("flag.wait")
             bar.mbarrier_wait(self._empty(stage), phase ^ 1)
             bar.mbarrier_arrive_expect_tx(self._full(stage), rp.stage_bytes_tx)
@@ -882,8 +882,6 @@ class RegisterScanEmitter(TileKernelEmitter):
                     tma.tma_load(self.target, dst, maps[s.param], crd, self._full(stage))
                     self.cost.event("tma.load")
             return []
-        if self.opts.scan_flag_loops not in (1, 2):
-            raise LoweringError(f"scan_flag_loops={self.opts.scan_flag_loops!r}: use 1 or 2")
         if not self.wait_flags or self.opts.scan_flag_loops == 1:
             B.for_range(0, geo.nchunks, 1, step, trips=CHUNKS)
             return
