@@ -45,6 +45,9 @@
 #               B1_T32k_H16: ab_flagsall (chunk_flags=all: both of the backward's pairs, what
 #               stop 51 measured) and ab_noflags (chunk_flags=false: every kernel in order on
 #               one stream); bench/calls/ab_flags_stop51.sh
+#   ab_wait     scans that wait for their wgmma groups where ptxas would (scan_group_wait):
+#               ab_waitfwd (default), ab_waitall (chunk_flags=all), ab_nowait (off), and the
+#               GPU check with chunk_flags=all (check_waitall); bench/calls/ab_wait.sh
 #   ab_flags2   the next A/B (not yet run): ab_flagsfwd (the default, chunk_flags=forward),
 #               ab_flagsall2 (chunk_flags=all scan_flag_loops=2: the
 #               reverse scans beside the dq kernel, their in-order loop free of flag code) at
@@ -161,6 +164,20 @@ for job in "$@"; do
             "$PY" -m tools.check_bundle .bundles/check_flagsall2 --set native --pipeline chip \
                 --chips sm_90a --lower chunk_flags=all --lower scan_flag_loops=2
             pack check_flagsall2 ;;
+        ab_wait)
+            for name in ab_waitfwd ab_waitall ab_nowait; do
+                case $name in
+                    ab_waitfwd) sets=() ;;
+                    ab_waitall) sets=(--set chunk_flags=all) ;;
+                    ab_nowait) sets=(--set scan_group_wait=false) ;;
+                esac
+                "$PY" bench/emit_bench_bundle.py .bundles/$name --path native \
+                    --configs B1_T8k_H16,B1_T32k_H16,B8_T4k_H32 "${sets[@]}"
+                pack $name
+            done
+            "$PY" -m tools.check_bundle .bundles/check_waitall --set native --pipeline chip \
+                --chips sm_90a --lower chunk_flags=all
+            pack check_waitall ;;
         ab_banks)
             for spec in "sv:transposed_store_order=stored_vec" "pad:smem_pad_all=true" \
                         "svpad:transposed_store_order=stored_vec smem_pad_all=true"; do

@@ -74,18 +74,20 @@ class LowerOptions:
     # launches the scan on a second stream when its CTAs leave the chunk kernel most SMs.
     # "forward": the pairs whose scan walks the chunks forwards (the forward's state scan, the
     # backward's recompute scan); "all": the backward's reverse scan beside the dq kernel as
-    # well; "off" (or false). "forward" by default: on the H100 (B1_T8k_H16, one process) "all"
-    # took KDA fwd+bwd 3.990 -> 3.481 ms and GDN 3.390 -> 2.836, but its reverse scans, whose
-    # one-stage ring puts the producer on the step's path, ran 4.25 -> 5.70 us per step when
-    # the runtime runs them in order (as it does where the scans take over half the SMs:
-    # B8_T4k_H32, the varlen mix), their producer loop no longer unrolled (PTX);
-    # scan_flag_loops=2 is the candidate fix, not yet run on a GPU
-    # (bench/results/h100_stop51_ab_flags_b1t8k.log)
-    chunk_flags: str | bool = "forward"
+    # well; "off" (or false). "all" by default. Stop 51's "all" slowed the reverse scans run
+    # in order 4.23 -> 5.60 us per step: ptxas serialised their wgmma (C7518) once the flag
+    # waits put the wait it inserts on a divergent path; the scans now wait where ptxas would
+    # (scan_group_wait). With that, on the H100 (one process): in order 4.29 vs 4.23 us per
+    # reverse step (KDA B1_T8k_H16), B8_T4k_H32 (scans in order) unchanged, B1_T32k_H16
+    # fwd+bwd KDA 14.34 -> 13.24 ms and GDN 11.89 -> 10.77 against "forward"; GPU check 574 ok
+    # (bench/results/h100_stop52_ab_wait_*)
+    chunk_flags: str | bool = "all"
     # a waiting register scan's producer loop: 1 = one loop, the flag wait under a branch on
     # the flag pointer each step (GPU-checked, stop 51); 2 = two versions of the loop, with the
     # waits (a live pointer) and without (null: in order), so the in-order loop is the one
-    # without flags (ptxas unrolls it as before); not yet run on a GPU
+    # without flags (ptxas unrolls it as before). 1 by default: 2 took the reverse scans from
+    # 4.06 to 5.60 us per step in order like 1 did (the cause was C7518, not the loop; H200,
+    # bench/results/h200_stop52_ab_flags2_*), and now spills 8 bytes in kda_bwd's reverse scan
     scan_flag_loops: int = 1
     # emission order of a register scan's step: "program" keeps the IR order; "early" issues
     # each product as soon as its operands allow (register_scan.schedule_step). "program" by
@@ -106,6 +108,10 @@ class LowerOptions:
     # (0: all of a product's). 4: packing all 8 blocks of a 128-deep product first spilled
     # 16 bytes in kda_bwd's reverse scan (ptxas, sm_90a); 2 or 4 blocks per fence, none
     scan_a_group: int = 4
+    # commit and wait for a bf16x3 product's earlier fence groups before packing the next
+    # group's A (False: one commit per product; ptxas then inserts the wait itself, and with a
+    # flag-waiting producer in the kernel serialises all its wgmma, C7518)
+    scan_group_wait: bool = True
     # chunk-kernel stores of a workspace tile its reader wants transposed
     # (MemRef.transposed): "stored" walks the stored order (coalesced global stores; the
     # tile, or what it is computed from, is read down its columns), "stored_vec" too, a thread

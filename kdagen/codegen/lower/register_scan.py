@@ -926,6 +926,7 @@ class RegisterScanEmitter(TileKernelEmitter):
                            for st in rp.stores}
         self.elected = B.icmp("eq", tid, 0)
         self._groups = self._completed = 0      # wgmma groups committed / known complete
+        self._a_reads = {}      # id(Frag) -> the last group whose TF32 A came from its registers
 
         def step(it, *carried):
             c = self._chunk(it)
@@ -1121,6 +1122,7 @@ class RegisterScanEmitter(TileKernelEmitter):
                 x = env.get(o)
                 if isinstance(x, (Frag, _Pending)):
                     rows, row0 = x.rows, x.row0        # a state slice stays one
+            self._await_a_reads(n.operands)
             ops = [self._elementwise_operand(o, rows, row0) for o in n.operands]
             f = {"kda.add": B.add, "kda.sub": B.sub, "kda.mul": B.mul}.get(op)
             if op == "kda.neg":
@@ -1132,6 +1134,19 @@ class RegisterScanEmitter(TileKernelEmitter):
             self._store_chunk(n)
         else:
             raise LoweringError(f"register scan: {op}")
+
+    def _await_a_reads(self, operands) -> None:
+        """Wait for the wgmma groups that read an operand's registers as TF32 A before an
+        element-wise op on it: its result may take those registers, and ptxas inserts that
+        wait itself (C7517), or, where a flag-waiting producer puts it on a divergent path,
+        serialises every wgmma of the kernel (C7518)."""
+        if not self.opts.scan_group_wait:
+            return
+        group = max((self._a_reads.get(id(self.env.get(o)), 0) for o in operands), default=0)
+        if group > self._completed:
+            wgmma.wgmma_wait(self.target, self._groups - group)
+            self.cost.event("wgmma.wait")
+            self._completed = group
 
     def _elementwise_operand(self, v, rows, row0=None) -> list:
         x = self.env[v]
@@ -1233,6 +1248,8 @@ class RegisterScanEmitter(TileKernelEmitter):
         wgmma.wgmma_commit(self.target)
         self.cost.event("wgmma.commit")
         self._groups += 1
+        if rp.precision != "bf16x3":            # bf16x3 packs A into new registers
+            self._a_reads[id(X)] = self._groups
         pending = _Pending(rows, acc, row0, self._groups)
         env[n.results[0]] = pending
         if partial:
@@ -1251,6 +1268,19 @@ class RegisterScanEmitter(TileKernelEmitter):
         b_lo = wgmma.k_block_descriptors(lay, base32 + part_bytes, blocks, BF16_K)
         group = self.opts.scan_a_group or blocks
         for k0 in range(0, blocks, group):
+            if k0 and self.opts.scan_group_wait:
+                # A packed from X after earlier blocks' wgmma are issued: ptxas waits for them
+                # there anyway (C7517), and where it must place that wait on a divergent path
+                # (a producer with flag waits) it serialises every wgmma of the kernel (C7518:
+                # kda_bwd's reverse scan 4.06 -> 5.60 us/step, H200). Committing and waiting
+                # here says so in the PTX.
+                wgmma.wgmma_commit(self.target)
+                self.cost.event("wgmma.commit")
+                self._groups += 1
+                wgmma.wgmma_wait(self.target, 0)
+                self.cost.event("wgmma.wait")
+                self._completed = self._groups
+                acc = wgmma.fence_accumulators(acc)
             a_parts = []
             for kb in range(k0, min(blocks, k0 + group)):
                 pairs = [bf16_split_pack(*(X.values[r] for r in acc_regs_for_half_a(kb, j)))
