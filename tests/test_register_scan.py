@@ -503,3 +503,50 @@ def test_tensor_map_of_two_parts_doubles_the_tile_rows():
     assert _map_key(ws, spec_t, "kr")[2] == (24, 256, 64)
     with pytest.raises(TensorMapError, match="two 16-bit parts of an f32 tensor"):
         _map_key(ws.to(torch.bfloat16), spec, "w")
+
+
+@pytest.mark.skipif(shutil.which("ptxas") is None, reason="needs ptxas")
+@pytest.mark.parametrize("program", ["kda_bwd", "gdn_bwd"])
+def test_slot_barriers_refill_a_one_stage_ring_slot_by_slot(program):
+    """scan_slot_barriers: the reverse scan (a one-stage ring) takes a full and an empty
+    barrier per slot; the producer refills the slots in the order the step frees them, each
+    with its own byte count; the step releases the slot its first products read once their
+    group completes, before the products that read the others are issued; the kernel
+    assembles without spills or serialised wgmma. The other scans keep their stage
+    barriers."""
+    from kdagen import driver
+    from kdagen.codegen import ptxas
+    from kdagen.codegen.lower.kernel import lower_program, prepare
+    from kdagen.codegen.lower.options import LowerOptions
+    from kdagen.codegen.lower.program import read_program
+    from kdagen.target import TARGETS
+    t = TARGETS["sm_90a"]
+    mod = driver.build_module(program, {}, pipeline="chip", chip="sm_90a")
+    opts = LowerOptions(path="native", dot="auto", scan_slot_barriers=True)
+    scans = [pk for pk in prepare(read_program(mod), t, program, opts)
+             if getattr(pk.emitter, "rplan", None) is not None]
+    assert len(scans) == 2
+    by_depth = {pk.emitter.rplan.depth: pk for pk in scans}
+    assert set(by_depth) == {1, 2}
+    assert not by_depth[2].emitter.rplan.slot_barriers
+    em = by_depth[1].emitter
+    rp = em.rplan
+    assert rp.slot_barriers and rp.barrier_pairs == len(rp.slots) > 2
+    order = em._refill_order()
+    assert sorted(order) == list(range(len(rp.slots)))
+    k = [k for k in lower_program(mod, t, options=opts)
+         if k.name.endswith(by_depth[1].name.split("__")[-1])][0]
+    ptx = driver.ptx_of(k.module, t, k.name)
+    # the producer: one expect_tx per slot with that slot's bytes, in the refill order
+    expect = re.findall(r"mbarrier\.arrive\.expect_tx\.shared\.b64 %rd\d+, "
+                        r"\[__kdagen_dyn_smem\+(\d+)\], %r\d+;", ptx)
+    full = [rp.barrier_offset + 8 * i for i in order]
+    assert [int(x) for x in expect] == full
+    # the consumer: a mid-step release (an arrive on an empty barrier between wgmma groups)
+    body = ptx[ptx.index("setmaxnreg.inc"):]
+    first_commit, last_commit = body.index("wgmma.commit_group"), body.rindex("wgmma.commit_group")
+    mid = body[first_commit:last_commit]
+    assert "mbarrier.arrive.shared.b64" in mid
+    r = ptxas.assemble(ptx, "sm_90a", ptxas.find_ptxas())
+    assert r.ok and "0 bytes spill stores" in r.log, r.log
+    assert "C7517" not in r.log and "C7518" not in r.log, r.log

@@ -96,6 +96,9 @@ def prepare(program: Program, target: Target | None, prefix: str,
     directions = chunk_flag_directions(opts.chunk_flags)
     if opts.scan_flag_loops not in (1, 2):
         raise LoweringError(f"scan_flag_loops={opts.scan_flag_loops!r}: use 1 or 2")
+    if opts.scan_slot_acquire not in ("start", "first_read"):
+        raise LoweringError(f"scan_slot_acquire: {opts.scan_slot_acquire!r}; use 'start' or "
+                            "'first_read'")
     out = []
     groups = group_kernels(program, opts.split_scans)
     register_plans = _register_scan_plans(program, groups, target, opts)
@@ -335,7 +338,8 @@ def _register_scan_plans(program: Program, groups: list, target: Target | None,
             rp = register_scan.match(program, g, target,
                                      (target.smem_per_block or 0) - opts.smem_reserve,
                                      opts.scan_warpgroups, opts.scan_k_split,
-                                     opts.scan_tma_stores, opts.dot)
+                                     opts.scan_tma_stores, opts.dot,
+                                     opts.scan_slot_barriers)
         except register_scan.NoMatch:
             continue
         if any(readers.get(ws, set()) - {g.index} for ws in rp.workspace_storage()):

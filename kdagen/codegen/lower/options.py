@@ -68,6 +68,16 @@ class LowerOptions:
     # checkpoints of a register scan's carried value through a shared staging tile and TMA
     # stores (register_scan.StoreSlot); False: per-thread global stores (ablation)
     scan_tma_stores: bool = True
+    # a register scan whose ring has one stage (the reverse scans: a stage does not fit twice)
+    # gets a full and an empty barrier per slot, so each slot's refill for the next chunk
+    # starts when this step's last read of it completes, not when the step ends (the cost
+    # model's exposed refill, 1.36 of kda_bwd's 4.02 us per reverse step)
+    scan_slot_barriers: bool = False
+    # where a step with slot barriers waits for a slot's load: "start" (every slot at the
+    # step's start) or "first_read" (before its first read, so a step can begin while the
+    # slots it reads late still load; mid-step waits made ptxas spill 92 bytes in kda_bwd's
+    # reverse scan and 4 in gdn_bwd's)
+    scan_slot_acquire: str = "start"
     # a register scan that reads the chunk-parallel kernel before it only through its TMA ring
     # runs beside it: the chunk kernel publishes a flag per chunk once its stores are out, the
     # scan's TMA producer waits for it (kdagen.codegen.lower.chunk_flags), and the runtime

@@ -221,6 +221,10 @@ class RegisterScanPlan:
     exchanges: dict = field(default_factory=dict)     # partial product -> slot it meets in
     stores: list = field(default_factory=list)        # checkpoints stored by TMA (StoreSlot)
     precision: str = "tf32"      # of every product (SCAN_PRECISIONS)
+    # a one-stage ring with a full and an empty barrier per slot, not per stage: each slot is
+    # refilled for the next chunk as soon as this step's last read of it completes, so the
+    # refill overlaps the rest of the step (`RegisterScanEmitter._release_slots`)
+    slot_barriers: bool = False
 
     @property
     def natural_order(self) -> bool:
@@ -241,8 +245,13 @@ class RegisterScanPlan:
         return self.ring_bytes
 
     @property
+    def barrier_pairs(self) -> int:
+        """Full/empty mbarrier pairs: one per ring stage, or one per slot."""
+        return len(self.slots) if self.slot_barriers else self.depth
+
+    @property
     def smem_bytes(self) -> int:
-        end = self.ring_bytes + 16 * self.depth
+        end = self.ring_bytes + 16 * self.barrier_pairs
         for st in self.stores:
             end = max(end, st.offset + st.nbytes)
         return end
@@ -408,7 +417,7 @@ def _source(v):
 
 def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT,
           warpgroups: int = 1, k_split: int = 1, tma_stores: bool = True,
-          dot: str = "auto") -> RegisterScanPlan:
+          dot: str = "auto", slot_barriers: bool = False) -> RegisterScanPlan:
     """The plan of ``group`` on this path; raises `NoMatch` with the reason when it does not fit.
     ``warpgroups``: value blocks per CTA, one consumer warpgroup each (the value columns are
     split over V / (64·warpgroups) CTAs per head). ``k_split``: consumer warpgroups sharing one
@@ -416,7 +425,9 @@ def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT,
     allows it, else 1). ``tma_stores``: checkpoints of the carried value go through a shared
     staging tile and TMA stores (`StoreSlot`) where it fits. ``dot``: the lowering's product
     precision option (`options.product_precision`); the scan's products must agree on one of
-    :data:`SCAN_PRECISIONS`."""
+    :data:`SCAN_PRECISIONS`. ``slot_barriers``: a one-stage ring (what does not fit twice) takes
+    a barrier pair per slot (`RegisterScanPlan.slot_barriers`; not with a K split, whose
+    partial sums go through ring tiles)."""
     if target is None or not all(getattr(target, c) for c in ("has_wgmma", "has_tma", "has_setmaxnreg")):
         raise NoMatch("the chip lacks wgmma, TMA or setmaxnreg")
     if group.kind != "tile" or group.parallel or len(group.scans) != 1:
@@ -543,6 +554,9 @@ def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT,
             _plan_k_split(plan, carried, k_split)
         except NoMatch:
             plan.k_split, plan.split_values, plan.exchanges = 1, set(), {}
+    plan.slot_barriers = bool(slot_barriers and plan.depth == 1 and not plan.exchanges)
+    if plan.smem_bytes > smem_limit:
+        plan.slot_barriers = False
     if tma_stores:
         _plan_checkpoint_stores(plan, carried, smem_limit)
     return plan
@@ -554,7 +568,7 @@ def _plan_checkpoint_stores(plan: RegisterScanPlan, carried, smem_limit: int) ->
     staging v' as well measured slower on the H200 (kda B1_T8k_H16 forward step 2.00 vs 1.75
     us: its wait for the first copy and two more barriers cost more than its 32 global stores,
     which overlap the second product)."""
-    end = -(-(plan.ring_bytes + 16 * plan.depth) // 1024) * 1024
+    end = -(-(plan.ring_bytes + 16 * plan.barrier_pairs) // 1024) * 1024
     for n in plan.scan.body.nodes:
         if n.op != "kda.store_chunk" or n.operands[2] is not carried:
             continue
@@ -672,6 +686,23 @@ def _elementwise_source(v, slot_of):
     slot_of(v)
 
 
+def _ring_reads(n, slot_of: dict) -> list:
+    """The ring slots node ``n`` of a scan step reads: a product's B operand, an element-wise
+    op's ring tiles and broadcast ring vectors (`_elementwise_source`)."""
+    def slot(v):
+        src = _source(v)
+        if src.owner is not None and src.owner.op == "kda.broadcast":
+            src = _source(src.owner.operands[0])
+        return slot_of.get(src.owner) if src.owner is not None else None
+    if n.op == "kda.dot":
+        operands = n.operands[:1]
+    elif n.op in _ELEMENTWISE:
+        operands = n.operands
+    else:
+        return []
+    return [s for s in (slot(o) for o in operands) if s is not None]
+
+
 # ------------------------------------------------------------------------------------------
 # emission
 # ------------------------------------------------------------------------------------------
@@ -775,7 +806,7 @@ class RegisterScanEmitter(TileKernelEmitter):
                                                      smem_mod.DYNAMIC_SMEM_SYMBOL)
 
                 def init():
-                    for s in range(rp.depth):
+                    for s in range(rp.barrier_pairs):
                         bar.mbarrier_init(self._full(s), 1)
                         bar.mbarrier_init(self._empty(s), nconsumer)
                     bar.fence_mbarrier_init()
@@ -816,7 +847,37 @@ class RegisterScanEmitter(TileKernelEmitter):
         return _DynBarrier(self.smem_base, self.rplan.barrier_offset + 8 * stage)
 
     def _empty(self, stage):
-        return _DynBarrier(self.smem_base, self.rplan.barrier_offset + 8 * (self.rplan.depth + stage))
+        return _DynBarrier(self.smem_base,
+                           self.rplan.barrier_offset + 8 * (self.rplan.barrier_pairs + stage))
+
+    def _step_order(self, body) -> tuple:
+        """(the checkpoint stores emitted first, the rest of a step's nodes in emission
+        order); the same every step."""
+        nodes = body.nodes[:-1]
+        # checkpoints of the carried value go first: stored after the first product is issued,
+        # ptxas waits for that product before the stores (C7517) and nothing overlaps
+        early = [n for n in nodes if n.op == "kda.store_chunk" and n.operands[2] is body.args[1]]
+        order = schedule_step(nodes, body.args[1], early) if self.opts.scan_schedule == "early" \
+            else [n for n in nodes if n not in early]
+        return early, order
+
+    def _last_reads(self) -> dict:
+        """{slot index: the step node (emission order) that reads it last}."""
+        index = {id(s): i for i, s in enumerate(self.rplan.slots)}
+        last = {}
+        for n in self._step_order(self.rplan.scan.body)[1]:
+            for s in _ring_reads(n, self.slot_of):
+                last[index[id(s)]] = n
+        return last
+
+    def _refill_order(self) -> list:
+        """Slot indices in the order a step frees them (slot barriers: the producer refills
+        them in that order); slots no node reads last."""
+        order = self._step_order(self.rplan.scan.body)[1]
+        pos = {id(n): i for i, n in enumerate(order)}
+        last = self._last_reads()
+        return sorted(range(len(self.rplan.slots)),
+                      key=lambda i: pos[id(last[i])] if i in last else len(order))
 
     def _stage(self, it):
         d = self.rplan.depth
@@ -856,11 +917,19 @@ class RegisterScanEmitter(TileKernelEmitter):
                 # one loop: the wait under a branch on the pointer (null: in order)
                 B.if_then(flags.is_set(p[FLAGS_PARAM]), wait_for_chunk)
                 self.cost.event("flag.wait")
-            bar.mbarrier_wait(self._empty(stage), phase ^ 1)
-            bar.mbarrier_arrive_expect_tx(self._full(stage), rp.stage_bytes_tx)
-            self.cost.event("mbarrier.wait")
-            self.cost.event("mbarrier.arrive")
-            for s in rp.slots:
+            if not rp.slot_barriers:
+                bar.mbarrier_wait(self._empty(stage), phase ^ 1)
+                bar.mbarrier_arrive_expect_tx(self._full(stage), rp.stage_bytes_tx)
+                self.cost.event("mbarrier.wait")
+                self.cost.event("mbarrier.arrive")
+            for i in (self._refill_order() if rp.slot_barriers else range(len(rp.slots))):
+                s = rp.slots[i]
+                if rp.slot_barriers:    # refill the slot once this step's reads of it are done
+                    bar.mbarrier_wait(self._empty(i), phase ^ 1)
+                    bar.mbarrier_arrive_expect_tx(self._full(i), s.nbytes)
+                    self.cost.event("mbarrier.wait")
+                    self.cost.event("mbarrier.arrive")
+                full = self._full(i) if rp.slot_barriers else self._full(stage)
                 lay = s.layout
                 panels = lay.num_panels if lay is not None else 1
                 for part, pn in [(part, pn) for part in range(s.parts) for pn in range(panels)]:
@@ -879,7 +948,7 @@ class RegisterScanEmitter(TileKernelEmitter):
                         crd = [inner, part * s.smem_shape[0], B.narrow(geo.chunk_row(c))]
                     else:
                         crd = [inner] + [0] * (len(s.box()) - 2) + [B.narrow(geo.chunk_row(c))]
-                    tma.tma_load(self.target, dst, maps[s.param], crd, self._full(stage))
+                    tma.tma_load(self.target, dst, maps[s.param], crd, full)
                     self.cost.event("tma.load")
             return []
         if not self.wait_flags or self.opts.scan_flag_loops == 1:
@@ -932,17 +1001,20 @@ class RegisterScanEmitter(TileKernelEmitter):
             c = self._chunk(it)
             stage, phase = self._stage(it)
             with self.cost.chunk_step():
-                bar.mbarrier_wait(self._full(stage), phase)
-                self.cost.event("mbarrier.wait")
-                if rp.depth == 1:     # this step's loads started only when the last one ended
-                    self.cost.event("ring.refill_bytes", rp.stage_bytes_tx)
+                self._phase_now = phase
+                if not rp.slot_barriers:
+                    bar.mbarrier_wait(self._full(stage), phase)
+                    self.cost.event("mbarrier.wait")
+                    if rp.depth == 1:   # this step's loads started only when the last one ended
+                        self.cost.event("ring.refill_bytes", rp.stage_bytes_tx)
                 out = self._step(body, c, stage, Frag(self.k_local, list(carried), self.row0))
                 if rp.exchanges:
                     # the partial sums were written (generic proxy) into ring tiles TMA refills
                     bar.fence_proxy_async_shared()
                     self.cost.event("fence.proxy.async")
-                bar.mbarrier_arrive(self._empty(stage))
-                self.cost.event("mbarrier.arrive")
+                if not rp.slot_barriers:
+                    bar.mbarrier_arrive(self._empty(stage))
+                    self.cost.event("mbarrier.arrive")
             return out.values
         final = B.for_range(0, geo.nchunks, 1, step, init.values, trips=CHUNKS)
         if rp.stores:     # the last checkpoints are in flight: finish them before exiting
@@ -1032,18 +1104,65 @@ class RegisterScanEmitter(TileKernelEmitter):
         env[body.args[1]] = carried
         self._carried_arg = body.args[1]
         self._c, self._stage_now = c, stage
-        nodes = body.nodes[:-1]
-        # checkpoints of the carried value go first: stored after the first product is issued,
-        # ptxas waits for that product before the stores (C7517) and nothing overlaps
-        early = [n for n in nodes if n.op == "kda.store_chunk" and n.operands[2] is body.args[1]]
+        early, order = self._step_order(body)
         self._early = list(early)
         self._flush_early()
-        order = schedule_step(nodes, body.args[1], early) if self.opts.scan_schedule == "early" \
-            else [n for n in nodes if n not in early]
+        slots = self.rplan.slots if self.rplan.slot_barriers else []
+        self._acquired, self._released, self._releasing = set(), set(), []
+        last = self._last_reads() if slots else {}
+        if slots and self.opts.scan_slot_acquire == "start":
+            for s in slots:
+                self._slot_base(s)
         for n in order:
             self._node(n)
+            for i, reader in last.items():
+                # a product's reads end when its group completes: the slot is released after
+                # that wait; a slot read element-wise last is released at the step's end (an
+                # arrive between the ops there kept values live across it: gdn_bwd spilled)
+                if reader is n and n.op == "kda.dot":
+                    self._releasing.append((i, self._groups))
+            self._release_slots()
         self._flush_early()
-        return self._ready(env[body.nodes[-1].operands[0]])
+        out = self._ready(env[body.nodes[-1].operands[0]])
+        if slots:
+            pending = max((g for _, g in self._releasing), default=0)
+            if pending > self._completed:
+                wgmma.wgmma_wait(self.target, self._groups - pending)
+                self.cost.event("wgmma.wait")
+                self._completed = pending
+            self._releasing += [(i, 0) for i in range(len(slots))
+                                if i not in self._released and i not in
+                                {j for j, _ in self._releasing}]
+            self._release_slots()
+        return out
+
+    def _slot_base(self, slot) -> int:
+        """Byte offset of ``slot``'s tile in this step's stage; with slot barriers, wait for its
+        load first (once per step) and refuse a read after the step released the slot."""
+        if self.rplan.slot_barriers:
+            i = next(k for k, s in enumerate(self.rplan.slots) if s is slot)
+            if i in self._released:
+                raise LoweringError(f"register scan: {slot.tensor} read after its ring slot "
+                                    f"was released for the next chunk")
+            if i not in self._acquired:
+                bar.mbarrier_wait(self._full(i), self._phase_now)
+                self.cost.event("mbarrier.wait")
+                self._acquired.add(i)
+        return self._tile_offset(slot, self._stage_now)
+
+    def _release_slots(self) -> None:
+        """Arrive on the empty barrier of each slot whose last read in this step is done (a
+        product's, once its wgmma group completed), so the producer refills it for the next
+        chunk while the step goes on."""
+        keep = []
+        for i, group in self._releasing:
+            if group > self._completed:
+                keep.append((i, group))
+                continue
+            bar.mbarrier_arrive(self._empty(i))
+            self.cost.event("mbarrier.arrive")
+            self._released.add(i)
+        self._releasing = keep
 
     def _flush_early(self):
         for n in self._early:
@@ -1164,7 +1283,7 @@ class RegisterScanEmitter(TileKernelEmitter):
                 s = s[1] if isinstance(s, tuple) else s
                 return [s] * (rows // 2)
             _, slot = self.env[src]
-            first = self._tile_offset(slot, self._stage_now) // ELEM_BYTES[slot.elt]
+            first = self._slot_base(slot) // ELEM_BYTES[slot.elt]
             if row0 is not None:
                 first = row0 + first
             cache, out = {}, []
@@ -1186,7 +1305,7 @@ class RegisterScanEmitter(TileKernelEmitter):
         if row0 is not None:
             t = t + row0
         col0 = self.v0 - self.cta_v0 if slot.v_cols else self.v0
-        first = self._tile_offset(slot, self._stage_now) // ELEM_BYTES[slot.elt]
+        first = self._slot_base(slot) // ELEM_BYTES[slot.elt]
         ptr = B.gep(self.smem_base, first + t * cols + col0 + self.warp * 16 + g, slot.elt)
         vals = []
         for i in range(rows // 2):
@@ -1235,7 +1354,7 @@ class RegisterScanEmitter(TileKernelEmitter):
                 init, fuse = self._ready(y).values, add
         acc = list(init) if init is not None else [B.f(0.0)] * (rows // 2)
         lay = slot.layout
-        base = self._tile_offset(slot, self._stage_now)
+        base = self._slot_base(slot)
         base32 = shared_addr32(byte_gep(self.smem_base, base, shared_ptr_type()))
         if partial:
             base32 = base32 + slice_start(lay, "k", self.kpart, self.k_local)
