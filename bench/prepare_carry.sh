@@ -48,6 +48,10 @@
 #   ab_wait     scans that wait for their wgmma groups where ptxas would (scan_group_wait):
 #               ab_waitfwd (default), ab_waitall (chunk_flags=all), ab_nowait (off), and the
 #               GPU check with chunk_flags=all (check_waitall); bench/calls/ab_wait.sh
+#   ab_slots    one-stage scan rings with a barrier pair per slot (scan_slot_barriers=true):
+#               ab_slots (bench) and the GPU check with it (check_slots), the same with
+#               scan_slot_acquire=products (ab_slotsp, check_slotsp); with bench,
+#               bench/calls/slots_stop52.sh
 #   ab_flags2   the next A/B (not yet run): ab_flagsfwd (the default, chunk_flags=forward),
 #               ab_flagsall2 (chunk_flags=all scan_flag_loops=2: the
 #               reverse scans beside the dq kernel, their in-order loop free of flag code) at
@@ -178,6 +182,20 @@ for job in "$@"; do
             "$PY" -m tools.check_bundle .bundles/check_waitall --set native --pipeline chip \
                 --chips sm_90a --lower chunk_flags=all
             pack check_waitall ;;
+        ab_slots)
+            "$PY" bench/emit_bench_bundle.py .bundles/ab_slots --path native \
+                --configs B1_T8k_H16,B1_T32k_H16 --set scan_slot_barriers=true
+            pack ab_slots
+            "$PY" -m tools.check_bundle .bundles/check_slots --set native --pipeline chip \
+                --chips sm_90a --lower scan_slot_barriers=true
+            pack check_slots
+            "$PY" bench/emit_bench_bundle.py .bundles/ab_slotsp --path native \
+                --configs B1_T8k_H16,B1_T32k_H16 --set scan_slot_barriers=true \
+                --set scan_slot_acquire=products
+            pack ab_slotsp
+            "$PY" -m tools.check_bundle .bundles/check_slotsp --set native --pipeline chip \
+                --chips sm_90a --lower scan_slot_barriers=true --lower scan_slot_acquire=products
+            pack check_slotsp ;;
         ab_banks)
             for spec in "sv:transposed_store_order=stored_vec" "pad:smem_pad_all=true" \
                         "svpad:transposed_store_order=stored_vec smem_pad_all=true"; do

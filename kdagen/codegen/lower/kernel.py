@@ -96,9 +96,9 @@ def prepare(program: Program, target: Target | None, prefix: str,
     directions = chunk_flag_directions(opts.chunk_flags)
     if opts.scan_flag_loops not in (1, 2):
         raise LoweringError(f"scan_flag_loops={opts.scan_flag_loops!r}: use 1 or 2")
-    if opts.scan_slot_acquire not in ("start", "first_read"):
-        raise LoweringError(f"scan_slot_acquire: {opts.scan_slot_acquire!r}; use 'start' or "
-                            "'first_read'")
+    if opts.scan_slot_acquire not in ("start", "products", "first_read"):
+        raise LoweringError(f"scan_slot_acquire: {opts.scan_slot_acquire!r}; use 'start', "
+                            "'products' or 'first_read'")
     out = []
     groups = group_kernels(program, opts.split_scans)
     register_plans = _register_scan_plans(program, groups, target, opts)

@@ -1110,9 +1110,11 @@ class RegisterScanEmitter(TileKernelEmitter):
         slots = self.rplan.slots if self.rplan.slot_barriers else []
         self._acquired, self._released, self._releasing = set(), set(), []
         last = self._last_reads() if slots else {}
-        if slots and self.opts.scan_slot_acquire == "start":
+        if slots and self.opts.scan_slot_acquire != "first_read":
+            # "products": only the slots products read wait before their first read
             for s in slots:
-                self._slot_base(s)
+                if self.opts.scan_slot_acquire == "start" or not s.operand:
+                    self._slot_base(s)
         for n in order:
             self._node(n)
             for i, reader in last.items():
