@@ -550,3 +550,10 @@ def test_slot_barriers_refill_a_one_stage_ring_slot_by_slot(program):
     r = ptxas.assemble(ptx, "sm_90a", ptxas.find_ptxas())
     assert r.ok and "0 bytes spill stores" in r.log, r.log
     assert "C7517" not in r.log and "C7518" not in r.log, r.log
+    # the cost model's exposed refill: the slots freed at the step's end, not the slot freed
+    # mid-step (with stage barriers: the whole stage)
+    refill = k.cost["counts"]["ring.refill_bytes"]
+    assert 0 < refill < rp.stage_bytes_tx
+    plain = [k for k in lower_program(mod, t, options=LowerOptions(path="native", dot="auto"))
+             if k.name.endswith(by_depth[1].name.split("__")[-1])][0]
+    assert plain.cost["counts"]["ring.refill_bytes"] == rp.stage_bytes_tx

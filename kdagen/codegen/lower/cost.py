@@ -73,7 +73,9 @@ EVENTS = {
     "tma.load": "TMA tensor copies issued",
     "tma.store": "TMA tensor stores issued (shared to global)",
     "ring.refill_bytes": "bytes a chunk step waits for because its ring has one stage (the "
-                         "step's loads start only once the previous step has freed it)",
+                         "step's loads start only once the previous step has freed it; with "
+                         "slot barriers, the slots freed at the step's end that the next step "
+                         "waits for at its start)",
     "wgmma": "wgmma.mma_async instructions",
     "wgmma.commit": "wgmma commit groups",
     "wgmma.wait": "wgmma wait_group",

@@ -1115,6 +1115,7 @@ class RegisterScanEmitter(TileKernelEmitter):
             for s in slots:
                 if self.opts.scan_slot_acquire == "start" or not s.operand:
                     self._slot_base(s)
+        at_start = set(self._acquired)
         for n in order:
             self._node(n)
             for i, reader in last.items():
@@ -1135,7 +1136,14 @@ class RegisterScanEmitter(TileKernelEmitter):
             self._releasing += [(i, 0) for i in range(len(slots))
                                 if i not in self._released and i not in
                                 {j for j, _ in self._releasing}]
+            freed_mid_step = set(self._released)
             self._release_slots()
+            # the model's exposed refill: slots freed only at the step's end that the next
+            # step waits for at its start (a slot waited for later, or freed mid-step, is
+            # counted as refilled behind the step)
+            exposed = (set(self._released) - freed_mid_step) & at_start
+            if exposed:
+                self.cost.event("ring.refill_bytes", sum(slots[i].nbytes for i in exposed))
         return out
 
     def _slot_base(self, slot) -> int:
