@@ -48,9 +48,10 @@
 #   ab_wait     scans that wait for their wgmma groups where ptxas would (scan_group_wait):
 #               ab_waitfwd (default), ab_waitall (chunk_flags=all), ab_nowait (off), and the
 #               GPU check with chunk_flags=all (check_waitall); bench/calls/ab_wait.sh
-#   ab_slots    one-stage scan rings with a barrier pair per slot (scan_slot_barriers=true):
-#               ab_slots (bench) and the GPU check with it (check_slots), the same with
-#               scan_slot_acquire=products (ab_slotsp, check_slotsp); with bench,
+#   ab_slots    candidates for the scans and the dk kernel, each a bench bundle and the GPU
+#               check's native set with it: slot barriers acquired at the step start
+#               (ab_slots, check_slots) and by products (ab_slotsp, check_slotsp), and
+#               scan_operand_reads=1 (ab_opreads, check_opreads); with bench,
 #               bench/calls/slots_stop52.sh
 #   ab_flags2   the next A/B (not yet run): ab_flagsfwd (the default, chunk_flags=forward),
 #               ab_flagsall2 (chunk_flags=all scan_flag_loops=2: the
@@ -183,19 +184,19 @@ for job in "$@"; do
                 --chips sm_90a --lower chunk_flags=all
             pack check_waitall ;;
         ab_slots)
-            "$PY" bench/emit_bench_bundle.py .bundles/ab_slots --path native \
-                --configs B1_T8k_H16,B1_T32k_H16 --set scan_slot_barriers=true
-            pack ab_slots
-            "$PY" -m tools.check_bundle .bundles/check_slots --set native --pipeline chip \
-                --chips sm_90a --lower scan_slot_barriers=true
-            pack check_slots
-            "$PY" bench/emit_bench_bundle.py .bundles/ab_slotsp --path native \
-                --configs B1_T8k_H16,B1_T32k_H16 --set scan_slot_barriers=true \
-                --set scan_slot_acquire=products
-            pack ab_slotsp
-            "$PY" -m tools.check_bundle .bundles/check_slotsp --set native --pipeline chip \
-                --chips sm_90a --lower scan_slot_barriers=true --lower scan_slot_acquire=products
-            pack check_slotsp ;;
+            for spec in "ab_slots:scan_slot_barriers=true scan_slot_acquire=start" \
+                        "ab_slotsp:scan_slot_barriers=true scan_slot_acquire=products" \
+                        "ab_opreads:scan_operand_reads=1"; do
+                name=${spec%%:*}
+                sets=(); lowers=()
+                for kv in ${spec#*:}; do sets+=(--set "$kv"); lowers+=(--lower "$kv"); done
+                "$PY" bench/emit_bench_bundle.py .bundles/$name --path native \
+                    --configs B1_T8k_H16,B1_T32k_H16 "${sets[@]}"
+                pack $name
+                "$PY" -m tools.check_bundle .bundles/check_${name#ab_} --set native \
+                    --pipeline chip --chips sm_90a "${lowers[@]}"
+                pack check_${name#ab_}
+            done ;;
         ab_banks)
             for spec in "sv:transposed_store_order=stored_vec" "pad:smem_pad_all=true" \
                         "svpad:transposed_store_order=stored_vec smem_pad_all=true"; do

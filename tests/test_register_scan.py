@@ -506,8 +506,9 @@ def test_tensor_map_of_two_parts_doubles_the_tile_rows():
 
 
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="needs ptxas")
+@pytest.mark.parametrize("acquire", ["start", "products"])
 @pytest.mark.parametrize("program", ["kda_bwd", "gdn_bwd"])
-def test_slot_barriers_refill_a_one_stage_ring_slot_by_slot(program):
+def test_slot_barriers_refill_a_one_stage_ring_slot_by_slot(program, acquire):
     """scan_slot_barriers: the reverse scan (a one-stage ring) takes a full and an empty
     barrier per slot; the producer refills the slots in the order the step frees them, each
     with its own byte count; the step releases the slot its first products read once their
@@ -522,7 +523,8 @@ def test_slot_barriers_refill_a_one_stage_ring_slot_by_slot(program):
     from kdagen.target import TARGETS
     t = TARGETS["sm_90a"]
     mod = driver.build_module(program, {}, pipeline="chip", chip="sm_90a")
-    opts = LowerOptions(path="native", dot="auto", scan_slot_barriers=True)
+    opts = LowerOptions(path="native", dot="auto", scan_slot_barriers=True,
+                        scan_slot_acquire=acquire)
     scans = [pk for pk in prepare(read_program(mod), t, program, opts)
              if getattr(pk.emitter, "rplan", None) is not None]
     assert len(scans) == 2
@@ -550,8 +552,17 @@ def test_slot_barriers_refill_a_one_stage_ring_slot_by_slot(program):
     r = ptxas.assemble(ptx, "sm_90a", ptxas.find_ptxas())
     assert r.ok and "0 bytes spill stores" in r.log, r.log
     assert "C7517" not in r.log and "C7518" not in r.log, r.log
-    # the cost model's exposed refill: the slots freed at the step's end, not the slot freed
-    # mid-step (with stage barriers: the whole stage)
+    # the consumer's waits: "start", every slot before the first product; "products", the
+    # later products' slots together after the first product group
+    waits = [m.start() for m in re.finditer(r"mbarrier\.try_wait", body)]
+    assert len(waits) == len(rp.slots)
+    late = [w for w in waits if w > first_commit]
+    if acquire == "start":
+        assert not late
+    else:
+        assert len(late) == 2 and body.find("wgmma.commit_group", late[0], late[1]) < 0
+    # the cost model's exposed refill: the slots freed at the step's end that the step waits
+    # for at its start, not the slot freed mid-step (with stage barriers: the whole stage)
     refill = k.cost["counts"]["ring.refill_bytes"]
     assert 0 < refill < rp.stage_bytes_tx
     plain = [k for k in lower_program(mod, t, options=LowerOptions(path="native", dot="auto"))

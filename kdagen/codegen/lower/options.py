@@ -73,11 +73,14 @@ class LowerOptions:
     # starts when this step's last read of it completes, not when the step ends (the cost
     # model's exposed refill, 1.36 of kda_bwd's 4.02 us per reverse step)
     scan_slot_barriers: bool = False
-    # where a step with slot barriers waits for a slot's load: "start" (every slot at the
-    # step's start) or "first_read" (before its first read, so a step can begin while the
-    # slots it reads late still load; mid-step waits made ptxas spill 92 bytes in kda_bwd's
-    # reverse scan and 4 in gdn_bwd's)
-    scan_slot_acquire: str = "start"
+    # where a step with slot barriers waits for a slot's load: "products" (the element-wise
+    # slots and the first product's at the step's start, the later products' slots together
+    # before the first of them, so a step begins while the slots it reads late still load),
+    # "start" (every slot at the step's start) or "first_read" (each before its first read:
+    # ptxas spilled 92 bytes in kda_bwd's reverse scan and 4 in gdn_bwd's). The cost model
+    # puts kda_bwd's reverse step at 2.94 us with "products", 3.66 with "start" (4.02 without
+    # slot barriers); not yet measured
+    scan_slot_acquire: str = "products"
     # a register scan that reads the chunk-parallel kernel before it only through its TMA ring
     # runs beside it: the chunk kernel publishes a flag per chunk once its stores are out, the
     # scan's TMA producer waits for it (kdagen.codegen.lower.chunk_flags), and the runtime

@@ -1111,10 +1111,14 @@ class RegisterScanEmitter(TileKernelEmitter):
         self._acquired, self._released, self._releasing = set(), set(), []
         last = self._last_reads() if slots else {}
         if slots and self.opts.scan_slot_acquire != "first_read":
-            # "products": only the slots products read wait before their first read
+            # "products": the element-wise slots and the first product's at the start, the
+            # other products' slots together before the first of them
+            first_dot = next((n for n in order if n.op == "kda.dot"), None)
+            first = set(map(id, _ring_reads(first_dot, self.slot_of))) if first_dot else set()
             for s in slots:
-                if self.opts.scan_slot_acquire == "start" or not s.operand:
-                    self._slot_base(s)
+                if (self.opts.scan_slot_acquire == "start" or not s.operand
+                        or id(s) in first):
+                    self._wait_slot(s)
         at_start = set(self._acquired)
         for n in order:
             self._node(n)
@@ -1155,10 +1159,23 @@ class RegisterScanEmitter(TileKernelEmitter):
                 raise LoweringError(f"register scan: {slot.tensor} read after its ring slot "
                                     f"was released for the next chunk")
             if i not in self._acquired:
-                bar.mbarrier_wait(self._full(i), self._phase_now)
-                self.cost.event("mbarrier.wait")
-                self._acquired.add(i)
+                # "products": the first product slot waited for mid-step waits for the other
+                # product slots with it: one wait point, not one between products in flight
+                # (there, gdn_bwd's reverse scan spilled 12 bytes)
+                late = [k for k, s in enumerate(self.rplan.slots)
+                        if s.operand and k not in self._acquired and k != i]
+                self._wait_slot(slot)
+                if self.opts.scan_slot_acquire == "products":
+                    for k in late:
+                        self._wait_slot(self.rplan.slots[k])
         return self._tile_offset(slot, self._stage_now)
+
+    def _wait_slot(self, slot) -> None:
+        i = next(k for k, s in enumerate(self.rplan.slots) if s is slot)
+        if i not in self._acquired:
+            bar.mbarrier_wait(self._full(i), self._phase_now)
+            self.cost.event("mbarrier.wait")
+            self._acquired.add(i)
 
     def _release_slots(self) -> None:
         """Arrive on the empty barrier of each slot whose last read in this step is done (a
