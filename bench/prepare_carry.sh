@@ -72,6 +72,13 @@ pack() {          # pack .bundles/$1 into .gpucarry/$1.tar.xz
     du -h ".gpucarry/$1.tar.xz"
 }
 
+bench_bundle() {  # bench_bundle NAME CONFIGS [--set K=V ...]: a native bench bundle, packed
+    local name=$1 configs=$2
+    shift 2
+    "$PY" bench/emit_bench_bundle.py ".bundles/$name" --path native --configs "$configs" "$@"
+    pack "$name"
+}
+
 for job in "$@"; do
     echo "== $job"
     case "$job" in
@@ -156,30 +163,18 @@ for job in "$@"; do
                 --configs B1_T8k_H16,B1_T32k_H16 --set chunk_flags=false
             pack ab_noflags ;;
         ab_flags2)
-            for name in ab_flagsfwd ab_flagsall2 ab_noflags; do
-                case $name in
-                    ab_flagsfwd) sets=() ;;
-                    ab_flagsall2) sets=(--set chunk_flags=all --set scan_flag_loops=2) ;;
-                    ab_noflags) sets=(--set chunk_flags=off) ;;
-                esac
-                "$PY" bench/emit_bench_bundle.py .bundles/$name --path native \
-                    --configs B1_T8k_H16,B1_T32k_H16,B8_T4k_H32 "${sets[@]}"
-                pack $name
-            done
+            configs=B1_T8k_H16,B1_T32k_H16,B8_T4k_H32
+            bench_bundle ab_flagsfwd $configs
+            bench_bundle ab_flagsall2 $configs --set chunk_flags=all --set scan_flag_loops=2
+            bench_bundle ab_noflags $configs --set chunk_flags=off
             "$PY" -m tools.check_bundle .bundles/check_flagsall2 --set native --pipeline chip \
                 --chips sm_90a --lower chunk_flags=all --lower scan_flag_loops=2
             pack check_flagsall2 ;;
         ab_wait)
-            for name in ab_waitfwd ab_waitall ab_nowait; do
-                case $name in
-                    ab_waitfwd) sets=() ;;
-                    ab_waitall) sets=(--set chunk_flags=all) ;;
-                    ab_nowait) sets=(--set scan_group_wait=false) ;;
-                esac
-                "$PY" bench/emit_bench_bundle.py .bundles/$name --path native \
-                    --configs B1_T8k_H16,B1_T32k_H16,B8_T4k_H32 "${sets[@]}"
-                pack $name
-            done
+            configs=B1_T8k_H16,B1_T32k_H16,B8_T4k_H32
+            bench_bundle ab_waitfwd $configs
+            bench_bundle ab_waitall $configs --set chunk_flags=all
+            bench_bundle ab_nowait $configs --set scan_group_wait=false
             "$PY" -m tools.check_bundle .bundles/check_waitall --set native --pipeline chip \
                 --chips sm_90a --lower chunk_flags=all
             pack check_waitall ;;
@@ -190,9 +185,7 @@ for job in "$@"; do
                 name=${spec%%:*}
                 sets=(); lowers=()
                 for kv in ${spec#*:}; do sets+=(--set "$kv"); lowers+=(--lower "$kv"); done
-                "$PY" bench/emit_bench_bundle.py .bundles/$name --path native \
-                    --configs B1_T8k_H16,B1_T32k_H16 "${sets[@]}"
-                pack $name
+                bench_bundle $name B1_T8k_H16,B1_T32k_H16 "${sets[@]}"
                 "$PY" -m tools.check_bundle .bundles/check_${name#ab_} --set native \
                     --pipeline chip --chips sm_90a "${lowers[@]}"
                 pack check_${name#ab_}
