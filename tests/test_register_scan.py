@@ -568,3 +568,14 @@ def test_slot_barriers_refill_a_one_stage_ring_slot_by_slot(program, acquire):
     plain = [k for k in lower_program(mod, t, options=LowerOptions(path="native", dot="auto"))
              if k.name.endswith(by_depth[1].name.split("__")[-1])][0]
     assert plain.cost["counts"]["ring.refill_bytes"] == rp.stage_bytes_tx
+
+
+def test_slot_acquire_option_is_checked():
+    from kdagen.codegen.lower.kernel import prepare
+    from kdagen.codegen.lower.options import LowerOptions
+    from kdagen.codegen.lower.plan import LoweringError
+    from kdagen.target import TARGETS
+    prog, _, _ = _plans("kda_bwd")
+    with pytest.raises(LoweringError, match="scan_slot_acquire: 'late'.*'start', 'products'"):
+        prepare(prog, TARGETS["sm_90a"], "kda_bwd",
+                LowerOptions(path="native", dot="auto", scan_slot_acquire="late"))
