@@ -51,7 +51,8 @@
 #   ab_slots    candidates for the scans and the dk kernel, each a bench bundle and the GPU
 #               check's native set with it: slot barriers acquired at the step start
 #               (ab_slots, check_slots) and by products (ab_slotsp, check_slotsp), and
-#               scan_operand_reads=1 (ab_opreads, check_opreads); with bench,
+#               scan_operand_reads=1 (ab_opreads, check_opreads), wgmma_fresh_acc=true
+#               (ab_fresh, check_fresh); with bench,
 #               bench/calls/slots_stop52.sh
 #   ab_flags2   the next A/B (not yet run): ab_flagsfwd (the default, chunk_flags=forward),
 #               ab_flagsall2 (chunk_flags=all scan_flag_loops=2: the
@@ -181,7 +182,7 @@ for job in "$@"; do
         ab_slots)
             for spec in "ab_slots:scan_slot_barriers=true scan_slot_acquire=start" \
                         "ab_slotsp:scan_slot_barriers=true scan_slot_acquire=products" \
-                        "ab_opreads:scan_operand_reads=1"; do
+                        "ab_opreads:scan_operand_reads=1" "ab_fresh:wgmma_fresh_acc=true"; do
                 name=${spec%%:*}
                 sets=(); lowers=()
                 for kv in ${spec#*:}; do sets+=(--set "$kv"); lowers+=(--lower "$kv"); done

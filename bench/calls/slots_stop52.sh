@@ -3,7 +3,8 @@
 # lowering (chunk_flags=all) against the candidates and FLA in one process, with per-kernel
 # tables: slots (one-stage scan rings with a barrier pair per slot, every slot acquired at the
 # step start), slotsp (the later products' slots acquired mid-step), opreads
-# (scan_operand_reads=1: the dk kernel's cumsum operand materialised). Part 1: B1_T8k_H16 and
+# (scan_operand_reads=1: the dk kernel's cumsum operand materialised), fresh
+# (wgmma_fresh_acc=true: the chunk kernels' wgmma chains start with scale-d 0). Part 1: B1_T8k_H16 and
 # B1_T32k_H4 (few heads: the scans pace the call). Part 2: the other few-head configs and
 # B1_T32k_H16.
 # Prepare with  bash bench/prepare_carry.sh wheels bench ab_slots ; carry [".whl", ".gpucarry"].
@@ -11,8 +12,8 @@ set -x
 part=${1:-1}
 nvidia-smi --query-gpu=name --format=csv,noheader
 if [ "$part" = 1 ]; then
-    for c in check_slots check_slotsp check_opreads; do
-        timeout 120 python3 -m tools.gpu_check .bundles/$c > "$OUT/$c.log" 2>&1
+    for c in check_slots check_slotsp check_opreads check_fresh; do
+        timeout 100 python3 -m tools.gpu_check .bundles/$c > "$OUT/$c.log" 2>&1
         echo "${c}_rc=$?"; tail -1 "$OUT/$c.log"
     done
     configs=B1_T8k_H16,B1_T32k_H4
@@ -21,6 +22,7 @@ else
 fi
 timeout 420 python3 -m kdagen.cli bench --bundle default=.bundles/bench --bundle slots=.bundles/ab_slots \
     --bundle slotsp=.bundles/ab_slotsp --bundle opreads=.bundles/ab_opreads \
+    --bundle fresh=.bundles/ab_fresh \
     --configs "$configs" --kernels --json "$OUT/slots_$part.json" > "$OUT/slots_$part.log" 2>&1
 echo "bench_rc=$?"; grep -A12 "^op |" "$OUT/slots_$part.log"
 grep -E "k3_scan3|k4_scan4" "$OUT/slots_$part.log" | grep fwdbwd

@@ -73,6 +73,11 @@ class LowerOptions:
     # starts when this step's last read of it completes, not when the step ends (the cost
     # model's exposed refill, 1.36 of kda_bwd's 4.02 us per reverse step)
     scan_slot_barriers: bool = False
+    # the chunk kernels' wgmma chains start with scale-d 0 on undefined accumulators instead
+    # of accumulating onto zeros: no zero copies between the wgmma fence and the first wgmma
+    # (where ptxas inserts a warpgroup.arrive, C7519) and 32-64 fewer movs per chain; not yet
+    # GPU-run
+    wgmma_fresh_acc: bool = False
     # where a step with slot barriers waits for a slot's load: "products" (the element-wise
     # slots and the first product's at the step's start, the later products' slots together
     # before the first of them, so a step begins while the slots it reads late still load),

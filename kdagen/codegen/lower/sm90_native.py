@@ -942,8 +942,13 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
         for s, (m0, kk) in enumerate(slices):
             a_tiles, b_tiles = tile_sets[s % sets]
             b_ops = b_ops_of[s % sets]
+            fresh = kk == 0 and self.opts.wgmma_fresh_acc
             if kk == 0:
-                acc = AccFragment.filled(wgmma.wgmma_acc_layout(Nw), 0.0)
+                # fresh: the chain's first wgmma ignores its input (scale-d 0), so the input is
+                # undef and no zeros are copied into the accumulators after the fence (ptxas
+                # then inserts a warpgroup.arrive, C7519)
+                acc = (wgmma.undef_accumulators(wgmma.wgmma_acc_layout(Nw)) if fresh
+                       else AccFragment.filled(wgmma.wgmma_acc_layout(Nw), 0.0))
             k0 = kk * ks
             stage(a_tiles, WGMMA_M, lambda r, c: a.read([T_.addk(r, m0), T_.addk(c, k0)]),
                   a_along_k, None if a_rows is None else (
@@ -959,9 +964,10 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
                 self.cost.event("wgmma.wait")
             B.barrier()
             wgmma.wgmma_fence(self.target)
-            for pa, pb in pairs:
+            for i, (pa, pb) in enumerate(pairs):
                 acc = wgmma.wgmma_matmul(self.target, acc, SmemOperand(a_tiles[pa]),
-                                         SmemOperand(b_ops[pb], True), ks, dtype)
+                                         SmemOperand(b_ops[pb], True), ks, dtype,
+                                         accumulate=not (fresh and i == 0))
                 # B is K-major (transposed): one N chunk, one instruction per k step
                 self.cost.event("wgmma", ks // wgmma.wgmma_k(dtype))
             wgmma.wgmma_commit(self.target)

@@ -217,6 +217,13 @@ def wgmma_half_rs(target: Target, acc_values: list, a_regs: list, desc_b: ir.Val
     return _wgmma_rs(target, acc_values, a_regs, desc_b, n, 16, dtype, "1, 1, 0")
 
 
+def undef_accumulators(layout: AccLayout) -> AccFragment:
+    """Accumulators with no value, for a first wgmma with ``accumulate=False`` (scale-d 0): no
+    register is written for them, so nothing lands between `wgmma_fence` and the wgmma."""
+    f32 = ir.F32Type.get()
+    return AccFragment(layout, [llvm.mlir_undef(f32) for _ in range(layout.regs_per_lane)])
+
+
 def fence_accumulators(values: list) -> list:
     """Pass accumulator registers through an empty volatile asm after `wgmma_wait`, so that no
     use of them is scheduled above the wait (the wgmma asm's outputs look ready to LLVM as soon
