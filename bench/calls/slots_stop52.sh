@@ -4,18 +4,20 @@
 # tables: slots (one-stage scan rings with a barrier pair per slot, every slot acquired at the
 # step start), slotsp (the later products' slots acquired mid-step), opreads
 # (scan_operand_reads=1: the dk kernel's cumsum operand materialised), fresh
-# (wgmma_fresh_acc=true: the chunk kernels' wgmma chains start with scale-d 0). Part 1: B1_T8k_H16 and
-# B1_T32k_H4 (few heads: the scans pace the call). Part 2: the other few-head configs and
-# B1_T32k_H16.
+# (wgmma_fresh_acc=true: the chunk kernels' wgmma chains start with scale-d 0). Part
+# "checks": the GPU checks (one call); part 1: B1_T8k_H16 and B1_T32k_H4 (few heads: the scans
+# pace the call); part 2: the other few-head configs and B1_T32k_H16.
 # Prepare with  bash bench/prepare_carry.sh wheels bench ab_slots ; carry [".whl", ".gpucarry"].
 set -x
 part=${1:-1}
 nvidia-smi --query-gpu=name --format=csv,noheader
-if [ "$part" = 1 ]; then
+if [ "$part" = checks ]; then
     for c in check_slots check_slotsp check_opreads check_fresh; do
-        timeout 100 python3 -m tools.gpu_check .bundles/$c > "$OUT/$c.log" 2>&1
+        timeout 140 python3 -m tools.gpu_check .bundles/$c > "$OUT/$c.log" 2>&1
         echo "${c}_rc=$?"; tail -1 "$OUT/$c.log"
     done
+    exit 0
+elif [ "$part" = 1 ]; then
     configs=B1_T8k_H16,B1_T32k_H4
 else
     configs=B1_T32k_H2,B1_T32k_H8,B1_T32k_H16
