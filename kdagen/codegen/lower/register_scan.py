@@ -747,6 +747,7 @@ class RegisterScanEmitter(TileKernelEmitter):
         self.target = target
         self.rplan = plan
         self.slot_of = {s.node: s for s in plan.slots}
+        self.slot_index = {id(s): i for i, s in enumerate(plan.slots)}
         self._fused: dict = {}          # id(add node) -> the product accumulated onto its operand
         #: wait for the chunk-ready flag of each chunk before loading it (kernel.prepare sets
         #: it where this scan overlaps the chunk kernel before it, lower.chunk_flags)
@@ -861,13 +862,12 @@ class RegisterScanEmitter(TileKernelEmitter):
             else [n for n in nodes if n not in early]
         return early, order
 
-    def _last_reads(self) -> dict:
-        """{slot index: the step node (emission order) that reads it last}."""
-        index = {id(s): i for i, s in enumerate(self.rplan.slots)}
+    def _last_reads(self, order: list) -> dict:
+        """{slot index: the node of a step's emission ``order`` that reads it last}."""
         last = {}
-        for n in self._step_order(self.rplan.scan.body)[1]:
+        for n in order:
             for s in _ring_reads(n, self.slot_of):
-                last[index[id(s)]] = n
+                last[self.slot_index[id(s)]] = n
         return last
 
     def _refill_order(self) -> list:
@@ -875,7 +875,7 @@ class RegisterScanEmitter(TileKernelEmitter):
         them in that order); slots no node reads last."""
         order = self._step_order(self.rplan.scan.body)[1]
         pos = {id(n): i for i, n in enumerate(order)}
-        last = self._last_reads()
+        last = self._last_reads(order)
         return sorted(range(len(self.rplan.slots)),
                       key=lambda i: pos[id(last[i])] if i in last else len(order))
 
@@ -1109,7 +1109,7 @@ class RegisterScanEmitter(TileKernelEmitter):
         self._flush_early()
         slots = self.rplan.slots if self.rplan.slot_barriers else []
         self._acquired, self._released, self._releasing = set(), set(), []
-        last = self._last_reads() if slots else {}
+        last = self._last_reads(order) if slots else {}
         if slots and self.opts.scan_slot_acquire != "first_read":
             # "products": the element-wise slots and the first product's at the start, the
             # other products' slots together before the first of them
@@ -1132,14 +1132,9 @@ class RegisterScanEmitter(TileKernelEmitter):
         self._flush_early()
         out = self._ready(env[body.nodes[-1].operands[0]])
         if slots:
-            pending = max((g for _, g in self._releasing), default=0)
-            if pending > self._completed:
-                wgmma.wgmma_wait(self.target, self._groups - pending)
-                self.cost.event("wgmma.wait")
-                self._completed = pending
-            self._releasing += [(i, 0) for i in range(len(slots))
-                                if i not in self._released and i not in
-                                {j for j, _ in self._releasing}]
+            self._complete(max((g for _, g in self._releasing), default=0))
+            releasing = self._released | {i for i, _ in self._releasing}
+            self._releasing += [(i, 0) for i in range(len(slots)) if i not in releasing]
             freed_mid_step = set(self._released)
             self._release_slots()
             # the model's exposed refill: slots freed only at the step's end that the next
@@ -1154,7 +1149,7 @@ class RegisterScanEmitter(TileKernelEmitter):
         """Byte offset of ``slot``'s tile in this step's stage; with slot barriers, wait for its
         load first (once per step) and refuse a read after the step released the slot."""
         if self.rplan.slot_barriers:
-            i = next(k for k, s in enumerate(self.rplan.slots) if s is slot)
+            i = self.slot_index[id(slot)]
             if i in self._released:
                 raise LoweringError(f"register scan: {slot.tensor} read after its ring slot "
                                     f"was released for the next chunk")
@@ -1171,7 +1166,7 @@ class RegisterScanEmitter(TileKernelEmitter):
         return self._tile_offset(slot, self._stage_now)
 
     def _wait_slot(self, slot) -> None:
-        i = next(k for k, s in enumerate(self.rplan.slots) if s is slot)
+        i = self.slot_index[id(slot)]
         if i not in self._acquired:
             bar.mbarrier_wait(self._full(i), self._phase_now)
             self.cost.event("mbarrier.wait")
@@ -1288,11 +1283,8 @@ class RegisterScanEmitter(TileKernelEmitter):
         serialises every wgmma of the kernel (C7518)."""
         if not self.opts.scan_group_wait:
             return
-        group = max((self._a_reads.get(id(self.env.get(o)), 0) for o in operands), default=0)
-        if group > self._completed:
-            wgmma.wgmma_wait(self.target, self._groups - group)
-            self.cost.event("wgmma.wait")
-            self._completed = group
+        self._complete(max((self._a_reads.get(id(self.env.get(o)), 0) for o in operands),
+                           default=0))
 
     def _elementwise_operand(self, v, rows, row0=None) -> list:
         x = self.env[v]
@@ -1343,13 +1335,24 @@ class RegisterScanEmitter(TileKernelEmitter):
             vals.append(x)
         return Frag(rows, vals, row0)
 
+    def _commit(self) -> int:
+        """Commit the wgmma issued since the last commit as a group; its number."""
+        wgmma.wgmma_commit(self.target)
+        self.cost.event("wgmma.commit")
+        self._groups += 1
+        return self._groups
+
+    def _complete(self, group: int) -> None:
+        """Wait until wgmma group ``group`` (and so every earlier one) has completed."""
+        if group > self._completed:
+            # groups complete in order: wait until at most the later ones are in flight
+            wgmma.wgmma_wait(self.target, self._groups - group)
+            self.cost.event("wgmma.wait")
+            self._completed = group
+
     def _ready(self, x):
         if isinstance(x, _Pending):
-            if x.group > self._completed:
-                # groups complete in order: wait until at most the later ones are in flight
-                wgmma.wgmma_wait(self.target, self._groups - x.group)
-                self.cost.event("wgmma.wait")
-                self._completed = x.group
+            self._complete(x.group)
             vals = wgmma.fence_accumulators(x.values)
             done = Frag(x.rows, vals, x.row0)
             for k, v in list(self.env.items()):
@@ -1391,12 +1394,10 @@ class RegisterScanEmitter(TileKernelEmitter):
             acc = self._bf16x3_products(X, acc, lay, base32, slot.part_bytes, Kd, rows)
         else:
             acc = self._tf32_products(X, acc, lay, base32, Kd, rows, rhs is self._carried_arg)
-        wgmma.wgmma_commit(self.target)
-        self.cost.event("wgmma.commit")
-        self._groups += 1
+        group = self._commit()
         if rp.precision != "bf16x3":            # bf16x3 packs A into new registers
-            self._a_reads[id(X)] = self._groups
-        pending = _Pending(rows, acc, row0, self._groups)
+            self._a_reads[id(X)] = group
+        pending = _Pending(rows, acc, row0, group)
         env[n.results[0]] = pending
         if partial:
             env[n.results[0]] = self._exchange(self._ready(pending), slot, base)
@@ -1420,12 +1421,7 @@ class RegisterScanEmitter(TileKernelEmitter):
                 # (a producer with flag waits) it serialises every wgmma of the kernel (C7518:
                 # kda_bwd's reverse scan 4.06 -> 5.60 us/step, H200). Committing and waiting
                 # here says so in the PTX.
-                wgmma.wgmma_commit(self.target)
-                self.cost.event("wgmma.commit")
-                self._groups += 1
-                wgmma.wgmma_wait(self.target, 0)
-                self.cost.event("wgmma.wait")
-                self._completed = self._groups
+                self._complete(self._commit())
                 acc = wgmma.fence_accumulators(acc)
             a_parts = []
             for kb in range(k0, min(blocks, k0 + group)):
