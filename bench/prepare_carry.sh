@@ -46,7 +46,8 @@
 #               stop 51 measured) and ab_noflags (chunk_flags=false: every kernel in order on
 #               one stream); bench/calls/ab_flags_stop51.sh
 #   ab_wait     scans that wait for their wgmma groups where ptxas would (scan_group_wait):
-#               ab_waitfwd (default), ab_waitall (chunk_flags=all), ab_nowait (off), and the
+#               ab_waitfwd (chunk_flags=forward, stop 52's default before the A/B),
+#               ab_waitall (chunk_flags=all), ab_nowait (forward, scan_group_wait=false), and the
 #               GPU check with chunk_flags=all (check_waitall); bench/calls/ab_wait.sh
 #   ab_slots    candidates for the scans and the dk kernel, each a bench bundle and the GPU
 #               check's native set with it: slot barriers acquired at the step start
@@ -54,7 +55,7 @@
 #               scan_operand_reads=1 (ab_opreads, check_opreads), wgmma_fresh_acc=true
 #               (ab_fresh, check_fresh); with bench,
 #               bench/calls/slots_stop52.sh
-#   ab_flags2   the next A/B (not yet run): ab_flagsfwd (the default, chunk_flags=forward),
+#   ab_flags2   stop 52's first A/B: ab_flagsfwd (chunk_flags=forward, then the default),
 #               ab_flagsall2 (chunk_flags=all scan_flag_loops=2: the
 #               reverse scans beside the dq kernel, their in-order loop free of flag code) at
 #               B1_T8k_H16, B1_T32k_H16 and B8_T4k_H32 (in order there: scans over half the SMs),
@@ -157,15 +158,11 @@ for job in "$@"; do
                 pack "$name"
             done ;;
         ab_flags)
-            "$PY" bench/emit_bench_bundle.py .bundles/ab_flagsall --path native \
-                --configs B1_T8k_H16,B1_T32k_H16 --set chunk_flags=all
-            pack ab_flagsall
-            "$PY" bench/emit_bench_bundle.py .bundles/ab_noflags --path native \
-                --configs B1_T8k_H16,B1_T32k_H16 --set chunk_flags=false
-            pack ab_noflags ;;
+            bench_bundle ab_flagsall B1_T8k_H16,B1_T32k_H16 --set chunk_flags=all
+            bench_bundle ab_noflags B1_T8k_H16,B1_T32k_H16 --set chunk_flags=false ;;
         ab_flags2)
             configs=B1_T8k_H16,B1_T32k_H16,B8_T4k_H32
-            bench_bundle ab_flagsfwd $configs
+            bench_bundle ab_flagsfwd $configs --set chunk_flags=forward
             bench_bundle ab_flagsall2 $configs --set chunk_flags=all --set scan_flag_loops=2
             bench_bundle ab_noflags $configs --set chunk_flags=off
             "$PY" -m tools.check_bundle .bundles/check_flagsall2 --set native --pipeline chip \
@@ -173,9 +170,9 @@ for job in "$@"; do
             pack check_flagsall2 ;;
         ab_wait)
             configs=B1_T8k_H16,B1_T32k_H16,B8_T4k_H32
-            bench_bundle ab_waitfwd $configs
+            bench_bundle ab_waitfwd $configs --set chunk_flags=forward
             bench_bundle ab_waitall $configs --set chunk_flags=all
-            bench_bundle ab_nowait $configs --set scan_group_wait=false
+            bench_bundle ab_nowait $configs --set chunk_flags=forward --set scan_group_wait=false
             "$PY" -m tools.check_bundle .bundles/check_waitall --set native --pipeline chip \
                 --chips sm_90a --lower chunk_flags=all
             pack check_waitall ;;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# GPU calls (prepared at stop 51, not yet run): chunk_flags=all with scan_flag_loops=2 against
-# the default (chunk_flags=forward) and chunk_flags=off. Part 1: the GPU check of the native set
+# GPU calls (prepared at stop 51, run at stop 52): chunk_flags=all with scan_flag_loops=2 against
+# chunk_flags=forward (then the default) and chunk_flags=off. Part 1: the GPU check of the native set
 # with all+loops2, the overlapped-vs-in-order bits (bench/overlap_determinism.py) with it, and
 # B1_T8k_H16 with FLA (per-kernel tables: the reverse scan's in-order us/step must be back at
 # ~4.2). Part 2: B1_T32k_H16 and B8_T4k_H32 (in order: scans over half the SMs), no FLA.

@@ -954,11 +954,11 @@ class RegisterScanEmitter(TileKernelEmitter):
         if not self.wait_flags or self.opts.scan_flag_loops == 1:
             B.for_range(0, geo.nchunks, 1, step, trips=CHUNKS)
             return
-        # two versions of the loop: with a null flag pointer (the chunk kernel ran before
-        # this one) the loop without the waits, as without flags. With one loop and the wait
-        # under a branch, the loop was no longer unrolled (PTX) and the H100's reverse scans
-        # ran 4.25 -> 5.70 us per step in order (bench/results/h100_stop51_ab_flags_b1t8k.log);
-        # these two loops are the candidate fix (LowerOptions.scan_flag_loops), not yet GPU-run
+        # two versions of the loop (LowerOptions.scan_flag_loops=2): with a null flag pointer
+        # (the chunk kernel ran before this one) the loop without the waits, unrolled as
+        # without flags. Built for stop 51's in-order slowdown of the reverse scans; on the
+        # H200 it did not remove it (5.60 us per step, h200_stop52_ab_flags2_b1t8k.log): the
+        # cause was ptxas serialising the wgmma (C7518; LowerOptions.scan_group_wait)
         live = flags.is_set(p[FLAGS_PARAM])
         B.if_then(live, lambda: B.for_range(0, geo.nchunks, 1,
                                             lambda it, *a: step(it, *a, wait=True),
