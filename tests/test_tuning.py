@@ -67,3 +67,30 @@ def test_kda_bwd_k64_assembles_without_spills():
     for name, res in comp.assembled.items():
         assert res.ok, name
         assert all(r.spills == 0 for r in res.resources.values()), name
+
+
+def test_register_scans_take_their_entries_too():
+    """The serial register-scan kernels take the table's entries for their own path
+    (sm90-register-scan): gdn_bwd's reverse scan is lowered with slot barriers, as if the
+    option were given (its static cost report equal to that lowering's, and unlike the one
+    without); kda_bwd's reverse scan is not."""
+    from kdagen.driver import DEFAULT_LOWERING, Compilation
+
+    def kernels(program, **lower):
+        comp = Compilation(program, dict(head_k_dim=128, head_v_dim=128), "sm_90a",
+                           lower=dict(DEFAULT_LOWERING, **lower))
+        comp.run(until="gpu")
+        return {k.name.split("__")[-1]: k for k in comp.kernels}
+
+    def step(k):
+        return {key: v for key, v in k.cost.items() if key not in ("tuned",)}
+
+    gdn = kernels("gdn_bwd")
+    assert gdn["k3_scan3"].launch["path"] == "sm90-register-scan"
+    assert gdn["k3_scan3"].launch.get("tuned") == {"scan_slot_barriers": True}
+    assert all("tuned" not in k.launch for n, k in gdn.items() if n != "k3_scan3")
+    given = kernels("gdn_bwd", tuned=False, scan_slot_barriers=True)["k3_scan3"]
+    without = kernels("gdn_bwd", tuned=False)["k3_scan3"]
+    assert step(gdn["k3_scan3"]) == step(given) != step(without)
+    kda = kernels("kda_bwd")
+    assert "tuned" not in kda["k3_scan3"].launch

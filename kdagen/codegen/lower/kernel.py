@@ -109,7 +109,7 @@ def prepare(program: Program, target: Target | None, prefix: str,
         kname = f"{prefix}__k{g.index}_{g.label}"
         rp = register_plans.get(g.index)
         if rp is not None:
-            em = register_scan.RegisterScanEmitter(program, g, opts, target, rp)
+            em = register_scan.RegisterScanEmitter(program, g, rp.options, target, rp)
             em.workspace_storage = storage_of
             launch = {"grid": rp.grid, "block": [rp.block_threads, 1, 1],
                       "parallel_chunks": False, "dynamic_shared_memory": em.smem_bytes,
@@ -122,6 +122,8 @@ def prepare(program: Program, target: Target | None, prefix: str,
             hbm = hbm_bytes_per_token(g)
             if hbm is not None:
                 launch["hbm_bytes_per_token"] = hbm
+            if rp.tuned:
+                launch["tuned"] = dict(rp.tuned)
             out.append(PreparedKernel(kname, g, em, "smem", launch, None))
             continue
         if g.kind == "global":
@@ -334,14 +336,20 @@ def _register_scan_plans(program: Program, groups: list, target: Target | None,
                     readers.setdefault(m.operands[0], set()).add(g.index)
     plans = {}
     for g in groups:
+        # the tuning table's options of this kernel on this path
+        kopts, tuned = tuning.tuned_options(
+            opts, target.chip, register_scan.PATH_NAME, program.name,
+            (int(program.attrs.get("head_k_dim", 0)), int(program.attrs.get("head_v_dim", 0))),
+            tuning.kernel_label(g.index, g.label))
         try:
             rp = register_scan.match(program, g, target,
-                                     (target.smem_per_block or 0) - opts.smem_reserve,
-                                     opts.scan_warpgroups, opts.scan_k_split,
-                                     opts.scan_tma_stores, opts.dot,
-                                     opts.scan_slot_barriers)
+                                     (target.smem_per_block or 0) - kopts.smem_reserve,
+                                     kopts.scan_warpgroups, kopts.scan_k_split,
+                                     kopts.scan_tma_stores, kopts.dot,
+                                     kopts.scan_slot_barriers)
         except register_scan.NoMatch:
             continue
+        rp.options, rp.tuned = kopts, tuned
         if any(readers.get(ws, set()) - {g.index} for ws in rp.workspace_storage()):
             continue
         plans[g.index] = rp

@@ -225,6 +225,10 @@ class RegisterScanPlan:
     # refilled for the next chunk as soon as this step's last read of it completes, so the
     # refill overlaps the rest of the step (`RegisterScanEmitter._release_slots`)
     slot_barriers: bool = False
+    # the lowering options of this kernel: the caller's with the tuning table's entries for
+    # it applied (kernel._register_scan_plans)
+    options: object = None
+    tuned: dict = field(default_factory=dict)    # the entries applied: {option: value}
 
     @property
     def natural_order(self) -> bool:

@@ -9,9 +9,9 @@ forward's output kernel +29% at K = 128). The static cost model predicts the opp
 a rule. An entry may also rest on ptxas alone (a kernel that spills registers at the
 default and not with the entry), saying so.
 
-An entry names the chip, the lowering path (``sm90-native``, ``portable``), the program, its
-head dims (K, V) and the kernel (``k<index>_<label>`` as `kdagen.codegen.lower.kernel.prepare`
-names it); it applies to every gate and option set of that program, and only to options the
+An entry names the chip, the lowering path (``sm90-native``, ``sm90-register-scan``,
+``portable``), the program, its head dims (K, V) and the kernel (``k<index>_<label>`` as
+`kdagen.codegen.lower.kernel.prepare` names it); it applies to every gate and option set of that program, and only to options the
 caller left at their defaults (an explicit value, e.g. an ablation's ``--load-batch``, wins).
 ``LowerOptions.tuned = False`` turns the table off.
 """
@@ -60,6 +60,15 @@ TUNED: tuple[TunedKernel, ...] = (
                 "172-byte register spill (bench/results/h100_stop45_ab_k256_chunk_options.log); "
                 "load_batch 2 alone: 60 bytes spilled at 8, none at 2 "
                 "(bench/results/cpu_ptxas_k256_kda_bwd_load_batch.log)"),
+    # slot barriers help GDN's TF32 reverse scan, whose refill the step's products did not hide;
+    # KDA's bf16x3 reverse scan (three times the tensor work per step) was even or slower:
+    # 4.30 -> 4.23 us per step at B1_T8k_H16, 3.69 -> 3.81 at B1_T32k_H4
+    TunedKernel("sm_90a", "sm90-register-scan", "gdn_bwd", (128, 128), "k3_scan3",
+                (("scan_slot_barriers", True),),
+                "H100, one process, reverse scan: B1_T8k_H16 3.99 -> 3.11 us per step, "
+                "B1_T32k_H4 3.43 -> 2.74 (fwd+bwd 4.87 -> 4.58 ms); GPU check 1148 ok with "
+                "slot barriers in both backward programs (bench/results/h100_stop53_slots_1.log, "
+                "h100_stop53_check_slotsp.log)"),
     TunedKernel("sm_90a", "sm90-native", "gdn_bwd", (256, 128), "k4_scan4",
                 (("chunk_warpgroups", 4), ("load_batch", 2)),
                 "H100, B1_T8k_H16, one process: 3894 -> 3009 us per value part, no spill "
