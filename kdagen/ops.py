@@ -41,6 +41,11 @@ ceil(T / 64), or ceil(T / 64) + N with cu_seqlens: a bound that needs no host re
 backward reads them instead: its prologue skips the key-key decay product and the inverse.
 Without it, or where the bundle has no such variant (``kdagen emit --residuals`` builds them),
 ``residuals`` holds empty tensors ``[0]`` and the backward recomputes.
+
+``residuals`` ends with one more tensor: on an sm_90a GPU, where a call of few sequences and
+heads runs each sequence as P segments at once (intra-card context parallelism,
+:mod:`kdagen.runtime.segments`, :func:`segments_of`), the segments' start states ``[B·P, HV,
+K, V]`` (float32), from which the backward runs as the same segments; else an empty tensor.
 """
 # No `from __future__ import annotations`: torch.library infers the schemas from the annotations.
 import os
@@ -166,22 +171,41 @@ def _ask_residuals(opts: dict, outputs: dict, q: Tensor, cu_seqlens: Optional[Te
 
 def _residuals_out(res: dict, saved: bool, bound: int, q: Tensor) -> list:
     """The residuals output of a forward: what it saved, zero rows appended up to ``bound``
-    (the shape the fake kernel promises), or empty tensors where it saved none."""
+    (the shape the fake kernel promises), or empty tensors where it saved none; then the
+    segments' start states of a segmented call (:func:`segments_of`), or an empty tensor."""
+    segment_states = res.get("segment_states")
+    segment_states = _empty(q) if segment_states is None else segment_states
     if not saved:
-        return _no_residuals(q)
+        return _no_residuals(q)[:-1] + [segment_states]
     out = []
     for name in RESIDUALS:
         x = res[name]
         if x.shape[0] < bound:
             x = torch.cat([x, x.new_zeros((bound - x.shape[0], *x.shape[1:]))])
         out.append(x)
-    return out
+    return out + [segment_states]
 
 
 def _no_residuals(q: Tensor) -> list:
     """The residuals output of a forward that saves none: empty tensors (an empty list
-    output trips torch's autograd bookkeeping)."""
-    return [_empty(q) for _ in RESIDUALS]
+    output trips torch's autograd bookkeeping); the last one stands for the segments'
+    start states."""
+    return [_empty(q) for _ in RESIDUALS] + [_empty(q)]
+
+
+def segments_of(q: Tensor, v: Tensor, cu_seqlens: Optional[Tensor]) -> int:
+    """Segments per sequence a call runs as (kdagen.runtime.segments: intra-card context
+    parallelism; 1 = none): sm_90a (its register scans carry what the chaining needs),
+    whole sequences of equal length (no cu_seqlens), K = V, and the sizes the cost rule of
+    :func:`kdagen.runtime.segments.segments_for` picks (``KDAGEN_SEGMENTS`` overrides)."""
+    if q.device.type != "cuda" or cu_seqlens is not None or q.dim() != 4 or v.dim() != 4:
+        return 1
+    from kdagen.runtime.segments import segments_for, sm_count
+    index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    if torch.cuda.get_device_capability(index) != (9, 0):
+        return 1
+    return segments_for(int(q.shape[0]), int(q.shape[1]), int(v.shape[2]), int(q.shape[3]),
+                        int(v.shape[3]), CHUNK_SIZE, sm_count(q.device))
 
 
 # --------------------------------------------------------------------------------------
@@ -310,10 +334,21 @@ def _run_fwd(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens
     (varlen: B = 1 and NT the chunks of all sequences, which reads ``cu_seqlens`` on the host).
     ``flags``: use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
     allow_neg_eigval, safe_gate, lower_bound."""
+    segments = 1 if chunk_states else segments_of(q, v, cu_seqlens)
+    if segments > 1:
+        # the chaining starts from a state and ends in one: the variant with both (zeros
+        # where the caller gave none; the final state is returned only where asked for)
+        if initial_state is None:
+            initial_state = q.new_zeros((q.shape[0], v.shape[2], q.shape[3], v.shape[3]),
+                                        dtype=torch.float32)
+        output_final_state = True
     sizes, opts, inputs, outputs = call_spec(family, q, k, v, g, beta, A_log, dt_bias,
                                              initial_state, cu_seqlens, scale,
                                              output_final_state, *flags)
     state = (sizes.HV, sizes.K, sizes.V)
+    if segments > 1:
+        inputs["segments"] = segments
+        outputs["segment_initial_state"] = OutSpec((sizes.B * segments, *state), torch.float32)
     bound = _ask_residuals(opts, outputs, q, cu_seqlens, sizes.HV) if save_residuals else 0
     if chunk_states:
         C = CHUNK_SIZE
@@ -328,6 +363,8 @@ def _run_fwd(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens
     res, saved = _run_program(q.device, f"{family}_fwd", opts, inputs, outputs)
     if chunk_states:   # a bundle's buffer may hold more rows (it is sized without reading cu_seqlens)
         res["chunk_states"] = res["chunk_states"][:rows].reshape(*lead, *state)
+    if segments > 1:
+        res["segment_states"] = res.pop("segment_initial_state")
     res["residuals"] = _residuals_out(res, saved, bound, q)
     return res
 
@@ -353,12 +390,17 @@ def _fwd_fake(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlen
     if save_residuals:
         rows, C = _residual_bound(q, cu_seqlens), CHUNK_SIZE
         residuals = [q.new_empty((rows, v.shape[2], C, C), dtype=torch.float32)
-                     for _ in RESIDUALS]
+                     for _ in RESIDUALS] + residuals[-1:]
+    segments = segments_of(q, v, cu_seqlens)
+    if segments > 1:
+        residuals[-1] = q.new_empty((q.shape[0] * segments, v.shape[2], q.shape[3], v.shape[3]),
+                                    dtype=torch.float32)
     return o, ht, residuals
 
 
 def _add_residuals(opts: dict, inputs: dict, residuals) -> None:
     """A backward call reads the forward's residuals (``residuals``: None or the list)."""
+    residuals = list(residuals or [])[:len(RESIDUALS)]
     if residuals and any(x.numel() for x in residuals):
         if len(residuals) != len(RESIDUALS):
             raise KdagenInputError(f"residuals: expected {len(RESIDUALS)} tensors "
@@ -370,11 +412,29 @@ def _add_residuals(opts: dict, inputs: dict, residuals) -> None:
 def _bwd_impl(family, do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale,
               use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
               allow_neg_eigval, safe_gate, lower_bound, residuals=None):
+    # a segmented forward's start states of its segments (_residuals_out): the backward runs
+    # as the same segments, its recompute scan from them, its reverse scan chained
+    segment_states = residuals[len(RESIDUALS)] if residuals and len(residuals) > len(RESIDUALS) \
+        else None
+    asked_dh0 = initial_state is not None
+    if segment_states is not None and segment_states.numel():
+        segments = int(segment_states.shape[0]) // int(q.shape[0])
+        if initial_state is None:
+            initial_state = q.new_zeros((q.shape[0], v.shape[2], q.shape[3], v.shape[3]),
+                                        dtype=torch.float32)
+        if dht is None:
+            dht = q.new_zeros((q.shape[0], v.shape[2], q.shape[3], v.shape[3]),
+                              dtype=torch.float32)
+    else:
+        segments = 1
     sizes, opts, inputs, _ = call_spec(
         family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale, dht is not None,
         use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
         safe_gate, lower_bound)
     _add_residuals(opts, inputs, residuals)
+    if segments > 1:
+        inputs.update(initial_state=segment_states, segments=segments,
+                      segment_known=("initial_state",))
     _check_cotangent("do", do, tuple(v.shape), q.device)
     if dht is not None:
         _check_cotangent("dht", dht, (sizes.N, sizes.HV, sizes.K, sizes.V), q.device)
@@ -395,7 +455,7 @@ def _bwd_impl(family, do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, 
     return (res["dq"], res["dk"], res["dv"], res[gname], res[bname],
             res["dA_log"] if use_gate_in_kernel else _empty(q),
             res["ddt_bias"].reshape(dt_bias.shape) if use_gate_in_kernel else _empty(q),
-            res["dh0"] if initial_state is not None else _empty(q))
+            res["dh0"] if asked_dh0 else _empty(q))
 
 
 def forward_with_chunk_states(family, *args):

@@ -565,7 +565,8 @@ def test_slot_barriers_refill_a_one_stage_ring_slot_by_slot(program, acquire):
     # for at its start, not the slot freed mid-step (with stage barriers: the whole stage)
     refill = k.cost["counts"]["ring.refill_bytes"]
     assert 0 < refill < rp.stage_bytes_tx
-    plain = [k for k in lower_program(mod, t, options=LowerOptions(path="native", dot="auto"))
+    plain = [k for k in lower_program(mod, t, options=LowerOptions(path="native", dot="auto",
+                                                                   tuned=False))
              if k.name.endswith(by_depth[1].name.split("__")[-1])][0]
     assert plain.cost["counts"]["ring.refill_bytes"] == rp.stage_bytes_tx
 

@@ -293,9 +293,26 @@ class LoweredProgram:
         return plan
 
     def __call__(self, device=None, poison: bool = True, stream=None, chip: str | None = None,
-                 profile: list | None = None, **tensors) -> dict:
+                 profile: list | None = None, segments: int = 1, segment_known: tuple = (),
+                 **tensors) -> dict:
         """Run the variant; ``profile`` (a list): append (kernel name, start, end) CUDA events
-        around every launch (read them after a synchronize: per-kernel times)."""
+        around every launch (read them after a synchronize: per-kernel times). ``segments``
+        > 1: each sequence runs as that many segments, its serial scans over all of them at
+        once and the states where they meet chained exactly (kdagen.runtime.segments;
+        ``segment_known``: the scan inputs given per segment already)."""
+        if segments > 1:
+            from .segments import run_segmented
+            return run_segmented(self, int(segments), tuple(segment_known), tensors,
+                                 device=device, poison=poison, stream=stream, chip=chip,
+                                 profile=profile)
+        device, sz, values, outputs = self.bind(device, poison, tensors)
+        plan, stream = self.prepare_launches(device, sz, values, poison, stream, chip)
+        self.run_launches(plan.launches, values, device, stream, profile)
+        return outputs
+
+    def bind(self, device, poison: bool, tensors: dict) -> tuple:
+        """(device, sizes, values by argument name, the outputs allocated): the call's
+        tensors converted to the kernels' storage types, its outputs allocated."""
         device = torch.device(device) if device is not None else next(
             t.device for t in tensors.values() if isinstance(t, torch.Tensor))
         sz = self.sizes(tensors)
@@ -322,6 +339,12 @@ class LoweredProgram:
                 x = self._alloc(a["layout"], a["heads"], a["tail"], a["dtype"], sz, device, poison)
                 values[name] = x
                 outputs[name] = x
+        return device, sz, values, outputs
+
+    def prepare_launches(self, device, sz: dict, values: dict, poison: bool, stream,
+                         chip: str | None) -> tuple:
+        """(the call plan, the stream): the launches of these sizes, and the call's
+        workspaces added to ``values``."""
         if chip is None:
             chip = chips.chip_for_device(device.index if device.index is not None
                                    else torch.cuda.current_device())
@@ -329,8 +352,12 @@ class LoweredProgram:
         values.update(self._workspaces(plan, device, poison))
         if stream is None and device.type == "cuda":  # one lookup per call, not per launch
             stream = torch.cuda.current_stream(device)
+        return plan, stream
+
+    def run_launches(self, launches, values: dict, device, stream, profile) -> None:
+        """Launch ``launches`` in order on ``stream``, a register scan beside the chunk kernel
+        that publishes its chunks where both carry chunk-ready flags."""
         timed = profile is not None or bool(_RECORDERS)
-        launches = plan.launches
         i = 0
         while i < len(launches):
             launch = launches[i]
@@ -341,19 +368,25 @@ class LoweredProgram:
                 # stream, before the fork the side stream waits for
                 args = (self._args(launch, values, device, flags=True),
                         self._args(nxt, values, device, aside=True, flags=True))
-                aside = _side_stream(device)
-                fork, join = torch.cuda.Event(), torch.cuda.Event()
-                fork.record(stream)
-                self._launch(launch, args[0], stream, profile, timed)
-                aside.wait_event(fork)          # the scan sees every earlier kernel's output
-                self._launch(nxt, args[1], aside, profile, timed)
-                join.record(aside)
-                stream.wait_event(join)         # later kernels read what the scan wrote
+                self.launch_beside(launch, args[0], nxt, args[1], device, stream, profile)
                 i += 2
                 continue
             self._launch(launch, self._args(launch, values, device), stream, profile, timed)
             i += 1
-        return outputs
+
+    def launch_beside(self, first, first_args, second, second_args, device, stream,
+                      profile) -> None:
+        """``first`` on ``stream`` and ``second`` on the side stream at the same time; later
+        work on ``stream`` waits for both."""
+        timed = profile is not None or bool(_RECORDERS)
+        aside = _side_stream(device)
+        fork, join = torch.cuda.Event(), torch.cuda.Event()
+        fork.record(stream)
+        self._launch(first, first_args, stream, profile, timed)
+        aside.wait_event(fork)          # the second sees every earlier kernel's output
+        self._launch(second, second_args, aside, profile, timed)
+        join.record(aside)
+        stream.wait_event(join)         # later kernels read what the second wrote
 
     @staticmethod
     def _args(launch, values, device, aside: bool = False, flags: bool = False) -> list:

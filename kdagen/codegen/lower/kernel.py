@@ -118,7 +118,7 @@ def prepare(program: Program, target: Target | None, prefix: str,
                       "tensor_maps": rp.tensor_maps(),
                       "ring": {"depth": rp.depth, "stage_bytes": rp.stage_bytes,
                                "tma_loads": [s.tensor for s in rp.slots]},
-                      "wgmma_precision": rp.precision}
+                      "wgmma_precision": rp.precision, "carry": rp.carry(g)}
             hbm = hbm_bytes_per_token(g)
             if hbm is not None:
                 launch["hbm_bytes_per_token"] = hbm
@@ -177,6 +177,10 @@ def prepare(program: Program, target: Target | None, prefix: str,
             launch["shared_in_place"] = True
         if tuned:
             launch["tuned"] = tuned
+        if any(scan.results for scan in g.scans):
+            # a state carried across chunks in a kernel the segmented runtime cannot chain
+            # (kdagen.runtime.segments needs a register scan's "carry")
+            launch["carries_state"] = True
         hbm = hbm_bytes_per_token(g)
         if hbm is not None:
             launch["hbm_bytes_per_token"] = hbm

@@ -272,6 +272,25 @@ class RegisterScanPlan:
     def grid(self) -> list:
         return ["HV" if self.v_ctas == 1 else f"HV * {self.v_ctas}", "N", "1"]
 
+    def carry(self, group) -> dict:
+        """The carried state's endpoints as program arguments, for a runtime that runs the
+        scan over segments of a sequence (kdagen.runtime.segments): ``init`` the state-layout
+        input it starts from (None: a constant), ``final`` the state-layout output it ends in
+        (None: not stored), ``reverse`` whether it walks the chunks backwards."""
+        init_value = self.scan.operands[0] if self.scan.operands else None
+        owner = init_value.owner if init_value is not None else None
+        init = None
+        if owner is not None and owner.op == "kda.load_state" and owner.operands[0].arg:
+            init = owner.operands[0].arg.name
+        final = None
+        after = False
+        for n in group.nodes:
+            if n is self.scan:
+                after = True
+            elif after and n.op == "kda.store_state" and n.operands[0].arg:
+                final = n.operands[0].arg.name
+        return {"init": init, "final": final, "reverse": bool(self.scan.attrs.get("reverse"))}
+
     def tensor_maps(self) -> dict:
         maps = {s.param: s.tensor_map() for s in self.slots}
         maps.update({st.param: st.tensor_map() for st in self.stores})

@@ -1,0 +1,237 @@
+"""Intra-card context parallelism: a program's serial scans over P segments of each sequence
+at once, exact.
+
+A few long sequences with few heads leave the serial scans (one CTA per head and 64 value
+columns, stepping through every chunk of a sequence) on a handful of SMs while the rest idle:
+at B = 1, HV = 4, T = 32k the backward's reverse scan ran 1.9 ms on 8 SMs (H100). The state
+map of a run of chunks is affine, ``S_end = M·S_start + E`` (M: K×K), so a sequence cut into P
+segments of whole chunks can run its scans on all segments at once:
+
+1. the program's tensors are viewed as ``B·P`` sequences of ``T / P`` tokens (the same chunks,
+   so every chunk-parallel kernel does exactly its usual work, and the workspaces keep their
+   layout);
+2. a scan whose start state is not known per segment (the forward's state scan, the
+   backward's reverse scan) runs twice beside itself: from the true start state on the
+   segment where the sequence starts (the first; the last for a reverse scan) and zero on the
+   others, giving each segment's ``E`` (and the first one's true end state), and from
+   ``λ·I`` on every segment, giving ``λ·M + E``; ``M = (that - E) / λ`` (λ = 2^12, a power of
+   two: the scaling is exact, and the kernel's TF32 roundings stay relative to ``λ·M`` as
+   they would to ``M``: subtracting E only, never a value much larger than λ·M);
+3. the segments' true start states are chained in float64 on the stream (``s_{p+1} = M_p·s_p +
+   E_p``, P - 2 batched products), and the scan runs once more from them, writing its
+   checkpoints and end states;
+4. a scan whose start states are given per segment (the backward's recompute scan, from the
+   forward's chained states) runs once.
+
+The chaining needs K = V (the λ·I start state fills the [K, V] state) and sequences of a
+multiple of ``C·P`` tokens; no host synchronisation (CUDA graphs keep working). The scan
+launches carry what they need in their manifest entry (``launch["carry"]``, from
+``kdagen.codegen.lower.register_scan``); a kernel that carries a state without it is
+refused. Scans cost three runs of T/P chunks (two at once) instead of one of T: worth it
+from P = 4 (:func:`segments_for` chooses).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+__all__ = ["LAMBDA", "SegmentsUnsupported", "segments_for", "run_segmented", "chain_starts"]
+
+#: the scale of the identity start state of the transition run (an exact power of two)
+LAMBDA = 2.0 ** 12
+#: fewest chunks a segment may have (below it the merge and launches outweigh the scan)
+MIN_SEGMENT_CHUNKS = 16
+#: fewest segments worth the three scan runs
+MIN_SEGMENTS = 4
+#: the GPU's scan CTAs: value blocks of 64 columns per head (kdagen.codegen.lower.register_scan)
+VALUE_BLOCK = 64
+
+
+class SegmentsUnsupported(ValueError):
+    """The program or the call cannot run as segments (the message says why)."""
+
+
+def segments_for(B: int, T: int, HV: int, K: int, V: int, chunk_size: int, sms: int,
+                 setting: str | None = None) -> int:
+    """Segments per sequence for a call of these sizes (1: none). ``setting``: the
+    ``KDAGEN_SEGMENTS`` environment variable by default — ``auto`` (the cost rule below),
+    ``0``/``1``/``off`` (never), or a power of two (that many, where the sizes allow).
+
+    The rule: the most segments, a power of two, such that each segment holds at least
+    :data:`MIN_SEGMENT_CHUNKS` chunks, T divides into them, and the two scan runs that go
+    side by side take at most the SMs (2·B·HV·V/64·P CTAs); none below :data:`MIN_SEGMENTS`
+    (three runs of T/P chunks must beat one of T). K = V only."""
+    if setting is None:
+        setting = os.environ.get("KDAGEN_SEGMENTS", "auto")
+    setting = str(setting).strip().lower()
+    if setting in ("0", "1", "off", "false", "") or K != V or T <= 0:
+        return 1
+    chunks = T // chunk_size
+
+    def fits(p: int) -> bool:
+        return T % (chunk_size * p) == 0 and chunks // p >= MIN_SEGMENT_CHUNKS
+
+    if setting != "auto":
+        try:
+            want = int(setting)
+        except ValueError:
+            raise SegmentsUnsupported(f"KDAGEN_SEGMENTS={setting!r}: use auto, off or a power "
+                                      "of two") from None
+        if want & (want - 1) or want < 1:
+            raise SegmentsUnsupported(f"KDAGEN_SEGMENTS={want}: use a power of two")
+        p = want
+        while p > 1 and not fits(p):
+            p //= 2
+        return p
+    ctas = 2 * B * HV * max(1, V // VALUE_BLOCK)
+    p = 1
+    while fits(2 * p) and ctas * 2 * p <= sms:
+        p *= 2
+    return p if p >= MIN_SEGMENTS else 1
+
+
+def chain_starts(start: torch.Tensor, ends_from_zero: torch.Tensor, transitions: torch.Tensor,
+                 reverse: bool) -> torch.Tensor:
+    """The true start state of every segment, ``[B, P, ...]`` (float64).
+
+    ``start``: each sequence's true start state ``[B, ...]`` (for a reverse scan, the state at
+    its end); ``ends_from_zero``: ``[B, P, ...]``, each segment's end state when started from
+    zero, except the first segment (the last, reversed), started from ``start``;
+    ``transitions``: ``[B, P, K, K]``-shaped per head (``[B, P, HV, K, K]``), M of each segment
+    (the first one's unused)."""
+    P = ends_from_zero.shape[1]
+    order = list(range(P - 1, -1, -1)) if reverse else list(range(P))
+    starts = [None] * P
+    starts[order[0]] = start
+    end = ends_from_zero[:, order[0]]
+    for i, p in enumerate(order[1:], 1):
+        starts[p] = end
+        if i + 1 < P:
+            end = torch.matmul(transitions[:, p], end) + ends_from_zero[:, p]
+    return torch.stack(starts, 1)
+
+
+def _check(prog, launches, known: tuple, tensors: dict) -> dict:
+    """{argument: carry} of the scans to chain; raises SegmentsUnsupported where the call or
+    the program cannot run as segments."""
+    chained = {}
+    for la in launches:
+        entry = la.kernel.entry.launch
+        carry = entry.get("carry")
+        if carry is None:
+            if entry.get("carries_state"):
+                raise SegmentsUnsupported(f"segments: {la.name} carries a state the runtime "
+                                          "cannot chain (no register scan)")
+            continue
+        init, final = carry.get("init"), carry.get("final")
+        if init is None:
+            raise SegmentsUnsupported(f"segments: {la.name} starts from a constant state; run "
+                                      "the variant with an initial state")
+        if init in known:
+            continue
+        if final is None:
+            raise SegmentsUnsupported(f"segments: {la.name} stores no end state, and its start "
+                                      f"states ({init}) are not given per segment")
+        chained[la.name] = carry
+    args = {a["name"]: a for a in prog.args}
+    finals = {c["final"] for c in chained.values()}
+    for a in prog.args:
+        if a["role"] == "output" and a["layout"] == "state" and a["name"] not in finals:
+            raise SegmentsUnsupported(f"segments: output {a['name']} is a state no chained "
+                                      "scan ends in")
+        if a["layout"] in ("pool", "slots", "seqlens") and tensors.get(a["name"]) is not None:
+            raise SegmentsUnsupported(f"segments: {a['layout']} argument {a['name']}")
+    for name in known:
+        if name not in args or args[name]["layout"] != "state":
+            raise SegmentsUnsupported(f"segments: {name} is not a state input of "
+                                      f"{prog.variant}")
+    return chained
+
+
+def run_segmented(prog, P: int, known: tuple, tensors: dict, *, device=None,
+                  poison: bool = False, stream=None, chip: str | None = None,
+                  profile: list | None = None) -> dict:
+    """Run ``prog`` (a :class:`kdagen.runtime.launch.LoweredProgram`) with each sequence cut
+    into ``P`` segments (module doc). ``known``: state inputs given per segment
+    (``[B·P, ...]``); the others are per sequence. Returns the outputs as an ordinary call
+    would, plus ``segment_<input>``: the segments' start states ``[B·P, ...]`` of each scan
+    it chained (what a backward gives back as ``known``)."""
+    token = next(a for a in prog.args if a["role"] == "input" and a["layout"] == "token"
+                 and a["heads"] == "v")
+    x = tensors[token["name"]]
+    B, T = int(x.shape[0]), int(x.shape[1])
+    if tensors.get("cu_seqlens") is not None:
+        raise SegmentsUnsupported("segments: not with cu_seqlens (whole sequences of equal "
+                                  "length only)")
+    if P < 2 or T % (prog.C * P):
+        raise SegmentsUnsupported(f"segments: T = {T} is not a multiple of {prog.C * P} "
+                                  f"({P} segments of whole chunks)")
+    seg_tensors = {}
+    for a in prog.args:
+        name, t = a["name"], tensors.get(a["name"])
+        if isinstance(t, torch.Tensor) and a["role"] == "input" and a["layout"] == "token":
+            t = t.reshape(B * P, T // P, *t.shape[2:])
+        seg_tensors[name] = t
+    device, sz, values, outputs = prog.bind(device, poison, seg_tensors)
+    plan, stream = prog.prepare_launches(device, sz, values, poison, stream, chip)
+    chained = _check(prog, plan.launches, known, tensors)
+    for name in known:
+        if values[name].shape[0] != B * P:
+            raise SegmentsUnsupported(f"segments: {name} has {values[name].shape[0]} start "
+                                      f"states, expected B·P = {B * P}")
+    from .launch import _RECORDERS
+    timed = profile is not None or bool(_RECORDERS)
+    starts = {}
+    for la in plan.launches:
+        carry = chained.get(la.name)
+        if carry is None:
+            prog._launch(la, prog._args(la, values, device), stream, profile, timed)
+            continue
+        init, final, reverse = carry["init"], carry["final"], bool(carry["reverse"])
+        start = values[init]                                   # [B, HV, K, V]
+        if start.shape[0] != B:
+            raise SegmentsUnsupported(f"segments: {init} has {start.shape[0]} states, "
+                                      f"expected one per sequence ({B})")
+        K, Vd = int(start.shape[-2]), int(start.shape[-1])
+        if K != Vd:
+            raise SegmentsUnsupported(f"segments: the state is [{K}, {Vd}]; chaining needs "
+                                      "K = V")
+        tail = tuple(start.shape[1:])
+        first = P - 1 if reverse else 0
+        from_zero = start.new_zeros((B, P) + tail)
+        from_zero[:, first] = start
+        from_zero = from_zero.view((B * P,) + tail)
+        eye = torch.eye(K, dtype=start.dtype, device=device) * LAMBDA
+        from_eye = eye.expand((B * P,) + tail).contiguous()
+        end_zero, end_eye = torch.empty_like(from_zero), torch.empty_like(from_zero)
+        # both runs write the scan's checkpoint workspaces; the true run below rewrites them
+        run_zero = dict(values, **{init: from_zero, final: end_zero})
+        run_eye = dict(values, **{init: from_eye, final: end_eye})
+        prog.launch_beside(la, prog._args(la, run_zero, device), la,
+                           prog._args(la, run_eye, device, aside=True), device, stream, profile)
+        ends = end_zero.view((B, P) + tail).double()
+        transitions = (end_eye.view((B, P) + tail).double() - ends) / LAMBDA
+        true_starts = chain_starts(start.double(), ends, transitions, reverse)
+        values[init] = true_starts.to(start.dtype).view((B * P,) + tail).contiguous()
+        prog._launch(la, prog._args(la, values, device), stream, profile, timed)
+        starts[init] = values[init]
+    result = {}
+    argmap = {a["name"]: a for a in prog.args}
+    last_of = {c["final"]: (0 if c["reverse"] else P - 1) for c in chained.values()}
+    for name, out in outputs.items():
+        a = argmap[name]
+        if a["layout"] == "token":
+            result[name] = out.view(B, T, *out.shape[2:])
+        elif a["layout"] == "state":
+            result[name] = out.view((B, P) + tuple(out.shape[1:]))[:, last_of[name]].contiguous()
+        else:
+            result[name] = out
+    for name, t in starts.items():
+        result[f"segment_{name}"] = t
+    return result
+
+
+def sm_count(device) -> int:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return int(torch.cuda.get_device_properties(index).multi_processor_count)

@@ -1,0 +1,210 @@
+"""Intra-card context parallelism (kdagen.runtime.segments), on the CPU: the chaining of the
+segments' start states against a sequential affine recurrence (forward and reverse), the
+runner's protocol on a toy program whose "kernels" are torch functions (segmented outputs
+equal the whole-sequence run's, start states handed back and reused), the segment-count
+rule, and the refusals. The GPU kernels under it: tests/test_segments_gpu.py."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from kdagen.runtime import segments as seg
+
+
+def _affine_chain(start, Ms, Es, reverse):
+    """Sequential: the state entering each segment (reverse: the state at each segment's end
+    walking backwards), the [B, P, ...] start states a segmented run must reproduce."""
+    P = Ms.shape[1]
+    order = range(P - 1, -1, -1) if reverse else range(P)
+    s, out = start, [None] * P
+    for p in order:
+        out[p] = s
+        s = torch.matmul(Ms[:, p], s) + Es[:, p]
+    return torch.stack(out, 1)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("P", [2, 3, 8])
+def test_chain_starts_matches_the_sequential_recurrence(reverse, P):
+    gen = torch.Generator().manual_seed(P + 10 * reverse)
+    B, H, K, V = 2, 3, 5, 4
+    Ms = torch.randn(B, P, H, K, K, generator=gen, dtype=torch.float64) * 0.5
+    Es = torch.randn(B, P, H, K, V, generator=gen, dtype=torch.float64)
+    start = torch.randn(B, H, K, V, generator=gen, dtype=torch.float64)
+    first = P - 1 if reverse else 0
+    ends = Es.clone()                                  # from zero, except the first segment
+    ends[:, first] = torch.matmul(Ms[:, first], start) + Es[:, first]
+    got = seg.chain_starts(start, ends, Ms, reverse)
+    torch.testing.assert_close(got, _affine_chain(start, Ms, Es, reverse))
+
+
+# ------------------------------------------------------------------------------------------
+# a toy program run by the segmented runner: the scan's state map per chunk is affine, as the
+# real kernels' (S <- A_c S + B_c, A_c and B_c from the chunk's tokens); a chunk-parallel
+# "output kernel" reads the checkpoints the scan wrote
+# ------------------------------------------------------------------------------------------
+
+C, HV, K = 4, 2, 3
+
+
+def _chunk_maps(x):
+    """x [B', T', HV, K] -> per chunk A [B', n, HV, K, K] (contracting) and Bc [B', n, HV, K, K]."""
+    Bp, Tp = x.shape[:2]
+    xc = x.view(Bp, Tp // C, C, HV, K).permute(0, 1, 3, 2, 4)        # [B', n, HV, C, K]
+    A = torch.eye(K, dtype=x.dtype) * 0.9 - 0.1 * torch.tanh(xc.transpose(-1, -2) @ xc) / C
+    Bc = xc.transpose(-1, -2) @ torch.sin(xc)
+    return A, Bc
+
+
+class _ToyKernel:
+    """A launch of the call plan (kdagen.runtime.launch._Launch): name, kernel.entry.launch."""
+    def __init__(self, name, launch, fn):
+        self.kernel = SimpleNamespace(entry=SimpleNamespace(launch=launch))
+        self.name, self.fn = name, fn
+
+
+class ToyProgram:
+    """The surface of kdagen.runtime.launch.LoweredProgram that run_segmented uses."""
+    variant = "toy"
+
+    def __init__(self, reverse=False, scan_final=True):
+        self.C, self.reverse = C, reverse
+        init, final = ("dht", "dh0") if reverse else ("initial_state", "final_state")
+        self.init, self.final = init, final
+        self.args = [dict(name="x", role="input", layout="token", heads="v"),
+                     dict(name=init, role="input", layout="state", heads=None),
+                     dict(name="y", role="output", layout="token", heads="v")]
+        if scan_final:
+            self.args.append(dict(name=final, role="output", layout="state", heads=None))
+        carry = {"init": init, "final": final if scan_final else None, "reverse": reverse}
+        self.launches = [
+            _ToyKernel("scan", {"carry": carry}, self._scan),
+            _ToyKernel("out", {"parallel_chunks": True}, self._out)]
+        self.calls = []
+
+    def bind(self, device, poison, tensors):
+        x = tensors["x"]
+        Bp, Tp = x.shape[:2]
+        values = {"x": x, self.init: tensors[self.init].to(torch.float64)}
+        outputs = {"y": torch.full_like(x, float("nan"))}
+        if any(a["name"] == self.final for a in self.args):
+            outputs[self.final] = torch.full((Bp, HV, K, K), float("nan"), dtype=torch.float64)
+        values.update(outputs)
+        return torch.device("cpu"), {"B": Bp, "T": Tp}, values, outputs
+
+    def prepare_launches(self, device, sz, values, poison, stream, chip):
+        values["S_chunks"] = torch.full((sz["B"], sz["T"] // C, HV, K, K), float("nan"),
+                                        dtype=torch.float64)
+        return SimpleNamespace(launches=self.launches), None
+
+    def _args(self, la, values, device, aside=False, flags=False):
+        return dict(values)
+
+    def _launch(self, la, args, stream, profile, timed):
+        self.calls.append(la.name)
+        la.fn(args)
+
+    def launch_beside(self, first, fargs, second, sargs, device, stream, profile):
+        self._launch(first, fargs, stream, profile, False)
+        self._launch(second, sargs, stream, profile, False)
+
+    def _scan(self, a):
+        A, Bc = _chunk_maps(a["x"])
+        S = a[self.init].clone()
+        n = A.shape[1]
+        for c in (range(n - 1, -1, -1) if self.reverse else range(n)):
+            a["S_chunks"][:, c] = S
+            S = A[:, c] @ S + Bc[:, c]
+        if self.final in a:
+            a[self.final].copy_(S)
+
+    def _out(self, a):
+        Bp, Tp = a["x"].shape[:2]
+        xc = a["x"].view(Bp, Tp // C, C, HV, K)
+        y = torch.einsum("bnchk,bnhkj->bnchj", xc, a["S_chunks"])
+        a["y"].copy_(y.reshape(Bp, Tp, HV, K))
+
+    def whole(self, **tensors):
+        device, sz, values, outputs = self.bind(None, False, tensors)
+        plan, _ = self.prepare_launches(device, sz, values, False, None, None)
+        for la in plan.launches:
+            self._launch(la, self._args(la, values, device), None, None, False)
+        return outputs
+
+
+def _toy_inputs(B, T, reverse, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, T, HV, K, generator=gen, dtype=torch.float64)
+    s0 = torch.randn(B, HV, K, K, generator=gen, dtype=torch.float64)
+    return {"x": x, ("dht" if reverse else "initial_state"): s0}
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("P", [2, 4])
+def test_segmented_run_equals_the_whole_sequence_run(reverse, P):
+    B, T = 2, 8 * C * P
+    inputs = _toy_inputs(B, T, reverse, seed=P)
+    whole = ToyProgram(reverse).whole(**inputs)
+    prog = ToyProgram(reverse)
+    got = seg.run_segmented(prog, P, (), dict(inputs))
+    torch.testing.assert_close(got["y"], whole["y"], rtol=1e-9, atol=1e-9)
+    final = prog.final
+    torch.testing.assert_close(got[final], whole[final], rtol=1e-9, atol=1e-9)
+    # two chaining runs beside each other, then the true run, then the output kernel
+    assert prog.calls == ["scan", "scan", "scan", "out"]
+    starts = got[f"segment_{prog.init}"]
+    assert starts.shape == (B * P, HV, K, K)
+    first = P - 1 if reverse else 0
+    torch.testing.assert_close(starts.view(B, P, HV, K, K)[:, first], inputs[prog.init])
+
+
+def test_known_start_states_run_the_scan_once():
+    """A backward's recompute scan gets the forward's segment start states and no chaining:
+    one run, the same outputs as the whole sequence (its end state is not stored)."""
+    B, P, T = 1, 4, 16 * C
+    inputs = _toy_inputs(B, T, False, seed=3)
+    fwd = seg.run_segmented(ToyProgram(), P, (), dict(inputs))
+    prog = ToyProgram(scan_final=False)
+    known = dict(inputs, initial_state=fwd["segment_initial_state"])
+    got = seg.run_segmented(prog, P, ("initial_state",), known)
+    whole = ToyProgram(scan_final=False).whole(**inputs)
+    torch.testing.assert_close(got["y"], whole["y"], rtol=1e-9, atol=1e-9)
+    assert prog.calls == ["scan", "out"]
+
+
+def test_refusals_name_the_reason():
+    inputs = _toy_inputs(1, 16 * C, False)
+    with pytest.raises(seg.SegmentsUnsupported, match="multiple of"):
+        seg.run_segmented(ToyProgram(), 3, (), dict(inputs))
+    with pytest.raises(seg.SegmentsUnsupported, match="cu_seqlens"):
+        seg.run_segmented(ToyProgram(), 2, (), dict(inputs, cu_seqlens=torch.tensor([0, 64])))
+    with pytest.raises(seg.SegmentsUnsupported, match="stores no end state"):
+        seg.run_segmented(ToyProgram(scan_final=False), 2, (), dict(inputs))
+    prog = ToyProgram()
+    prog.launches[0].kernel.entry.launch = {"carries_state": True}
+    with pytest.raises(seg.SegmentsUnsupported, match="cannot chain"):
+        seg.run_segmented(prog, 2, (), dict(inputs))
+
+
+@pytest.mark.parametrize("B,T,HV,expect", [
+    (1, 32768, 4, 8),      # 2·1·4·2 = 16 CTAs per run: 8 segments fill 128 of 132 SMs
+    (1, 32768, 2, 16),
+    (1, 32768, 8, 4),
+    (1, 32768, 16, 1),     # two segments only: three runs of T/2 do not beat one of T
+    (1, 8192, 4, 8),
+    (1, 2048, 2, 1),       # 32 chunks: segments of 16 chunks at most, two of them
+    (8, 4096, 32, 1),
+])
+def test_segments_for_rule(B, T, HV, expect):
+    assert seg.segments_for(B, T, HV, 128, 128, 64, 132, "auto") == expect
+
+
+def test_segments_for_setting():
+    assert seg.segments_for(1, 32768, 4, 128, 128, 64, 132, "off") == 1
+    assert seg.segments_for(1, 32768, 4, 128, 64, 64, 132, "auto") == 1       # K != V
+    assert seg.segments_for(1, 32768, 16, 128, 128, 64, 132, "4") == 4        # forced
+    assert seg.segments_for(1, 4096, 16, 128, 128, 64, 132, "8") == 4         # 16 chunks each
+    with pytest.raises(seg.SegmentsUnsupported, match="power of two"):
+        seg.segments_for(1, 32768, 4, 128, 128, 64, 132, "6")
