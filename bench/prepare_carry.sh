@@ -9,6 +9,7 @@
 #   wheels      .whl: fla-core 0.6.0 and einops (FLA in the same process)
 #   first       the first kernel (KDAGEN_FIRST_KERNEL_BUNDLE=.bundles/first)
 #   api         every variant of tests/test_api_gpu.py (KDAGEN_BUNDLE=.bundles/api)
+#   segments    every variant of tests/test_segments_gpu.py (KDAGEN_BUNDLE=.bundles/segments)
 #   bench       kdagen bench at B1_T8k_H16 and B1_T32k_H16, K = 128, the default lowering
 #   bench_k256  the same at K = V = 256 (kda)
 #   bench_all   kdagen bench on every DESIGN.md §6 config, K = 128 (KDAGEN_BUNDLE=.bundles/bench_all;
@@ -96,6 +97,9 @@ for job in "$@"; do
         api)
             "$PY" tests/test_api_gpu.py .bundles/api sm_90a
             pack api ;;
+        segments)
+            "$PY" tests/test_segments_gpu.py .bundles/segments sm_90a
+            pack segments ;;
         bench)
             "$PY" bench/emit_bench_bundle.py .bundles/bench --path native \
                 --configs B1_T8k_H16,B1_T32k_H16

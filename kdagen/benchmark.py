@@ -98,17 +98,19 @@ def make_inputs(family, B, T, H, HV, lengths, device, seed=0, head_dim=128):
 
 
 def implementations(family, fla=True, bundles: dict | None = None,
-                    chunk_sizes: dict | None = None):
+                    chunk_sizes: dict | None = None, segments: dict | None = None):
     """{name: callable}: kdagen (or one ``kdagen_<label>`` per bundle folder of ``bundles``, the
     bundle selected through KDAGEN_BUNDLE at each call, and kdagen's chunk size from
-    ``chunk_sizes[label]`` when given: an ablation, the bundle must hold those variants) and
-    FLA when importable."""
+    ``chunk_sizes[label]`` when given: an ablation, the bundle must hold those variants;
+    ``segments[label]``: its KDAGEN_SEGMENTS, intra-card context parallelism) and FLA when
+    importable."""
     impls = {}
     import kdagen
     fn = kdagen.chunk_kda if family == "kda" else kdagen.chunk_gated_delta_rule
     if bundles:
         for label, path in bundles.items():
-            impls[f"kdagen_{label}"] = _with_bundle(fn, path, (chunk_sizes or {}).get(label))
+            impls[f"kdagen_{label}"] = _with_bundle(fn, path, (chunk_sizes or {}).get(label),
+                                                    (segments or {}).get(label))
     else:
         impls["kdagen"] = fn
     if not fla:
@@ -162,14 +164,16 @@ def _relax_tilelang_init_check() -> None:
 REFERENCES = {"fla": "FLA", "flashqla": "FlashQLA"}
 
 
-def _with_bundle(fn, path, chunk_size: int | None = None):
+def _with_bundle(fn, path, chunk_size: int | None = None, segments: str | None = None):
     from kdagen import ops
     size = chunk_size or ops.CHUNK_SIZE           # kdagen's own unless the ablation sets one
+    segments = segments or os.environ.get("KDAGEN_SEGMENTS", "auto")
 
     def run(*args, **kwargs):
         os.environ["KDAGEN_BUNDLE"] = str(path)
         # set, not restored: the backward of this call runs before another impl's call
         ops.CHUNK_SIZE = size
+        os.environ["KDAGEN_SEGMENTS"] = segments
         return fn(*args, **kwargs)
     run.__module__ = fn.__module__
     return run
@@ -344,6 +348,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="kdagen's chunk size for the impl of bundle LABEL (ablation; the "
                              "bundle must hold variants of that chunk size: "
                              "bench/emit_bench_bundle.py --chunk-size)")
+    parser.add_argument("--segments", action="append", default=[], metavar="LABEL=SETTING",
+                        help="KDAGEN_SEGMENTS for the impl of bundle LABEL: auto (the cost "
+                             "rule), off, or a power of two (intra-card context parallelism, "
+                             "kdagen.runtime.segments; an A/B in one process)")
     parser.add_argument("--no-fla", action="store_true",
                         help="time kdagen only (no FLA or FlashQLA columns or ratios)")
     parser.add_argument("--kernels", action="store_true",
@@ -374,6 +382,10 @@ def main(argv=None):
     unknown = set(chunk_sizes) - set(bundles)
     if unknown:
         parser.error(f"--chunk-size {sorted(unknown)}: no --bundle with that label")
+    segments = dict(c.split("=", 1) for c in args.segments)
+    unknown = set(segments) - set(bundles)
+    if unknown:
+        parser.error(f"--segments {sorted(unknown)}: no --bundle with that label")
     import torch
     if not torch.cuda.is_available():
         print("kdagen bench needs a CUDA GPU (it times kernels against FLA on the same inputs)",
@@ -389,7 +401,7 @@ def main(argv=None):
     kernels = [] if args.kernels else None
     for family in args.ops.split(","):
         impls = implementations(family, fla=not args.no_fla, bundles=bundles,
-                                chunk_sizes=chunk_sizes)
+                                chunk_sizes=chunk_sizes, segments=segments)
         for name in args.configs.split(","):
             B, T, H, HV, lengths = ALL_CONFIGS[name]
             x, kw, T = make_inputs(family, B, T or 0, H, HV, lengths, device,
