@@ -378,7 +378,7 @@ def _fwd_impl(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlen
 
 
 def _fwd_fake(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale,
-              output_final_state, save_residuals=False):
+              output_final_state, save_residuals=False, segmented=True):
     # shapes only: never read data, never specialise symbolic sizes
     o = v.new_empty(v.shape)
     if output_final_state:
@@ -391,7 +391,7 @@ def _fwd_fake(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlen
         rows, C = _residual_bound(q, cu_seqlens), CHUNK_SIZE
         residuals = [q.new_empty((rows, v.shape[2], C, C), dtype=torch.float32)
                      for _ in RESIDUALS] + residuals[-1:]
-    segments = segments_of(q, v, cu_seqlens)
+    segments = segments_of(q, v, cu_seqlens) if segmented else 1
     if segments > 1:
         residuals[-1] = q.new_empty((q.shape[0] * segments, v.shape[2], q.shape[3], v.shape[3]),
                                     dtype=torch.float32)
@@ -751,7 +751,7 @@ def _define_gated(family: str):
           use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, gate,
           gate_options, save_residuals):
         return _fwd_fake(family, q, k, v, g, beta, None, None, initial_state, cu_seqlens, scale,
-                         output_final_state, save_residuals)
+                         output_final_state, save_residuals, segmented=False)
 
     @bwd_op.register_fake
     def _(do, dht, q, k, v, g, beta, gate_params, initial_state, cu_seqlens, *rest):

@@ -114,7 +114,8 @@ def test_opcheck_gated_ops(which):
         # the residuals its forward saved (save_residuals=True)
         residuals = list(torch.ops.kdagen.kda_gated_fwd(
             *args, True, True, True, False, "kda_channel_rate", "{}", True)[2])
-        assert [tuple(r.shape) for r in residuals] == [(1, 2, 64, 64)] * 2
+        # ... and no segments' start states (the gated ops run whole sequences)
+        assert [tuple(r.shape) for r in residuals] == [(1, 2, 64, 64)] * 2 + [(0,)]
         args = (do, dht) + args + (True, True, False, "kda_channel_rate", "{}", residuals)
         op = torch.ops.kdagen.kda_gated_bwd.default
     torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor",

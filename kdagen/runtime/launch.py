@@ -304,7 +304,8 @@ class LoweredProgram:
             from .segments import run_segmented
             return run_segmented(self, int(segments), tuple(segment_known), tensors,
                                  device=device, poison=poison, stream=stream, chip=chip,
-                                 profile=profile)
+                                 profile=profile,
+                                 timed=profile is not None or bool(_RECORDERS))
         device, sz, values, outputs = self.bind(device, poison, tensors)
         plan, stream = self.prepare_launches(device, sz, values, poison, stream, chip)
         self.run_launches(plan.launches, values, device, stream, profile)

@@ -151,12 +151,13 @@ def _check(prog, launches, known: tuple, tensors: dict) -> dict:
 
 def run_segmented(prog, P: int, known: tuple, tensors: dict, *, device=None,
                   poison: bool = False, stream=None, chip: str | None = None,
-                  profile: list | None = None) -> dict:
+                  profile: list | None = None, timed: bool = False) -> dict:
     """Run ``prog`` (a :class:`kdagen.runtime.launch.LoweredProgram`) with each sequence cut
     into ``P`` segments (module doc). ``known``: state inputs given per segment
     (``[B·P, ...]``); the others are per sequence. Returns the outputs as an ordinary call
     would, plus ``segment_<input>``: the segments' start states ``[B·P, ...]`` of each scan
-    it chained (what a backward gives back as ``known``)."""
+    it chained (what a backward gives back as ``known``). ``timed``: CUDA events around every
+    launch (``profile`` or a launch recorder is listening)."""
     token = next(a for a in prog.args if a["role"] == "input" and a["layout"] == "token"
                  and a["heads"] == "v")
     x = tensors[token["name"]]
@@ -180,8 +181,6 @@ def run_segmented(prog, P: int, known: tuple, tensors: dict, *, device=None,
         if values[name].shape[0] != B * P:
             raise SegmentsUnsupported(f"segments: {name} has {values[name].shape[0]} start "
                                       f"states, expected B·P = {B * P}")
-    from .launch import _RECORDERS
-    timed = profile is not None or bool(_RECORDERS)
     starts = {}
     for la in plan.launches:
         carry = chained.get(la.name)
