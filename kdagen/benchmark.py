@@ -164,10 +164,14 @@ def _relax_tilelang_init_check() -> None:
 REFERENCES = {"fla": "FLA", "flashqla": "FlashQLA"}
 
 
+#: KDAGEN_SEGMENTS when the bench started (its impls set the variable per call)
+_SEGMENTS = os.environ.get("KDAGEN_SEGMENTS", "auto")
+
+
 def _with_bundle(fn, path, chunk_size: int | None = None, segments: str | None = None):
     from kdagen import ops
     size = chunk_size or ops.CHUNK_SIZE           # kdagen's own unless the ablation sets one
-    segments = segments or os.environ.get("KDAGEN_SEGMENTS", "auto")
+    segments = segments or _SEGMENTS       # the setting the bench started with
 
     def run(*args, **kwargs):
         os.environ["KDAGEN_BUNDLE"] = str(path)

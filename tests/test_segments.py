@@ -191,8 +191,8 @@ def test_refusals_name_the_reason():
 @pytest.mark.parametrize("B,T,HV,expect", [
     (1, 32768, 4, 8),      # 2·1·4·2 = 16 CTAs per run: 8 segments fill 128 of 132 SMs
     (1, 32768, 2, 16),
-    (1, 32768, 8, 4),
-    (1, 32768, 16, 1),     # two segments only: three runs of T/2 do not beat one of T
+    (1, 32768, 8, 1),      # four segments only (MIN_SEGMENTS)
+    (1, 32768, 16, 1),
     (1, 8192, 4, 8),
     (1, 2048, 2, 1),       # 32 chunks: segments of 16 chunks at most, two of them
     (8, 4096, 32, 1),

@@ -27,8 +27,9 @@ The chaining needs K = V (the λ·I start state fills the [K, V] state) and sequ
 multiple of ``C·P`` tokens; no host synchronisation (CUDA graphs keep working). The scan
 launches carry what they need in their manifest entry (``launch["carry"]``, from
 ``kdagen.codegen.lower.register_scan``); a kernel that carries a state without it is
-refused. Scans cost three runs of T/P chunks (two at once) instead of one of T: worth it
-from P = 4 (:func:`segments_for` chooses).
+refused. Scans cost three runs of T/P chunks (two at once) instead of one of T, run in order
+after their chunk kernels (not beside them): worth it from P = 8 (:func:`segments_for`
+chooses; the ops segment training calls only, kdagen.ops.segments_of).
 """
 from __future__ import annotations
 
@@ -42,8 +43,11 @@ __all__ = ["LAMBDA", "SegmentsUnsupported", "segments_for", "run_segmented", "ch
 LAMBDA = 2.0 ** 12
 #: fewest chunks a segment may have (below it the merge and launches outweigh the scan)
 MIN_SEGMENT_CHUNKS = 16
-#: fewest segments worth the three scan runs
-MIN_SEGMENTS = 4
+#: fewest segments worth it. Measured at 8 (H100, B1_T32k_H4: KDA fwd+bwd 5.54 -> 4.40 ms, GDN
+#: 4.61 -> 3.69; bench/results/h100_stop53_segments_h4_kernels.log). Not at 4: there the scans
+#: chained after the dq kernel take about what the unsegmented reverse scan beside it takes
+#: (B1_T32k_H8: dq ~1.45 ms, reverse scan 1.89 ms beside it), so nothing is expected to gain
+MIN_SEGMENTS = 8
 #: the GPU's scan CTAs: value blocks of 64 columns per head (kdagen.codegen.lower.register_scan)
 VALUE_BLOCK = 64
 

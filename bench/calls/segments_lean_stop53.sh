@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# GPU call (stop 53, little device time left): the segments GPU tests, then the default with
+# segments (cp: the cost rule) against itself without (nocp) at B1_T32k_H4, kdagen only.
+# Prepare with  bash bench/prepare_carry.sh wheels segments bench ; carry [".whl", ".gpucarry"].
+set -x
+nvidia-smi --query-gpu=name --format=csv,noheader
+KDAGEN_BUNDLE=.bundles/segments timeout 110 python3 -m pytest -q -s -p no:cacheprovider \
+    tests/test_segments_gpu.py > "$OUT/test_segments_gpu.log" 2>&1
+echo "segments_rc=$?"; grep -E "segmented|passed|failed|Error|assert" "$OUT/test_segments_gpu.log" | tail -30
+timeout 100 python3 -m kdagen.cli bench --bundle cp=.bundles/bench --bundle nocp=.bundles/bench \
+    --segments nocp=off --configs B1_T32k_H4 --no-fla --rep-ms 150 --json "$OUT/segments_h4.json" \
+    > "$OUT/segments_h4.log" 2>&1
+echo "bench_rc=$?"; grep -A6 "^op |" "$OUT/segments_h4.log"; tail -3 "$OUT/segments_h4.log"
