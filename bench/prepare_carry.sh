@@ -56,12 +56,8 @@
 #               scan_operand_reads=1 (ab_opreads, check_opreads), wgmma_fresh_acc=true
 #               (ab_fresh, check_fresh); with bench,
 #               bench/calls/slots_stop52.sh
-#   ab_flags2   stop 52's first A/B: ab_flagsfwd (chunk_flags=forward, then the default),
-#               ab_flagsall2 (chunk_flags=all scan_flag_loops=2: the
-#               reverse scans beside the dq kernel, their in-order loop free of flag code) at
-#               B1_T8k_H16, B1_T32k_H16 and B8_T4k_H32 (in order there: scans over half the SMs),
-#               ab_noflags at the same configs, and the GPU check's native set with it
-#               (check_flagsall2); bench/calls/ab_flags2.sh
+#   (ab_flags2, stop 52's A/B of the two-loop producer, scan_flag_loops=2: the option is gone,
+#   removed at stop 53; its results stay in bench/results/h200_stop52_ab_flags2_*)
 #
 # Then, for example (carry [".whl", ".gpucarry"]):
 #   bash bench/gpu_run.sh 'KDAGEN_BUNDLE=.bundles/api python3 -m pytest -q tests/test_api_gpu.py'
@@ -164,14 +160,6 @@ for job in "$@"; do
         ab_flags)
             bench_bundle ab_flagsall B1_T8k_H16,B1_T32k_H16 --set chunk_flags=all
             bench_bundle ab_noflags B1_T8k_H16,B1_T32k_H16 --set chunk_flags=false ;;
-        ab_flags2)
-            configs=B1_T8k_H16,B1_T32k_H16,B8_T4k_H32
-            bench_bundle ab_flagsfwd $configs --set chunk_flags=forward
-            bench_bundle ab_flagsall2 $configs --set chunk_flags=all --set scan_flag_loops=2
-            bench_bundle ab_noflags $configs --set chunk_flags=off
-            "$PY" -m tools.check_bundle .bundles/check_flagsall2 --set native --pipeline chip \
-                --chips sm_90a --lower chunk_flags=all --lower scan_flag_loops=2
-            pack check_flagsall2 ;;
         ab_wait)
             configs=B1_T8k_H16,B1_T32k_H16,B8_T4k_H32
             bench_bundle ab_waitfwd $configs --set chunk_flags=forward

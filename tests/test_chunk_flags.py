@@ -88,25 +88,6 @@ def test_chunk_flags_option_is_checked():
         chunk_flag_directions("both")
 
 
-def test_two_loop_producer_keeps_the_in_order_loop_free_of_flags():
-    """scan_flag_loops=2: one loop waits on every chunk's flag, the other (a null pointer)
-    has no flag code at all; both are unrolled alike."""
-    from kdagen import driver
-    from kdagen.codegen.lower.kernel import lower_program
-    from kdagen.codegen.lower.options import LowerOptions
-    from kdagen.target import TARGETS
-    mod = driver.build_module("kda_bwd", {}, pipeline="chip", chip="sm_90a")
-    ks = lower_program(mod, TARGETS["sm_90a"], options=LowerOptions(
-        path="native", dot="auto", chunk_flags="all", scan_flag_loops=2))
-    (k3,) = [k for k in ks if k.name.endswith("k3_scan3")]
-    ptx = driver.ptx_of(k3.module, TARGETS["sm_90a"], k3.name)
-    loads = ptx.count("cp.async.bulk.tensor.3d.shared::cta.global")
-    acquires = ptx.count("ld.acquire.gpu.global.u32")
-    assert acquires >= 1 and loads > 0
-    # the loads of the wait-free loop: as many copies as in the loop with the waits
-    assert loads % 2 == 0 and k3.cost["producer"].get("flag.wait") == 1
-
-
 class _Obj:
     """An IR stand-in (hashed by identity, as the lowering's nodes and values are)."""
 

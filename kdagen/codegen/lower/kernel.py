@@ -94,8 +94,6 @@ def prepare(program: Program, target: Target | None, prefix: str,
         raise LoweringError(f"tensormap_params: {opts.tensormap_params!r}; use one of "
                             f"{', '.join(map(repr, TENSORMAP_PARAMS))}")
     directions = chunk_flag_directions(opts.chunk_flags)
-    if opts.scan_flag_loops not in (1, 2):
-        raise LoweringError(f"scan_flag_loops={opts.scan_flag_loops!r}: use 1 or 2")
     if opts.scan_slot_acquire not in ("start", "products", "first_read"):
         raise LoweringError(f"scan_slot_acquire: {opts.scan_slot_acquire!r}; use 'start', "
                             "'products' or 'first_read'")

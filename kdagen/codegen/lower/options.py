@@ -100,13 +100,6 @@ class LowerOptions:
     # fwd+bwd KDA 14.34 -> 13.24 ms and GDN 11.89 -> 10.77 against "forward"; GPU check 574 ok
     # (bench/results/h100_stop52_ab_wait_*)
     chunk_flags: str | bool = "all"
-    # a waiting register scan's producer loop: 1 = one loop, the flag wait under a branch on
-    # the flag pointer each step (GPU-checked, stop 51); 2 = two versions of the loop, with the
-    # waits (a live pointer) and without (null: in order), so the in-order loop is the one
-    # without flags (ptxas unrolls it as before). 1 by default: 2 took the reverse scans from
-    # 4.06 to 5.60 us per step in order like 1 did (the cause was C7518, not the loop; H200,
-    # bench/results/h200_stop52_ab_flags2_*), and now spills 8 bytes in kda_bwd's reverse scan
-    scan_flag_loops: int = 1
     # emission order of a register scan's step: "program" keeps the IR order; "early" issues
     # each product as soon as its operands allow (register_scan.schedule_step). "program" by
     # default: on the H200 (kda B1_T8k_H16) "early" measured 1.90 vs 1.74 us per forward step

@@ -925,7 +925,7 @@ class RegisterScanEmitter(TileKernelEmitter):
                 maps[s.param] = tma.tensormap_pointer(self.target, p[s.param])
         ratio = self.program.gva_ratio
 
-        def step(it, *_, wait=False):
+        def step(it, *_):
             c = self._chunk(it)
             stage, phase = self._stage(it)
             # the chunk kernel running beside this one has stored chunk c
@@ -933,11 +933,10 @@ class RegisterScanEmitter(TileKernelEmitter):
             def wait_for_chunk():
                 flags.wait_published(self.target, p[FLAGS_PARAM], geo.chunk_row(c),
                                      self.flag_value)
-            if wait:
-                wait_for_chunk()
-                self.cost.event("flag.wait")
-            elif self.wait_flags and self.opts.scan_flag_loops == 1:
-                # one loop: the wait under a branch on the pointer (null: in order)
+            if self.wait_flags:
+                # the wait under a branch on the pointer (null: in order). A second version
+                # of the loop without the waits for the in-order case (stop 52) did not speed
+                # it up (the slowdown was C7518: scan_group_wait) and spilled; removed
                 B.if_then(flags.is_set(p[FLAGS_PARAM]), wait_for_chunk)
                 self.cost.event("flag.wait")
             if not rp.slot_barriers:
@@ -974,21 +973,7 @@ class RegisterScanEmitter(TileKernelEmitter):
                     tma.tma_load(self.target, dst, maps[s.param], crd, full)
                     self.cost.event("tma.load")
             return []
-        if not self.wait_flags or self.opts.scan_flag_loops == 1:
-            B.for_range(0, geo.nchunks, 1, step, trips=CHUNKS)
-            return
-        # two versions of the loop (LowerOptions.scan_flag_loops=2): with a null flag pointer
-        # (the chunk kernel ran before this one) the loop without the waits, unrolled as
-        # without flags. Built for stop 51's in-order slowdown of the reverse scans; on the
-        # H200 it did not remove it (5.60 us per step, h200_stop52_ab_flags2_b1t8k.log): the
-        # cause was ptxas serialising the wgmma (C7518; LowerOptions.scan_group_wait)
-        live = flags.is_set(p[FLAGS_PARAM])
-        B.if_then(live, lambda: B.for_range(0, geo.nchunks, 1,
-                                            lambda it, *a: step(it, *a, wait=True),
-                                            trips=CHUNKS))
-        with self.cost.cold():          # the same loop without the waits (counted once)
-            B.if_then(flags.is_set(p[FLAGS_PARAM], negate=True),
-                      lambda: B.for_range(0, geo.nchunks, 1, step, trips=CHUNKS))
+        B.for_range(0, geo.nchunks, 1, step, trips=CHUNKS)
 
     # -- consumers ---------------------------------------------------------------------------
     def consumer_body(self, tid) -> None:
