@@ -124,12 +124,17 @@ def save_residuals_wanted(*tensors) -> bool:
 _NO_RESIDUAL_VARIANT: set = set()
 
 
-def _run_program(device, program: str, opts: dict, inputs: dict, outputs: dict) -> tuple:
+def _run_program(device, program: str, opts: dict, inputs: dict, outputs: dict,
+                 plain_instead: bool = True) -> tuple:
     """(outputs, whether the residual variant ran): ``program`` through the executor of
     ``device``. A save_residuals call that finds no such variant (a bundle emitted without
     ``--residuals``) runs the plain variant instead: the forward then saves nothing and its
-    backward recomputes, with the same results."""
+    backward recomputes, with the same results. ``plain_instead=False``: raise instead (a
+    segmented call, which runs whole where its variant is missing, and must not mark the
+    residual variant missing for the whole calls)."""
     executor = backends.get_executor(device)
+    if not plain_instead:
+        return executor.run(program, opts, inputs, outputs), bool(opts.get("save_residuals"))
     plain = {k: v for k, v in opts.items() if k != "save_residuals"}
     memo = (id(executor), program, backends.freeze_options(plain),
             os.environ.get("KDAGEN_BUNDLE"))
@@ -327,6 +332,20 @@ def call_spec(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlen
     return sizes, opts, inputs, outputs
 
 
+#: why a call chosen for segments ran whole (each reason warned about once)
+_UNSEGMENTED: set = set()
+
+
+def _run_whole_instead(err: Exception) -> None:
+    """A call the rule chose for segments runs whole: the bundle lacks the variant with an
+    initial and a final state, or the program cannot be chained. Same results, slower."""
+    import warnings
+    key = f"{type(err).__name__}: {err}"
+    if key not in _UNSEGMENTED:
+        _UNSEGMENTED.add(key)
+        warnings.warn(f"kdagen: running whole sequences, not segments ({key})", stacklevel=3)
+
+
 def _run_fwd(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale,
              output_final_state, *flags, chunk_states=False, save_residuals=False) -> dict:
     """Run ``{family}_fwd``: ``o``, ``final_state`` with ``output_final_state``, and with
@@ -338,6 +357,22 @@ def _run_fwd(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens
     # gain most; a lone forward, whose scan already runs beside its prologue, gained nothing
     # (H100, KDA B1_T32k_H4: fwd 1.08 -> 1.33-1.55 ms, fwd+bwd 5.54 -> 4.40 ms)
     segments = segments_of(q, v, cu_seqlens) if save_residuals and not chunk_states else 1
+    args = (family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale,
+            output_final_state, *flags)
+    if segments > 1:
+        from kdagen.runtime.segments import SegmentsUnsupported
+        try:
+            return _run_fwd_as(segments, *args, chunk_states=chunk_states,
+                               save_residuals=save_residuals)
+        except (backends.BundleNotFoundError, SegmentsUnsupported) as err:
+            _run_whole_instead(err)
+    return _run_fwd_as(1, *args, chunk_states=chunk_states, save_residuals=save_residuals)
+
+
+def _run_fwd_as(segments, family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens,
+                scale, output_final_state, *flags, chunk_states=False,
+                save_residuals=False) -> dict:
+    """:func:`_run_fwd` with each sequence as ``segments`` segments (1: whole)."""
     if segments > 1:
         # the chaining starts from a state and ends in one: the variant with both (zeros
         # where the caller gave none; the final state is returned only where asked for)
@@ -363,7 +398,8 @@ def _run_fwd(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens
         rows = lead[0] * lead[1]
         opts["output_chunk_states"] = True
         outputs["chunk_states"] = OutSpec((rows, *state), q.dtype)
-    res, saved = _run_program(q.device, f"{family}_fwd", opts, inputs, outputs)
+    res, saved = _run_program(q.device, f"{family}_fwd", opts, inputs, outputs,
+                              plain_instead=segments == 1)
     if chunk_states:   # a bundle's buffer may hold more rows (it is sized without reading cu_seqlens)
         res["chunk_states"] = res["chunk_states"][:rows].reshape(*lead, *state)
     if segments > 1:
@@ -416,11 +452,28 @@ def _bwd_impl(family, do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, 
               use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
               allow_neg_eigval, safe_gate, lower_bound, residuals=None):
     # a segmented forward's start states of its segments (_residuals_out): the backward runs
-    # as the same segments, its recompute scan from them, its reverse scan chained
+    # as the same segments, its recompute scan from them, its reverse scan chained; where
+    # that cannot run, whole (it needs nothing of the forward's segments)
+    args = (family, do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale,
+            use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+            allow_neg_eigval, safe_gate, lower_bound)
     segment_states = residuals[len(RESIDUALS)] if residuals and len(residuals) > len(RESIDUALS) \
         else None
-    asked_dh0 = initial_state is not None
     if segment_states is not None and segment_states.numel():
+        from kdagen.runtime.segments import SegmentsUnsupported
+        try:
+            return _bwd_as(*args, residuals=residuals, segment_states=segment_states)
+        except (backends.BundleNotFoundError, SegmentsUnsupported) as err:
+            _run_whole_instead(err)
+    return _bwd_as(*args, residuals=residuals, segment_states=None)
+
+
+def _bwd_as(family, do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale,
+            use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+            allow_neg_eigval, safe_gate, lower_bound, residuals=None, segment_states=None):
+    """:func:`_bwd_impl` as the segments of ``segment_states`` (None: whole sequences)."""
+    asked_dh0 = initial_state is not None
+    if segment_states is not None:
         segments = int(segment_states.shape[0]) // int(q.shape[0])
         if initial_state is None:
             initial_state = q.new_zeros((q.shape[0], v.shape[2], q.shape[3], v.shape[3]),
@@ -454,7 +507,8 @@ def _bwd_impl(family, do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, 
         outputs["ddt_bias"] = OutSpec(tuple(inputs["dt_bias"].shape), dt_bias.dtype)
     if initial_state is not None:
         outputs["dh0"] = OutSpec(tuple(initial_state.shape), initial_state.dtype)
-    res, _ = _run_program(q.device, f"{family}_bwd", opts, inputs, outputs)
+    res, _ = _run_program(q.device, f"{family}_bwd", opts, inputs, outputs,
+                          plain_instead=segment_states is None)
     return (res["dq"], res["dk"], res["dv"], res[gname], res[bname],
             res["dA_log"] if use_gate_in_kernel else _empty(q),
             res["ddt_bias"].reshape(dt_bias.shape) if use_gate_in_kernel else _empty(q),

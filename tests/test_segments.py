@@ -208,3 +208,94 @@ def test_segments_for_setting():
     assert seg.segments_for(1, 4096, 16, 128, 128, 64, 132, "8") == 4         # 16 chunks each
     with pytest.raises(seg.SegmentsUnsupported, match="power of two"):
         seg.segments_for(1, 32768, 4, 128, 128, 64, 132, "6")
+
+
+# ------------------------------------------------------------------------------------------
+# the ops: where the rule chooses segments but they cannot run (a bundle without the variant
+# with both states, a program the runtime cannot chain), the call runs whole, saying so once
+# ------------------------------------------------------------------------------------------
+
+
+class _RefusingSegments:
+    """The CPU executor, except that a call asked for segments raises ``error`` (before any
+    kernel runs, as the bundle executor's variant lookup and the runner's checks do)."""
+
+    def __init__(self, error):
+        self.error, self.asked = error, []
+        self.inner = __import__("kdagen.runtime.backends", fromlist=["x"]).executors()["cpu"]()
+
+    def run(self, program, options, inputs, outputs):
+        self.asked.append((program, "segments" in inputs))
+        if "segments" in inputs:
+            raise self.error
+        return self.inner.run(program, options, inputs, outputs)
+
+
+@pytest.mark.parametrize("error", [
+    seg.SegmentsUnsupported("segments: k1 carries a state the runtime cannot chain"),
+    "bundle"])
+def test_ops_run_whole_where_segments_cannot_run(monkeypatch, error):
+    import warnings
+
+    from kdagen import ops
+    from kdagen.runtime import backends
+    from test_api import make_inputs
+    if error == "bundle":
+        error = backends.BundleNotFoundError("no variant with use_initial_state")
+    x, flags = make_inputs("kda", dtype=torch.float32, T=128, H=1, HV=2, h0=False)
+
+    def grads():
+        xs = {n: t.detach().clone().requires_grad_(True) for n, t in x.items()}
+        o, ht = kdagen_api.chunk_kda(**xs, **flags)
+        return [o, ht, *torch.autograd.grad(o.sum() + ht.sum(), list(xs.values()))]
+
+    import kdagen as kdagen_api
+    whole = grads()
+    monkeypatch.setattr(ops, "segments_of", lambda q, v, cu: 2)
+    ops._UNSEGMENTED.clear()
+    refusing = _RefusingSegments(error)
+    old = backends.executors()["cpu"]
+    backends.register_executor("cpu", lambda: refusing)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = grads()
+            grads()
+    finally:
+        backends.register_executor("cpu", old)
+    # the forward tried segments, then ran whole; the backward, without segment states, whole
+    assert refusing.asked[:3] == [("kda_fwd", True), ("kda_fwd", False), ("kda_bwd", False)]
+    for a, b in zip(got, whole):
+        torch.testing.assert_close(a, b)
+    said = [str(w.message) for w in caught if "running whole sequences" in str(w.message)]
+    assert len(said) == 1 and str(error) in said[0]
+
+
+def test_ops_backward_runs_whole_where_its_segments_cannot_run(monkeypatch):
+    """A backward handed a segmented forward's start states whose segmented run fails runs
+    whole: the same gradients as a backward without them."""
+    from kdagen import ops
+    from kdagen.runtime import backends
+    from test_api import make_inputs
+    from test_ops import fwd_args
+    x, flags = make_inputs("kda", dtype=torch.float32, T=128, H=1, HV=2)
+    flags["output_final_state"] = True
+    args = fwd_args("kda", x, flags, save_residuals=True)
+    o, ht, residuals = ops.kda_fwd(*args)
+    do, dht = torch.randn_like(o), torch.randn_like(ht)
+    bwd_args = (do, dht, *args[:10], *args[11:17])
+    plain = ops.kda_bwd(*bwd_args, residuals=list(residuals))
+    B, HV, K, V = ht.shape
+    fake_states = torch.zeros(B * 2, HV, K, V)
+    refusing = _RefusingSegments(backends.BundleNotFoundError("no such variant"))
+    old = backends.executors()["cpu"]
+    backends.register_executor("cpu", lambda: refusing)
+    ops._UNSEGMENTED.clear()
+    try:
+        with pytest.warns(UserWarning, match="running whole sequences"):
+            got = ops.kda_bwd(*bwd_args, residuals=list(residuals[:-1]) + [fake_states])
+    finally:
+        backends.register_executor("cpu", old)
+    assert refusing.asked == [("kda_bwd", True), ("kda_bwd", False)]
+    for a, b in zip(got, plain):
+        torch.testing.assert_close(a, b)
