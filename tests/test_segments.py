@@ -299,3 +299,14 @@ def test_ops_backward_runs_whole_where_its_segments_cannot_run(monkeypatch):
     assert refusing.asked == [("kda_bwd", True), ("kda_bwd", False)]
     for a, b in zip(got, plain):
         torch.testing.assert_close(a, b)
+
+
+def test_a_refused_call_launches_nothing():
+    """Checks that depend on the bound tensors (a state per sequence, K = V) run before the
+    first launch, so the ops can run the call whole from the start."""
+    prog = ToyProgram()
+    inputs = _toy_inputs(1, 16 * C, False)
+    inputs["initial_state"] = torch.zeros(2, HV, K, K, dtype=torch.float64)   # 2 states, B = 1
+    with pytest.raises(seg.SegmentsUnsupported, match="one per sequence"):
+        seg.run_segmented(prog, 2, (), inputs)
+    assert prog.calls == []

@@ -181,10 +181,20 @@ def run_segmented(prog, P: int, known: tuple, tensors: dict, *, device=None,
     device, sz, values, outputs = prog.bind(device, poison, seg_tensors)
     plan, stream = prog.prepare_launches(device, sz, values, poison, stream, chip)
     chained = _check(prog, plan.launches, known, tensors)
+    # every check before the first launch: a refused call has run nothing (the ops then run
+    # it whole)
     for name in known:
         if values[name].shape[0] != B * P:
             raise SegmentsUnsupported(f"segments: {name} has {values[name].shape[0]} start "
                                       f"states, expected B·P = {B * P}")
+    for carry in chained.values():
+        start = values[carry["init"]]
+        if start.shape[0] != B:
+            raise SegmentsUnsupported(f"segments: {carry['init']} has {start.shape[0]} "
+                                      f"states, expected one per sequence ({B})")
+        if start.shape[-2] != start.shape[-1]:
+            raise SegmentsUnsupported(f"segments: the state is [{start.shape[-2]}, "
+                                      f"{start.shape[-1]}]; chaining needs K = V")
     starts = {}
     for la in plan.launches:
         carry = chained.get(la.name)
@@ -192,14 +202,8 @@ def run_segmented(prog, P: int, known: tuple, tensors: dict, *, device=None,
             prog._launch(la, prog._args(la, values, device), stream, profile, timed)
             continue
         init, final, reverse = carry["init"], carry["final"], bool(carry["reverse"])
-        start = values[init]                                   # [B, HV, K, V]
-        if start.shape[0] != B:
-            raise SegmentsUnsupported(f"segments: {init} has {start.shape[0]} states, "
-                                      f"expected one per sequence ({B})")
-        K, Vd = int(start.shape[-2]), int(start.shape[-1])
-        if K != Vd:
-            raise SegmentsUnsupported(f"segments: the state is [{K}, {Vd}]; chaining needs "
-                                      "K = V")
+        start = values[init]                                   # [B, HV, K, K]
+        K = int(start.shape[-1])
         tail = tuple(start.shape[1:])
         first = P - 1 if reverse else 0
         from_zero = start.new_zeros((B, P) + tail)
