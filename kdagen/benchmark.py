@@ -258,13 +258,14 @@ def time_kernel_launches(run, reps: int) -> list[list[tuple]]:
 
 
 def kernel_rows(run, reps: int, context: dict, *, tokens: int, value_heads: int,
-                longest_tokens: int) -> list[dict]:
+                longest_tokens: int, sequences: int | None = None) -> list[dict]:
     """The per-kernel table rows of one kdagen call (``run``), each with ``context`` (impl,
     op, config, mode) in front."""
     calls = time_kernel_launches(run, reps)
     return [{**context, **kernel_table.kernel_row(entry, grid, times, tokens=tokens,
                                                   value_heads=value_heads,
-                                                  longest_tokens=longest_tokens, chunk=CHUNK)}
+                                                  longest_tokens=longest_tokens, chunk=CHUNK,
+                                                  sequences=sequences)}
             for _, grid, entry, times in kernel_table.group_launches(calls)]
 
 
@@ -437,7 +438,8 @@ def main(argv=None):
                         context = {"impl": impl, "op": family, "config": name, "mode": mode}
                         kernels += _kernel_rows_of_call(
                             lambda: call(fn, family, x, kw, grad), grad, args.kernel_reps,
-                            context, tokens=tokens, value_heads=HV, longest_tokens=longest)
+                            context, tokens=tokens, value_heads=HV, longest_tokens=longest,
+                            sequences=len(lengths) if lengths else B)
                 D = args.head_dim
                 nbytes = bytes_moved(B, T, H, HV, D, D, family, grad)
                 flops = tokens * HV * flops_per_token(D, D, backward=grad)

@@ -128,11 +128,14 @@ def pct_of_floor(floor_us: float, measured_us: float) -> float:
 
 
 def kernel_row(entry: dict, grid, times_us: list[float], *, tokens: int, value_heads: int,
-               longest_tokens: int, chunk: int = 64, limits: SmLimits | None = None) -> dict:
+               longest_tokens: int, chunk: int = 64, limits: SmLimits | None = None,
+               sequences: int | None = None) -> dict:
     """One row of the table: ``entry`` is the kernel's manifest entry (a dict, as in
     manifest.json), ``grid`` the grid it was launched with, ``times_us`` its µs per call over
     the repetitions; ``tokens``, ``value_heads`` and ``longest_tokens`` (tokens of the longest
-    sequence) describe the problem."""
+    sequence) describe the problem; ``sequences`` its sequences: a serial kernel launched over
+    more (a call run as segments, kdagen.runtime.segments, grid[1] = sequences · P) walked
+    ``longest_tokens / P`` tokens, which its µs per step counts."""
     launch = entry["launch"]
     limits = limits or sm_limits(entry.get("chip") or "sm_90a")
     threads = math.prod(launch["block"])
@@ -148,7 +151,11 @@ def kernel_row(entry: dict, grid, times_us: list[float], *, tokens: int, value_h
            "bytes": None, "floor_us": None, "pct_floor": None,
            "l2_bytes": l2_bytes(entry, grid)}
     if is_serial(launch):
-        row["us_per_step"] = us_per_chunk_step(us, longest_tokens, chunk)
+        walked = longest_tokens
+        launched = int(grid[1]) if len(grid) > 1 else 0
+        if sequences and launched > sequences and launched % sequences == 0:
+            walked = longest_tokens // (launched // sequences)
+        row["us_per_step"] = us_per_chunk_step(us, walked, chunk)
     per_token = launch.get("hbm_bytes_per_token")    # None: the program was not partitioned
     if per_token is not None:
         row["bytes"] = bytes_moved(per_token, tokens, value_heads)

@@ -101,6 +101,18 @@ def test_kernel_row_of_a_state_scan():
     assert row["pct_floor"] == pytest.approx(41.94304)
 
 
+def test_kernel_row_of_a_scan_run_as_segments():
+    """A call run as segments (kdagen.runtime.segments) launches its scans over B·P
+    sequences: each walks T / P tokens, and its µs per step counts those."""
+    entry = _state_entry(registers=232, shared_bytes=1024)
+    row = kernel_row(entry, (16, 8, 1), [200.0], tokens=8192, value_heads=16,
+                     longest_tokens=8192, sequences=1)
+    assert row["us_per_step"] == 12.5                                 # 200 / (128 / 8) chunks
+    whole = kernel_row(entry, (16, 2, 1), [200.0], tokens=16384, value_heads=16,
+                       longest_tokens=8192, sequences=2)
+    assert whole["us_per_step"] == 1.5625                             # B = 2, not segments
+
+
 def test_kernel_row_without_ptxas_or_byte_count():
     entry = _state_entry()
     entry["launch"] = {**entry["launch"], "parallel_chunks": True,
