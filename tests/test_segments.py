@@ -310,3 +310,23 @@ def test_a_refused_call_launches_nothing():
     with pytest.raises(seg.SegmentsUnsupported, match="one per sequence"):
         seg.run_segmented(prog, 2, (), inputs)
     assert prog.calls == []
+
+
+def test_the_fake_forward_promises_the_segment_states_of_training_calls(monkeypatch):
+    """torch.compile traces the ops with their fake kernels: a training forward (a backward
+    follows, save_residuals) the rule segments promises the segments' start states
+    [B·P, HV, K, V]; a forward alone, and the gated ops, promise none."""
+    from kdagen import ops
+    monkeypatch.setattr(ops, "segments_of", lambda q, v, cu: 4)
+    B, T, H, HV, K, V = 2, 256, 1, 2, 64, 64
+    q = torch.empty(B, T, H, K)
+    v = torch.empty(B, T, HV, V)
+    g = torch.empty(B, T, HV, K)
+    beta = torch.empty(B, T, HV)
+    args = ("kda", q, q, v, g, beta, None, None, None, None, 0.125, True)
+    *_, res = ops._fwd_fake(*args, save_residuals=True)
+    assert tuple(res[-1].shape) == (B * 4, HV, K, V) and res[-1].dtype == torch.float32
+    *_, res = ops._fwd_fake(*args, save_residuals=False)
+    assert tuple(res[-1].shape) == (0,)
+    *_, res = ops._fwd_fake(*args, save_residuals=True, segmented=False)
+    assert tuple(res[-1].shape) == (0,)
