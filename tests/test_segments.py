@@ -193,8 +193,9 @@ def test_refusals_name_the_reason():
     (1, 32768, 2, 16),
     (1, 32768, 8, 1),      # four segments only (MIN_SEGMENTS)
     (1, 32768, 16, 1),
-    (1, 8192, 4, 8),
-    (1, 2048, 2, 1),       # 32 chunks: segments of 16 chunks at most, two of them
+    (1, 16384, 4, 8),      # segments of 32 chunks
+    (1, 8192, 4, 1),       # 128 chunks: 8 segments would hold 16
+    (1, 2048, 2, 1),
     (8, 4096, 32, 1),
 ])
 def test_segments_for_rule(B, T, HV, expect):
@@ -205,7 +206,7 @@ def test_segments_for_setting():
     assert seg.segments_for(1, 32768, 4, 128, 128, 64, 132, "off") == 1
     assert seg.segments_for(1, 32768, 4, 128, 64, 64, 132, "auto") == 1       # K != V
     assert seg.segments_for(1, 32768, 16, 128, 128, 64, 132, "4") == 4        # forced
-    assert seg.segments_for(1, 4096, 16, 128, 128, 64, 132, "8") == 4         # 16 chunks each
+    assert seg.segments_for(1, 8192, 16, 128, 128, 64, 132, "8") == 4         # 32 chunks each
     with pytest.raises(seg.SegmentsUnsupported, match="power of two"):
         seg.segments_for(1, 32768, 4, 128, 128, 64, 132, "6")
 

@@ -41,8 +41,10 @@ __all__ = ["LAMBDA", "SegmentsUnsupported", "segments_for", "run_segmented", "ch
 
 #: the scale of the identity start state of the transition run (an exact power of two)
 LAMBDA = 2.0 ** 12
-#: fewest chunks a segment may have (below it the merge and launches outweigh the scan)
-MIN_SEGMENT_CHUNKS = 16
+#: fewest chunks a segment may have: each run of a segment costs ~60-80 us more than its steps
+#: (H100: 150-171 us for 64 forward steps of 1.44), which shorter segments pay more often; the
+#: rule was measured at 64 (B1_T32k_H4)
+MIN_SEGMENT_CHUNKS = 32
 #: fewest segments worth it. Measured at 8 (H100, B1_T32k_H4: KDA fwd+bwd 5.54 -> 4.40 ms, GDN
 #: 4.61 -> 3.69; bench/results/h100_stop53_segments_h4_kernels.log). Not at 4: there the scans
 #: chained after the dq kernel take about what the unsegmented reverse scan beside it takes
