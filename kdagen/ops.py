@@ -201,16 +201,28 @@ def _no_residuals(q: Tensor) -> list:
 def segments_of(q: Tensor, v: Tensor, cu_seqlens: Optional[Tensor]) -> int:
     """Segments per sequence a training call runs as (kdagen.runtime.segments: intra-card
     context parallelism; 1 = none): sm_90a (its register scans carry what the chaining needs),
-    whole sequences of equal length (no cu_seqlens), K = V, and the sizes the cost rule of
-    :func:`kdagen.runtime.segments.segments_for` picks (``KDAGEN_SEGMENTS`` overrides)."""
-    if q.device.type != "cuda" or cu_seqlens is not None or q.dim() != 4 or v.dim() != 4:
+    K = V, and the sizes the cost rule of :func:`kdagen.runtime.segments.segments_for` picks
+    (``KDAGEN_SEGMENTS`` overrides); packed sequences (cu_seqlens) only with
+    ``KDAGEN_SEGMENTS_VARLEN=1`` (not yet GPU-checked)."""
+    if q.device.type != "cuda" or q.dim() != 4 or v.dim() != 4:
         return 1
-    from kdagen.runtime.segments import segments_for, sm_count
+    from kdagen.runtime.segments import segments_for, sm_count, varlen_allowed
+    if cu_seqlens is not None and not varlen_allowed():
+        return 1
     index = q.device.index if q.device.index is not None else torch.cuda.current_device()
     if torch.cuda.get_device_capability(index) != (9, 0):
         return 1
-    return segments_for(int(q.shape[0]), int(q.shape[1]), int(v.shape[2]), int(q.shape[3]),
-                        int(v.shape[3]), CHUNK_SIZE, sm_count(q.device))
+    return segments_for(_sequences(q, cu_seqlens), int(q.shape[0]) * int(q.shape[1]),
+                        int(v.shape[2]), int(q.shape[3]), int(v.shape[3]), CHUNK_SIZE,
+                        sm_count(q.device), varlen=cu_seqlens is not None) \
+        if cu_seqlens is not None else \
+        segments_for(int(q.shape[0]), int(q.shape[1]), int(v.shape[2]), int(q.shape[3]),
+                     int(v.shape[3]), CHUNK_SIZE, sm_count(q.device))
+
+
+def _sequences(q: Tensor, cu_seqlens: Optional[Tensor]) -> int:
+    """N: the call's sequences (B, or len(cu_seqlens) - 1), from shapes."""
+    return int(cu_seqlens.shape[0]) - 1 if cu_seqlens is not None else int(q.shape[0])
 
 
 # --------------------------------------------------------------------------------------
@@ -377,8 +389,8 @@ def _run_fwd_as(segments, family, q, k, v, g, beta, A_log, dt_bias, initial_stat
         # the chaining starts from a state and ends in one: the variant with both (zeros
         # where the caller gave none; the final state is returned only where asked for)
         if initial_state is None:
-            initial_state = q.new_zeros((q.shape[0], v.shape[2], q.shape[3], v.shape[3]),
-                                        dtype=torch.float32)
+            initial_state = q.new_zeros((_sequences(q, cu_seqlens), v.shape[2], q.shape[3],
+                                         v.shape[3]), dtype=torch.float32)
         output_final_state = True
     sizes, opts, inputs, outputs = call_spec(family, q, k, v, g, beta, A_log, dt_bias,
                                              initial_state, cu_seqlens, scale,
@@ -386,7 +398,7 @@ def _run_fwd_as(segments, family, q, k, v, g, beta, A_log, dt_bias, initial_stat
     state = (sizes.HV, sizes.K, sizes.V)
     if segments > 1:
         inputs["segments"] = segments
-        outputs["segment_initial_state"] = OutSpec((sizes.B * segments, *state), torch.float32)
+        outputs["segment_initial_state"] = OutSpec((sizes.N * segments, *state), torch.float32)
     bound = _ask_residuals(opts, outputs, q, cu_seqlens, sizes.HV) if save_residuals else 0
     if chunk_states:
         C = CHUNK_SIZE
@@ -432,8 +444,8 @@ def _fwd_fake(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlen
                      for _ in RESIDUALS] + residuals[-1:]
     segments = segments_of(q, v, cu_seqlens) if segmented and save_residuals else 1
     if segments > 1:
-        residuals[-1] = q.new_empty((q.shape[0] * segments, v.shape[2], q.shape[3], v.shape[3]),
-                                    dtype=torch.float32)
+        residuals[-1] = q.new_empty((_sequences(q, cu_seqlens) * segments, v.shape[2],
+                                     q.shape[3], v.shape[3]), dtype=torch.float32)
     return o, ht, residuals
 
 
@@ -474,13 +486,13 @@ def _bwd_as(family, do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, cu
     """:func:`_bwd_impl` as the segments of ``segment_states`` (None: whole sequences)."""
     asked_dh0 = initial_state is not None
     if segment_states is not None:
-        segments = int(segment_states.shape[0]) // int(q.shape[0])
+        N = _sequences(q, cu_seqlens)
+        segments = int(segment_states.shape[0]) // N
         if initial_state is None:
-            initial_state = q.new_zeros((q.shape[0], v.shape[2], q.shape[3], v.shape[3]),
+            initial_state = q.new_zeros((N, v.shape[2], q.shape[3], v.shape[3]),
                                         dtype=torch.float32)
         if dht is None:
-            dht = q.new_zeros((q.shape[0], v.shape[2], q.shape[3], v.shape[3]),
-                              dtype=torch.float32)
+            dht = q.new_zeros((N, v.shape[2], q.shape[3], v.shape[3]), dtype=torch.float32)
     else:
         segments = 1
     sizes, opts, inputs, _ = call_spec(

@@ -178,8 +178,6 @@ def test_refusals_name_the_reason():
     inputs = _toy_inputs(1, 16 * C, False)
     with pytest.raises(seg.SegmentsUnsupported, match="multiple of"):
         seg.run_segmented(ToyProgram(), 3, (), dict(inputs))
-    with pytest.raises(seg.SegmentsUnsupported, match="cu_seqlens"):
-        seg.run_segmented(ToyProgram(), 2, (), dict(inputs, cu_seqlens=torch.tensor([0, 64])))
     with pytest.raises(seg.SegmentsUnsupported, match="stores no end state"):
         seg.run_segmented(ToyProgram(scan_final=False), 2, (), dict(inputs))
     prog = ToyProgram()
@@ -331,3 +329,98 @@ def test_the_fake_forward_promises_the_segment_states_of_training_calls(monkeypa
     assert tuple(res[-1].shape) == (0,)
     *_, res = ops._fwd_fake(*args, save_residuals=True, segmented=False)
     assert tuple(res[-1].shape) == (0,)
+
+
+# ------------------------------------------------------------------------------------------
+# packed sequences (cu_seqlens): the offsets cut on the device, empty segments where a
+# sequence has fewer chunks than segments
+# ------------------------------------------------------------------------------------------
+
+
+def test_split_cu_seqlens_cuts_whole_chunks():
+    cu = torch.tensor([0, 3, 200, 456, 457], dtype=torch.int32)     # 3, 197, 256 and 1 tokens
+    got = seg.split_cu_seqlens(cu, 4, 64)
+    assert got.dtype == torch.int32
+    # 1 chunk: one segment of it, three empty; 4 chunks: one each; 4 chunks of 256; 1 token
+    assert got.tolist() == [0, 3, 3, 3,
+                            3, 67, 131, 195,
+                            200, 264, 328, 392,
+                            456, 457, 457, 457, 457]
+    lens = torch.diff(torch.tensor(got.tolist()))
+    assert (lens >= 0).all() and got[-1] == cu[-1]
+
+
+class ToyVarlenProgram(ToyProgram):
+    """The toy with packed sequences: x [1, T, HV, K], cu_seqlens; a sequence's last chunk may
+    be partial (its rows past the end count as zeros, as the kernels mask them)."""
+
+    def __init__(self, reverse=False):
+        super().__init__(reverse)
+        self.args.append(dict(name="cu_seqlens", role="input", layout="seqlens", heads=None))
+
+    def bind(self, device, poison, tensors):
+        x, cu = tensors["x"], tensors["cu_seqlens"]
+        N = int(cu.shape[0]) - 1
+        values = {"x": x, "cu_seqlens": cu, self.init: tensors[self.init].to(torch.float64)}
+        outputs = {"y": torch.full_like(x, float("nan")),
+                   self.final: torch.full((N, HV, K, K), float("nan"), dtype=torch.float64)}
+        values.update(outputs)
+        return torch.device("cpu"), {"B": N, "T": int(x.shape[1])}, values, outputs
+
+    def prepare_launches(self, device, sz, values, poison, stream, chip):
+        values["S_chunks"] = torch.full((-(-sz["T"] // C) + sz["B"], HV, K, K), float("nan"),
+                                        dtype=torch.float64)
+        return SimpleNamespace(launches=self.launches), None
+
+    def _sequences(self, a):
+        cu = a["cu_seqlens"].tolist()
+        row = 0
+        for n in range(len(cu) - 1):
+            s, e = cu[n], cu[n + 1]
+            chunks = -(-(e - s) // C)
+            xs = torch.zeros(1, chunks * C, HV, K, dtype=a["x"].dtype)
+            xs[0, :e - s] = a["x"][0, s:e]
+            yield n, s, e, row, xs
+            row += chunks
+
+    def _scan(self, a):
+        for n, s, e, row, xs in self._sequences(a):
+            A, Bc = _chunk_maps(xs)
+            S = a[self.init][n].clone()
+            nc = A.shape[1]
+            for c in (range(nc - 1, -1, -1) if self.reverse else range(nc)):
+                a["S_chunks"][row + c] = S
+                S = A[0, c] @ S + Bc[0, c]
+            a[self.final][n] = S
+
+    def _out(self, a):
+        for n, s, e, row, xs in self._sequences(a):
+            nc = xs.shape[1] // C
+            xc = xs.view(nc, C, HV, K)
+            y = torch.einsum("nchk,nhkj->nchj", xc, a["S_chunks"][row:row + nc])
+            a["y"][0, s:e] = y.reshape(nc * C, HV, K)[:e - s]
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_segmented_packed_sequences_equal_the_whole_run(reverse):
+    gen = torch.Generator().manual_seed(7 + reverse)
+    lengths = [5 * C + 3, 1, 2 * C, 9 * C]        # one sequence shorter than a chunk
+    cu = torch.tensor([0] + list(__import__("itertools").accumulate(lengths)))
+    x = torch.randn(1, int(cu[-1]), HV, K, generator=gen, dtype=torch.float64)
+    init = "dht" if reverse else "initial_state"
+    s0 = torch.randn(len(lengths), HV, K, K, generator=gen, dtype=torch.float64)
+    inputs = {"x": x, "cu_seqlens": cu, init: s0}
+    whole = ToyVarlenProgram(reverse).whole(**inputs)
+    prog = ToyVarlenProgram(reverse)
+    got = seg.run_segmented(prog, 4, (), dict(inputs))
+    final = prog.final
+    torch.testing.assert_close(got["y"], whole["y"], rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(got[final], whole[final], rtol=1e-9, atol=1e-9)
+    assert got[f"segment_{init}"].shape == (len(lengths) * 4, HV, K, K)
+
+
+def test_segments_for_packed_sequences():
+    # 2 sequences of 32k tokens in all, HV = 2: by the average sequence (256 chunks)
+    assert seg.segments_for(2, 32768, 2, 128, 128, 64, 132, "auto", varlen=True) == 8
+    assert seg.segments_for(2, 32768 + 17, 2, 128, 128, 64, 132, "auto", varlen=True) == 8
+    assert seg.segments_for(2, 32768 + 17, 2, 128, 128, 64, 132, "auto") == 1

@@ -26,6 +26,10 @@ CASES = {
                                    gate="softplus", beta_sigmoid=True),
     "kda_B2_T1024_noh0": dict(family="kda", B=2, T=1024, H=1, HV=1, K=128, V=128, h0=False),
     "gdn_T1024_gva2": dict(family="gdn", T=1024, H=1, HV=2, K=128, V=128),
+    # packed sequences (KDAGEN_SEGMENTS_VARLEN=1): one shorter than a chunk, one of two chunks
+    # (empty segments), one ending in a partial chunk
+    "kda_varlen": dict(family="kda", lengths=[1000, 1, 100, 1024], H=1, HV=2, K=128, V=128,
+                       gate="softplus", beta_sigmoid=True),
 }
 
 
@@ -53,11 +57,14 @@ def test_segmented_ops_match_the_reference_and_the_whole_run(name, monkeypatch):
     from kdagen.runtime.launch import LaunchRecorder
     family, xc, fc = _case(name)
     monkeypatch.setattr(seg, "MIN_SEGMENT_CHUNKS", 4)
+    monkeypatch.setenv("KDAGEN_SEGMENTS_VARLEN", "1")
+    lengths = CASES[name].get("lengths")
     gen = torch.Generator().manual_seed(1)
     with kernels_or_skip():
         B, T, HV, V = xc["v"].shape
         do = torch.randn((B, T, HV, V), generator=gen).to(torch.bfloat16).cuda()
-        dht = torch.randn((B, HV, xc["k"].shape[-1], V), generator=gen).cuda()
+        N = len(CASES[name]["lengths"]) if "lengths" in CASES[name] else B
+        dht = torch.randn((N, HV, xc["k"].shape[-1], V), generator=gen).cuda()
         monkeypatch.setenv("KDAGEN_SEGMENTS", "off")
         whole = _run(family, xc, fc, do, dht)
         monkeypatch.setenv("KDAGEN_SEGMENTS", str(SEGMENTS))
@@ -70,7 +77,8 @@ def test_segmented_ops_match_the_reference_and_the_whole_run(name, monkeypatch):
     assert launched.count("k1_scan1") == 3 + 1, launched
     assert launched.count("k3_scan3") == 3, launched
     grids = [r.grid for r in rec.records if r.name.endswith("k1_scan1")]
-    assert all(g[1] == B * SEGMENTS for g in grids), grids
+    sequences = len(lengths) if lengths else B
+    assert all(g[1] == sequences * SEGMENTS for g in grids), grids
     ref_fn = R.chunk_kda if family == "kda" else R.chunk_gated_delta_rule
     ref = R.reference_grads(lambda **kw: ref_fn(**kw, **fc), xc, do, dht)
     lines = []
@@ -126,13 +134,15 @@ def variants_used() -> list:
             spec = dict(spec)
             family = spec.pop("family")
             x, flags = make_inputs(family, dtype=torch.bfloat16, g_dtype=torch.float32,
-                                   T=64, **{k: v for k, v in spec.items() if k != "T"})
+                                   **dict({"T": 64} if "T" in spec else {},
+                                          **{k: v for k, v in spec.items() if k != "T"}))
             fn = kdagen.chunk_kda if family == "kda" else kdagen.chunk_gated_delta_rule
             o, ht = fn(**x, **flags)
             (o.float().sum() + ht.sum()).backward()
             if "initial_state" not in x:    # segmented, the call runs the variant with one
-                B, HV, K, V = x["v"].shape[0], x["v"].shape[2], x["k"].shape[-1], x["v"].shape[-1]
-                h0 = torch.zeros(B, HV, K, V, requires_grad=True)
+                N = len(spec["lengths"]) if "lengths" in spec else x["v"].shape[0]
+                HV, K, V = x["v"].shape[2], x["k"].shape[-1], x["v"].shape[-1]
+                h0 = torch.zeros(N, HV, K, V, requires_grad=True)
                 o, ht = fn(**x, **flags, initial_state=h0)
                 (o.float().sum() + ht.sum()).backward()
     return rec.variants()

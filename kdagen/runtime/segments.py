@@ -24,7 +24,9 @@ segments of whole chunks can run its scans on all segments at once:
    forward's chained states) runs once.
 
 The chaining needs K = V (the λ·I start state fills the [K, V] state) and sequences of a
-multiple of ``C·P`` tokens; no host synchronisation (CUDA graphs keep working). The scan
+multiple of ``C·P`` tokens, or packed sequences (``cu_seqlens``: the offsets are cut on the
+device, :func:`split_cu_seqlens`; opt-in, :func:`varlen_allowed`); no host synchronisation
+(CUDA graphs keep working). The scan
 launches carry what they need in their manifest entry (``launch["carry"]``, from
 ``kdagen.codegen.lower.register_scan``); a kernel that carries a state without it is
 refused. Scans cost three runs of T/P chunks (two at once) instead of one of T, run in order
@@ -37,7 +39,8 @@ import os
 
 import torch
 
-__all__ = ["LAMBDA", "SegmentsUnsupported", "segments_for", "run_segmented", "chain_starts"]
+__all__ = ["LAMBDA", "SegmentsUnsupported", "segments_for", "run_segmented", "chain_starts",
+           "split_cu_seqlens", "varlen_allowed"]
 
 #: the scale of the identity start state of the transition run (an exact power of two)
 LAMBDA = 2.0 ** 12
@@ -58,8 +61,30 @@ class SegmentsUnsupported(ValueError):
     """The program or the call cannot run as segments (the message says why)."""
 
 
+def varlen_allowed() -> bool:
+    """Whether calls with ``cu_seqlens`` may run as segments: ``KDAGEN_SEGMENTS_VARLEN=1``.
+    Off by default until the GPU has checked it: a sequence shorter than P chunks leaves empty
+    segments (zero-length sequences the kernels never see otherwise: validation refuses them)."""
+    return os.environ.get("KDAGEN_SEGMENTS_VARLEN", "0") == "1"
+
+
+def split_cu_seqlens(cu_seqlens: torch.Tensor, P: int, chunk_size: int) -> torch.Tensor:
+    """``[N·P + 1]`` offsets cutting each sequence of ``cu_seqlens`` into ``P`` segments of
+    whole chunks, ``ceil(chunks / P)`` each (the last ones shorter or empty), on the device
+    (no host synchronisation). The segments hold the same chunks as the whole sequences, in
+    the same workspace rows."""
+    cu = cu_seqlens.to(torch.int64)
+    starts, lens = cu[:-1], cu[1:] - cu[:-1]
+    chunks = (lens + chunk_size - 1) // chunk_size
+    per = (chunks + P - 1) // P * chunk_size                       # tokens per segment
+    p = torch.arange(P, device=cu.device, dtype=torch.int64)
+    offsets = torch.minimum(p[None, :] * per[:, None], lens[:, None])
+    bounds = (starts[:, None] + offsets).reshape(-1)
+    return torch.cat([bounds, cu[-1:]]).to(cu_seqlens.dtype)
+
+
 def segments_for(B: int, T: int, HV: int, K: int, V: int, chunk_size: int, sms: int,
-                 setting: str | None = None) -> int:
+                 setting: str | None = None, varlen: bool = False) -> int:
     """Segments per sequence for a call of these sizes (1: none). ``setting``: the
     ``KDAGEN_SEGMENTS`` environment variable by default — ``auto`` (the cost rule below),
     ``0``/``1``/``off`` (never), or a power of two (that many, where the sizes allow).
@@ -67,16 +92,18 @@ def segments_for(B: int, T: int, HV: int, K: int, V: int, chunk_size: int, sms: 
     The rule: the most segments, a power of two, such that each segment holds at least
     :data:`MIN_SEGMENT_CHUNKS` chunks, T divides into them, and the two scan runs that go
     side by side take at most the SMs (2·B·HV·V/64·P CTAs); none below :data:`MIN_SEGMENTS`
-    (three runs of T/P chunks must beat one of T). K = V only."""
+    (three runs of T/P chunks must beat one of T). K = V only. ``varlen``: B sequences of
+    T tokens in all (cu_seqlens): T need not divide, and the average sequence is what a
+    segment's chunks are counted from."""
     if setting is None:
         setting = os.environ.get("KDAGEN_SEGMENTS", "auto")
     setting = str(setting).strip().lower()
     if setting in ("0", "1", "off", "false", "") or K != V or T <= 0:
         return 1
-    chunks = T // chunk_size
+    chunks = (T // B if varlen else T) // chunk_size
 
     def fits(p: int) -> bool:
-        return T % (chunk_size * p) == 0 and chunks // p >= MIN_SEGMENT_CHUNKS
+        return (varlen or T % (chunk_size * p) == 0) and chunks // p >= MIN_SEGMENT_CHUNKS
 
     if setting != "auto":
         try:
@@ -146,7 +173,7 @@ def _check(prog, launches, known: tuple, tensors: dict) -> dict:
         if a["role"] == "output" and a["layout"] == "state" and a["name"] not in finals:
             raise SegmentsUnsupported(f"segments: output {a['name']} is a state no chained "
                                       "scan ends in")
-        if a["layout"] in ("pool", "slots", "seqlens") and tensors.get(a["name"]) is not None:
+        if a["layout"] in ("pool", "slots") and tensors.get(a["name"]) is not None:
             raise SegmentsUnsupported(f"segments: {a['layout']} argument {a['name']}")
     for name in known:
         if name not in args or args[name]["layout"] != "state":
@@ -168,18 +195,21 @@ def run_segmented(prog, P: int, known: tuple, tensors: dict, *, device=None,
                  and a["heads"] == "v")
     x = tensors[token["name"]]
     B, T = int(x.shape[0]), int(x.shape[1])
-    if tensors.get("cu_seqlens") is not None:
-        raise SegmentsUnsupported("segments: not with cu_seqlens (whole sequences of equal "
-                                  "length only)")
-    if P < 2 or T % (prog.C * P):
-        raise SegmentsUnsupported(f"segments: T = {T} is not a multiple of {prog.C * P} "
-                                  f"({P} segments of whole chunks)")
-    seg_tensors = {}
-    for a in prog.args:
-        name, t = a["name"], tensors.get(a["name"])
-        if isinstance(t, torch.Tensor) and a["role"] == "input" and a["layout"] == "token":
-            t = t.reshape(B * P, T // P, *t.shape[2:])
-        seg_tensors[name] = t
+    cu = tensors.get("cu_seqlens")
+    if P < 2:
+        raise SegmentsUnsupported(f"segments: {P} segments")
+    seg_tensors = dict(tensors)
+    if cu is not None:          # packed sequences: the offsets cut, the tokens as they are
+        B = int(cu.shape[0]) - 1
+        seg_tensors["cu_seqlens"] = split_cu_seqlens(cu, P, prog.C)
+    else:
+        if T % (prog.C * P):
+            raise SegmentsUnsupported(f"segments: T = {T} is not a multiple of {prog.C * P} "
+                                      f"({P} segments of whole chunks)")
+        for a in prog.args:
+            t = tensors.get(a["name"])
+            if isinstance(t, torch.Tensor) and a["role"] == "input" and a["layout"] == "token":
+                seg_tensors[a["name"]] = t.reshape(B * P, T // P, *t.shape[2:])
     device, sz, values, outputs = prog.bind(device, poison, seg_tensors)
     plan, stream = prog.prepare_launches(device, sz, values, poison, stream, chip)
     chained = _check(prog, plan.launches, known, tensors)
@@ -231,7 +261,7 @@ def run_segmented(prog, P: int, known: tuple, tensors: dict, *, device=None,
     for name, out in outputs.items():
         a = argmap[name]
         if a["layout"] == "token":
-            result[name] = out.view(B, T, *out.shape[2:])
+            result[name] = out if cu is not None else out.view(B, T, *out.shape[2:])
         elif a["layout"] == "state":
             result[name] = out.view((B, P) + tuple(out.shape[1:]))[:, last_of[name]].contiguous()
         else:
