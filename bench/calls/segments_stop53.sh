@@ -8,7 +8,7 @@ set -x
 part=${1:-tests}
 nvidia-smi --query-gpu=name --format=csv,noheader
 if [ "$part" = tests ]; then
-    KDAGEN_BUNDLE=.bundles/segments timeout 200 python3 -m pytest -q -s -p no:cacheprovider \
+    KDAGEN_BUNDLE=.bundles/segments timeout 200 python3 -m pytest -q -s -n 0 -p no:cacheprovider \
         tests/test_segments_gpu.py > "$OUT/test_segments_gpu.log" 2>&1
     echo "segments_rc=$?"; grep -E "segmented|passed|failed|Error" "$OUT/test_segments_gpu.log" | tail -40
     KDAGEN_BUNDLE=.bundles/api timeout 200 python3 -m pytest -q -p no:cacheprovider \
