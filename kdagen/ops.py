@@ -397,7 +397,9 @@ def _run_fwd_as(segments, family, q, k, v, g, beta, A_log, dt_bias, initial_stat
                                              output_final_state, *flags)
     state = (sizes.HV, sizes.K, sizes.V)
     if segments > 1:
+        from kdagen.runtime.segments import beside_wanted
         inputs["segments"] = segments
+        inputs["segments_beside"] = beside_wanted()
         outputs["segment_initial_state"] = OutSpec((sizes.N * segments, *state), torch.float32)
     bound = _ask_residuals(opts, outputs, q, cu_seqlens, sizes.HV) if save_residuals else 0
     if chunk_states:
@@ -501,8 +503,9 @@ def _bwd_as(family, do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, cu
         safe_gate, lower_bound)
     _add_residuals(opts, inputs, residuals)
     if segments > 1:
+        from kdagen.runtime.segments import beside_wanted
         inputs.update(initial_state=segment_states, segments=segments,
-                      segment_known=("initial_state",))
+                      segment_known=("initial_state",), segments_beside=beside_wanted())
     _check_cotangent("do", do, tuple(v.shape), q.device)
     if dht is not None:
         _check_cotangent("dht", dht, (sizes.N, sizes.HV, sizes.K, sizes.V), q.device)

@@ -59,10 +59,11 @@ def _chunk_maps(x):
 
 
 class _ToyKernel:
-    """A launch of the call plan (kdagen.runtime.launch._Launch): name, kernel.entry.launch."""
-    def __init__(self, name, launch, fn):
+    """A launch of the call plan (kdagen.runtime.launch._Launch): name, kernel.entry.launch,
+    grid, chunk-ready flags ("publish" / "wait" / None)."""
+    def __init__(self, name, launch, fn, flags=None, grid=(1, 1, 1)):
         self.kernel = SimpleNamespace(entry=SimpleNamespace(launch=launch))
-        self.name, self.fn = name, fn
+        self.name, self.fn, self.flags, self.grid = name, fn, flags, grid
 
 
 class ToyProgram:
@@ -82,7 +83,16 @@ class ToyProgram:
         self.launches = [
             _ToyKernel("scan", {"carry": carry}, self._scan),
             _ToyKernel("out", {"parallel_chunks": True}, self._out)]
-        self.calls = []
+        self.calls, self.together, self.flagged, self.asked_fit = [], [], [], []
+        self.fit = 0
+
+    def with_publisher(self, fit):
+        """A chunk kernel before the scan that publishes chunk-ready flags it waits for."""
+        self.launches[0].flags, self.launches[0].grid = "wait", (4, 2, 1)
+        self.launches.insert(0, _ToyKernel("chunk", {"parallel_chunks": True},
+                                           lambda a: None, flags="publish"))
+        self.fit = fit
+        return self
 
     def bind(self, device, poison, tensors):
         x = tensors["x"]
@@ -99,16 +109,23 @@ class ToyProgram:
                                         dtype=torch.float64)
         return SimpleNamespace(launches=self.launches), None
 
-    def _args(self, la, values, device, aside=False, flags=False):
-        return dict(values)
+    def _args(self, la, values, device, aside=False, flags=False, side=0):
+        return dict(values, _flags=flags)
 
     def _launch(self, la, args, stream, profile, timed):
         self.calls.append(la.name)
         la.fn(args)
 
-    def launch_beside(self, first, fargs, second, sargs, device, stream, profile):
-        self._launch(first, fargs, stream, profile, False)
-        self._launch(second, sargs, stream, profile, False)
+    def launch_beside(self, first, first_args, beside, device, stream, profile):
+        self.together.append([first.name] + [la.name for la, _ in beside])
+        self.flagged.append([first_args.get("_flags")] + [a.get("_flags") for _, a in beside])
+        self._launch(first, first_args, stream, profile, False)
+        for la, args in beside:
+            self._launch(la, args, stream, profile, False)
+
+    def fits_beside(self, ctas, device):
+        self.asked_fit.append(ctas)
+        return ctas <= self.fit
 
     def _scan(self, a):
         A, Bc = _chunk_maps(a["x"])
@@ -424,3 +441,43 @@ def test_segments_for_packed_sequences():
     assert seg.segments_for(2, 32768, 2, 128, 128, 64, 132, "auto", varlen=True) == 8
     assert seg.segments_for(2, 32768 + 17, 2, 128, 128, 64, 132, "auto", varlen=True) == 8
     assert seg.segments_for(2, 32768 + 17, 2, 128, 128, 64, 132, "auto") == 1
+
+
+@pytest.mark.parametrize("fit", [16, 15])
+def test_chaining_runs_beside_the_chunk_kernel_they_wait_for(fit):
+    """beside=True: the two chaining runs (2 x 8 CTAs here) go beside the chunk kernel that
+    publishes their flags where they fit (flags live), else everything in order (no flags);
+    the outputs are the whole run's either way."""
+    B, P, T = 1, 4, 16 * C
+    inputs = _toy_inputs(B, T, False, seed=5)
+    whole = ToyProgram().with_publisher(0).whole(**inputs)
+    prog = ToyProgram().with_publisher(fit)
+    got = seg.run_segmented(prog, P, (), dict(inputs), beside=True)
+    torch.testing.assert_close(got["y"], whole["y"], rtol=1e-9, atol=1e-9)
+    assert prog.calls == ["chunk", "scan", "scan", "scan", "out"]
+    assert prog.asked_fit == [16]
+    if fit >= 16:
+        assert prog.together == [["chunk", "scan", "scan"]]
+        assert prog.flagged == [[True, True, True]]
+    else:
+        assert prog.together == [["scan", "scan"]] and prog.flagged == [[False, False]]
+
+
+def test_a_known_start_scan_runs_beside_its_chunk_kernel():
+    B, P, T = 1, 4, 16 * C
+    inputs = _toy_inputs(B, T, False, seed=6)
+    fwd = seg.run_segmented(ToyProgram(), P, (), dict(inputs))
+    prog = ToyProgram(scan_final=False).with_publisher(8)
+    known = dict(inputs, initial_state=fwd["segment_initial_state"])
+    got = seg.run_segmented(prog, P, ("initial_state",), known, beside=True)
+    whole = ToyProgram(scan_final=False).whole(**inputs)
+    torch.testing.assert_close(got["y"], whole["y"], rtol=1e-9, atol=1e-9)
+    assert prog.together == [["chunk", "scan"]] and prog.calls == ["chunk", "scan", "out"]
+
+
+def test_segments_for_beside():
+    # 2·1·4·2 = 16 CTAs per segment pair: 4 segments fill 64 of the 66 SMs that may wait
+    assert seg.segments_for(1, 32768, 4, 128, 128, 64, 132, "beside") == 4
+    assert seg.segments_for(1, 32768, 2, 128, 128, 64, 132, "beside") == 8
+    assert seg.segments_for(1, 32768, 16, 128, 128, 64, 132, "beside") == 1
+    assert seg.beside_wanted("beside") and not seg.beside_wanted("auto")

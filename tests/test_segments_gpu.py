@@ -52,8 +52,11 @@ def _case(name):
     return family, xc, fc
 
 
+@pytest.mark.parametrize("setting", [str(SEGMENTS), "beside"])
 @pytest.mark.parametrize("name", list(CASES))
-def test_segmented_ops_match_the_reference_and_the_whole_run(name, monkeypatch):
+def test_segmented_ops_match_the_reference_and_the_whole_run(name, setting, monkeypatch):
+    """``setting``: 4 segments in order, or "beside" (here also 4: the chaining runs and the
+    recompute scan beside the chunk kernels whose flags they wait for)."""
     from kdagen.runtime.launch import LaunchRecorder
     family, xc, fc = _case(name)
     monkeypatch.setattr(seg, "MIN_SEGMENT_CHUNKS", 4)
@@ -67,7 +70,7 @@ def test_segmented_ops_match_the_reference_and_the_whole_run(name, monkeypatch):
         dht = torch.randn((N, HV, xc["k"].shape[-1], V), generator=gen).cuda()
         monkeypatch.setenv("KDAGEN_SEGMENTS", "off")
         whole = _run(family, xc, fc, do, dht)
-        monkeypatch.setenv("KDAGEN_SEGMENTS", str(SEGMENTS))
+        monkeypatch.setenv("KDAGEN_SEGMENTS", setting)
         with LaunchRecorder() as rec:
             split = _run(family, xc, fc, do, dht)
             torch.cuda.synchronize()
@@ -88,7 +91,7 @@ def test_segmented_ops_match_the_reference_and_the_whole_run(name, monkeypatch):
                      f"apart {R.rel_err(split[n], whole[n].double()):.2e}")
         assert e_split <= BARS[n], lines[-1]
         assert e_split <= 2 * e_whole + 2e-4, lines[-1]
-    print(name, "\n  " + "\n  ".join(lines))
+    print(name, setting, "\n  " + "\n  ".join(lines))
 
 
 def test_segmented_training_step_in_a_cuda_graph(monkeypatch):

@@ -294,18 +294,20 @@ class LoweredProgram:
 
     def __call__(self, device=None, poison: bool = True, stream=None, chip: str | None = None,
                  profile: list | None = None, segments: int = 1, segment_known: tuple = (),
-                 **tensors) -> dict:
+                 segments_beside: bool = False, **tensors) -> dict:
         """Run the variant; ``profile`` (a list): append (kernel name, start, end) CUDA events
         around every launch (read them after a synchronize: per-kernel times). ``segments``
         > 1: each sequence runs as that many segments, its serial scans over all of them at
         once and the states where they meet chained exactly (kdagen.runtime.segments;
-        ``segment_known``: the scan inputs given per segment already)."""
+        ``segment_known``: the scan inputs given per segment already; ``segments_beside``:
+        scans beside the chunk kernels whose flags they wait for, where they fit)."""
         if segments > 1:
             from .segments import run_segmented
             return run_segmented(self, int(segments), tuple(segment_known), tensors,
                                  device=device, poison=poison, stream=stream, chip=chip,
                                  profile=profile,
-                                 timed=profile is not None or bool(_RECORDERS))
+                                 timed=profile is not None or bool(_RECORDERS),
+                                 beside=bool(segments_beside))
         device, sz, values, outputs = self.bind(device, poison, tensors)
         plan, stream = self.prepare_launches(device, sz, values, poison, stream, chip)
         self.run_launches(plan.launches, values, device, stream, profile)
@@ -369,28 +371,38 @@ class LoweredProgram:
                 # stream, before the fork the side stream waits for
                 args = (self._args(launch, values, device, flags=True),
                         self._args(nxt, values, device, aside=True, flags=True))
-                self.launch_beside(launch, args[0], nxt, args[1], device, stream, profile)
+                self.launch_beside(launch, args[0], [(nxt, args[1])], device, stream, profile)
                 i += 2
                 continue
             self._launch(launch, self._args(launch, values, device), stream, profile, timed)
             i += 1
 
-    def launch_beside(self, first, first_args, second, second_args, device, stream,
+    def launch_beside(self, first, first_args, beside: list, device, stream,
                       profile) -> None:
-        """``first`` on ``stream`` and ``second`` on the side stream at the same time; later
-        work on ``stream`` waits for both."""
+        """``first`` on ``stream`` and each ``(launch, args)`` of ``beside`` on a side stream
+        of its own (the k-th on side stream k), all at the same time; later work on
+        ``stream`` waits for every one."""
         timed = profile is not None or bool(_RECORDERS)
-        aside = _side_stream(device)
-        fork, join = torch.cuda.Event(), torch.cuda.Event()
+        fork = torch.cuda.Event()
         fork.record(stream)
         self._launch(first, first_args, stream, profile, timed)
-        aside.wait_event(fork)          # the second sees every earlier kernel's output
-        self._launch(second, second_args, aside, profile, timed)
-        join.record(aside)
-        stream.wait_event(join)         # later kernels read what the second wrote
+        for k, (launch, args) in enumerate(beside):
+            aside = _side_stream(device, k)
+            aside.wait_event(fork)      # each sees every earlier kernel's output
+            self._launch(launch, args, aside, profile, timed)
+            join = torch.cuda.Event()
+            join.record(aside)
+            stream.wait_event(join)     # later kernels read what it wrote
 
     @staticmethod
-    def _args(launch, values, device, aside: bool = False, flags: bool = False) -> list:
+    def fits_beside(ctas: int, device) -> bool:
+        """Whether scan CTAs that wait for a chunk kernel's flags may run beside it: at most
+        OVERLAP_SM_SHARE of the SMs (every SM held by a waiting CTA would deadlock)."""
+        return _overlap_ok((ctas,), device)
+
+    @staticmethod
+    def _args(launch, values, device, aside: bool = False, flags: bool = False,
+              side: int = 0) -> list:
         """``flags``: the launch is one of an overlapped pair (its chunk-ready flags are
         live); otherwise a flag parameter gets a null pointer, which both kernels of a pair
         read as "in order: nothing to publish or wait for"."""
@@ -405,7 +417,7 @@ class LoweredProgram:
             else:                                   # scratch: key float32 elements
                 x = torch.empty(key, dtype=torch.float32, device=device)
                 if aside:       # freed when the call returns, while the side stream may run
-                    x.record_stream(_side_stream(device))
+                    x.record_stream(_side_stream(device, side))
                 args.append(x)
         return args
 
@@ -447,14 +459,15 @@ def _overlap_ok(grid: tuple, device) -> bool:
     return math.prod(grid) <= OVERLAP_SM_SHARE * sms
 
 
-def _side_stream(device) -> "torch.cuda.Stream":
-    """A high-priority stream per device: the scan's CTAs are dispatched as soon as SMs free
-    up, not after every CTA of the chunk kernel launched before them."""
+def _side_stream(device, which: int = 0) -> "torch.cuda.Stream":
+    """A high-priority stream per device (``which``: the k-th, for launches beside one
+    another): the scan's CTAs are dispatched as soon as SMs free up, not after every CTA of
+    the chunk kernel launched before them."""
     index = device.index if device.index is not None else torch.cuda.current_device()
-    s = _SIDE_STREAMS.get(index)
+    s = _SIDE_STREAMS.get((index, which))
     if s is None:
         lo, hi = torch.cuda.Stream.priority_range()
-        s = _SIDE_STREAMS[index] = torch.cuda.Stream(device=index, priority=hi)
+        s = _SIDE_STREAMS[(index, which)] = torch.cuda.Stream(device=index, priority=hi)
     return s
 
 

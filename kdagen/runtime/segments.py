@@ -40,7 +40,7 @@ import os
 import torch
 
 __all__ = ["LAMBDA", "SegmentsUnsupported", "segments_for", "run_segmented", "chain_starts",
-           "split_cu_seqlens", "varlen_allowed"]
+           "split_cu_seqlens", "varlen_allowed", "beside_wanted"]
 
 #: the scale of the identity start state of the transition run (an exact power of two)
 LAMBDA = 2.0 ** 12
@@ -55,6 +55,16 @@ MIN_SEGMENT_CHUNKS = 32
 MIN_SEGMENTS = 8
 #: the GPU's scan CTAs: value blocks of 64 columns per head (kdagen.codegen.lower.register_scan)
 VALUE_BLOCK = 64
+#: share of the SMs scan CTAs waiting for a chunk kernel's flags may hold
+#: (kdagen.runtime.launch.OVERLAP_SM_SHARE, which the runtime checks at launch)
+BESIDE_SM_SHARE = 0.5
+
+
+def beside_wanted(setting: str | None = None) -> bool:
+    """Whether the chaining runs go beside their chunk kernels: ``KDAGEN_SEGMENTS=beside``."""
+    if setting is None:
+        setting = os.environ.get("KDAGEN_SEGMENTS", "auto")
+    return str(setting).strip().lower() == "beside"
 
 
 class SegmentsUnsupported(ValueError):
@@ -87,7 +97,9 @@ def segments_for(B: int, T: int, HV: int, K: int, V: int, chunk_size: int, sms: 
                  setting: str | None = None, varlen: bool = False) -> int:
     """Segments per sequence for a call of these sizes (1: none). ``setting``: the
     ``KDAGEN_SEGMENTS`` environment variable by default — ``auto`` (the cost rule below),
-    ``0``/``1``/``off`` (never), or a power of two (that many, where the sizes allow).
+    ``0``/``1``/``off`` (never), a power of two (that many, where the sizes allow), or
+    ``beside`` (:func:`beside_wanted`: the most segments whose two chaining runs fit beside
+    the chunk kernel they wait for, half the SMs; at least 2; not yet measured).
 
     The rule: the most segments, a power of two, such that each segment holds at least
     :data:`MIN_SEGMENT_CHUNKS` chunks, T divides into them, and the two scan runs that go
@@ -105,19 +117,24 @@ def segments_for(B: int, T: int, HV: int, K: int, V: int, chunk_size: int, sms: 
     def fits(p: int) -> bool:
         return (varlen or T % (chunk_size * p) == 0) and chunks // p >= MIN_SEGMENT_CHUNKS
 
+    ctas = 2 * B * HV * max(1, V // VALUE_BLOCK)
+    if setting == "beside":
+        p = 1
+        while fits(2 * p) and ctas * 2 * p <= BESIDE_SM_SHARE * sms:
+            p *= 2
+        return p
     if setting != "auto":
         try:
             want = int(setting)
         except ValueError:
-            raise SegmentsUnsupported(f"KDAGEN_SEGMENTS={setting!r}: use auto, off or a power "
-                                      "of two") from None
+            raise SegmentsUnsupported(f"KDAGEN_SEGMENTS={setting!r}: use auto, off, beside or "
+                                      "a power of two") from None
         if want & (want - 1) or want < 1:
             raise SegmentsUnsupported(f"KDAGEN_SEGMENTS={want}: use a power of two")
         p = want
         while p > 1 and not fits(p):
             p //= 2
         return p
-    ctas = 2 * B * HV * max(1, V // VALUE_BLOCK)
     p = 1
     while fits(2 * p) and ctas * 2 * p <= sms:
         p *= 2
@@ -184,13 +201,16 @@ def _check(prog, launches, known: tuple, tensors: dict) -> dict:
 
 def run_segmented(prog, P: int, known: tuple, tensors: dict, *, device=None,
                   poison: bool = False, stream=None, chip: str | None = None,
-                  profile: list | None = None, timed: bool = False) -> dict:
+                  profile: list | None = None, timed: bool = False,
+                  beside: bool = False) -> dict:
     """Run ``prog`` (a :class:`kdagen.runtime.launch.LoweredProgram`) with each sequence cut
     into ``P`` segments (module doc). ``known``: state inputs given per segment
     (``[B·P, ...]``); the others are per sequence. Returns the outputs as an ordinary call
     would, plus ``segment_<input>``: the segments' start states ``[B·P, ...]`` of each scan
     it chained (what a backward gives back as ``known``). ``timed``: CUDA events around every
-    launch (``profile`` or a launch recorder is listening)."""
+    launch (``profile`` or a launch recorder is listening). ``beside``: a scan that waits for
+    its chunk kernel's flags runs beside it where its CTAs (both chaining runs) fit
+    (``prog.fits_beside``), as an unsegmented call does; else every kernel runs in order."""
     token = next(a for a in prog.args if a["role"] == "input" and a["layout"] == "token"
                  and a["heads"] == "v")
     x = tensors[token["name"]]
@@ -228,33 +248,32 @@ def run_segmented(prog, P: int, known: tuple, tensors: dict, *, device=None,
             raise SegmentsUnsupported(f"segments: the state is [{start.shape[-2]}, "
                                       f"{start.shape[-1]}]; chaining needs K = V")
     starts = {}
-    for la in plan.launches:
+    launches = list(plan.launches)
+    i = 0
+    while i < len(launches):
+        la = launches[i]
+        nxt = launches[i + 1] if i + 1 < len(launches) else None
+        pair = (beside and la.flags == "publish" and nxt is not None and nxt.flags == "wait"
+                and nxt.kernel.entry.launch.get("carry") is not None)
+        if pair and nxt.name not in chained:       # a scan from known start states: one run
+            ctas = _ctas(nxt.grid)
+            if prog.fits_beside(ctas, device):
+                prog.launch_beside(la, prog._args(la, values, device, flags=True),
+                                   [(nxt, prog._args(nxt, values, device, aside=True,
+                                                     flags=True))], device, stream, profile)
+                i += 2
+                continue
+        if pair and nxt.name in chained and prog.fits_beside(2 * _ctas(nxt.grid), device):
+            _chain(prog, nxt, chained[nxt.name], values, starts, B, P, device, stream, profile,
+                   timed, publisher=la)
+            i += 2
+            continue
         carry = chained.get(la.name)
         if carry is None:
             prog._launch(la, prog._args(la, values, device), stream, profile, timed)
-            continue
-        init, final, reverse = carry["init"], carry["final"], bool(carry["reverse"])
-        start = values[init]                                   # [B, HV, K, K]
-        K = int(start.shape[-1])
-        tail = tuple(start.shape[1:])
-        first = P - 1 if reverse else 0
-        from_zero = start.new_zeros((B, P) + tail)
-        from_zero[:, first] = start
-        from_zero = from_zero.view((B * P,) + tail)
-        eye = torch.eye(K, dtype=start.dtype, device=device) * LAMBDA
-        from_eye = eye.expand((B * P,) + tail).contiguous()
-        end_zero, end_eye = torch.empty_like(from_zero), torch.empty_like(from_zero)
-        # both runs write the scan's checkpoint workspaces; the true run below rewrites them
-        run_zero = dict(values, **{init: from_zero, final: end_zero})
-        run_eye = dict(values, **{init: from_eye, final: end_eye})
-        prog.launch_beside(la, prog._args(la, run_zero, device), la,
-                           prog._args(la, run_eye, device, aside=True), device, stream, profile)
-        ends = end_zero.view((B, P) + tail).double()
-        transitions = (end_eye.view((B, P) + tail).double() - ends) / LAMBDA
-        true_starts = chain_starts(start.double(), ends, transitions, reverse)
-        values[init] = true_starts.to(start.dtype).view((B * P,) + tail).contiguous()
-        prog._launch(la, prog._args(la, values, device), stream, profile, timed)
-        starts[init] = values[init]
+        else:
+            _chain(prog, la, carry, values, starts, B, P, device, stream, profile, timed)
+        i += 1
     result = {}
     argmap = {a["name"]: a for a in prog.args}
     last_of = {c["final"]: (0 if c["reverse"] else P - 1) for c in chained.values()}
@@ -269,6 +288,51 @@ def run_segmented(prog, P: int, known: tuple, tensors: dict, *, device=None,
     for name, t in starts.items():
         result[f"segment_{name}"] = t
     return result
+
+
+def _ctas(grid) -> int:
+    n = 1
+    for g in grid:
+        n *= int(g)
+    return n
+
+
+def _chain(prog, la, carry: dict, values: dict, starts: dict, B: int, P: int, device, stream,
+           profile, timed: bool, publisher=None) -> None:
+    """Run scan ``la`` over the segments, chained (module doc, steps 2 and 3): its two
+    chaining runs side by side (and beside ``publisher``, the chunk kernel whose flags they
+    wait for, when given), the start states chained, then the true run; the segments' start
+    states go to ``starts[init]``."""
+    init, final, reverse = carry["init"], carry["final"], bool(carry["reverse"])
+    start = values[init]                                       # [B, HV, K, K]
+    K = int(start.shape[-1])
+    tail = tuple(start.shape[1:])
+    first = P - 1 if reverse else 0
+    from_zero = start.new_zeros((B, P) + tail)
+    from_zero[:, first] = start
+    from_zero = from_zero.view((B * P,) + tail)
+    eye = torch.eye(K, dtype=start.dtype, device=device) * LAMBDA
+    from_eye = eye.expand((B * P,) + tail).contiguous()
+    end_zero, end_eye = torch.empty_like(from_zero), torch.empty_like(from_zero)
+    # both runs write the scan's checkpoint workspaces; the true run below rewrites them
+    run_zero = dict(values, **{init: from_zero, final: end_zero})
+    run_eye = dict(values, **{init: from_eye, final: end_eye})
+    if publisher is None:
+        prog.launch_beside(la, prog._args(la, run_zero, device),
+                           [(la, prog._args(la, run_eye, device, aside=True))],
+                           device, stream, profile)
+    else:
+        prog.launch_beside(publisher, prog._args(publisher, values, device, flags=True),
+                           [(la, prog._args(la, run_zero, device, aside=True, flags=True)),
+                            (la, prog._args(la, run_eye, device, aside=True, flags=True,
+                                            side=1))],
+                           device, stream, profile)
+    ends = end_zero.view((B, P) + tail).double()
+    transitions = (end_eye.view((B, P) + tail).double() - ends) / LAMBDA
+    true_starts = chain_starts(start.double(), ends, transitions, reverse)
+    values[init] = true_starts.to(start.dtype).view((B * P,) + tail).contiguous()
+    prog._launch(la, prog._args(la, values, device), stream, profile, timed)
+    starts[init] = values[init]
 
 
 def sm_count(device) -> int:
