@@ -17,10 +17,12 @@ if [ "$part" = tests ]; then
     exit 0
 fi
 timeout 300 python3 -m kdagen.cli bench --bundle cp=.bundles/bench --bundle nocp=.bundles/bench \
+    --bundle side=.bundles/bench --segments side=beside \
     --segments nocp=off --configs B1_T32k_H4 --kernels --json "$OUT/segments_h4.json" \
     > "$OUT/segments_h4.log" 2>&1
 echo "bench_h4_rc=$?"; grep -A6 "^op |" "$OUT/segments_h4.log"
 timeout 150 python3 -m kdagen.cli bench --bundle cp=.bundles/bench --bundle nocp=.bundles/bench \
+    --bundle side=.bundles/bench --segments side=beside \
     --segments nocp=off --configs B1_T32k_H2,B1_T32k_H8 --no-fla --json "$OUT/segments_h2h8.json" \
     > "$OUT/segments_h2h8.log" 2>&1
 echo "bench_h2h8_rc=$?"; grep -A10 "^op |" "$OUT/segments_h2h8.log"
