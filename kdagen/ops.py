@@ -212,12 +212,10 @@ def segments_of(q: Tensor, v: Tensor, cu_seqlens: Optional[Tensor]) -> int:
     index = q.device.index if q.device.index is not None else torch.cuda.current_device()
     if torch.cuda.get_device_capability(index) != (9, 0):
         return 1
-    return segments_for(_sequences(q, cu_seqlens), int(q.shape[0]) * int(q.shape[1]),
-                        int(v.shape[2]), int(q.shape[3]), int(v.shape[3]), CHUNK_SIZE,
-                        sm_count(q.device), varlen=cu_seqlens is not None) \
-        if cu_seqlens is not None else \
-        segments_for(int(q.shape[0]), int(q.shape[1]), int(v.shape[2]), int(q.shape[3]),
-                     int(v.shape[3]), CHUNK_SIZE, sm_count(q.device))
+    # B sequences of T tokens, or (cu_seqlens, B = 1) N sequences of T tokens in all
+    return segments_for(_sequences(q, cu_seqlens), int(q.shape[1]), int(v.shape[2]),
+                        int(q.shape[3]), int(v.shape[3]), CHUNK_SIZE, sm_count(q.device),
+                        varlen=cu_seqlens is not None)
 
 
 def _sequences(q: Tensor, cu_seqlens: Optional[Tensor]) -> int:
