@@ -355,8 +355,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "bench/emit_bench_bundle.py --chunk-size)")
     parser.add_argument("--segments", action="append", default=[], metavar="LABEL=SETTING",
                         help="KDAGEN_SEGMENTS for the impl of bundle LABEL: auto (the cost "
-                             "rule), off, or a power of two (intra-card context parallelism, "
-                             "kdagen.runtime.segments; an A/B in one process)")
+                             "rule), off, beside (the chaining scans beside their chunk "
+                             "kernels) or a power of two (intra-card context parallelism of "
+                             "training calls, kdagen.runtime.segments; an A/B in one process)")
     parser.add_argument("--no-fla", action="store_true",
                         help="time kdagen only (no FLA or FlashQLA columns or ratios)")
     parser.add_argument("--kernels", action="store_true",
