@@ -33,9 +33,9 @@ synchronises with a CUDA device: ``cu_seqlens`` values are read only for CPU ten
 (validation), sizes come from shapes.
 
 The backward recomputes the forward's state scan from the saved inputs (the derived backward
-programs carry their own recompute scan). With ``save_residuals`` (what autograd asks for when
-a gradient is needed, unless ``KDAGEN_SAVE_RESIDUALS=0``) the forward also returns the chunk
-products the backward would recompute, ``residuals`` = [res_kk, res_Akk_inv]
+programs carry their own recompute scan). With ``save_residuals`` (what the API asks for when
+a gradient is needed: a backward follows) the forward also returns, unless
+``KDAGEN_SAVE_RESIDUALS=0``, the chunk products the backward would recompute, ``residuals`` = [res_kk, res_Akk_inv]
 (:data:`kdagen.ir.programs.RESIDUALS`; float32 ``[chunks, HV, 64, 64]`` each, chunks = B ·
 ceil(T / 64), or ceil(T / 64) + N with cu_seqlens: a bound that needs no host read), and the
 backward reads them instead: its prologue skips the key-key decay product and the inverse.
@@ -112,12 +112,20 @@ RESIDUALS = ("res_kk", "res_Akk_inv")
 
 
 def save_residuals_wanted(*tensors) -> bool:
-    """Whether a forward should save residuals for its backward: a gradient is needed and
-    ``KDAGEN_SAVE_RESIDUALS`` is not ``0`` (a switch for memory: residuals take 32 KB per
-    chunk and value head, and the backward then recomputes them)."""
-    if os.environ.get("KDAGEN_SAVE_RESIDUALS", "1") == "0" or not torch.is_grad_enabled():
+    """Whether a backward will follow the forward (the op's ``save_residuals``): a gradient
+    is needed. The forward then saves the residual products (unless
+    ``KDAGEN_SAVE_RESIDUALS=0``, :func:`residual_products_kept`) and, where it runs as
+    segments, their start states."""
+    if not torch.is_grad_enabled():
         return False
     return any(isinstance(t, Tensor) and t.requires_grad for t in tensors)
+
+
+def residual_products_kept() -> bool:
+    """``KDAGEN_SAVE_RESIDUALS`` is not ``0``: a forward followed by a backward keeps the
+    products its backward would recompute (a switch for memory: 32 KB per chunk and value
+    head; the backward then recomputes them)."""
+    return os.environ.get("KDAGEN_SAVE_RESIDUALS", "1") != "0"
 
 
 #: (executor, program, options, $KDAGEN_BUNDLE) whose save_residuals variant was not found
@@ -399,7 +407,8 @@ def _run_fwd_as(segments, family, q, k, v, g, beta, A_log, dt_bias, initial_stat
         inputs["segments"] = segments
         inputs["segments_beside"] = beside_wanted()
         outputs["segment_initial_state"] = OutSpec((sizes.N * segments, *state), torch.float32)
-    bound = _ask_residuals(opts, outputs, q, cu_seqlens, sizes.HV) if save_residuals else 0
+    bound = (_ask_residuals(opts, outputs, q, cu_seqlens, sizes.HV)
+             if save_residuals and residual_products_kept() else 0)
     if chunk_states:
         C = CHUNK_SIZE
         if cu_seqlens is None:
@@ -438,7 +447,7 @@ def _fwd_fake(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlen
     else:
         ht = _empty(q)
     residuals = _no_residuals(q)
-    if save_residuals:
+    if save_residuals and residual_products_kept():
         rows, C = _residual_bound(q, cu_seqlens), CHUNK_SIZE
         residuals = [q.new_empty((rows, v.shape[2], C, C), dtype=torch.float32)
                      for _ in RESIDUALS] + residuals[-1:]
@@ -749,7 +758,8 @@ def _gated_fwd_impl(family, q, k, v, g, beta, gate_params, initial_state, cu_seq
     outputs = {"o": OutSpec(tuple(v.shape), v.dtype)}
     if output_final_state:
         outputs["final_state"] = OutSpec((sizes.N, sizes.HV, sizes.K, sizes.V), torch.float32)
-    bound = _ask_residuals(opts, outputs, q, cu_seqlens, sizes.HV) if save_residuals else 0
+    bound = (_ask_residuals(opts, outputs, q, cu_seqlens, sizes.HV)
+             if save_residuals and residual_products_kept() else 0)
     res, saved = _run_program(q.device, f"{family}_fwd", opts, inputs, outputs)
     return (res["o"], (res["final_state"] if output_final_state else _empty(q)),
             _residuals_out(res, saved, bound, q))
