@@ -196,7 +196,7 @@ def test_launcher_gives_both_kernels_one_zeroed_flag_array(tmp_path, monkeypatch
     events = []
     monkeypatch.setattr(torch.cuda, "Event", Event)
     monkeypatch.setattr(L, "_overlap_ok", lambda grid, device: True)
-    monkeypatch.setattr(L, "_side_stream", lambda device: _Stream("side", events))
+    monkeypatch.setattr(L, "_side_stream", lambda device, which=0: _Stream("side", events))
     for T in (130, 64):
         log.clear()
         prog(chip="sm_90a", stream=_Stream("main", log), q=torch.randn(2, T, 3, 128).bfloat16())
