@@ -214,15 +214,16 @@ def segments_of(q: Tensor, v: Tensor, cu_seqlens: Optional[Tensor]) -> int:
     ``KDAGEN_SEGMENTS_VARLEN=1`` (not yet GPU-checked)."""
     if q.device.type != "cuda" or q.dim() != 4 or v.dim() != 4:
         return 1
-    from kdagen.runtime.segments import segments_for, sm_count, varlen_allowed
+    from kdagen.runtime.chips import chip_for_device, sm_count
+    from kdagen.runtime.segments import segments_for, varlen_allowed
     if cu_seqlens is not None and not varlen_allowed():
         return 1
     index = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    if torch.cuda.get_device_capability(index) != (9, 0):
+    if chip_for_device(index) != "sm_90a":
         return 1
     # B sequences of T tokens, or (cu_seqlens, B = 1) N sequences of T tokens in all
     return segments_for(_sequences(q, cu_seqlens), int(q.shape[1]), int(v.shape[2]),
-                        int(q.shape[3]), int(v.shape[3]), CHUNK_SIZE, sm_count(q.device),
+                        int(q.shape[3]), int(v.shape[3]), CHUNK_SIZE, sm_count(index),
                         varlen=cu_seqlens is not None)
 
 

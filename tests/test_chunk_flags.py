@@ -215,8 +215,9 @@ def test_launcher_gives_both_kernels_one_zeroed_flag_array(tmp_path, monkeypatch
 def test_overlap_needs_the_scan_to_leave_most_sms_free(monkeypatch):
     import torch
 
+    from kdagen.runtime import chips
     from kdagen.runtime import launch as L
-    monkeypatch.setattr(L, "_SM_COUNT", {0: 132})
+    monkeypatch.setattr(chips, "sm_count", lambda index: 132)
     cuda = torch.device("cuda", 0)
     assert L._overlap_ok((32, 1, 1), cuda) and L._overlap_ok((66, 1, 1), cuda)
     assert not L._overlap_ok((64, 2, 1), cuda)         # 128 waiting CTAs: most SMs held

@@ -5,7 +5,7 @@ import functools
 
 from kdagen.target import chip_for_capability
 
-__all__ = ["chip_for_device"]
+__all__ = ["chip_for_device", "sm_count"]
 
 
 def chip_for_device(device) -> str:
@@ -22,3 +22,10 @@ def _chip_of(index: int) -> str:
     import torch
     major, minor = torch.cuda.get_device_capability(index)
     return chip_for_capability(major, minor, torch.cuda.get_device_name(index))
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(index: int) -> int:
+    """The SMs of CUDA device ``index`` (asked per call: the overlap and segment rules)."""
+    import torch
+    return int(torch.cuda.get_device_properties(index).multi_processor_count)

@@ -446,17 +446,13 @@ OVERLAP = os.environ.get("KDAGEN_OVERLAP", "1") != "0"
 OVERLAP_SM_SHARE = 0.5
 
 _SIDE_STREAMS: dict = {}
-_SM_COUNT: dict = {}
 
 
 def _overlap_ok(grid: tuple, device) -> bool:
     if not OVERLAP or device.type != "cuda":
         return False
     index = device.index if device.index is not None else torch.cuda.current_device()
-    sms = _SM_COUNT.get(index)
-    if sms is None:
-        sms = _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return math.prod(grid) <= OVERLAP_SM_SHARE * sms
+    return math.prod(grid) <= OVERLAP_SM_SHARE * chips.sm_count(index)
 
 
 def _side_stream(device, which: int = 0) -> "torch.cuda.Stream":

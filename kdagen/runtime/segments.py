@@ -334,7 +334,3 @@ def _chain(prog, la, carry: dict, values: dict, starts: dict, B: int, P: int, de
     prog._launch(la, prog._args(la, values, device), stream, profile, timed)
     starts[init] = values[init]
 
-
-def sm_count(device) -> int:
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return int(torch.cuda.get_device_properties(index).multi_processor_count)
