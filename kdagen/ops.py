@@ -35,10 +35,11 @@ synchronises with a CUDA device: ``cu_seqlens`` values are read only for CPU ten
 The backward recomputes the forward's state scan from the saved inputs (the derived backward
 programs carry their own recompute scan). With ``save_residuals`` (what the API asks for when
 a gradient is needed: a backward follows) the forward also returns, unless
-``KDAGEN_SAVE_RESIDUALS=0``, the chunk products the backward would recompute, ``residuals`` = [res_kk, res_Akk_inv]
-(:data:`kdagen.ir.programs.RESIDUALS`; float32 ``[chunks, HV, 64, 64]`` each, chunks = B ·
-ceil(T / 64), or ceil(T / 64) + N with cu_seqlens: a bound that needs no host read), and the
-backward reads them instead: its prologue skips the key-key decay product and the inverse.
+``KDAGEN_SAVE_RESIDUALS=0``, the chunk products the backward would recompute, ``residuals`` =
+[res_kk, res_Akk_inv] (:data:`kdagen.ir.programs.RESIDUALS`; float32 ``[chunks, HV, 64, 64]``
+each, chunks = B · ceil(T / 64), or ceil(T / 64) + N with cu_seqlens: a bound that needs no
+host read), and the backward reads them instead: its prologue skips the key-key decay product
+and the inverse.
 Without it, or where the bundle has no such variant (``kdagen emit --residuals`` builds them),
 ``residuals`` holds empty tensors ``[0]`` and the backward recomputes.
 
@@ -222,14 +223,20 @@ def segments_of(q: Tensor, v: Tensor, cu_seqlens: Optional[Tensor]) -> int:
     if chip_for_device(index) != "sm_90a":
         return 1
     # B sequences of T tokens, or (cu_seqlens, B = 1) N sequences of T tokens in all
-    return segments_for(_sequences(q, cu_seqlens), int(q.shape[1]), int(v.shape[2]),
+    return segments_for(int(_sequences(q, cu_seqlens)), int(q.shape[1]), int(v.shape[2]),
                         int(q.shape[3]), int(v.shape[3]), CHUNK_SIZE, sm_count(index),
                         varlen=cu_seqlens is not None)
 
 
-def _sequences(q: Tensor, cu_seqlens: Optional[Tensor]) -> int:
+def _sequences(q: Tensor, cu_seqlens: Optional[Tensor]):
     """N: the call's sequences (B, or len(cu_seqlens) - 1), from shapes."""
-    return int(cu_seqlens.shape[0]) - 1 if cu_seqlens is not None else int(q.shape[0])
+    return cu_seqlens.shape[0] - 1 if cu_seqlens is not None else q.shape[0]
+
+
+def _zero_state(q: Tensor, v: Tensor, cu_seqlens: Optional[Tensor]) -> Tensor:
+    """A float32 zero state per sequence, [N, HV, K, V] (shapes only)."""
+    return q.new_zeros((_sequences(q, cu_seqlens), v.shape[2], q.shape[3], v.shape[3]),
+                       dtype=torch.float32)
 
 
 # --------------------------------------------------------------------------------------
@@ -355,14 +362,22 @@ def call_spec(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlen
 _UNSEGMENTED: set = set()
 
 
-def _run_whole_instead(err: Exception) -> None:
-    """A call the rule chose for segments runs whole: the bundle lacks the variant with an
-    initial and a final state, or the program cannot be chained. Same results, slower."""
+def _segments_or_whole(segmented, whole):
+    """``segmented()``, or, where segments cannot run (the bundle lacks the variant with an
+    initial and a final state, or the program cannot be chained; nothing has run then),
+    ``whole()``: same results, slower, said once per reason."""
     import warnings
-    key = f"{type(err).__name__}: {err}"
-    if key not in _UNSEGMENTED:
-        _UNSEGMENTED.add(key)
-        warnings.warn(f"kdagen: running whole sequences, not segments ({key})", stacklevel=3)
+
+    from kdagen.runtime.segments import SegmentsUnsupported
+    try:
+        return segmented()
+    except (backends.BundleNotFoundError, SegmentsUnsupported) as err:
+        key = f"{type(err).__name__}: {err}"
+        if key not in _UNSEGMENTED:
+            _UNSEGMENTED.add(key)
+            warnings.warn(f"kdagen: running whole sequences, not segments ({key})",
+                          stacklevel=4)
+    return whole()
 
 
 def _run_fwd(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale,
@@ -378,14 +393,11 @@ def _run_fwd(family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens
     segments = segments_of(q, v, cu_seqlens) if save_residuals and not chunk_states else 1
     args = (family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale,
             output_final_state, *flags)
-    if segments > 1:
-        from kdagen.runtime.segments import SegmentsUnsupported
-        try:
-            return _run_fwd_as(segments, *args, chunk_states=chunk_states,
-                               save_residuals=save_residuals)
-        except (backends.BundleNotFoundError, SegmentsUnsupported) as err:
-            _run_whole_instead(err)
-    return _run_fwd_as(1, *args, chunk_states=chunk_states, save_residuals=save_residuals)
+
+    def run(segments):
+        return _run_fwd_as(segments, *args, chunk_states=chunk_states,
+                           save_residuals=save_residuals)
+    return _segments_or_whole(lambda: run(segments), lambda: run(1)) if segments > 1 else run(1)
 
 
 def _run_fwd_as(segments, family, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens,
@@ -396,8 +408,7 @@ def _run_fwd_as(segments, family, q, k, v, g, beta, A_log, dt_bias, initial_stat
         # the chaining starts from a state and ends in one: the variant with both (zeros
         # where the caller gave none; the final state is returned only where asked for)
         if initial_state is None:
-            initial_state = q.new_zeros((_sequences(q, cu_seqlens), v.shape[2], q.shape[3],
-                                         v.shape[3]), dtype=torch.float32)
+            initial_state = _zero_state(q, v, cu_seqlens)
         output_final_state = True
     sizes, opts, inputs, outputs = call_spec(family, q, k, v, g, beta, A_log, dt_bias,
                                              initial_state, cu_seqlens, scale,
@@ -481,13 +492,12 @@ def _bwd_impl(family, do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, 
             allow_neg_eigval, safe_gate, lower_bound)
     segment_states = residuals[len(RESIDUALS)] if residuals and len(residuals) > len(RESIDUALS) \
         else None
+
+    def run(states):
+        return _bwd_as(*args, residuals=residuals, segment_states=states)
     if segment_states is not None and segment_states.numel():
-        from kdagen.runtime.segments import SegmentsUnsupported
-        try:
-            return _bwd_as(*args, residuals=residuals, segment_states=segment_states)
-        except (backends.BundleNotFoundError, SegmentsUnsupported) as err:
-            _run_whole_instead(err)
-    return _bwd_as(*args, residuals=residuals, segment_states=None)
+        return _segments_or_whole(lambda: run(segment_states), lambda: run(None))
+    return run(None)
 
 
 def _bwd_as(family, do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale,
@@ -496,13 +506,11 @@ def _bwd_as(family, do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, cu
     """:func:`_bwd_impl` as the segments of ``segment_states`` (None: whole sequences)."""
     asked_dh0 = initial_state is not None
     if segment_states is not None:
-        N = _sequences(q, cu_seqlens)
-        segments = int(segment_states.shape[0]) // N
+        segments = int(segment_states.shape[0]) // int(_sequences(q, cu_seqlens))
         if initial_state is None:
-            initial_state = q.new_zeros((N, v.shape[2], q.shape[3], v.shape[3]),
-                                        dtype=torch.float32)
+            initial_state = _zero_state(q, v, cu_seqlens)
         if dht is None:
-            dht = q.new_zeros((N, v.shape[2], q.shape[3], v.shape[3]), dtype=torch.float32)
+            dht = _zero_state(q, v, cu_seqlens)
     else:
         segments = 1
     sizes, opts, inputs, _ = call_spec(
@@ -636,9 +644,8 @@ def _define(family: str):
         do = torch.zeros_like(v) if grad_o is None else grad_o.contiguous()
         dht = None
         if ctx.output_final_state:
-            N = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else q.shape[0]
             dht = (grad_ht.contiguous() if grad_ht is not None else
-                   q.new_zeros((N, v.shape[2], q.shape[3], v.shape[3]), dtype=torch.float32))
+                   _zero_state(q, v, cu_seqlens))
         dq, dk, dv, dg, dbeta, dA_log, ddt_bias, dh0 = bwd_op(
             do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, *ctx.flags,
             residuals=list(residuals))
@@ -859,9 +866,8 @@ def _define_gated(family: str):
         do = torch.zeros_like(v) if grad_o is None else grad_o.contiguous()
         dht = None
         if ctx.output_final_state:
-            N = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else q.shape[0]
             dht = (grad_ht.contiguous() if grad_ht is not None else
-                   q.new_zeros((N, v.shape[2], q.shape[3], v.shape[3]), dtype=torch.float32))
+                   _zero_state(q, v, cu_seqlens))
         dq, dk, dv, dg, dbeta, dparams, dh0 = bwd_op(
             do, dht, q, k, v, g, beta, list(gate_params), initial_state, cu_seqlens, *ctx.flags,
             residuals=list(residuals))

@@ -35,6 +35,7 @@ chooses; the ops segment training calls only, kdagen.ops.segments_of).
 """
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -256,14 +257,14 @@ def run_segmented(prog, P: int, known: tuple, tensors: dict, *, device=None,
         pair = (beside and la.flags == "publish" and nxt is not None and nxt.flags == "wait"
                 and nxt.kernel.entry.launch.get("carry") is not None)
         if pair and nxt.name not in chained:       # a scan from known start states: one run
-            ctas = _ctas(nxt.grid)
+            ctas = math.prod(nxt.grid)
             if prog.fits_beside(ctas, device):
                 prog.launch_beside(la, prog._args(la, values, device, flags=True),
                                    [(nxt, prog._args(nxt, values, device, aside=True,
                                                      flags=True))], device, stream, profile)
                 i += 2
                 continue
-        if pair and nxt.name in chained and prog.fits_beside(2 * _ctas(nxt.grid), device):
+        if pair and nxt.name in chained and prog.fits_beside(2 * math.prod(nxt.grid), device):
             _chain(prog, nxt, chained[nxt.name], values, starts, B, P, device, stream, profile,
                    timed, publisher=la)
             i += 2
@@ -288,13 +289,6 @@ def run_segmented(prog, P: int, known: tuple, tensors: dict, *, device=None,
     for name, t in starts.items():
         result[f"segment_{name}"] = t
     return result
-
-
-def _ctas(grid) -> int:
-    n = 1
-    for g in grid:
-        n *= int(g)
-    return n
 
 
 def _chain(prog, la, carry: dict, values: dict, starts: dict, B: int, P: int, device, stream,

@@ -133,11 +133,8 @@ def prepare(program: Program, target: Target | None, prefix: str,
         nat = native_path(target) if opts.path == "native" else None
         # the tuning table's options of this kernel (before planning: chunk_ctas_per_sm sets
         # the plan's shared-memory budget)
-        kopts, tuned = tuning.tuned_options(
-            opts, target.chip if target is not None else "",
-            nat.PATH_NAME if nat is not None else "portable", program.name,
-            (int(program.attrs.get("head_k_dim", 0)), int(program.attrs.get("head_v_dim", 0))),
-            tuning.kernel_label(g.index, g.label))
+        kopts, tuned = _kernel_options(opts, target, nat.PATH_NAME if nat is not None
+                                       else "portable", program, g)
         plan, native, storage, budget, need, keep_lazy = _settled_plan(
             program, g, target, kopts, nat, kname, in_place=False)
         spilling, in_place = storage, False
@@ -323,6 +320,16 @@ def _row_pad(opts: LowerOptions, nat) -> int:
     return getattr(nat, "SMEM_ROW_PAD", 1)
 
 
+def _kernel_options(opts: LowerOptions, target: Target | None, path: str, program: Program,
+                    g) -> tuple[LowerOptions, dict]:
+    """(the options kernel ``g`` is lowered with on lowering path ``path``, the tuning table's
+    entries applied to it: kdagen.codegen.lower.tuning)."""
+    return tuning.tuned_options(
+        opts, target.chip if target is not None else "", path, program.name,
+        (int(program.attrs.get("head_k_dim", 0)), int(program.attrs.get("head_v_dim", 0))),
+        tuning.kernel_label(g.index, g.label))
+
+
 def _register_scan_plans(program: Program, groups: list, target: Target | None,
                          opts: LowerOptions) -> dict:
     """{group index: plan} of the serial kernels that take the register-resident scan
@@ -338,11 +345,7 @@ def _register_scan_plans(program: Program, groups: list, target: Target | None,
                     readers.setdefault(m.operands[0], set()).add(g.index)
     plans = {}
     for g in groups:
-        # the tuning table's options of this kernel on this path
-        kopts, tuned = tuning.tuned_options(
-            opts, target.chip, register_scan.PATH_NAME, program.name,
-            (int(program.attrs.get("head_k_dim", 0)), int(program.attrs.get("head_v_dim", 0))),
-            tuning.kernel_label(g.index, g.label))
+        kopts, tuned = _kernel_options(opts, target, register_scan.PATH_NAME, program, g)
         try:
             rp = register_scan.match(program, g, target,
                                      (target.smem_per_block or 0) - kopts.smem_reserve,

@@ -11,9 +11,9 @@ default and not with the entry), saying so.
 
 An entry names the chip, the lowering path (``sm90-native``, ``sm90-register-scan``,
 ``portable``), the program, its head dims (K, V) and the kernel (``k<index>_<label>`` as
-`kdagen.codegen.lower.kernel.prepare` names it); it applies to every gate and option set of that program, and only to options the
-caller left at their defaults (an explicit value, e.g. an ablation's ``--load-batch``, wins).
-``LowerOptions.tuned = False`` turns the table off.
+`kdagen.codegen.lower.kernel.prepare` names it); it applies to every gate and option set of
+that program, and only to options the caller left at their defaults (an explicit value, e.g.
+an ablation's ``--load-batch``, wins). ``LowerOptions.tuned = False`` turns the table off.
 """
 from __future__ import annotations
 
