@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from kdagen.codegen.common.kernel import GpuModuleBuilder
 from kdagen.target import Target
 
-from . import register_scan, sm90_native, tuning
+from . import register_scan, register_tiles, sm90_native, tuning
 from . import tiles as T_
 from .chunk_flags import pair_kernels
 from .cost_model import kernel_report
@@ -122,6 +122,23 @@ def prepare(program: Program, target: Target | None, prefix: str,
                 launch["hbm_bytes_per_token"] = hbm
             if rp.tuned:
                 launch["tuned"] = dict(rp.tuned)
+            out.append(PreparedKernel(kname, g, em, "smem", launch, None))
+            continue
+        tp = _register_tile_plan(program, g, target, opts)
+        if tp is not None:
+            em = register_tiles.RegisterTileEmitter(program, g, opts, target, tp)
+            em.workspace_storage = storage_of
+            launch = {"grid": tp.grid, "block": [tp.block_threads, 1, 1],
+                      "parallel_chunks": True, "dynamic_shared_memory": em.smem_bytes,
+                      "kind": "tile", "order": g.index, "storage": "smem",
+                      "scratch_bytes_per_cta": 0, "tile_bytes": 0, "path": em.path,
+                      "tensor_maps": tp.tensor_maps(),
+                      "ring": {"depth": 1, "stage_bytes": sum(s.nbytes for s in tp.slots),
+                               "tma_loads": [s.tensor for s in tp.slots]},
+                      "wgmma_precision": "bf16+tf32"}
+            hbm = hbm_bytes_per_token(g)
+            if hbm is not None:
+                launch["hbm_bytes_per_token"] = hbm
             out.append(PreparedKernel(kname, g, em, "smem", launch, None))
             continue
         if g.kind == "global":
@@ -328,6 +345,18 @@ def _kernel_options(opts: LowerOptions, target: Target | None, path: str, progra
         opts, target.chip if target is not None else "", path, program.name,
         (int(program.attrs.get("head_k_dim", 0)), int(program.attrs.get("head_v_dim", 0))),
         tuning.kernel_label(g.index, g.label))
+
+
+def _register_tile_plan(program: Program, g, target: Target | None, opts: LowerOptions):
+    """The register-tile plan of chunk-parallel kernel ``g`` (register_tiles.py) where the
+    option asks for it on the native sm_90a path and the kernel fits, else None."""
+    if (not opts.register_tiles or opts.path != "native" or g.kind != "tile" or not g.parallel
+            or native_path(target) is not sm90_native):
+        return None
+    try:
+        return register_tiles.match(program, g, target)
+    except register_tiles.NoMatch:
+        return None
 
 
 def _register_scan_plans(program: Program, groups: list, target: Target | None,

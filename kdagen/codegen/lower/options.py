@@ -52,6 +52,10 @@ class LowerOptions:
     # on the native sm_90a path, serial scans that fit take the register-resident lowering
     # (state in wgmma accumulators across chunks; kdagen.codegen.lower.register_scan)
     register_scan: bool = True
+    # on the native sm_90a path, chunk-parallel kernels whose ops all have a register-tile rule
+    # take the register-tile lowering (tiles in wgmma accumulators, ring tiles in shared memory,
+    # no per-op buffers; kdagen.codegen.lower.register_tiles)
+    register_tiles: bool = False
     # consumer warpgroups per CTA of a register scan (64 value columns each; the rest of V goes
     # to more CTAs per head)
     scan_warpgroups: int = 1

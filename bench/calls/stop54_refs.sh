@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# GPU calls of stop 54 (run through bench/gpu_run.sh; carry [".whl", ".gpucarry"] plus the
+# reference wheels of bench/reference_wheels.sh where named):
+#   tests  the segments GPU tests with their errors printed (-n 0): varlen and beside cases
+#   cp     intra-card CP A/B in one process with FLA: auto rule (cp), off (nocp), beside (side)
+#          at B1_T32k_H4 and B1_T32k_H2, KDA and GDN
+#   gdn    GDN against FLA and FlashQLA (needs .site1 then .site2 installed into /tmp/site)
+#   rt     the register-tile lowering (LowerOptions.register_tiles, gdn_fwd's output kernel):
+#          the GPU check of gdn_fwd's native set with it (.bundles/check_rt) and an A/B of the
+#          default bench bundle against it (.bundles/ab_rt), kdagen only
+# Prepare with  bash bench/prepare_carry.sh wheels segments bench
+set -x
+nvidia-smi --query-gpu=name --format=csv,noheader
+case "$1" in
+tests)
+    KDAGEN_BUNDLE=.bundles/segments timeout 240 python3 -m pytest -q -s -n 0 -p no:cacheprovider \
+        tests/test_segments_gpu.py > "$OUT/test_segments_gpu.log" 2>&1
+    echo "segments_rc=$?"; grep -E "segment|passed|failed|Error|assert|err" "$OUT/test_segments_gpu.log" | tail -60 ;;
+cp)
+    timeout 420 python3 -m kdagen.cli bench --bundle cp=.bundles/bench --bundle nocp=.bundles/bench \
+        --bundle side=.bundles/bench --segments side=beside --segments nocp=off \
+        --configs B1_T32k_H4,B1_T32k_H2 --modes fwdbwd --rep-ms 150 --kernels --kernel-reps 5 \
+        --json "$OUT/cp.json" > "$OUT/cp.log" 2>&1
+    echo "bench_rc=$?"; grep -B2 -A8 "^op |" "$OUT/cp.log"; tail -3 "$OUT/cp.log" ;;
+gdn)
+    python3 -c "import flash_qla, tilelang; print('flash_qla', flash_qla.__file__)" 2>&1 | tail -2
+    timeout 520 python3 -m kdagen.cli bench --ops gdn --configs B1_T8k_H16,gva_H4_HV16_T8k \
+        --bundle main=.bundles/bench --rep-ms 150 --json "$OUT/gdn.json" > "$OUT/gdn.log" 2>&1
+    echo "bench_rc=$?"; grep -A8 "^op |" "$OUT/gdn.log"; tail -5 "$OUT/gdn.log" ;;
+rt)
+    timeout 200 python3 -m tools.gpu_check .bundles/check_rt > "$OUT/check_rt.log" 2>&1
+    echo "check_rc=$?"; grep -E "FAIL|ok|error|Error" "$OUT/check_rt.log" | tail -25
+    timeout 200 python3 -m kdagen.cli bench --bundle base=.bundles/bench --bundle rt=.bundles/ab_rt \
+        --ops gdn --modes fwd --configs B1_T8k_H16,gva_H4_HV16_T8k --no-fla --rep-ms 150 \
+        --kernels --kernel-reps 10 --json "$OUT/rt.json" > "$OUT/rt.log" 2>&1
+    echo "bench_rc=$?"; grep -A6 "^op |" "$OUT/rt.log"; grep -E "k2_scan2|Error" "$OUT/rt.log" | tail -8 ;;
+esac

@@ -1,0 +1,837 @@
+"""sm_90a register-tile lowering of chunk-parallel kernels (issue 11 item 4, first step).
+
+Every tile value of the kernel lives where its layout puts it, never in a per-op fp32 buffer:
+
+* **ring tiles**: the chunk's inputs and workspace tiles, TMA-copied once into 128B-swizzled
+  shared memory (one 'full' mbarrier for all of them; one chunk per CTA, so no ring stages);
+* **accumulators**: the results of matrix products and the element-wise ops on them stay in
+  wgmma f32 accumulator registers (`Acc`); a product is held *transposed* (``Acc.transposed``:
+  the tile's columns as the wgmma M dimension) where its right operand is a ring tile, so
+  that operand becomes the register A operand read straight from shared memory at fragment
+  coordinates and the left operand's ring tile is the K-major B operand as TMA wrote it;
+* **per-row vectors** (norms, gates, their cumsums): lazy expressions (`tiles.Ref`) over
+  per-token loads and small shared vectors; only reductions and cumsums are materialised, one
+  64-float vector each;
+* **row factors of product operands**: an operand ``X * broadcast(r)`` with X a ring tile is
+  multiplied as X and its rows scaled in the product's epilogue (exact algebra: a row scale
+  commutes with the contraction), so raw bf16 inputs meet in an exact bf16 product
+  (PERF.md §4: GDN's q·kᵀ with the scalar decay and the L2 norms factored out).
+
+Lowering rules (one per op form; `match` refuses a kernel with any other form, which then
+takes the tile lowering of sm90_native.py):
+
+========================================  =================================================
+``decay_dot(X·r, Y·s, g, h)`` with one    wgmma bf16 (both operands from shared memory), then
+gate value per row (GDN)                   ``acc · r_i · s_j · 2^(g_i - h_j)``, masked to j <= i + d
+``dot(X·r, W)``, X a bf16 ring tile, W    transposed: Wᵀ from shared memory into registers as
+an f32 ring tile                           bf16 hi + lo parts (two products; X is exact in bf16),
+                                           B = X; rows scaled by r in the epilogue
+``dot(A, W)``, A an accumulator, W f32    transposed: Wᵀ as the TF32 A operand from shared
+                                           memory, A stored once (TF32) as the K-major B tile;
+                                           accumulated onto the other operand of its sole add
+element-wise on accumulators               per register, other operands read at its coordinates
+``reduce_sum`` over columns, ``cumsum``    one shared vector of C floats (pairs of threads per
+                                           row; one warp's shuffle scan)
+``convert`` + ``store`` of a token tile    staged in shared memory as bf16, 16-byte stores
+========================================  =================================================
+
+Grid: V / 64 CTAs per value head (each owning 64 value columns), one chunk each, one consumer
+warpgroup of 128 threads (thread 0 issues the copies); small enough for two CTAs per SM.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kdagen._mlir import llvm
+from kdagen.target import Target
+
+from ..common import barrier as bar
+from ..common import smem as smem_mod
+from ..common.convert import bf16_split_pack, tf32_operand_bits
+from ..common.ints import IntVal
+from ..common.kernel import Param
+from ..common.launch import set_launch_bounds
+from ..common.layouts import SmemLayout, lane_group, lane_in_group, wgmma_d_coord, wgmma_tf32_a_coord
+from ..common.shuffle import shfl
+from ..common.smem import byte_gep, shared_addr32, shared_ptr_type
+from ..common.sreg import block_idx, thread_idx
+from ..sm90 import tma, wgmma
+from . import backend as B
+from . import tiles as T_
+from .cost import CostCounter, NullCounter
+from .emitter import Geometry, TileKernelEmitter, mem_info, row_gate_sources
+from .mlir_backend import MlirBackend
+from .options import tensormap_param_kind
+from .plan import LoweringError
+
+PATH_NAME = "sm90-register-tile"
+THREADS = 128                # one consumer warpgroup
+V_BLOCK = 64                 # value columns per CTA (the M extent of a transposed product)
+SWIZZLE = 128
+SMEM_LIMIT = 113 * 1024      # two CTAs per SM on sm_90a (228 KB, 1 KB reserved per CTA)
+TILE_ALIGN = 1024            # a 128B-swizzled tile's base alignment
+
+_VIEWS = ("kda.pipeline_wait", "kda.convert_layout", "kda.assume_range")
+_VECTOR_OPS = ("kda.add", "kda.sub", "kda.mul", "kda.div", "kda.neg", "kda.exp2", "kda.log2",
+               "kda.sigmoid", "kda.softplus", "kda.rsqrt", "kda.clamp", "kda.in_range",
+               "kda.select", "kda.constant", "kda.valid_rows", "kda.broadcast", "kda.convert",
+               "kda.load", "kda.scalar", "kda.load_head") + _VIEWS
+_ACC_ELEMENTWISE = ("kda.add", "kda.sub", "kda.mul", "kda.neg")
+_OUTSIDE = ("kda.workspace", "kda.scalar", "kda.constant", "kda.load_head")
+
+
+class NoMatch(Exception):
+    """Why a kernel does not fit the register-tile lowering."""
+
+
+@dataclass
+class TileSlot:
+    """One TMA copy of the chunk into shared memory: a [rows, cols] tile, 128B-swizzled."""
+    node: object
+    mem: object
+    tensor: str
+    elt: str
+    kind: str                    # "token" | "chunk"
+    rows: int
+    cols: int                    # columns this CTA loads (its value block of a [.., V] tile)
+    value_cols: bool             # the tile's columns are value columns (CTA offset applies)
+    heads: str | None
+    offset: int = 0
+
+    @property
+    def elem_bytes(self) -> int:
+        return {"bf16": 2, "f16": 2, "f32": 4}[self.elt]
+
+    @property
+    def layout(self) -> SmemLayout:
+        return SmemLayout(self.rows, self.cols, self.elem_bytes, SWIZZLE)
+
+    @property
+    def nbytes(self) -> int:
+        return self.layout.size_bytes
+
+    @property
+    def param(self) -> str:
+        return f"{self.tensor}_tmap_rt"
+
+    def box(self) -> list:
+        panel = self.layout.panel_cols
+        return [self.rows, 1, panel] if self.kind == "token" else [1, self.rows, panel]
+
+    def tensor_map(self) -> dict:
+        return {"tensor": self.tensor, "dtype": self.elt, "flatten": 2, "box": self.box(),
+                "swizzle": SWIZZLE}
+
+
+@dataclass
+class RegisterTilePlan:
+    scan: object
+    C: int
+    V: int
+    v_ctas: int
+    slots: list = field(default_factory=list)
+    vectors: int = 0             # materialised per-row vectors (C floats each)
+    staged: list = field(default_factory=list)     # products' accumulators stored as B tiles
+    smem: dict = field(default_factory=dict)       # region -> byte offset
+    smem_bytes: int = 0
+
+    @property
+    def grid(self) -> list:
+        return [f"HV * {self.v_ctas}" if self.v_ctas > 1 else "HV", "N", "max_chunks"]
+
+    @property
+    def block_threads(self) -> int:
+        return THREADS
+
+    def tensor_maps(self) -> dict:
+        return {s.param: s.tensor_map() for s in self.slots}
+
+
+def _through_views(v):
+    """The value behind view ops (pipeline_wait, layout conversions, ranges, widening
+    converts)."""
+    while v.owner is not None and (v.owner.op in _VIEWS or (
+            v.owner.op == "kda.convert" and v.elt == "f32")):
+        v = v.owner.operands[0]
+    return v
+
+
+def _row_factor(v):
+    """The [C] value broadcast over the columns of ``v`` (``broadcast(x, dims=[1])``), else None."""
+    v = _through_views(v)
+    n = v.owner
+    if (n is not None and n.op == "kda.broadcast" and list(n.attrs.get("dims", ())) == [1]
+            and len(n.operands[0].shape) == 1):
+        return n.operands[0]
+    return None
+
+
+def row_scaled(v) -> tuple:
+    """(ring load node, [row factor values]) when ``v`` is a ring tile times broadcasts of
+    per-row vectors (``q · broadcast(rq) · broadcast(2^G)``), else (None, [])."""
+    factors = []
+    v = _through_views(v)
+    while v.owner is not None and v.owner.op == "kda.mul":
+        a, b = v.owner.operands
+        fa, fb = _row_factor(a), _row_factor(b)
+        if fb is not None:
+            factors.append(fb)
+            v = _through_views(a)
+        elif fa is not None:
+            factors.append(fa)
+            v = _through_views(b)
+        else:
+            return None, []
+    n = v.owner
+    if n is not None and n.op in ("kda.load", "kda.load_chunk") and len(v.shape) == 2:
+        return n, factors
+    return None, []
+
+
+def _slot_for(node, value_block: bool, v_ctas: int) -> TileSlot:
+    name, elt, layout, heads, tail = mem_info(node.operands[0])
+    kind = "token" if node.op == "kda.load" else "chunk"
+    if (kind == "token") != (layout == "token"):
+        raise NoMatch(f"{name}: a load TMA cannot express")
+    if elt not in ("bf16", "f32"):
+        raise NoMatch(f"{name}: element type {elt}")
+    rows, cols = node.results[0].shape
+    if value_block:
+        if cols % (V_BLOCK * v_ctas) and cols != V_BLOCK * v_ctas:
+            raise NoMatch(f"{name}: {cols} value columns")
+        cols //= v_ctas
+    if (cols * {"bf16": 2, "f32": 4}[elt]) % SWIZZLE or rows % 8:
+        raise NoMatch(f"{name}: a [{rows}, {cols}] {elt} tile is not whole 128-byte panels")
+    return TileSlot(node, node.operands[0], name, elt, kind, rows, cols, value_block, heads)
+
+
+def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT) -> RegisterTilePlan:
+    """The plan of chunk-parallel kernel ``group`` on this path; raises `NoMatch` saying why
+    not."""
+    if target is None or not all(getattr(target, c) for c in ("has_wgmma", "has_tma")):
+        raise NoMatch("the chip lacks wgmma or TMA")
+    if group.kind != "tile" or not group.parallel or len(group.scans) != 1:
+        raise NoMatch("not a chunk-parallel kernel of one scan")
+    if program.value_split > 1:
+        raise NoMatch("a program split over its value columns (value_split)")
+    scan = group.scans[0]
+    if scan.results:
+        raise NoMatch("the scan carries a value")
+    for n in group.nodes:
+        if n is not scan and n.op not in _OUTSIDE:
+            raise NoMatch(f"{n.op} outside the scan")
+    C = program.chunk_size
+    V = int(program.attrs.get("head_v_dim", 0))
+    if C != 64 or V % V_BLOCK:
+        raise NoMatch(f"chunk size {C}, value dim {V} (needs C = 64 and V a multiple of 64)")
+    v_ctas = V // V_BLOCK
+    kinds: dict = {}          # value -> "ring" | "vec" | "scalar" | "tile" | "acc" | "acc_t"
+    slots: dict = {}          # load node -> TileSlot
+    plan = RegisterTilePlan(scan, C, V, v_ctas)
+
+    def kind(v):
+        k = kinds.get(v)
+        if k is None:
+            k = "scalar" if len(v.shape) == 0 else "vec" if len(v.shape) == 1 else None
+            if k is None:
+                raise NoMatch(f"{v} has no register-tile form")
+        return k
+
+    def slot(load, value_block):
+        s = slots.get(load)
+        if s is None:
+            s = slots[load] = _slot_for(load, value_block, v_ctas)
+        return s
+
+    body = scan.body.nodes
+    for n in body:
+        op = n.op
+        r = n.results[0] if n.results else None
+        if op in ("kda.pipeline_release", "gpu.yield"):
+            continue
+        if op in ("kda.load", "kda.load_chunk") and r is not None and len(r.shape) == 2:
+            kinds[r] = "ring"
+            continue
+        if r is not None and len(r.shape) <= 1:
+            if op not in _VECTOR_OPS:
+                if op in ("kda.reduce_sum", "kda.cumsum"):
+                    if op == "kda.cumsum" and len(n.operands[0].shape) != 1:
+                        raise NoMatch("a cumsum over a tile")
+                    if op == "kda.reduce_sum":
+                        if list(n.attrs.get("dims", ())) != [1] or kind(n.operands[0]) != "tile":
+                            raise NoMatch("a reduction that is not over a ring tile's columns")
+                    plan.vectors += 1
+                    kinds[r] = "vec"
+                    continue
+                raise NoMatch(f"{op} on a vector")
+            if any(kind(o) not in ("vec", "scalar") for o in n.operands if o.kind == "tile"):
+                raise NoMatch(f"{op}: a vector computed from a tile")
+            kinds[r] = "scalar" if len(r.shape) == 0 else "vec"
+            continue
+        if op in _VIEWS or (op == "kda.convert" and r.elt == "f32" and
+                            kinds.get(n.operands[0]) in ("ring", "tile")):
+            kinds[r] = "tile" if kinds.get(n.operands[0]) in ("ring", "tile") else \
+                kinds.get(n.operands[0])
+            if kinds[r] is None:
+                raise NoMatch(f"{op} of an unsupported value")
+            continue
+        if op == "kda.broadcast":
+            kinds[r] = "bcast"
+            continue
+        if op == "kda.decay_dot":
+            lhs, rhs = n.operands[:2]
+            (ln, lf), (rn, rf) = row_scaled(lhs), row_scaled(rhs)
+            if ln is None or rn is None or row_gate_sources(n) is None:
+                raise NoMatch("a decay product that is not of row-scaled ring tiles with one "
+                              "gate per row")
+            sl, sr = slot(ln, False), slot(rn, False)
+            if sl.elt != "bf16" or sr.elt != "bf16" or sl.cols != sr.cols or sl.rows != C \
+                    or sr.rows != C or sl.cols % 16:
+                raise NoMatch("a decay product of tiles that are not [C, K] bf16")
+            kinds[r] = "acc"
+            continue
+        if op == "kda.dot":
+            if n.attrs.get("transpose_lhs") or n.attrs.get("transpose_rhs"):
+                raise NoMatch("a transposed product")
+            lhs, rhs = n.operands
+            rsrc = _through_views(rhs)
+            if kinds.get(rsrc) != "ring" or rhs.shape[1] != V:
+                raise NoMatch("a product whose right operand is not a ring tile [K, V]")
+            wslot = slot(rsrc.owner, True)
+            if wslot.elt != "f32":
+                raise NoMatch("a product whose right operand is not f32")
+            if kinds.get(lhs) == "acc":
+                if lhs.shape != (C, C) and list(lhs.shape) != [C, C]:
+                    raise NoMatch("an accumulator operand that is not [C, C]")
+                plan.staged.append(lhs)
+            else:
+                ln, _ = row_scaled(lhs)
+                if ln is None:
+                    raise NoMatch("a product whose left operand is neither an accumulator nor a "
+                                  "row-scaled ring tile")
+                sl = slot(ln, False)
+                if sl.elt != "bf16" or sl.rows != C or sl.cols != rhs.shape[0] or sl.cols % 16:
+                    raise NoMatch("a product whose left operand is not a [C, K] bf16 tile")
+            kinds[r] = "acc_t"
+            continue
+        if op in _ACC_ELEMENTWISE:
+            ks = {kinds.get(o) for o in n.operands}
+            accs = ks & {"acc", "acc_t"}
+            if len(accs) != 1:
+                if ks <= {"ring", "tile", "bcast"}:
+                    kinds[r] = "tile"       # an expression of ring tiles (its users decide)
+                    continue
+                raise NoMatch(f"{op} of {sorted(k for k in ks if k)}")
+            for o in n.operands:
+                if kinds.get(o) not in ("acc", "acc_t", "bcast") and len(o.shape) > 0:
+                    raise NoMatch(f"{op} of an accumulator and a {kinds.get(o)} tile")
+            kinds[r] = accs.pop()
+            continue
+        if op == "kda.convert" and kinds.get(n.operands[0]) in ("acc", "acc_t"):
+            kinds[r] = kinds[n.operands[0]]
+            continue
+        if op == "kda.store":
+            if kinds.get(n.operands[2]) != "acc_t":
+                raise NoMatch("a store of a tile that is not a transposed accumulator")
+            name, elt, layout, heads, tail = mem_info(n.operands[0])
+            if layout != "token" or elt != "bf16":
+                raise NoMatch(f"a store to {name} ({layout}, {elt})")
+            continue
+        raise NoMatch(f"{op} in the chunk")
+    plan.slots = sorted(slots.values(), key=lambda s: s.node.index)
+    off = 0
+    for s in plan.slots:
+        s.offset = off
+        off += -(-s.nbytes // TILE_ALIGN) * TILE_ALIGN
+    # one f32 [C, C] B tile per staged accumulator, then the output's bf16 staging rows
+    for i, _ in enumerate(plan.staged):
+        plan.smem[f"staged{i}"] = off
+        off += -(-C * C * 4 // TILE_ALIGN) * TILE_ALIGN
+    plan.smem["out"] = off
+    off += C * V_BLOCK * 2
+    plan.smem["vectors"] = off
+    off += 4 * C * max(plan.vectors, 1)
+    plan.smem["barrier"] = off
+    off += 16
+    plan.smem_bytes = off
+    if off > smem_limit:
+        raise NoMatch(f"{off} bytes of shared memory (limit {smem_limit})")
+    return plan
+
+
+class Acc:
+    """A [64, N] wgmma accumulator fragment of the warpgroup. ``transposed``: it holds the
+    logical tile's transpose (logical (i, j) at accumulator (j - col0, i)); ``col0`` the first
+    logical column the M rows stand for (the CTA's value block)."""
+
+    def __init__(self, values: list, n: int, transposed: bool, col0=0):
+        self.values, self.n, self.transposed, self.col0 = values, n, transposed, col0
+
+    def coords(self, warp, lane) -> list:
+        out = []
+        for i in range(len(self.values)):
+            m, nn = wgmma_d_coord(warp, lane, i)
+            out.append((nn, m + self.col0) if self.transposed else (m, nn))
+        return out
+
+
+class RegisterTileEmitter(TileKernelEmitter):
+    """Emits a chunk-parallel kernel as described in the module doc."""
+
+    path = PATH_NAME
+
+    def __init__(self, program, group, opts, target: Target, plan: RegisterTilePlan):
+        target.require("has_wgmma", "the register-tile lowering (wgmma + TMA)")
+        target.require("has_tma", "the register-tile lowering (wgmma + TMA)")
+        super().__init__(program, group, None, "smem", opts)
+        self.target = target
+        self.rplan = plan
+        self.slot_of = {s.node: s for s in plan.slots}
+
+    @property
+    def uses_smem(self) -> bool:
+        return True
+
+    @property
+    def uses_global(self) -> bool:
+        return False
+
+    @property
+    def scratch_bytes(self) -> int:
+        return 0
+
+    @property
+    def smem_bytes(self) -> int:
+        return self.rplan.smem_bytes
+
+    @property
+    def block_threads(self) -> int:
+        return THREADS
+
+    @property
+    def consumer_threads(self) -> int:
+        return THREADS
+
+    def params(self):
+        ps = super().params()
+        for s in self.rplan.slots:
+            if s.param not in [p.name for p in ps]:
+                ps.append(Param(s.param, tensormap_param_kind(self.opts)))
+        return ps
+
+    # -- kernel ------------------------------------------------------------------------------
+    def emit_mlir(self, builder, name: str, count_cost: bool = True) -> None:
+        rp = self.rplan
+        cost = self.cost = CostCounter() if count_cost else NullCounter()
+        with builder.kernel(name, self.params(), (THREADS, 1, 1)) as p:
+            with B.use(MlirBackend(cost=cost)):
+                from kdagen._mlir import nvvm
+                i32 = IntVal(thread_idx("x")).value.type
+                tid = IntVal(thread_idx("x"))
+                bx = IntVal(block_idx("x"))
+                self.cta_v0 = (bx % rp.v_ctas) * V_BLOCK if rp.v_ctas > 1 else 0
+                coords = dict(tid=tid, hv=bx // rp.v_ctas if rp.v_ctas > 1 else bx,
+                              n=IntVal(block_idx("y")), z=IntVal(block_idx("z")),
+                              grid=(IntVal(nvvm.read_ptx_sreg_nctaid_x(results=[i32])),
+                                    IntVal(nvvm.read_ptx_sreg_nctaid_y(results=[i32]))))
+                p = {k: (IntVal(v) if k in ("T", "N", "HV") else v) for k, v in p.items()}
+                smem_mod.declare_dynamic_smem(builder)
+                self.smem_base = llvm.mlir_addressof(smem_mod.shared_ptr_type(),
+                                                     smem_mod.DYNAMIC_SMEM_SYMBOL)
+                self.p = p
+                self.env = {}
+                self.init_gate_checks(None)
+                self.geo = Geometry(self.program, p, coords, need_chunk_off=True)
+                self.coords = coords
+                self.bind_memrefs(p)
+                self.tid, self.warp, self.lane = tid, (tid // 32) % 4, tid % 32
+                z = coords["z"]
+                with cost.chunk_step():
+                    B.if_then(B.icmp("lt", z, self.geo.nchunks), lambda: self._chunk(z))
+        set_launch_bounds(builder, name, min_blocks_per_sm=2)
+
+    def _full(self):
+        return _Barrier(self.smem_base, self.rplan.smem["barrier"])
+
+    def _chunk(self, c) -> None:
+        rp, geo = self.rplan, self.geo
+        self._c = c
+        full = self._full()
+        maps = {s.param: tma.tensormap_pointer(self.target, self.p[s.param]) for s in rp.slots}
+
+        def issue():
+            bar.mbarrier_init(full, 1)
+            bar.fence_mbarrier_init()
+            bar.mbarrier_arrive_expect_tx(full, sum(s.nbytes for s in rp.slots))
+            for s in rp.slots:
+                self._copy(s, maps[s.param], c, full)
+        B.if_then(B.icmp("eq", self.tid, 0), issue)
+        bar.sync_threads()           # the barrier is initialised before anyone waits on it
+        self.cost.event("bar.sync")
+        # values defined outside the scan (scalars, per-head parameters)
+        for n in self.group.nodes:
+            if n is rp.scan:
+                break
+            if n.op != "kda.workspace" and n.results:
+                self.env[n.results[0]] = self.expr(n)
+        self.env[rp.scan.body.args[0]] = c
+        bar.mbarrier_wait(full, 0)
+        self.cost.event("mbarrier.wait")
+        self._vectors = 0
+        self._staged = 0
+        self._fused: dict = {}
+        for n in rp.scan.body.nodes:
+            with B.op_scope(n.op):
+                self._node(n)
+
+    def _copy(self, s: TileSlot, tmap, c, full) -> None:
+        geo = self.geo
+        lay = s.layout
+        for pn in range(lay.num_panels):
+            dst = byte_gep(self.smem_base, s.offset + pn * lay.panel_bytes, shared_ptr_type())
+            inner = pn * lay.panel_cols + (self.cta_v0 if s.value_cols else 0)
+            if s.kind == "token":
+                ratio = self.program.gva_ratio
+                grouped = (s.node.attrs.get("head_map") == "grouped" and s.heads == "qk"
+                           and ratio > 1)
+                head = geo.hv // ratio if grouped else geo.hv
+                crd = [inner, head, B.narrow(geo.start + B.wide(c * geo.C))]
+            else:
+                crd = [inner, 0, B.narrow(geo.chunk_row(c))]
+            tma.tma_load(self.target, dst, tmap, crd, full)
+            self.cost.event("tma.load")
+
+    # -- values ------------------------------------------------------------------------------
+    def _ring_ref(self, s: TileSlot) -> T_.Ref:
+        """Element reads of a ring tile (logical [rows, all columns] coordinates; a value-block
+        tile is read at its own columns only). Token rows past the sequence end read 0."""
+        lay, geo = s.layout, self.geo
+        eb = s.elem_bytes
+
+        def read(idx):
+            row, col = idx
+            if s.value_cols:
+                col = col - self.cta_v0
+            off = (s.offset + lay.byte_offset(row, col)) // eb
+            x = B.load(self.smem_base, off, s.elt)
+            if s.kind == "token":
+                x = B.sel(B.icmp("lt", self._c * geo.C + row, geo.seqlen), x, B.f(0.0))
+            return x
+        return T_.FnRef((s.rows, s.cols), read)
+
+    def _node(self, n) -> None:
+        op, env = n.op, self.env
+        r = n.results[0] if n.results else None
+        if op in ("kda.pipeline_release", "gpu.yield"):
+            return
+        if op in ("kda.load", "kda.load_chunk") and r is not None and len(r.shape) == 2:
+            env[r] = self._ring_ref(self.slot_of[n]) if n in self.slot_of else None
+            return
+        if op == "kda.reduce_sum":
+            env[r] = self._row_sums(env[n.operands[0]], n.operands[0].shape)
+            return
+        if op == "kda.cumsum":
+            env[r] = self._cumsum(env[n.operands[0]], bool(n.attrs.get("reverse", False)))
+            return
+        if op == "kda.decay_dot":
+            env[r] = self._decay_dot(n)
+            return
+        if op == "kda.dot":
+            env[r] = self._dot(n)
+            return
+        if op == "kda.store":
+            self._store_tile(n)
+            return
+        ops = [env.get(o) for o in n.operands]
+        if any(isinstance(x, Acc) for x in ops):
+            if op == "kda.convert":
+                env[r] = ops[0]        # rounded by the store
+                return
+            if id(n) in self._fused:
+                env[r] = self._fused.pop(id(n))
+                return
+            env[r] = self._acc_elementwise(n, ops)
+            return
+        if op == "kda.convert_layout":
+            env[r] = ops[0]
+            return
+        if any(o is None for o in ops if not isinstance(o, (int,))):
+            env[r] = None               # a value only its product reads (row-scaled operand)
+            return
+        env[r] = self.expr(n)
+
+    def _vector(self) -> T_.BufRef:
+        off = self.rplan.smem["vectors"] // 4 + self._vectors * self.rplan.C
+        self._vectors += 1
+        return T_.BufRef(T_.Scratch(self.smem_base, "smem"), off, (self.rplan.C,), (1,))
+
+    def _row_sums(self, x: T_.Ref, shape) -> T_.BufRef:
+        """sum over the columns of [C, K] expression ``x``: two threads per row, each half of
+        it, a shuffle, then one store per row."""
+        C, K = shape
+        out = self._vector()
+        row = self.tid // 2
+        half = self.tid % 2
+        acc = None
+        for j in range(K // 2):
+            col = half * (K // 2) + j
+            v = x.read((row, col))
+            acc = v if acc is None else B.add(acc, v)
+        acc = B.add(acc, shfl(acc, 1, "bfly"))
+        self.cost.event("shfl")
+        B.if_then(B.icmp("eq", half, 0), lambda: out.write((row,), acc))
+        bar.sync_threads()
+        self.cost.event("bar.sync")
+        return out
+
+    def _cumsum(self, x: T_.Ref, reverse: bool) -> T_.BufRef:
+        """Inclusive cumsum of a [C] expression: warp 0, two rows per lane, a shuffle scan
+        over the lanes' sums."""
+        C = self.rplan.C
+        out = self._vector()
+
+        def scan():
+            lane = self.lane
+            rows = [2 * lane, 2 * lane + 1]
+            if reverse:
+                rows = [(C - 1) - r for r in rows]
+            a = x.read((rows[0],))
+            b = B.add(a, x.read((rows[1],)))
+            total = b
+            for d in (1, 2, 4, 8, 16):
+                up = shfl(total, d, "up")
+                total = B.sel(B.icmp("ge", lane, d), B.add(total, up), total)
+                self.cost.event("shfl")
+            before = B.sub(total, b)
+            out.write((rows[0],), B.add(before, a))
+            out.write((rows[1],), total)
+        B.if_then(B.icmp("lt", self.tid, 32), scan)
+        bar.sync_threads()
+        self.cost.event("bar.sync")
+        return out
+
+    def _factor(self, factors, i):
+        v = None
+        for f in factors:
+            x = self.env[f].read((i,))
+            v = x if v is None else B.mul(v, x)
+        return v
+
+    def _acc_elementwise(self, n, ops) -> Acc:
+        acc = next(x for x in ops if isinstance(x, Acc))
+        coords = acc.coords(self.warp, self.lane)
+        vals = []
+        for i, (row, col) in enumerate(coords):
+            args = []
+            for o, x in zip(n.operands, ops):
+                if isinstance(x, Acc):
+                    if x.transposed != acc.transposed:
+                        raise LoweringError("register tiles: accumulators of two orientations")
+                    args.append(x.values[i])
+                else:
+                    args.append(x.read((row, col)) if len(o.shape) == 2 else
+                                x.read((row,)) if len(o.shape) == 1 else x.read(()))
+            if n.op == "kda.neg":
+                vals.append(B.neg(args[0]))
+            else:
+                f = {"kda.add": B.add, "kda.sub": B.sub, "kda.mul": B.mul}[n.op]
+                vals.append(f(args[0], args[1]))
+        return Acc(vals, acc.n, acc.transposed, acc.col0)
+
+    # -- products ----------------------------------------------------------------------------
+    def _addr32(self, offset: int):
+        return shared_addr32(byte_gep(self.smem_base, offset, shared_ptr_type()))
+
+    def _finish(self, values: list) -> list:
+        wgmma.wgmma_commit(self.target)
+        wgmma.wgmma_wait(self.target, 0)
+        self.cost.event("wgmma.commit")
+        self.cost.event("wgmma.wait")
+        return wgmma.fence_accumulators(values)
+
+    def _decay_dot(self, n) -> Acc:
+        """acc = X·Yᵀ in bf16 (both operands K-major ring tiles), then the row factors, the
+        per-row decay and the causal mask per register."""
+        C = self.rplan.C
+        (ln, lf), (rn, rf) = row_scaled(n.operands[0]), row_scaled(n.operands[1])
+        sl, sr = self.slot_of[ln], self.slot_of[rn]
+        gl, gr = row_gate_sources(n)
+        K = sl.cols
+        a32, b32 = self._addr32(sl.offset), self._addr32(sr.offset)
+        values = [B.f(0.0)] * (C // 2)
+        wgmma.wgmma_fence(self.target)
+        for kk in range(K // 16):
+            st, lbo, sbo = wgmma.operand_start_and_strides(sl.layout, "a", False, 0, kk * 16)
+            da = wgmma.make_descriptor(a32 + st, lbo, sbo, SWIZZLE)
+            st, lbo, sbo = wgmma.operand_start_and_strides(sr.layout, "b", True, 0, kk * 16)
+            db = wgmma.make_descriptor(b32 + st, lbo, sbo, SWIZZLE)
+            values = wgmma.wgmma_async(self.target, values, da, db, C, "bf16",
+                                       accumulate=kk > 0)
+            self.cost.event("wgmma")
+        values = self._finish(values)
+        diagonal = int(n.attrs.get("diagonal", 0))
+        clamp_min = n.attrs.get("clamp_min")
+        acc = Acc(values, C, False)
+        out = []
+        rows_f, cols_f, g_rows, g_cols = {}, {}, {}, {}
+        for reg, (v, (i, j)) in enumerate(zip(values, acc.coords(self.warp, self.lane))):
+            key_i, key_j = (reg // 2) % 2, (reg // 4, reg % 2)   # registers sharing a row / column
+            if key_i not in rows_f:
+                rows_f[key_i] = self._factor(lf, i)
+                g_rows[key_i] = self.env[gl].read((i,))
+            if key_j not in cols_f:
+                cols_f[key_j] = self._factor(rf, j)
+                g_cols[key_j] = self.env[gr].read((j,))
+            x = v
+            for f in (rows_f[key_i], cols_f[key_j]):
+                if f is not None:
+                    x = B.mul(x, f)
+            e = B.exp2_clamped(B.sub(g_rows[key_i], g_cols[key_j]),
+                               None if clamp_min is None else float(clamp_min))
+            x = B.mul(x, e)
+            keep = B.icmp("le", j, i + diagonal) if diagonal else B.icmp("le", j, i)
+            out.append(B.sel(keep, x, B.f(0.0)))
+        self.cost.event("ex2", len(values))
+        return Acc(out, C, False)
+
+    def _dot(self, n) -> Acc:
+        lhs, rhs = n.operands
+        rsrc = _through_views(rhs)
+        ws = self.slot_of[rsrc.owner]
+        x = self.env.get(lhs)
+        if isinstance(x, Acc):
+            return self._dot_acc(n, x, ws)
+        return self._dot_ring(n, ws)
+
+    def _init_from_add(self, n):
+        """The accumulator ``n`` may accumulate onto: the other operand of its sole add, when
+        that is a transposed accumulator already computed (the add then is the product)."""
+        users = [u for u, _ in n.results[0].uses]
+        if len(users) != 1 or users[0].op != "kda.add":
+            return None, None
+        other = [o for o in users[0].operands if o is not n.results[0]]
+        y = self.env.get(other[0]) if other else None
+        if isinstance(y, Acc) and y.transposed:
+            return users[0], y
+        return None, None
+
+    def _dot_ring(self, n, ws: TileSlot) -> Acc:
+        """(X·r)·W as its transpose: Wᵀ (f32, shared memory) split into bf16 hi + lo register A
+        fragments, X (bf16, K-major ring tile) as B; the row factors r scale the result's
+        columns."""
+        C = self.rplan.C
+        ln, lf = row_scaled(n.operands[0])
+        xs = self.slot_of[ln]
+        K = xs.cols
+        wl = ws.layout
+        g, t = lane_group(self.lane), lane_in_group(self.lane)
+        m0 = self.warp * 16 + g
+        a_regs = []
+        for kb in range(K // 16):
+            hi_regs, lo_regs = [], []
+            for j in range(4):
+                m = m0 + 8 * (j % 2)
+                k = 16 * kb + 8 * (j // 2) + 2 * t
+                pair = [B.load(self.smem_base, (ws.offset + wl.byte_offset(k + h, m)) // 4, "f32")
+                        for h in (0, 1)]
+                hi, lo = bf16_split_pack(pair[0], pair[1])
+                hi_regs.append(hi)
+                lo_regs.append(lo)
+            a_regs.append((hi_regs, lo_regs))
+        self.cost.event("ld.shared", K // 2)
+        descs = wgmma.k_block_descriptors(xs.layout, self._addr32(xs.offset), K // 16, 16)
+        values = [B.f(0.0)] * (C // 2)
+        wgmma.wgmma_fence(self.target)
+        for (hi, lo), d in zip(a_regs, descs):
+            values = wgmma.wgmma_half_rs(self.target, values, lo, d, C, "bf16")
+            values = wgmma.wgmma_half_rs(self.target, values, hi, d, C, "bf16")
+            self.cost.event("wgmma", 2)
+        values = self._finish(values)
+        acc = Acc(values, C, True, self.cta_v0)
+        if lf:
+            out, cache = [], {}
+            for reg, (v, (i, _)) in enumerate(zip(values, acc.coords(self.warp, self.lane))):
+                k = (reg // 4, reg % 2)          # registers of one accumulator column
+                if k not in cache:
+                    cache[k] = self._factor(lf, i)
+                out.append(B.mul(v, cache[k]))
+            acc = Acc(out, C, True, self.cta_v0)
+        return acc
+
+    def _dot_acc(self, n, a: Acc, ws: TileSlot) -> Acc:
+        """A·W, A an accumulator [C, C]: as its transpose Wᵀ·Aᵀ in TF32, Wᵀ from shared memory
+        into registers (token rows past the sequence end read 0), A stored once as the K-major
+        B tile; accumulated onto the other operand of its sole add."""
+        C, geo = self.rplan.C, self.geo
+        if a.transposed:
+            raise LoweringError("register tiles: a transposed accumulator as a left operand")
+        base = self.rplan.smem[f"staged{self._staged}"]
+        self._staged += 1
+        lay = SmemLayout(C, C, 4, SWIZZLE)
+        for v, (i, j) in zip(a.values, a.coords(self.warp, self.lane)):
+            B.store(self.smem_base, (base + lay.byte_offset(i, j)) // 4, B.round_to(v, "tf32"),
+                    "f32")
+        self.cost.event("st.shared", len(a.values))
+        bar.fence_proxy_async_shared()
+        bar.sync_threads()
+        self.cost.event("bar.sync")
+        wl = ws.layout
+        a_regs = []
+        for kb in range(C // 8):
+            regs = []
+            for jj in range(4):
+                m, kc = wgmma_tf32_a_coord(self.warp, self.lane, jj)
+                tok = 8 * kb + kc
+                x = B.load(self.smem_base, (ws.offset + wl.byte_offset(tok, m)) // 4, "f32")
+                x = B.sel(B.icmp("lt", self._c * geo.C + tok, geo.seqlen), x, B.f(0.0))
+                regs.append(tf32_operand_bits(x))
+            a_regs.append(regs)
+        self.cost.event("ld.shared", C // 2)
+        add, init = self._init_from_add(n)
+        values = list(init.values) if init is not None else [B.f(0.0)] * (C // 2)
+        descs = wgmma.k_block_descriptors(lay, self._addr32(base), C // 8, 8)
+        wgmma.wgmma_fence(self.target)
+        for regs, d in zip(a_regs, descs):
+            values = wgmma.wgmma_tf32_rs(self.target, values, regs, d, C)
+            self.cost.event("wgmma")
+        values = self._finish(values)
+        acc = Acc(values, C, True, self.cta_v0)
+        if add is not None:
+            self._fused[id(add)] = acc
+        return acc
+
+    # -- stores ------------------------------------------------------------------------------
+    def _store_tile(self, n) -> None:
+        """A transposed accumulator [C, V block] to a token tensor: bf16 rows staged in shared
+        memory, then 16-byte stores of the rows inside the sequence."""
+        acc = self.env[n.operands[2]]
+        mem = self.value_part(n, self.env[n.operands[0]])
+        C, geo = self.rplan.C, self.geo
+        base = self.rplan.smem["out"] // 2
+        for v, (i, col) in zip(acc.values, acc.coords(self.warp, self.lane)):
+            B.store(self.smem_base, base + i * V_BLOCK + (col - self.cta_v0), v, "bf16")
+        self.cost.event("st.shared", len(acc.values))
+        bar.sync_threads()
+        self.cost.event("bar.sync")
+        per_row = V_BLOCK // 8
+        for it in range(C * per_row // THREADS):
+            idx = self.tid + it * THREADS
+            row, part = idx // per_row, idx % per_row
+            vals = B.load_vec(self.smem_base, base + row * V_BLOCK + part * 8, 8, "bf16")
+            pos = self._c * geo.C + row
+
+            def write(vals=vals, pos=pos, part=part):
+                mem.store_vec(vals, geo.token_row(mem, pos, geo.hv), [self.cta_v0 + part * 8])
+            B.if_then(B.icmp("lt", pos, geo.seqlen), write)
+        self.cost.event("st.global", C * per_row // THREADS)
+
+
+class _Barrier:
+    def __init__(self, base, offset):
+        self.base, self.offset = base, offset
+
+    def ptr(self, byte_offset=0):
+        return byte_gep(self.base, self.offset + byte_offset, shared_ptr_type())
+
+
+__all__ = ["match", "NoMatch", "RegisterTilePlan", "RegisterTileEmitter", "PATH_NAME"]

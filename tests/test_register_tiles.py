@@ -1,0 +1,174 @@
+"""The register-tile lowering of chunk-parallel kernels (kdagen.codegen.lower.register_tiles):
+which kernels it takes and why it refuses the others, the operand algebra its products rely on
+(a NumPy model of the transposed products at the fragment coordinates it reads), and that the
+emitted kernel assembles without spills. Numerics on the GPU: tools/gpu_check.py on a bundle
+lowered with ``register_tiles=true`` (bench/calls/stop54_refs.sh rt)."""
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+from kdagen.codegen.common.layouts import SmemLayout, wgmma_d_coord, wgmma_tf32_a_coord
+
+
+def _groups(program, **opts):
+    from kdagen import driver
+    from kdagen.codegen.lower.plan import group_kernels
+    from kdagen.codegen.lower.program import read_program
+    prog = read_program(driver.build_module(program, opts, pipeline="chip", chip="sm_90a"))
+    return prog, group_kernels(prog, True)
+
+
+def _match(program):
+    from kdagen.codegen.lower import register_tiles
+    from kdagen.target import TARGETS
+    prog, groups = _groups(program)
+    out = {}
+    for g in groups:
+        if g.kind == "tile" and g.parallel:
+            try:
+                out[g.label] = register_tiles.match(prog, g, TARGETS["sm_90a"])
+            except register_tiles.NoMatch as e:
+                out[g.label] = str(e)
+    return out
+
+
+def test_gdn_forward_output_kernel_takes_the_register_tiles():
+    plans = _match("gdn_fwd")
+    out = plans["scan2"]
+    assert not isinstance(out, str), out
+    # q and k whole (bf16, the decay product's operands and the first product's B), S and v'
+    # as this CTA's 64 value columns (f32, read into registers as A operands)
+    slots = {s.tensor: (s.elt, s.rows, s.cols, s.value_cols) for s in out.slots}
+    assert slots == {"q": ("bf16", 64, 128, False), "k": ("bf16", 64, 128, False),
+                     "S_chunks": ("f32", 128, 64, True), "v_new_chunks": ("f32", 64, 64, True)}
+    assert out.v_ctas == 2 and out.grid == ["HV * 2", "N", "max_chunks"]
+    # two vectors of row norms and the gate cumsum; Aqk stored once as a B tile
+    assert out.vectors == 3 and len(out.staged) == 1
+    # two CTAs fit in an SM's shared memory
+    assert 2 * (out.smem_bytes + 1024) <= 228 * 1024
+    # the prologue has ops without a rule yet: refused, with the reason
+    assert isinstance(plans["scan0"], str) and "extract_row" in plans["scan0"]
+
+
+@pytest.mark.parametrize("program", ["kda_fwd", "kda_bwd", "gdn_bwd"])
+def test_kernels_without_rules_are_refused_with_a_reason(program):
+    for label, out in _match(program).items():
+        assert isinstance(out, str) and out, (program, label)
+
+
+def test_row_scaled_operands_are_found_through_views():
+    """qd = q·broadcast(rq)·broadcast(2^G) (through the pipeline wait, the layout conversion and
+    the widening convert) is the ring load of q with two row factors."""
+    from kdagen.codegen.lower import register_tiles
+    prog, groups = _groups("gdn_fwd")
+    g = next(g for g in groups if g.label == "scan2")
+    dots = [n for n in g.scans[0].body.nodes if n.op == "kda.dot"]
+    load, factors = register_tiles.row_scaled(dots[0].operands[0])
+    assert load is not None and load.op == "kda.load" and load.attrs["name"] == "q"
+    assert len(factors) == 2 and all(len(f.shape) == 1 for f in factors)
+    # the second product's left operand is a product result, not a ring tile
+    assert register_tiles.row_scaled(dots[1].operands[0]) == (None, [])
+
+
+def _acc_coords(n_cols):
+    return [[wgmma_d_coord(tid // 32, tid % 32, i) for i in range(n_cols // 2)]
+            for tid in range(128)]
+
+
+def _bf16(x):
+    b = np.asarray(x, np.float32).view(np.uint32)
+    b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+    return b.view(np.float32).astype(np.float64)
+
+
+def _half_a_coord(warp, lane, j, h):
+    g, t = lane // 4, lane % 4
+    return 16 * warp + g + 8 * (j % 2), 2 * t + 8 * (j // 2) + h
+
+
+def test_transposed_ring_product_reads_its_a_operand_at_the_fragment_coordinates():
+    """(X·W)ᵀ as `_dot_ring` computes it: A[m, k] = W[k, m] read at the 16-bit A fragment's
+    coordinates, split into bf16 hi + lo, against X (exact bf16) as B; each accumulator
+    register lands at (token, value) = (column, row) of the transposed accumulator."""
+    rng = np.random.default_rng(0)
+    X = _bf16(rng.standard_normal((64, 128)))      # [C, K] bf16 ring tile
+    W = rng.standard_normal((128, 64))             # [K, V block] f32 ring tile
+    D = np.zeros((64, 64))
+    for kb in range(128 // 16):
+        A_hi, A_lo = np.zeros((64, 16)), np.zeros((64, 16))
+        for tid in range(128):
+            for j in range(4):
+                for h in (0, 1):
+                    m, c = _half_a_coord(tid // 32, tid % 32, j, h)
+                    x = W[16 * kb + c, m]
+                    A_hi[m, c] = _bf16(x)
+                    A_lo[m, c] = _bf16(x - A_hi[m, c])
+        D += A_lo @ X[:, 16 * kb:16 * kb + 16].T + A_hi @ X[:, 16 * kb:16 * kb + 16].T
+    want = X @ W                                    # logical [C, V]
+    got = np.zeros_like(want)
+    for tid, regs in enumerate(_acc_coords(64)):
+        for (m, n) in regs:
+            got[n, m] = D[m, n]                     # Acc(transposed): (token n, value m)
+    assert np.abs(got - want).max() < 1e-4 * np.abs(want).max()
+    # a plain bf16 W would be far off: the test sees the lo parts
+    assert np.abs(X @ _bf16(W) - want).max() > 1e-3 * np.abs(want).max()
+
+
+def test_transposed_accumulator_product_uses_the_stored_tile_as_k_major_b():
+    """(A·W)ᵀ as `_dot_acc` computes it: A stored [i, j] (K-major for B = Aᵀ), Wᵀ read into
+    TF32 A fragments at (m, 8·kb + k) = W[8·kb + k, m]."""
+    rng = np.random.default_rng(1)
+    A = rng.standard_normal((64, 64))
+    W = rng.standard_normal((64, 64))
+    D = np.zeros((64, 64))
+    for kb in range(64 // 8):
+        Af = np.zeros((64, 8))
+        for tid in range(128):
+            for jj in range(4):
+                m, kc = wgmma_tf32_a_coord(tid // 32, tid % 32, jj)
+                Af[m, kc] = W[8 * kb + kc, m]
+        B_kmajor = A[:, 8 * kb:8 * kb + 8]          # row n = i of the stored tile, k = j
+        D += Af @ B_kmajor.T
+    assert np.allclose(D.T, A @ W)
+
+
+def test_swizzled_offsets_cover_each_tile_once():
+    """Every element of the ring and staging tiles the kernel addresses has its own bytes."""
+    for rows, cols, eb in ((64, 128, 2), (128, 64, 4), (64, 64, 4)):
+        lay = SmemLayout(rows, cols, eb, 128)
+        offs = {lay.byte_offset(r, c) for r in range(rows) for c in range(cols)}
+        assert len(offs) == rows * cols and max(offs) < lay.size_bytes
+
+
+@pytest.mark.skipif(shutil.which("ptxas") is None, reason="needs ptxas")
+def test_register_tile_kernel_assembles_without_spills():
+    from kdagen import driver
+    from kdagen.codegen import ptxas
+    from kdagen.codegen.lower.kernel import lower_program
+    from kdagen.codegen.lower.options import LowerOptions
+    from kdagen.target import TARGETS
+    t = TARGETS["sm_90a"]
+    mod = driver.build_module("gdn_fwd", {}, pipeline="chip", chip="sm_90a")
+    ks = lower_program(mod, t, options=LowerOptions(path="native", dot="auto",
+                                                    register_tiles=True))
+    tiles = [k for k in ks if k.path == "sm90-register-tile"]
+    assert len(tiles) == 1 and tiles[0].launch["block"] == [128, 1, 1]
+    ptx = driver.ptx_of(tiles[0].module, t, tiles[0].name)
+    # the decay product from shared memory (bf16), the ring product with register A (bf16 hi
+    # and lo), the accumulator product with register A (TF32)
+    assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16" in ptx
+    assert ptx.count("m64n64k8.f32.tf32.tf32") == 64 // 8
+    counts = tiles[0].cost["counts"]
+    assert counts["wgmma"] == 128 // 16 + 2 * (128 // 16) + 64 // 8
+    # no per-op buffers: nothing goes to a global scratch, no element loop per op
+    assert tiles[0].launch["scratch_bytes_per_cta"] == 0
+    r = ptxas.assemble(ptx, "sm_90a", ptxas.find_ptxas())
+    assert r.ok, r.log
+    (res,) = r.resources.values()
+    assert res.spill_stores == 0 and res.spill_loads == 0
+    # without the option the kernel stays on the native tile path
+    ks = lower_program(mod, t, options=LowerOptions(path="native", dot="auto"))
+    assert not any(k.path == "sm90-register-tile" for k in ks)
