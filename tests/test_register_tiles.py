@@ -45,8 +45,9 @@ def test_gdn_forward_output_kernel_takes_the_register_tiles():
     assert slots == {"q": ("bf16", 64, 128, False), "k": ("bf16", 64, 128, False),
                      "S_chunks": ("f32", 128, 64, True), "v_new_chunks": ("f32", 64, 64, True)}
     assert out.v_ctas == 2 and out.grid == ["HV * 2", "N", "max_chunks"]
-    # two vectors of row norms and the gate cumsum; Aqk stored once as a B tile
-    assert out.vectors == 3 and len(out.staged) == 1
+    # shared vectors: two row norms and the gate cumsum, and the row factors of the decay
+    # product's two operands and of the first product's; Aqk stored once as a B tile
+    assert out.vectors == 3 + 3 and len(out.staged) == 1
     # two CTAs fit in an SM's shared memory
     assert 2 * (out.smem_bytes + 1024) <= 228 * 1024
     # the prologue has ops without a rule yet: refused, with the reason

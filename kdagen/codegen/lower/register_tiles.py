@@ -285,6 +285,7 @@ def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT) -
                 raise NoMatch("a decay product that is not of row-scaled ring tiles with one "
                               "gate per row")
             sl, sr = slot(ln, False), slot(rn, False)
+            plan.vectors += bool(lf) + bool(rf)      # each operand's row factors, multiplied once
             if sl.elt != "bf16" or sr.elt != "bf16" or sl.cols != sr.cols or sl.rows != C \
                     or sr.rows != C or sl.cols % 16:
                 raise NoMatch("a decay product of tiles that are not [C, K] bf16")
@@ -305,7 +306,8 @@ def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT) -
                     raise NoMatch("an accumulator operand that is not [C, C]")
                 plan.staged.append(lhs)
             else:
-                ln, _ = row_scaled(lhs)
+                ln, lf = row_scaled(lhs)
+                plan.vectors += bool(lf)
                 if ln is None:
                     raise NoMatch("a product whose left operand is neither an accumulator nor a "
                                   "row-scaled ring tile")
@@ -508,16 +510,28 @@ class RegisterTileEmitter(TileKernelEmitter):
         lay, geo = s.layout, self.geo
         eb = s.elem_bytes
 
-        def read(idx):
-            row, col = idx
+        def offset(row, col):
             if s.value_cols:
                 col = col - self.cta_v0
-            off = (s.offset + lay.byte_offset(row, col)) // eb
-            x = B.load(self.smem_base, off, s.elt)
-            if s.kind == "token":
-                x = B.sel(B.icmp("lt", self._c * geo.C + row, geo.seqlen), x, B.f(0.0))
-            return x
-        return T_.FnRef((s.rows, s.cols), read)
+            return (s.offset + lay.byte_offset(row, col)) // eb
+
+        def masked(row, values):
+            if s.kind != "token":
+                return values
+            inside = B.icmp("lt", self._c * geo.C + row, geo.seqlen)
+            return [B.sel(inside, x, B.f(0.0)) for x in values]
+
+        def read(idx):
+            row, col = idx
+            return masked(row, [B.load(self.smem_base, offset(row, col), s.elt)])[0]
+
+        def vec(idx, n):
+            # n consecutive columns from a multiple of n stay in one 16-byte swizzle chunk
+            row, col = idx          # col: a multiple of n (the read_vec contract)
+            if 16 % (n * eb):
+                return [read([row, col + c]) for c in range(n)]
+            return masked(row, B.load_vec(self.smem_base, offset(row, col), n, s.elt))
+        return T_.FnRef((s.rows, s.cols), read, vec=vec)
 
     def _node(self, n) -> None:
         op, env = n.op, self.env
@@ -573,10 +587,10 @@ class RegisterTileEmitter(TileKernelEmitter):
         row = self.tid // 2
         half = self.tid % 2
         acc = None
-        for j in range(K // 2):
-            col = half * (K // 2) + j
-            v = x.read((row, col))
-            acc = v if acc is None else B.add(acc, v)
+        width = 8 if (K // 2) % 8 == 0 else 1
+        for j in range(0, K // 2, width):
+            for v in T_.read_vec(x, (row, half * (K // 2) + j), width):
+                acc = v if acc is None else B.add(acc, v)
         acc = B.add(acc, shfl(acc, 1, "bfly"))
         self.cost.event("shfl")
         B.if_then(B.icmp("eq", half, 0), lambda: out.write((row,), acc))
@@ -610,12 +624,23 @@ class RegisterTileEmitter(TileKernelEmitter):
         self.cost.event("bar.sync")
         return out
 
-    def _factor(self, factors, i):
-        v = None
-        for f in factors:
-            x = self.env[f].read((i,))
-            v = x if v is None else B.mul(v, x)
-        return v
+    def _factors(self, factors) -> T_.Ref | None:
+        """The product of an operand's row factors as one shared vector (each evaluated once
+        per row, by threads 0 .. C-1), or None without factors."""
+        if not factors:
+            return None
+        out = self._vector()
+
+        def rows():
+            v = None
+            for f in factors:
+                x = self.env[f].read((self.tid,))
+                v = x if v is None else B.mul(v, x)
+            out.write((self.tid,), v)
+        B.if_then(B.icmp("lt", self.tid, self.rplan.C), rows)
+        bar.sync_threads()
+        self.cost.event("bar.sync")
+        return out
 
     def _acc_elementwise(self, n, ops) -> Acc:
         acc = next(x for x in ops if isinstance(x, Acc))
@@ -672,15 +697,16 @@ class RegisterTileEmitter(TileKernelEmitter):
         diagonal = int(n.attrs.get("diagonal", 0))
         clamp_min = n.attrs.get("clamp_min")
         acc = Acc(values, C, False)
+        fl, fr = self._factors(lf), self._factors(rf)
         out = []
         rows_f, cols_f, g_rows, g_cols = {}, {}, {}, {}
         for reg, (v, (i, j)) in enumerate(zip(values, acc.coords(self.warp, self.lane))):
             key_i, key_j = (reg // 2) % 2, (reg // 4, reg % 2)   # registers sharing a row / column
             if key_i not in rows_f:
-                rows_f[key_i] = self._factor(lf, i)
+                rows_f[key_i] = fl.read((i,)) if fl is not None else None
                 g_rows[key_i] = self.env[gl].read((i,))
             if key_j not in cols_f:
-                cols_f[key_j] = self._factor(rf, j)
+                cols_f[key_j] = fr.read((j,)) if fr is not None else None
                 g_cols[key_j] = self.env[gr].read((j,))
             x = v
             for f in (rows_f[key_i], cols_f[key_j]):
@@ -748,12 +774,13 @@ class RegisterTileEmitter(TileKernelEmitter):
             self.cost.event("wgmma", 2)
         values = self._finish(values)
         acc = Acc(values, C, True, self.cta_v0)
-        if lf:
+        factor = self._factors(lf)
+        if factor is not None:
             out, cache = [], {}
             for reg, (v, (i, _)) in enumerate(zip(values, acc.coords(self.warp, self.lane))):
                 k = (reg // 4, reg % 2)          # registers of one accumulator column
                 if k not in cache:
-                    cache[k] = self._factor(lf, i)
+                    cache[k] = factor.read((i,))
                 out.append(B.mul(v, cache[k]))
             acc = Acc(out, C, True, self.cta_v0)
         return acc
