@@ -50,14 +50,84 @@ def test_gdn_forward_output_kernel_takes_the_register_tiles():
     assert out.vectors == 3 + 3 and len(out.staged) == 1
     # two CTAs fit in an SM's shared memory
     assert 2 * (out.smem_bytes + 1024) <= 228 * 1024
-    # the prologue has ops without a rule yet: refused, with the reason
-    assert isinstance(plans["scan0"], str) and "extract_row" in plans["scan0"]
 
 
-@pytest.mark.parametrize("program", ["kda_fwd", "kda_bwd", "gdn_bwd"])
+@pytest.mark.parametrize("program", ["gdn_fwd", "gdn_bwd"])
+def test_gdn_prologue_takes_the_register_tiles(program):
+    """The prologue (k·kᵀ with the decay and β, its inverse, w and u, the workspaces) stores
+    [C, K] tiles as well, so it runs one CTA per head and chunk, reading k and v whole."""
+    out = _match(program)["scan0"]
+    assert not isinstance(out, str), out
+    assert out.v_ctas == 1 and out.inverses == 1 and not out.staged
+    assert {s.tensor: (s.elt, s.rows, s.cols) for s in out.slots} == {
+        "k": ("bf16", 64, 128), "v": ("bf16", 64, 128)}
+    assert 2 * (out.smem_bytes + 1024) <= 228 * 1024
+
+
+@pytest.mark.parametrize("program", ["kda_fwd", "kda_bwd"])
 def test_kernels_without_rules_are_refused_with_a_reason(program):
     for label, out in _match(program).items():
         assert isinstance(out, str) and out, (program, label)
+    # gdn_bwd's dq and dk kernels read transposed operands: no rule yet
+    plans = _match("gdn_bwd")
+    assert "transposed" in plans["scan4"]
+
+
+def test_blocked_inverse_matches_the_triangular_solve():
+    """The order of `_tril_inv`: 16 x 16 diagonal blocks by forward substitution, then the
+    blocks at distance d = 1, 2, 3 below them, L[b, c] = -L[b, b] Σ_{k=c}^{b-1} X[b, k] L[k, c]
+    (k over 0 .. 2 with the terms outside c .. b - 1 zeroed), gives (I + X)⁻¹."""
+    rng = np.random.default_rng(2)
+    X = np.tril(rng.standard_normal((64, 64)) * 0.3, -1)
+    L = np.zeros((64, 64))
+    for w in range(4):
+        r0 = 16 * w
+        for col in range(16):
+            rows = []
+            for a in range(16):
+                v = 1.0 if col == a else 0.0
+                for k in range(a):
+                    v -= X[r0 + a, r0 + k] * rows[k]
+                rows.append(v)
+            for a in range(16):
+                L[r0 + a, r0 + col] = rows[a]
+    blk = lambda M, r, c: M[16 * r:16 * r + 16, 16 * c:16 * c + 16]
+    for d in (1, 2, 3):
+        tmp = {}
+        for b in range(d, 4):
+            c = b - d
+            tmp[b] = sum((blk(X, b, k) @ blk(L, k, c) if c <= k < b else 0) for k in range(3))
+        for b in range(d, 4):
+            c = b - d
+            L[16 * b:16 * b + 16, 16 * c:16 * c + 16] = -blk(L, b, b) @ tmp[b]
+    assert np.allclose(L, np.linalg.inv(np.eye(64) + X), atol=1e-10)
+
+
+def test_n_major_ring_operand_product_has_the_natural_orientation():
+    """A·diag(r)·Y as `_dot_tile` computes it: A's rows and columns at the 16-bit A fragment's
+    coordinates, scaled by Y's row factors, as bf16 hi + lo; Y (bf16, [K, N]) as B; the
+    accumulator holds (row, column) of the product at `wgmma_d_coord`."""
+    rng = np.random.default_rng(3)
+    A = np.tril(rng.standard_normal((64, 64)))
+    r = rng.uniform(0.5, 1.5, 64)
+    Y = _bf16(rng.standard_normal((64, 128)))
+    D = np.zeros((64, 128))
+    for kb in range(64 // 16):
+        A_hi, A_lo = np.zeros((64, 16)), np.zeros((64, 16))
+        for tid in range(128):
+            for j in range(4):
+                for h in (0, 1):
+                    m, c = _half_a_coord(tid // 32, tid % 32, j, h)
+                    x = A[m, 16 * kb + c] * r[16 * kb + c]
+                    A_hi[m, c] = _bf16(x)
+                    A_lo[m, c] = _bf16(x - A_hi[m, c])
+        D += (A_lo + A_hi) @ Y[16 * kb:16 * kb + 16]
+    want = A @ np.diag(r) @ Y
+    got = np.zeros_like(want)
+    for tid, regs in enumerate(_acc_coords(128)):
+        for (m, n) in regs:
+            got[m, n] = D[m, n]
+    assert np.abs(got - want).max() < 1e-4 * np.abs(want).max()
 
 
 def test_row_scaled_operands_are_found_through_views():
@@ -156,7 +226,20 @@ def test_register_tile_kernel_assembles_without_spills():
     ks = lower_program(mod, t, options=LowerOptions(path="native", dot="auto",
                                                     register_tiles=True))
     tiles = [k for k in ks if k.path == "sm90-register-tile"]
-    assert len(tiles) == 1 and tiles[0].launch["block"] == [128, 1, 1]
+    # the prologue and the output kernel; the serial scan keeps its own path
+    assert [k.name.rsplit("_", 1)[-1] for k in tiles] == ["scan0", "scan2"]
+    assert all(k.launch["block"] == [128, 1, 1] for k in tiles)
+    assert tiles[0].launch["grid"] == ["HV", "N", "max_chunks"]
+    assert tiles[1].launch["grid"] == ["HV * 2", "N", "max_chunks"]
+    prologue = driver.ptx_of(tiles[0].module, t, tiles[0].name)
+    # k·kᵀ from shared memory, w and u with register A (bf16 hi + lo) and B N-major, the
+    # inverse's merges as mma.sync
+    assert "m64n64k16.f32.bf16.bf16" in prologue and "mma.sync.aligned.m16n8k8" in prologue
+    r = ptxas.assemble(prologue, "sm_90a", ptxas.find_ptxas())
+    assert r.ok, r.log
+    (res,) = r.resources.values()
+    assert res.spill_stores == 0 and res.spill_loads == 0
+    tiles = tiles[1:]
     ptx = driver.ptx_of(tiles[0].module, t, tiles[0].name)
     # the decay product from shared memory (bf16), the ring product with register A (bf16 hi
     # and lo), the accumulator product with register A (TF32)

@@ -31,7 +31,7 @@ rt)
     timeout 200 python3 -m tools.gpu_check .bundles/check_rt > "$OUT/check_rt.log" 2>&1
     echo "check_rc=$?"; grep -E "FAIL|ok|error|Error" "$OUT/check_rt.log" | tail -25
     timeout 200 python3 -m kdagen.cli bench --bundle base=.bundles/bench --bundle rt=.bundles/ab_rt \
-        --ops gdn --modes fwd --configs B1_T8k_H16,gva_H4_HV16_T8k --no-fla --rep-ms 150 \
+        --ops gdn --modes fwd,fwdbwd --configs B1_T8k_H16,gva_H4_HV16_T8k --no-fla --rep-ms 150 \
         --kernels --kernel-reps 10 --json "$OUT/rt.json" > "$OUT/rt.log" 2>&1
-    echo "bench_rc=$?"; grep -A6 "^op |" "$OUT/rt.log"; grep -E "k2_scan2|Error" "$OUT/rt.log" | tail -8 ;;
+    echo "bench_rc=$?"; grep -A6 "^op |" "$OUT/rt.log"; grep -E "k0_scan0|k2_scan2|Error" "$OUT/rt.log" | tail -16 ;;
 esac

@@ -70,12 +70,13 @@ V_BLOCK = 64                 # value columns per CTA (the M extent of a transpos
 SWIZZLE = 128
 SMEM_LIMIT = 113 * 1024      # two CTAs per SM on sm_90a (228 KB, 1 KB reserved per CTA)
 TILE_ALIGN = 1024            # a 128B-swizzled tile's base alignment
+TRIL_PITCH = 68              # f32 row pitch of the inverse's shared tiles (64 + 4: no conflicts)
 
 _VIEWS = ("kda.pipeline_wait", "kda.convert_layout", "kda.assume_range")
 _VECTOR_OPS = ("kda.add", "kda.sub", "kda.mul", "kda.div", "kda.neg", "kda.exp2", "kda.log2",
                "kda.sigmoid", "kda.softplus", "kda.rsqrt", "kda.clamp", "kda.in_range",
                "kda.select", "kda.constant", "kda.valid_rows", "kda.broadcast", "kda.convert",
-               "kda.load", "kda.scalar", "kda.load_head") + _VIEWS
+               "kda.load", "kda.scalar", "kda.load_head", "kda.extract_row") + _VIEWS
 _ACC_ELEMENTWISE = ("kda.add", "kda.sub", "kda.mul", "kda.neg")
 _OUTSIDE = ("kda.workspace", "kda.scalar", "kda.constant", "kda.load_head")
 
@@ -131,6 +132,7 @@ class RegisterTilePlan:
     v_ctas: int
     slots: list = field(default_factory=list)
     vectors: int = 0             # materialised per-row vectors (C floats each)
+    inverses: int = 0            # tril_inv results ([C, C] f32 in shared memory)
     staged: list = field(default_factory=list)     # products' accumulators stored as B tiles
     smem: dict = field(default_factory=dict)       # region -> byte offset
     smem_bytes: int = 0
@@ -224,7 +226,12 @@ def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT) -
     V = int(program.attrs.get("head_v_dim", 0))
     if C != 64 or V % V_BLOCK:
         raise NoMatch(f"chunk size {C}, value dim {V} (needs C = 64 and V a multiple of 64)")
-    v_ctas = V // V_BLOCK
+    # the value columns split over CTAs (V_BLOCK each) where every 2-D tile the kernel stores
+    # is a [C, V] tile: a kernel storing anything else (w, kr: [C, K]) runs one CTA per head
+    stores = [n for n in scan.body.nodes if n.op in ("kda.store", "kda.store_chunk")]
+    value_only = all(len(n.operands[2].shape) == 2 and n.operands[2].shape[1] == V
+                     for n in stores)
+    v_ctas = V // V_BLOCK if value_only else 1
     kinds: dict = {}          # value -> "ring" | "vec" | "scalar" | "tile" | "acc" | "acc_t"
     slots: dict = {}          # load node -> TileSlot
     plan = RegisterTilePlan(scan, C, V, v_ctas)
@@ -291,12 +298,27 @@ def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT) -
                 raise NoMatch("a decay product of tiles that are not [C, K] bf16")
             kinds[r] = "acc"
             continue
+        if op == "kda.tril_inv":
+            if kinds.get(n.operands[0]) != "acc" or list(r.shape) != [C, C]:
+                raise NoMatch("an inverse of a tile that is not a [C, C] accumulator")
+            plan.inverses += 1
+            kinds[r] = "smem"
+            continue
         if op == "kda.dot":
             if n.attrs.get("transpose_lhs") or n.attrs.get("transpose_rhs"):
                 raise NoMatch("a transposed product")
             lhs, rhs = n.operands
             rsrc = _through_views(rhs)
-            if kinds.get(rsrc) != "ring" or rhs.shape[1] != V:
+            rn, rf = row_scaled(rhs)
+            if kinds.get(lhs) == "smem" and rn is not None:
+                # natural: A = lhs · diag(rf) from shared memory (bf16 hi + lo), B the ring tile
+                sr = slot(rn, False)
+                if sr.elt != "bf16" or sr.rows != lhs.shape[1] or sr.rows % 16 or sr.cols % 64:
+                    raise NoMatch("a product whose right operand is not a [C, N] bf16 tile")
+                plan.vectors += bool(rf)
+                kinds[r] = "acc"
+                continue
+            if kinds.get(rsrc) != "ring" or rhs.shape[1] != V or v_ctas * V_BLOCK != V:
                 raise NoMatch("a product whose right operand is not a ring tile [K, V]")
             wslot = slot(rsrc.owner, True)
             if wslot.elt != "f32":
@@ -332,6 +354,17 @@ def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT) -
         if op == "kda.convert" and kinds.get(n.operands[0]) in ("acc", "acc_t"):
             kinds[r] = kinds[n.operands[0]]
             continue
+        if op == "kda.store_chunk":
+            k = kinds.get(n.operands[2], "vec" if len(n.operands[2].shape) <= 1 else None)
+            if k not in ("acc", "smem", "tile", "vec"):
+                raise NoMatch(f"a chunk store of a {k} value")
+            if k == "tile":
+                ln, lf = row_scaled(n.operands[2])
+                if ln is None:
+                    raise NoMatch("a chunk store of a tile expression that is not row-scaled")
+                slot(ln, False)
+                plan.vectors += bool(lf)
+            continue
         if op == "kda.store":
             if kinds.get(n.operands[2]) != "acc_t":
                 raise NoMatch("a store of a tile that is not a transposed accumulator")
@@ -349,6 +382,16 @@ def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT) -
     for i, _ in enumerate(plan.staged):
         plan.smem[f"staged{i}"] = off
         off += -(-C * C * 4 // TILE_ALIGN) * TILE_ALIGN
+    for i in range(plan.inverses):
+        # the strictly lower input, the inverse (rows padded to break bank conflicts) and a
+        # 16 x 16 scratch block per warp for the block merges
+        plan.smem[f"tril_x{i}"] = off
+        off += C * TRIL_PITCH * 4
+        plan.smem[f"tril_out{i}"] = off
+        off += C * TRIL_PITCH * 4
+        plan.smem[f"tril_tmp{i}"] = off
+        off += 4 * 16 * TRIL_PITCH * 4
+    off = -(-off // 16) * 16
     plan.smem["out"] = off
     off += C * V_BLOCK * 2
     plan.smem["vectors"] = off
@@ -481,6 +524,7 @@ class RegisterTileEmitter(TileKernelEmitter):
         self.cost.event("mbarrier.wait")
         self._vectors = 0
         self._staged = 0
+        self._inverses = 0
         self._fused: dict = {}
         for n in rp.scan.body.nodes:
             with B.op_scope(n.op):
@@ -555,6 +599,12 @@ class RegisterTileEmitter(TileKernelEmitter):
             return
         if op == "kda.store":
             self._store_tile(n)
+            return
+        if op == "kda.store_chunk":
+            self._store_chunk(n)
+            return
+        if op == "kda.tril_inv":
+            env[r] = self._tril_inv(env[n.operands[0]])
             return
         ops = [env.get(o) for o in n.operands]
         if any(isinstance(x, Acc) for x in ops):
@@ -722,9 +772,11 @@ class RegisterTileEmitter(TileKernelEmitter):
 
     def _dot(self, n) -> Acc:
         lhs, rhs = n.operands
+        x = self.env.get(lhs)
+        if isinstance(x, T_.BufRef):
+            return self._dot_tile(n, x)
         rsrc = _through_views(rhs)
         ws = self.slot_of[rsrc.owner]
-        x = self.env.get(lhs)
         if isinstance(x, Acc):
             return self._dot_acc(n, x, ws)
         return self._dot_ring(n, ws)
@@ -826,6 +878,180 @@ class RegisterTileEmitter(TileKernelEmitter):
         if add is not None:
             self._fused[id(add)] = acc
         return acc
+
+    def _dot_tile(self, n, a: T_.BufRef) -> Acc:
+        """A·(Y·r) with A an f32 tile in shared memory and Y a bf16 ring tile [K, N]: the row
+        factors r of Y scale A's columns, A·diag(r) goes into registers as bf16 hi + lo parts
+        (two products; Y is exact in bf16), Y is the B operand as TMA stored it (N-major:
+        one wgmma per 64 columns)."""
+        C = self.rplan.C
+        yn, yf = row_scaled(n.operands[1])
+        ys = self.slot_of[yn]
+        K, N = ys.rows, ys.cols
+        factor = self._factors(yf)
+        g, t = lane_group(self.lane), lane_in_group(self.lane)
+        m0 = self.warp * 16 + g
+        a_regs = []
+        for kb in range(K // 16):
+            hi_regs, lo_regs = [], []
+            for j in range(4):
+                m = m0 + 8 * (j % 2)
+                k = 16 * kb + 8 * (j // 2) + 2 * t
+                pair = []
+                for h in (0, 1):
+                    x = a.read((m, k + h))
+                    if factor is not None:
+                        x = B.mul(x, factor.read((k + h,)))
+                    pair.append(x)
+                hi, lo = bf16_split_pack(pair[0], pair[1])
+                hi_regs.append(hi)
+                lo_regs.append(lo)
+            a_regs.append((hi_regs, lo_regs))
+        self.cost.event("ld.shared", K // 2)
+        lay = ys.layout
+        base = self._addr32(ys.offset)
+        values = [B.f(0.0)] * (N // 2)
+        wgmma.wgmma_fence(self.target)
+        for kb, (hi, lo) in enumerate(a_regs):
+            for n0 in range(0, N, lay.panel_cols):
+                st, lbo, sbo = wgmma.operand_start_and_strides(lay, "b", False, n0, 16 * kb)
+                d = wgmma.make_descriptor(base + st, lbo, sbo, SWIZZLE)
+                part = values[n0 // 2:(n0 + lay.panel_cols) // 2]
+                for regs in (lo, hi):
+                    part = wgmma.wgmma_half_rs(self.target, part, regs, d, lay.panel_cols,
+                                               "bf16", b_mn_major=True)
+                    self.cost.event("wgmma")
+                values[n0 // 2:(n0 + lay.panel_cols) // 2] = part
+        return Acc(self._finish(values), N, False)
+
+    def _tril_inv(self, x: Acc) -> T_.BufRef:
+        """(I + strict_lower(x))⁻¹ in shared memory: each warp inverts its 16 x 16 diagonal
+        block by forward substitution (a lane per column, fp32), then the blocks below the
+        diagonal by distance d = 1, 2, 3 from it, L[b, c] = -L[b, b] · Σ_k X[b, k] · L[k, c]
+        (k = c .. b - 1), as TF32 mma.sync products of the warp owning row block b."""
+        C = self.rplan.C
+        i = self._inverses
+        self._inverses += 1
+        sm = T_.Scratch(self.smem_base, "smem")
+        X = T_.BufRef(sm, self.rplan.smem[f"tril_x{i}"] // 4, (C, C), (TRIL_PITCH, 1))
+        L = T_.BufRef(sm, self.rplan.smem[f"tril_out{i}"] // 4, (C, C), (TRIL_PITCH, 1))
+        tmp = T_.BufRef(sm, self.rplan.smem[f"tril_tmp{i}"] // 4 + self.warp * 16 * TRIL_PITCH,
+                        (16, 16), (TRIL_PITCH, 1))
+        # the strictly lower part of x; L zero above the diagonal blocks
+        for v, (r, c) in zip(x.values, x.coords(self.warp, self.lane)):
+            X.write((r, c), B.sel(B.icmp("lt", c, r), v, B.f(0.0)))
+        for it in range(C * C // THREADS):
+            e = self.tid + it * THREADS
+            L.write((e // C, e % C), B.f(0.0))
+        bar.sync_threads()
+        self.cost.event("bar.sync")
+        w, lane = self.warp, self.lane
+        r0 = 16 * w
+        col = lane % 16
+
+        def diagonal():
+            rows = []
+            for a in range(16):
+                v = B.sel(B.icmp("eq", col, a), B.f(1.0), B.f(0.0))
+                for k in range(a):
+                    v = B.sub(v, B.mul(X.read((r0 + a, r0 + k)), rows[k]))
+                rows.append(v)
+            for a in range(16):
+                L.write((r0 + a, r0 + col), rows[a])
+        B.if_then(B.icmp("lt", lane, 16), diagonal)
+        self.cost.event("fma", 120)
+        bar.sync_threads()
+        self.cost.event("bar.sync")
+        g, t = lane_group(lane), lane_in_group(lane)
+
+        for d in (1, 2, 3):
+            def level(d=d):
+                # T = Σ_{k=c}^{b-1} X[b, k] · L[k, c] into the warp's scratch block (b = the
+                # warp, c = b - d; k over 0 .. 2 with the terms outside c .. b - 1 zeroed)
+                b = w
+                c = b - d
+                for nb in range(2):
+                    acc = [B.f(0.0)] * 4
+                    for k in range(3):
+                        live = B.band(B.icmp("ge", k, c), B.icmp("lt", k, b))
+                        for kb in range(2):
+                            a = [B.tf32_operand(B.sel(live, X.read((16 * b + g + 8 * (q % 2),
+                                 16 * k + 8 * kb + t + 4 * (q // 2))), B.f(0.0)))
+                                 for q in range(4)]
+                            bb = [B.tf32_operand(L.read((16 * k + 8 * kb + t + 4 * q,
+                                  16 * c + 8 * nb + g))) for q in range(2)]
+                            acc = B.mma_tf32(a, bb, acc)
+                    for q, v in enumerate(acc):
+                        tmp.write((g + 8 * (q // 2), 8 * nb + 2 * t + q % 2), v)
+            B.if_then(B.icmp("ge", w, d), level)
+            bar.sync_threads()       # tmp written (each warp its own) before its reads below
+
+            def finish(d=d):
+                b = w
+                c = b - d
+                for nb in range(2):
+                    acc = [B.f(0.0)] * 4
+                    for kb in range(2):
+                        a = [B.tf32_operand(L.read((16 * b + g + 8 * (q % 2),
+                                                    16 * b + 8 * kb + t + 4 * (q // 2))))
+                             for q in range(4)]
+                        bb = [B.tf32_operand(tmp.read((8 * kb + t + 4 * q, 8 * nb + g)))
+                              for q in range(2)]
+                        acc = B.mma_tf32(a, bb, acc)
+                    for q, v in enumerate(acc):
+                        L.write((16 * b + g + 8 * (q // 2), 16 * c + 8 * nb + 2 * t + q % 2),
+                                B.neg(v))
+            B.if_then(B.icmp("ge", w, d), finish)
+            bar.sync_threads()
+            self.cost.event("bar.sync", 2)
+        return L
+
+    def _store_chunk(self, n) -> None:
+        """A chunk value to its workspace (the MemRef applies the readers' storage contract:
+        transposed, rounded, split): accumulators from their registers, shared tiles and
+        ring-tile expressions by an element loop in the stored order, vectors one element per
+        thread."""
+        mem = self.env[n.operands[0]]
+        v = n.operands[2]
+        x = self.env[v]
+        row = self.geo.chunk_row(self._c)
+        if isinstance(x, Acc):
+            coords = x.coords(self.warp, self.lane)
+            for k in range(0, len(x.values), 2):
+                (i, j) = coords[k]
+                mem.store_vec([x.values[k], x.values[k + 1]], row, [i, j])
+            self.cost.event("st.global", len(x.values) // 2)
+            return
+        if len(v.shape) <= 1:
+            count = v.shape[0] if v.shape else 1
+            for it in range(-(-count // THREADS)):
+                e = self.tid + it * THREADS
+                idx = [e] if v.shape else []
+                B.if_then(B.icmp("lt", e, count),
+                          lambda idx=idx: mem.store(x.read(tuple(idx)), row, idx))
+            return
+        R, N = v.shape
+        if not isinstance(x, T_.BufRef):
+            # a ring tile times row factors: the factors multiplied once per row
+            ln, lf = row_scaled(v)
+            ring, factor = self._ring_ref(self.slot_of[ln]), self._factors(lf)
+            x = ring if factor is None else T_.FnRef(
+                (R, N), lambda idx: B.mul(ring.read(idx), factor.read((idx[0],))),
+                vec=lambda idx, k: [B.mul(y, factor.read((idx[0],)))
+                                    for y in T_.read_vec(ring, idx, k)])
+        if mem.transposed or mem.split is not None:
+            # consecutive threads take consecutive stored addresses: down the tile's columns
+            for it in range(R * N // THREADS):
+                e = self.tid + it * THREADS
+                i, j = e % R, e // R
+                mem.store(x.read((i, j)), row, [i, j])
+            self.cost.event("st.global", R * N // THREADS)
+            return
+        for it in range(R * N // (4 * THREADS)):
+            e = self.tid + it * THREADS
+            i, j = e // (N // 4), 4 * (e % (N // 4))
+            mem.store_vec(T_.read_vec(x, (i, j), 4), row, [i, j])
+        self.cost.event("st.global", R * N // (4 * THREADS))
 
     # -- stores ------------------------------------------------------------------------------
     def _store_tile(self, n) -> None:

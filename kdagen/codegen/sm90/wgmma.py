@@ -205,16 +205,19 @@ def wgmma_tf32_rs(target: Target, acc_values: list, a_regs: list, desc_b: ir.Val
 
 
 def wgmma_half_rs(target: Target, acc_values: list, a_regs: list, desc_b: ir.Value, n: int,
-                  dtype: str = "bf16") -> list:
+                  dtype: str = "bf16", b_mn_major: bool = False) -> list:
     """One ``wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{dtype}.{dtype}`` (bf16 or f16) with A
     from registers (``a_regs``: 4 i32, each two packed 16-bit values, lower column in bits
     0-15; `layouts.acc_regs_for_half_a` says which accumulator registers of a previous
     m64 product make them) and B (K-major, from shared memory, not transposed) by descriptor:
-    ``acc[64, n] += A[64, 16] · B[16, n]``; read the results as `wgmma_tf32_rs`'s."""
+    ``acc[64, n] += A[64, 16] · B[16, n]``; read the results as `wgmma_tf32_rs`'s.
+    ``b_mn_major``: B stored [K, N] (N contiguous, the descriptor's N extent one swizzle panel;
+    16-bit types only), PTX's transpose-b immediate."""
     if dtype not in ("bf16", "f16"):
         raise ValueError(f"wgmma_half_rs takes bf16 or f16 operands, not {dtype!r} "
                          "(TF32: wgmma_tf32_rs)")
-    return _wgmma_rs(target, acc_values, a_regs, desc_b, n, 16, dtype, "1, 1, 0")
+    return _wgmma_rs(target, acc_values, a_regs, desc_b, n, 16, dtype,
+                     "1, 1, 1" if b_mn_major else "1, 1, 0")
 
 
 def undef_accumulators(layout: AccLayout) -> AccFragment:
