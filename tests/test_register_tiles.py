@@ -64,10 +64,23 @@ def test_gdn_prologue_takes_the_register_tiles(program):
     assert 2 * (out.smem_bytes + 1024) <= 228 * 1024
 
 
-@pytest.mark.parametrize("program", ["kda_fwd", "kda_bwd"])
-def test_kernels_without_rules_are_refused_with_a_reason(program):
-    for label, out in _match(program).items():
-        assert isinstance(out, str) and out, (program, label)
+def test_kda_forward_output_kernel_takes_the_register_tiles():
+    """KDA's output kernel: the gate cumsum as a [C, K] shared tile, the per-channel decay
+    product (its column-block B tiles and exact diagonal scratch), qd staged as the first
+    product's B tile and Aqk as the second's."""
+    out = _match("kda_fwd")["scan2"]
+    assert not isinstance(out, str), out
+    assert out.grids == [(64, 128)] and out.channel_decays == [128]
+    assert out.staged == [(64, 128), (64, 64)]
+    assert {s.tensor for s in out.slots} == {"q", "k", "g_raw", "S_chunks", "v_new_chunks"}
+    assert out.smem_bytes <= 227 * 1024
+
+
+def test_kernels_without_rules_are_refused_with_a_reason():
+    plans = _match("kda_fwd")
+    assert "extract_row" in plans["scan0"]
+    for label, out in _match("kda_bwd").items():
+        assert isinstance(out, str) and out, label
     # gdn_bwd's dq and dk kernels read transposed operands: no rule yet
     plans = _match("gdn_bwd")
     assert "transposed" in plans["scan4"]
@@ -256,3 +269,34 @@ def test_register_tile_kernel_assembles_without_spills():
     # without the option the kernel stays on the native tile path
     ks = lower_program(mod, t, options=LowerOptions(path="native", dot="auto"))
     assert not any(k.path == "sm90-register-tile" for k in ks)
+
+
+@pytest.mark.parametrize("steep", [False, True])
+def test_column_block_factoring_of_the_channel_decay(steep):
+    """`_decay_dot_channels`' algebra: column block c through reference row r (its first row,
+    or its last where the block is steep, with the diagonal block then exact) gives
+    Σ_d x_id y_jd 2^(G_id - G_jd) for j <= i, with every factor <= 2^STEEP_BLOCK."""
+    from kdagen.codegen.lower.register_tiles import STEEP_BLOCK
+    rng = np.random.default_rng(4)
+    C, K = 64, 32
+    g = -rng.uniform(0, 8.0 if steep else 0.5, (C, K))
+    G = np.cumsum(g, axis=0)
+    X, Y = rng.standard_normal((C, K)), rng.standard_normal((C, K))
+    want = np.tril(np.einsum("id,jd,ijd->ij", X, Y, 2.0 ** (G[:, None, :] - G[None, :, :])))
+    got = np.zeros((C, C))
+    for c in range(C // 16):
+        is_steep = (G[16 * c] - G[16 * c + 15]).max() >= STEEP_BLOCK
+        ref, first = (16 * c + 15, 16 * c + 16) if is_steep else (16 * c, 16 * c)
+        a = X * 2.0 ** (G - G[ref])
+        a[:first] = 0
+        b = Y[16 * c:16 * c + 16] * 2.0 ** (G[ref] - G[16 * c:16 * c + 16])
+        assert a.max() <= 1e300 and np.abs(2.0 ** (G[ref] - G[16 * c:16 * c + 16])).max() <= \
+            2.0 ** STEEP_BLOCK
+        got[:, 16 * c:16 * c + 16] = a @ b.T
+        if is_steep:
+            rows = slice(16 * c, 16 * c + 16)
+            got[rows, rows] = np.einsum("id,jd,ijd->ij", X[rows], Y[rows],
+                                        2.0 ** (G[rows][:, None] - G[rows][None, :]))
+    got = np.tril(got)
+    assert steep == any((G[16 * c] - G[16 * c + 15]).max() >= STEEP_BLOCK for c in range(4))
+    assert np.allclose(got, want, rtol=1e-9, atol=1e-9 * np.abs(want).max())

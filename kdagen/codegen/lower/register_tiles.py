@@ -68,9 +68,15 @@ PATH_NAME = "sm90-register-tile"
 THREADS = 128                # one consumer warpgroup
 V_BLOCK = 64                 # value columns per CTA (the M extent of a transposed product)
 SWIZZLE = 128
-SMEM_LIMIT = 113 * 1024      # two CTAs per SM on sm_90a (228 KB, 1 KB reserved per CTA)
+SMEM_LIMIT = 227 * 1024      # sm_90a's block budget (two CTAs per SM up to 113 KB)
+TWO_PER_SM = 113 * 1024
 TILE_ALIGN = 1024            # a 128B-swizzled tile's base alignment
 TRIL_PITCH = 68              # f32 row pitch of the inverse's shared tiles (64 + 4: no conflicts)
+GRID_PAD = 4                 # f32 elements padding each row of a 2-D cumsum's shared tile
+#: a 16-row block of a per-channel decay product takes the factored product through its first
+#: row where its gates fall by at most this many powers of two inside it (factors <= 2^64:
+#: far from overflow, and TF32 rounding is relative); steeper blocks take exact products
+STEEP_BLOCK = 64.0
 
 _VIEWS = ("kda.pipeline_wait", "kda.convert_layout", "kda.assume_range")
 _VECTOR_OPS = ("kda.add", "kda.sub", "kda.mul", "kda.div", "kda.neg", "kda.exp2", "kda.log2",
@@ -133,6 +139,8 @@ class RegisterTilePlan:
     slots: list = field(default_factory=list)
     vectors: int = 0             # materialised per-row vectors (C floats each)
     inverses: int = 0            # tril_inv results ([C, C] f32 in shared memory)
+    grids: list = field(default_factory=list)        # 2-D cumsums ([C, N] f32, shared)
+    channel_decays: list = field(default_factory=list)   # per-channel decay products (K)
     staged: list = field(default_factory=list)     # products' accumulators stored as B tiles
     smem: dict = field(default_factory=dict)       # region -> byte offset
     smem_bytes: int = 0
@@ -282,13 +290,36 @@ def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT) -
             if kinds[r] is None:
                 raise NoMatch(f"{op} of an unsupported value")
             continue
-        if op == "kda.broadcast":
+        if op in ("kda.broadcast", "kda.constant"):
             kinds[r] = "bcast"
+            continue
+        if op == "kda.cumsum":
+            if kinds.get(n.operands[0]) not in ("tile", "ring", "smem"):
+                raise NoMatch("a cumsum of a tile that is not an expression of ring tiles")
+            plan.grids.append(tuple(r.shape))
+            kinds[r] = "smem"
+            continue
+        if op == "kda.decay_dot" and row_gate_sources(n) is None:
+            # per-channel gates (KDA): column blocks factored through a reference row
+            lhs, rhs = n.operands[:2]
+            (ln, lf), (rn, rf) = row_scaled(lhs), row_scaled(rhs)
+            if ln is None or rn is None:
+                raise NoMatch("a decay product that is not of row-scaled ring tiles")
+            if any(kinds.get(g) not in ("smem",) for g in n.operands[2:4]) or \
+                    _through_views(n.operands[2]) is not _through_views(n.operands[3]):
+                raise NoMatch("a decay product whose gates are not one cumsum in shared memory")
+            sl, sr = slot(ln, False), slot(rn, False)
+            if sl.elt != "bf16" or sr.elt != "bf16" or sl.rows != C or sr.rows != C \
+                    or sl.cols != sr.cols or sl.cols % 32:
+                raise NoMatch("a decay product of tiles that are not [C, K] bf16")
+            plan.vectors += bool(lf) + bool(rf) + 1          # + the steep-block flags
+            plan.channel_decays.append(sl.cols)
+            kinds[r] = "acc"
             continue
         if op == "kda.decay_dot":
             lhs, rhs = n.operands[:2]
             (ln, lf), (rn, rf) = row_scaled(lhs), row_scaled(rhs)
-            if ln is None or rn is None or row_gate_sources(n) is None:
+            if ln is None or rn is None:
                 raise NoMatch("a decay product that is not of row-scaled ring tiles with one "
                               "gate per row")
             sl, sr = slot(ln, False), slot(rn, False)
@@ -323,29 +354,36 @@ def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT) -
             wslot = slot(rsrc.owner, True)
             if wslot.elt != "f32":
                 raise NoMatch("a product whose right operand is not f32")
+            ln, lf = row_scaled(lhs)
             if kinds.get(lhs) == "acc":
-                if lhs.shape != (C, C) and list(lhs.shape) != [C, C]:
+                if list(lhs.shape) != [C, C]:
                     raise NoMatch("an accumulator operand that is not [C, C]")
-                plan.staged.append(lhs)
-            else:
-                ln, lf = row_scaled(lhs)
+                plan.staged.append(tuple(lhs.shape))
+            elif ln is not None and slot(ln, False).elt == "bf16":
                 plan.vectors += bool(lf)
-                if ln is None:
-                    raise NoMatch("a product whose left operand is neither an accumulator nor a "
-                                  "row-scaled ring tile")
                 sl = slot(ln, False)
-                if sl.elt != "bf16" or sl.rows != C or sl.cols != rhs.shape[0] or sl.cols % 16:
+                if sl.rows != C or sl.cols != rhs.shape[0] or sl.cols % 16:
                     raise NoMatch("a product whose left operand is not a [C, K] bf16 tile")
+            elif kinds.get(_through_views(lhs)) in ("tile", "smem") and lhs.shape[0] == C \
+                    and lhs.shape[1] % 32 == 0:
+                plan.staged.append(tuple(lhs.shape))     # an expression, staged as TF32
+            else:
+                raise NoMatch("a product whose left operand has no register-tile form")
             kinds[r] = "acc_t"
             continue
-        if op in _ACC_ELEMENTWISE:
-            ks = {kinds.get(o) for o in n.operands}
+        if op == "kda.convert" and kinds.get(n.operands[0]) in ("acc", "acc_t"):
+            kinds[r] = kinds[n.operands[0]]
+            continue
+        if op in _ACC_ELEMENTWISE or (op in _VECTOR_OPS and len(r.shape) == 2):
+            ks = {kinds.get(o) for o in n.operands if o.kind == "tile"}
             accs = ks & {"acc", "acc_t"}
             if len(accs) != 1:
-                if ks <= {"ring", "tile", "bcast"}:
+                if ks <= {"ring", "tile", "bcast", "smem"}:
                     kinds[r] = "tile"       # an expression of ring tiles (its users decide)
                     continue
                 raise NoMatch(f"{op} of {sorted(k for k in ks if k)}")
+            if op not in _ACC_ELEMENTWISE:
+                raise NoMatch(f"{op} of an accumulator")
             for o in n.operands:
                 if kinds.get(o) not in ("acc", "acc_t", "bcast") and len(o.shape) > 0:
                     raise NoMatch(f"{op} of an accumulator and a {kinds.get(o)} tile")
@@ -373,15 +411,29 @@ def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT) -
                 raise NoMatch(f"a store to {name} ({layout}, {elt})")
             continue
         raise NoMatch(f"{op} in the chunk")
+    for n in body:
+        if n.op in ("kda.load", "kda.load_chunk") and n.results and \
+                len(n.results[0].shape) == 2 and n not in slots and n.results[0].uses:
+            slot(n, False)          # read by element-wise expressions only
     plan.slots = sorted(slots.values(), key=lambda s: s.node.index)
     off = 0
     for s in plan.slots:
         s.offset = off
         off += -(-s.nbytes // TILE_ALIGN) * TILE_ALIGN
-    # one f32 [C, C] B tile per staged accumulator, then the output's bf16 staging rows
-    for i, _ in enumerate(plan.staged):
+    # one f32 B tile per staged left operand, then the output's bf16 staging rows
+    for i, shape in enumerate(plan.staged):
         plan.smem[f"staged{i}"] = off
-        off += -(-C * C * 4 // TILE_ALIGN) * TILE_ALIGN
+        off += -(-shape[0] * shape[1] * 4 // TILE_ALIGN) * TILE_ALIGN
+    for i, K in enumerate(plan.channel_decays):
+        # a [16, K] f32 B tile per column block, and the exact diagonal blocks [C, 16]
+        plan.smem[f"decay_b{i}"] = off
+        off += (C // 16) * 16 * K * 4
+        plan.smem[f"decay_diag{i}"] = off
+        off += C * 16 * 4
+    for i, shape in enumerate(plan.grids):
+        plan.smem[f"grid{i}"] = off
+        off += shape[0] * (shape[1] + GRID_PAD) * 4
+        off = -(-off // TILE_ALIGN) * TILE_ALIGN
     for i in range(plan.inverses):
         # the strictly lower input, the inverse (rows padded to break bank conflicts) and a
         # 16 x 16 scratch block per warp for the block merges
@@ -493,7 +545,8 @@ class RegisterTileEmitter(TileKernelEmitter):
                 z = coords["z"]
                 with cost.chunk_step():
                     B.if_then(B.icmp("lt", z, self.geo.nchunks), lambda: self._chunk(z))
-        set_launch_bounds(builder, name, min_blocks_per_sm=2)
+        set_launch_bounds(builder, name,
+                          min_blocks_per_sm=2 if rp.smem_bytes <= TWO_PER_SM else 1)
 
     def _full(self):
         return _Barrier(self.smem_base, self.rplan.smem["barrier"])
@@ -525,6 +578,8 @@ class RegisterTileEmitter(TileKernelEmitter):
         self._vectors = 0
         self._staged = 0
         self._inverses = 0
+        self._grids = 0
+        self._decays = 0
         self._fused: dict = {}
         for n in rp.scan.body.nodes:
             with B.op_scope(n.op):
@@ -589,10 +644,13 @@ class RegisterTileEmitter(TileKernelEmitter):
             env[r] = self._row_sums(env[n.operands[0]], n.operands[0].shape)
             return
         if op == "kda.cumsum":
-            env[r] = self._cumsum(env[n.operands[0]], bool(n.attrs.get("reverse", False)))
+            rev = bool(n.attrs.get("reverse", False))
+            env[r] = (self._cumsum(env[n.operands[0]], rev) if len(r.shape) == 1 else
+                      self._cumsum_rows(env[n.operands[0]], tuple(r.shape), rev))
             return
         if op == "kda.decay_dot":
-            env[r] = self._decay_dot(n)
+            env[r] = (self._decay_dot(n) if row_gate_sources(n) is not None else
+                      self._decay_dot_channels(n))
             return
         if op == "kda.dot":
             env[r] = self._dot(n)
@@ -673,6 +731,168 @@ class RegisterTileEmitter(TileKernelEmitter):
         bar.sync_threads()
         self.cost.event("bar.sync")
         return out
+
+    def _cumsum_rows(self, x: T_.Ref, shape, reverse: bool) -> T_.BufRef:
+        """Inclusive cumsum down the rows of a [C, N] expression into a shared f32 tile: a
+        thread per column, in row order."""
+        C, N = shape
+        i = self._grids
+        self._grids += 1
+        out = T_.BufRef(T_.Scratch(self.smem_base, "smem"), self.rplan.smem[f"grid{i}"] // 4,
+                        (C, N), (N + GRID_PAD, 1))
+        rows = range(C - 1, -1, -1) if reverse else range(C)
+        for it in range(-(-N // THREADS)):
+            col = self.tid + it * THREADS
+
+            def column(col=col):
+                acc = None
+                for r in rows:
+                    v = x.read((r, col))
+                    acc = v if acc is None else B.add(acc, v)
+                    out.write((r, col), acc)
+            if N % THREADS:
+                B.if_then(B.icmp("lt", col, N), column)
+            else:
+                column()
+        bar.sync_threads()
+        self.cost.event("bar.sync")
+        return out
+
+    def _decay_dot_channels(self, n) -> Acc:
+        """Σ_d X[i, d] Y[j, d] 2^(G[i, d] - G[j, d]) for j <= i + diagonal (KDA's per-channel
+        decay), X and Y row-scaled bf16 ring tiles, G a cumsum in shared memory.
+
+        Column block c (16 columns) is one wgmma m64n16 in TF32 over a reference row r of G:
+        A = X[i]·2^(G[i] - G[r]) from registers (rows above the block zeroed), B = Y[j]·
+        2^(G[r] - G[j]) staged in shared memory. r is the block's first row, so the diagonal
+        block comes out of the same product, where G falls inside the block by at most
+        STEEP_BLOCK powers of two (both factors within 2^64); a steeper block takes r = its
+        last row (every factor <= 1) for the rows below it and its diagonal block exactly,
+        element by element, by the warp owning those rows."""
+        C, geo = self.rplan.C, self.geo
+        i_dec = self._decays
+        self._decays += 1
+        (ln, lf), (rn, rf) = row_scaled(n.operands[0]), row_scaled(n.operands[1])
+        xs, ys = self.slot_of[ln], self.slot_of[rn]
+        xr, yr = self._ring_ref(xs), self._ring_ref(ys)
+        G = self.env[n.operands[2]]
+        K = xs.cols
+        diagonal = int(n.attrs.get("diagonal", 0))
+        clamp_min = n.attrs.get("clamp_min")
+        clamp_min = None if clamp_min is None else float(clamp_min)
+        fl, fr = self._factors(lf), self._factors(rf)
+        blocks = C // 16
+        flags = self._vector()
+        w, lane = self.warp, self.lane
+
+        def steepness():
+            # warp w: the largest fall of G inside row block w over the channels
+            top = None
+            for d0 in range(0, K, 32):
+                d = lane + d0
+                v = B.sub(G.read((16 * w, d)), G.read((16 * w + 15, d)))
+                top = v if top is None else B.maxf(top, v)
+            for m in (16, 8, 4, 2, 1):
+                top = B.maxf(top, shfl(top, m, "bfly"))
+            B.if_then(B.icmp("eq", lane, 0), lambda: flags.write(
+                (w,), B.sel(B.fle(B.f(STEEP_BLOCK), top), B.f(1.0), B.f(0.0))))
+        steepness()
+        bar.sync_threads()
+        steep = [B.nonzero(flags.read((c,))) for c in range(blocks)]
+        ref = [B.isel(steep[c], 16 * c + 15, 16 * c) for c in range(blocks)]
+        first = [B.isel(steep[c], 16 * c + 16, 16 * c) for c in range(blocks)]
+        blay = SmemLayout(16, K, 4, SWIZZLE)
+        bbase = self.rplan.smem[f"decay_b{i_dec}"]
+        for c in range(blocks):
+            for it in range(16 * K // THREADS):
+                e = self.tid + it * THREADS
+                jj, d = e // K, e % K
+                j = 16 * c + jj
+                v = yr.read((j, d))
+                if fr is not None:
+                    v = B.mul(v, fr.read((j,)))
+                v = B.mul(v, B.exp2_clamped(B.sub(G.read((ref[c], d)), G.read((j, d))), clamp_min))
+                B.store(self.smem_base, (bbase + c * blay.size_bytes + blay.byte_offset(jj, d)) // 4,
+                        B.round_to(v, "tf32"), "f32")
+        bar.fence_proxy_async_shared()
+        bar.sync_threads()
+        self.cost.event("bar.sync")
+        values = [B.f(0.0)] * (C // 2)
+        for c in range(blocks):
+            a_regs = []
+            for kb in range(K // 8):
+                regs = []
+                for jj in range(4):
+                    m, kc = wgmma_tf32_a_coord(w, lane, jj)
+                    d = 8 * kb + kc
+                    v = xr.read((m, d))
+                    if fl is not None:
+                        v = B.mul(v, fl.read((m,)))
+                    v = B.mul(v, B.exp2_clamped(B.sub(G.read((m, d)), G.read((ref[c], d))),
+                                                clamp_min))
+                    regs.append(tf32_operand_bits(B.sel(B.icmp("ge", m, first[c]), v, B.f(0.0))))
+                a_regs.append(regs)
+            self.cost.event("ex2", K // 2)
+            descs = wgmma.k_block_descriptors(blay, self._addr32(bbase + c * blay.size_bytes),
+                                              K // 8, 8)
+            part = values[8 * c:8 * c + 8]
+            wgmma.wgmma_fence(self.target)
+            for regs, dsc in zip(a_regs, descs):
+                part = wgmma.wgmma_tf32_rs(self.target, part, regs, dsc, 16)
+                self.cost.event("wgmma")
+            values[8 * c:8 * c + 8] = part
+        values = self._finish(values)
+        # steep diagonal blocks, exactly: warp w its own block, pairs (a, b) of its rows
+        dlay = (C, 17)
+        diag = T_.BufRef(T_.Scratch(self.smem_base, "smem"),
+                         self.rplan.smem[f"decay_diag{i_dec}"] // 4, (C, 16), (17, 1))
+        del dlay
+        strict = diagonal < 0
+        pairs = 120 if strict else 136
+        tri = [m * (m + 1) // 2 for m in range(1, 16)]
+
+        def exact():
+            for rnd in range(-(-pairs // 32)):
+                p = lane + 32 * rnd
+                a = 1 if strict else 0
+                base = 0
+                for m, tm in enumerate(tri[:15 - (1 if strict else 0)], start=1):
+                    ge = B.icmp("ge", p, tm)
+                    a = B.isel(ge, a + 1, a)
+                    base = B.isel(ge, tm, base)
+                b = p - base
+                ra, rb = 16 * w + a, 16 * w + b
+
+                def one(ra=ra, rb=rb, b=b):
+                    acc = None
+                    for d0 in range(0, K, 8):
+                        xa = T_.read_vec(xr, (ra, d0), 8)
+                        yb = T_.read_vec(yr, (rb, d0), 8)
+                        for h in range(8):
+                            e = B.exp2_clamped(B.sub(G.read((ra, d0 + h)), G.read((rb, d0 + h))),
+                                               clamp_min)
+                            t = B.mul(B.mul(xa[h], yb[h]), e)
+                            acc = t if acc is None else B.add(acc, t)
+                    if fl is not None:
+                        acc = B.mul(acc, fl.read((ra,)))
+                    if fr is not None:
+                        acc = B.mul(acc, fr.read((rb,)))
+                    diag.write((ra, b), acc)
+                B.if_then(B.icmp("lt", p, pairs), one)
+        B.if_then(steep[0] if blocks == 1 else B.nonzero(flags.read((w,))), exact)
+        self.cost.event("ex2", K * 5)
+        bar.sync_threads()
+        self.cost.event("bar.sync")
+        acc = Acc(values, C, False)
+        out = []
+        steep_w = B.nonzero(flags.read((w,)))
+        for reg, (v, (i, j)) in enumerate(zip(values, acc.coords(w, lane))):
+            c = reg // 8                      # the column block of this register
+            mine = B.band(steep_w, B.icmp("eq", w, c))
+            v = B.sel(mine, diag.read((i, j - 16 * c)), v)
+            keep = B.icmp("le", j, i + diagonal) if diagonal else B.icmp("le", j, i)
+            out.append(B.sel(keep, v, B.f(0.0)))
+        return Acc(out, C, False)
 
     def _factors(self, factors) -> T_.Ref | None:
         """The product of an operand's row factors as one shared vector (each evaluated once
@@ -773,13 +993,13 @@ class RegisterTileEmitter(TileKernelEmitter):
     def _dot(self, n) -> Acc:
         lhs, rhs = n.operands
         x = self.env.get(lhs)
-        if isinstance(x, T_.BufRef):
+        if row_scaled(rhs)[0] is not None and self.slot_of[row_scaled(rhs)[0]].elt == "bf16":
             return self._dot_tile(n, x)
-        rsrc = _through_views(rhs)
-        ws = self.slot_of[rsrc.owner]
-        if isinstance(x, Acc):
-            return self._dot_acc(n, x, ws)
-        return self._dot_ring(n, ws)
+        ws = self.slot_of[_through_views(rhs).owner]
+        ln = row_scaled(lhs)[0]
+        if not isinstance(x, Acc) and ln is not None and self.slot_of[ln].elt == "bf16":
+            return self._dot_ring(n, ws)
+        return self._dot_acc(n, x, ws)
 
     def _init_from_add(self, n):
         """The accumulator ``n`` may accumulate onto: the other operand of its sole add, when
@@ -837,38 +1057,50 @@ class RegisterTileEmitter(TileKernelEmitter):
             acc = Acc(out, C, True, self.cta_v0)
         return acc
 
-    def _dot_acc(self, n, a: Acc, ws: TileSlot) -> Acc:
-        """A·W, A an accumulator [C, C]: as its transpose Wᵀ·Aᵀ in TF32, Wᵀ from shared memory
-        into registers (token rows past the sequence end read 0), A stored once as the K-major
-        B tile; accumulated onto the other operand of its sole add."""
+    def _dot_acc(self, n, a, ws: TileSlot) -> Acc:
+        """L·W, L an accumulator [C, C] (its contraction runs over tokens: W's rows past the
+        sequence end read 0) or a tile expression [C, K]: as its transpose Wᵀ·Lᵀ in TF32, Wᵀ
+        from shared memory into registers, L stored once (TF32) as the K-major B tile;
+        accumulated onto the other operand of its sole add."""
         C, geo = self.rplan.C, self.geo
-        if a.transposed:
-            raise LoweringError("register tiles: a transposed accumulator as a left operand")
+        K = n.operands[0].shape[1]
         base = self.rplan.smem[f"staged{self._staged}"]
         self._staged += 1
-        lay = SmemLayout(C, C, 4, SWIZZLE)
-        for v, (i, j) in zip(a.values, a.coords(self.warp, self.lane)):
-            B.store(self.smem_base, (base + lay.byte_offset(i, j)) // 4, B.round_to(v, "tf32"),
-                    "f32")
-        self.cost.event("st.shared", len(a.values))
+        lay = SmemLayout(C, K, 4, SWIZZLE)
+        tokens = isinstance(a, Acc)
+        if tokens:
+            if a.transposed:
+                raise LoweringError("register tiles: a transposed accumulator as a left operand")
+            for v, (i, j) in zip(a.values, a.coords(self.warp, self.lane)):
+                B.store(self.smem_base, (base + lay.byte_offset(i, j)) // 4,
+                        B.round_to(v, "tf32"), "f32")
+            self.cost.event("st.shared", len(a.values))
+        else:
+            for it in range(C * K // (4 * THREADS)):
+                e = self.tid + it * THREADS
+                i, j = e // (K // 4), 4 * (e % (K // 4))
+                vals = [B.round_to(v, "tf32") for v in T_.read_vec(a, (i, j), 4)]
+                B.store_vec(self.smem_base, (base + lay.byte_offset(i, j)) // 4, vals, "f32")
+            self.cost.event("st.shared", C * K // (4 * THREADS))
         bar.fence_proxy_async_shared()
         bar.sync_threads()
         self.cost.event("bar.sync")
         wl = ws.layout
         a_regs = []
-        for kb in range(C // 8):
+        for kb in range(K // 8):
             regs = []
             for jj in range(4):
                 m, kc = wgmma_tf32_a_coord(self.warp, self.lane, jj)
-                tok = 8 * kb + kc
-                x = B.load(self.smem_base, (ws.offset + wl.byte_offset(tok, m)) // 4, "f32")
-                x = B.sel(B.icmp("lt", self._c * geo.C + tok, geo.seqlen), x, B.f(0.0))
+                k = 8 * kb + kc
+                x = B.load(self.smem_base, (ws.offset + wl.byte_offset(k, m)) // 4, "f32")
+                if tokens:
+                    x = B.sel(B.icmp("lt", self._c * geo.C + k, geo.seqlen), x, B.f(0.0))
                 regs.append(tf32_operand_bits(x))
             a_regs.append(regs)
-        self.cost.event("ld.shared", C // 2)
+        self.cost.event("ld.shared", K // 2)
         add, init = self._init_from_add(n)
         values = list(init.values) if init is not None else [B.f(0.0)] * (C // 2)
-        descs = wgmma.k_block_descriptors(lay, self._addr32(base), C // 8, 8)
+        descs = wgmma.k_block_descriptors(lay, self._addr32(base), K // 8, 8)
         wgmma.wgmma_fence(self.target)
         for regs, d in zip(a_regs, descs):
             values = wgmma.wgmma_tf32_rs(self.target, values, regs, d, C)
