@@ -76,10 +76,21 @@ def test_kda_forward_output_kernel_takes_the_register_tiles():
     assert out.smem_bytes <= 227 * 1024
 
 
+def test_kda_forward_prologue_takes_the_register_tiles():
+    """The prologue: the channel decay of k·kᵀ, its inverse, w (kd·β staged transposed as the
+    TF32 B tile), u (v·β exact as bf16), kr and the chunk decay stored."""
+    out = _match("kda_fwd")["scan0"]
+    assert not isinstance(out, str), out
+    assert out.v_ctas == 1 and out.inverses == 1 and out.channel_decays == [128]
+    assert out.staged == [(128, 64)] and out.grids == [(64, 128)]
+
+
 def test_kernels_without_rules_are_refused_with_a_reason():
-    plans = _match("kda_fwd")
-    assert "extract_row" in plans["scan0"]
-    for label, out in _match("kda_bwd").items():
+    """The KDA backward's prologue and dq kernel ask for bf16x3 products (the gate gradients'
+    accuracy, docs/MATH.md §3), which the TF32 rules do not give: refused, not rounded less."""
+    plans = _match("kda_bwd")
+    assert "bf16x3" in plans["scan0"] and "bf16x3" in plans["scan2"]
+    for label, out in plans.items():
         assert isinstance(out, str) and out, label
     # gdn_bwd's dq and dk kernels read transposed operands: no rule yet
     plans = _match("gdn_bwd")

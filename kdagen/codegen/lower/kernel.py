@@ -354,7 +354,7 @@ def _register_tile_plan(program: Program, g, target: Target | None, opts: LowerO
             or native_path(target) is not sm90_native):
         return None
     try:
-        return register_tiles.match(program, g, target)
+        return register_tiles.match(program, g, target, dot=opts.dot)
     except register_tiles.NoMatch:
         return None
 

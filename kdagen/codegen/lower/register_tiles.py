@@ -61,7 +61,7 @@ from . import tiles as T_
 from .cost import CostCounter, NullCounter
 from .emitter import Geometry, TileKernelEmitter, mem_info, row_gate_sources
 from .mlir_backend import MlirBackend
-from .options import tensormap_param_kind
+from .options import product_precision, tensormap_param_kind
 from .plan import LoweringError
 
 PATH_NAME = "sm90-register-tile"
@@ -215,9 +215,22 @@ def _slot_for(node, value_block: bool, v_ctas: int) -> TileSlot:
     return TileSlot(node, node.operands[0], name, elt, kind, rows, cols, value_block, heads)
 
 
-def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT) -> RegisterTilePlan:
+#: how precise each product precision is (kdagen.ir.precision), for the rules' own
+_RANK = {"bf16": 0, "tf32": 1, "bf16x3": 2, "tf32x3": 2, "fma": 3}
+
+
+def _precision_at_most(n, dot: str, best: str) -> None:
+    """Refuse matrix op ``n`` where it asks for more precision than ``best`` (the rule's)."""
+    asked = product_precision(dot, n.op, n.attrs.get("kda.precision"))
+    if _RANK.get(asked, 3) > _RANK[best]:
+        raise NoMatch(f"{n.op} asks for {asked} products; this rule gives {best}")
+
+
+def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT,
+          dot: str = "auto") -> RegisterTilePlan:
     """The plan of chunk-parallel kernel ``group`` on this path; raises `NoMatch` saying why
-    not."""
+    not. ``dot``: the lowering's product precision option (each rule refuses a product that
+    asks for more than it gives)."""
     if target is None or not all(getattr(target, c) for c in ("has_wgmma", "has_tma")):
         raise NoMatch("the chip lacks wgmma or TMA")
     if group.kind != "tile" or not group.parallel or len(group.scans) != 1:
@@ -279,6 +292,9 @@ def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT) -
                     kinds[r] = "vec"
                     continue
                 raise NoMatch(f"{op} on a vector")
+            if op == "kda.extract_row" and kinds.get(n.operands[0]) == "smem":
+                kinds[r] = "vec"            # a row of a shared tile
+                continue
             if any(kind(o) not in ("vec", "scalar") for o in n.operands if o.kind == "tile"):
                 raise NoMatch(f"{op}: a vector computed from a tile")
             kinds[r] = "scalar" if len(r.shape) == 0 else "vec"
@@ -312,6 +328,7 @@ def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT) -
             if sl.elt != "bf16" or sr.elt != "bf16" or sl.rows != C or sr.rows != C \
                     or sl.cols != sr.cols or sl.cols % 32:
                 raise NoMatch("a decay product of tiles that are not [C, K] bf16")
+            _precision_at_most(n, dot, "tf32")
             plan.vectors += bool(lf) + bool(rf) + 1          # + the steep-block flags
             plan.channel_decays.append(sl.cols)
             kinds[r] = "acc"
@@ -330,6 +347,7 @@ def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT) -
             kinds[r] = "acc"
             continue
         if op == "kda.tril_inv":
+            _precision_at_most(n, dot, "tf32")      # its block merges: TF32 mma.sync
             if kinds.get(n.operands[0]) != "acc" or list(r.shape) != [C, C]:
                 raise NoMatch("an inverse of a tile that is not a [C, C] accumulator")
             plan.inverses += 1
@@ -343,10 +361,18 @@ def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT) -
             rn, rf = row_scaled(rhs)
             if kinds.get(lhs) == "smem" and rn is not None:
                 # natural: A = lhs · diag(rf) from shared memory (bf16 hi + lo), B the ring tile
+                _precision_at_most(n, dot, "bf16x3")
                 sr = slot(rn, False)
                 if sr.elt != "bf16" or sr.rows != lhs.shape[1] or sr.rows % 16 or sr.cols % 64:
                     raise NoMatch("a product whose right operand is not a [C, N] bf16 tile")
                 plan.vectors += bool(rf)
+                kinds[r] = "acc"
+                continue
+            if kinds.get(_through_views(lhs)) == "smem" and kinds.get(rsrc) in ("tile", "smem") \
+                    and rhs.shape[0] % 8 == 0 and rhs.shape[1] % 32 == 0 and rhs.shape[1] <= 256:
+                # natural: A from the shared tile (TF32), B the expression staged transposed
+                _precision_at_most(n, dot, "tf32")
+                plan.staged.append((rhs.shape[1], rhs.shape[0]))
                 kinds[r] = "acc"
                 continue
             if kinds.get(rsrc) != "ring" or rhs.shape[1] != V or v_ctas * V_BLOCK != V:
@@ -356,16 +382,19 @@ def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT) -
                 raise NoMatch("a product whose right operand is not f32")
             ln, lf = row_scaled(lhs)
             if kinds.get(lhs) == "acc":
+                _precision_at_most(n, dot, "tf32")
                 if list(lhs.shape) != [C, C]:
                     raise NoMatch("an accumulator operand that is not [C, C]")
                 plan.staged.append(tuple(lhs.shape))
             elif ln is not None and slot(ln, False).elt == "bf16":
+                _precision_at_most(n, dot, "bf16x3")     # W split bf16 hi + lo, X exact
                 plan.vectors += bool(lf)
                 sl = slot(ln, False)
                 if sl.rows != C or sl.cols != rhs.shape[0] or sl.cols % 16:
                     raise NoMatch("a product whose left operand is not a [C, K] bf16 tile")
             elif kinds.get(_through_views(lhs)) in ("tile", "smem") and lhs.shape[0] == C \
                     and lhs.shape[1] % 32 == 0:
+                _precision_at_most(n, dot, "tf32")
                 plan.staged.append(tuple(lhs.shape))     # an expression, staged as TF32
             else:
                 raise NoMatch("a product whose left operand has no register-tile form")
@@ -398,10 +427,9 @@ def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT) -
                 raise NoMatch(f"a chunk store of a {k} value")
             if k == "tile":
                 ln, lf = row_scaled(n.operands[2])
-                if ln is None:
-                    raise NoMatch("a chunk store of a tile expression that is not row-scaled")
-                slot(ln, False)
-                plan.vectors += bool(lf)
+                if ln is not None:
+                    slot(ln, False)
+                    plan.vectors += bool(lf)
             continue
         if op == "kda.store":
             if kinds.get(n.operands[2]) != "acc_t":
@@ -995,6 +1023,8 @@ class RegisterTileEmitter(TileKernelEmitter):
         x = self.env.get(lhs)
         if row_scaled(rhs)[0] is not None and self.slot_of[row_scaled(rhs)[0]].elt == "bf16":
             return self._dot_tile(n, x)
+        if isinstance(x, T_.BufRef):
+            return self._dot_shared(n, x, self.env[rhs])
         ws = self.slot_of[_through_views(rhs).owner]
         ln = row_scaled(lhs)[0]
         if not isinstance(x, Acc) and ln is not None and self.slot_of[ln].elt == "bf16":
@@ -1156,6 +1186,40 @@ class RegisterTileEmitter(TileKernelEmitter):
                 values[n0 // 2:(n0 + lay.panel_cols) // 2] = part
         return Acc(self._finish(values), N, False)
 
+    def _dot_shared(self, n, a: T_.BufRef, y: T_.Ref) -> Acc:
+        """A·Y, A an f32 tile in shared memory [C, K] and Y a tile expression [K, N]: A as
+        TF32 register fragments, Y staged transposed ([N, K], TF32) as the K-major B tile."""
+        C = self.rplan.C
+        K, N = n.operands[1].shape
+        base = self.rplan.smem[f"staged{self._staged}"]
+        self._staged += 1
+        lay = SmemLayout(N, K, 4, SWIZZLE)
+        for it in range(K * N // (4 * THREADS)):
+            e = self.tid + it * THREADS
+            k, j = e // (N // 4), 4 * (e % (N // 4))
+            for h, v in enumerate(T_.read_vec(y, (k, j), 4)):
+                B.store(self.smem_base, (base + lay.byte_offset(j + h, k)) // 4,
+                        B.round_to(v, "tf32"), "f32")
+        self.cost.event("st.shared", K * N // THREADS)
+        bar.fence_proxy_async_shared()
+        bar.sync_threads()
+        self.cost.event("bar.sync")
+        a_regs = []
+        for kb in range(K // 8):
+            regs = []
+            for jj in range(4):
+                m, kc = wgmma_tf32_a_coord(self.warp, self.lane, jj)
+                regs.append(tf32_operand_bits(a.read((m, 8 * kb + kc))))
+            a_regs.append(regs)
+        self.cost.event("ld.shared", K // 2)
+        values = [B.f(0.0)] * (N // 2)
+        descs = wgmma.k_block_descriptors(lay, self._addr32(base), K // 8, 8)
+        wgmma.wgmma_fence(self.target)
+        for regs, d in zip(a_regs, descs):
+            values = wgmma.wgmma_tf32_rs(self.target, values, regs, d, N)
+            self.cost.event("wgmma")
+        return Acc(self._finish(values), N, False)
+
     def _tril_inv(self, x: Acc) -> T_.BufRef:
         """(I + strict_lower(x))⁻¹ in shared memory: each warp inverts its 16 x 16 diagonal
         block by forward substitution (a lane per column, fp32), then the blocks below the
@@ -1263,7 +1327,7 @@ class RegisterTileEmitter(TileKernelEmitter):
                           lambda idx=idx: mem.store(x.read(tuple(idx)), row, idx))
             return
         R, N = v.shape
-        if not isinstance(x, T_.BufRef):
+        if not isinstance(x, T_.BufRef) and row_scaled(v)[0] is not None:
             # a ring tile times row factors: the factors multiplied once per row
             ln, lf = row_scaled(v)
             ring, factor = self._ring_ref(self.slot_of[ln]), self._factors(lf)
