@@ -109,17 +109,9 @@ def prepare(program: Program, target: Target | None, prefix: str,
         if rp is not None:
             em = register_scan.RegisterScanEmitter(program, g, rp.options, target, rp)
             em.workspace_storage = storage_of
-            launch = {"grid": rp.grid, "block": [rp.block_threads, 1, 1],
-                      "parallel_chunks": False, "dynamic_shared_memory": em.smem_bytes,
-                      "kind": "tile", "order": g.index, "storage": "smem",
-                      "scratch_bytes_per_cta": 0, "tile_bytes": 0, "path": em.path,
-                      "tensor_maps": rp.tensor_maps(),
-                      "ring": {"depth": rp.depth, "stage_bytes": rp.stage_bytes,
-                               "tma_loads": [s.tensor for s in rp.slots]},
-                      "wgmma_precision": rp.precision, "carry": rp.carry(g)}
-            hbm = hbm_bytes_per_token(g)
-            if hbm is not None:
-                launch["hbm_bytes_per_token"] = hbm
+            launch = _register_launch(g, em, rp, parallel=False, depth=rp.depth,
+                                      stage_bytes=rp.stage_bytes, precision=rp.precision)
+            launch["carry"] = rp.carry(g)
             if rp.tuned:
                 launch["tuned"] = dict(rp.tuned)
             out.append(PreparedKernel(kname, g, em, "smem", launch, None))
@@ -128,17 +120,9 @@ def prepare(program: Program, target: Target | None, prefix: str,
         if tp is not None:
             em = register_tiles.RegisterTileEmitter(program, g, opts, target, tp)
             em.workspace_storage = storage_of
-            launch = {"grid": tp.grid, "block": [tp.block_threads, 1, 1],
-                      "parallel_chunks": True, "dynamic_shared_memory": em.smem_bytes,
-                      "kind": "tile", "order": g.index, "storage": "smem",
-                      "scratch_bytes_per_cta": 0, "tile_bytes": 0, "path": em.path,
-                      "tensor_maps": tp.tensor_maps(),
-                      "ring": {"depth": 1, "stage_bytes": sum(s.nbytes for s in tp.slots),
-                               "tma_loads": [s.tensor for s in tp.slots]},
-                      "wgmma_precision": "bf16+tf32"}
-            hbm = hbm_bytes_per_token(g)
-            if hbm is not None:
-                launch["hbm_bytes_per_token"] = hbm
+            launch = _register_launch(g, em, tp, parallel=True, depth=1,
+                                      stage_bytes=sum(s.nbytes for s in tp.slots),
+                                      precision="bf16+tf32")
             out.append(PreparedKernel(kname, g, em, "smem", launch, None))
             continue
         if g.kind == "global":
@@ -345,6 +329,24 @@ def _kernel_options(opts: LowerOptions, target: Target | None, path: str, progra
         opts, target.chip if target is not None else "", path, program.name,
         (int(program.attrs.get("head_k_dim", 0)), int(program.attrs.get("head_v_dim", 0))),
         tuning.kernel_label(g.index, g.label))
+
+
+def _register_launch(g, em, plan, *, parallel: bool, depth: int, stage_bytes: int,
+                     precision: str) -> dict:
+    """The manifest launch entry of a kernel on a register path (register scan or register
+    tiles): shared memory only, its tensor maps and its TMA ring."""
+    launch = {"grid": plan.grid, "block": [plan.block_threads, 1, 1],
+              "parallel_chunks": parallel, "dynamic_shared_memory": em.smem_bytes,
+              "kind": "tile", "order": g.index, "storage": "smem",
+              "scratch_bytes_per_cta": 0, "tile_bytes": 0, "path": em.path,
+              "tensor_maps": plan.tensor_maps(),
+              "ring": {"depth": depth, "stage_bytes": stage_bytes,
+                       "tma_loads": [s.tensor for s in plan.slots]},
+              "wgmma_precision": precision}
+    hbm = hbm_bytes_per_token(g)
+    if hbm is not None:
+        launch["hbm_bytes_per_token"] = hbm
+    return launch
 
 
 def _register_tile_plan(program: Program, g, target: Target | None, opts: LowerOptions):

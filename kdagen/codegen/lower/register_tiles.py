@@ -1043,6 +1043,25 @@ class RegisterTileEmitter(TileKernelEmitter):
             return users[0], y
         return None, None
 
+    def _half_a_split(self, K: int, element) -> list:
+        """[(hi, lo)] per 16-deep block: the 16-bit A fragments of A[m, k] = ``element(m, k)``
+        (rows of this warp, PTX's m64nNk16 register layout) as bf16 hi and lo parts, hi + lo =
+        A to ~16 significant bits."""
+        g, t = lane_group(self.lane), lane_in_group(self.lane)
+        m0 = self.warp * 16 + g
+        out = []
+        for kb in range(K // 16):
+            hi_regs, lo_regs = [], []
+            for j in range(4):
+                m = m0 + 8 * (j % 2)
+                k = 16 * kb + 8 * (j // 2) + 2 * t
+                hi, lo = bf16_split_pack(element(m, k), element(m, k + 1))
+                hi_regs.append(hi)
+                lo_regs.append(lo)
+            out.append((hi_regs, lo_regs))
+        self.cost.event("ld.shared", K // 2)
+        return out
+
     def _dot_ring(self, n, ws: TileSlot) -> Acc:
         """(X·r)·W as its transpose: Wᵀ (f32, shared memory) split into bf16 hi + lo register A
         fragments, X (bf16, K-major ring tile) as B; the row factors r scale the result's
@@ -1052,21 +1071,8 @@ class RegisterTileEmitter(TileKernelEmitter):
         xs = self.slot_of[ln]
         K = xs.cols
         wl = ws.layout
-        g, t = lane_group(self.lane), lane_in_group(self.lane)
-        m0 = self.warp * 16 + g
-        a_regs = []
-        for kb in range(K // 16):
-            hi_regs, lo_regs = [], []
-            for j in range(4):
-                m = m0 + 8 * (j % 2)
-                k = 16 * kb + 8 * (j // 2) + 2 * t
-                pair = [B.load(self.smem_base, (ws.offset + wl.byte_offset(k + h, m)) // 4, "f32")
-                        for h in (0, 1)]
-                hi, lo = bf16_split_pack(pair[0], pair[1])
-                hi_regs.append(hi)
-                lo_regs.append(lo)
-            a_regs.append((hi_regs, lo_regs))
-        self.cost.event("ld.shared", K // 2)
+        a_regs = self._half_a_split(K, lambda m, k: B.load(
+            self.smem_base, (ws.offset + wl.byte_offset(k, m)) // 4, "f32"))
         descs = wgmma.k_block_descriptors(xs.layout, self._addr32(xs.offset), K // 16, 16)
         values = [B.f(0.0)] * (C // 2)
         wgmma.wgmma_fence(self.target)
@@ -1151,25 +1157,11 @@ class RegisterTileEmitter(TileKernelEmitter):
         ys = self.slot_of[yn]
         K, N = ys.rows, ys.cols
         factor = self._factors(yf)
-        g, t = lane_group(self.lane), lane_in_group(self.lane)
-        m0 = self.warp * 16 + g
-        a_regs = []
-        for kb in range(K // 16):
-            hi_regs, lo_regs = [], []
-            for j in range(4):
-                m = m0 + 8 * (j % 2)
-                k = 16 * kb + 8 * (j // 2) + 2 * t
-                pair = []
-                for h in (0, 1):
-                    x = a.read((m, k + h))
-                    if factor is not None:
-                        x = B.mul(x, factor.read((k + h,)))
-                    pair.append(x)
-                hi, lo = bf16_split_pack(pair[0], pair[1])
-                hi_regs.append(hi)
-                lo_regs.append(lo)
-            a_regs.append((hi_regs, lo_regs))
-        self.cost.event("ld.shared", K // 2)
+
+        def element(m, k):
+            x = a.read((m, k))
+            return x if factor is None else B.mul(x, factor.read((k,)))
+        a_regs = self._half_a_split(K, element)
         lay = ys.layout
         base = self._addr32(ys.offset)
         values = [B.f(0.0)] * (N // 2)
