@@ -5,9 +5,10 @@
 #   cp     intra-card CP A/B in one process with FLA: auto rule (cp), off (nocp), beside (side)
 #          at B1_T32k_H4 and B1_T32k_H2, KDA and GDN
 #   gdn    GDN against FLA and FlashQLA (needs .site1 then .site2 installed into /tmp/site)
-#   rt     the register-tile lowering (LowerOptions.register_tiles, gdn_fwd's output kernel):
-#          the GPU check of gdn_fwd's native set with it (.bundles/check_rt) and an A/B of the
-#          default bench bundle against it (.bundles/ab_rt), kdagen only
+#   rt     the register-tile lowering (LowerOptions.register_tiles: GDN's prologues and output
+#          kernel, KDA's output kernel): the GPU check of the native set of gdn_* (check_rt)
+#          and kda_fwd (check_rtk) with it, and an A/B of the default bench bundle against it
+#          (ab_rt) at B1_T8k_H16, kdagen only
 # Prepare with  bash bench/prepare_carry.sh wheels segments bench
 set -x
 nvidia-smi --query-gpu=name --format=csv,noheader
@@ -28,10 +29,12 @@ gdn)
         --bundle main=.bundles/bench --rep-ms 150 --json "$OUT/gdn.json" > "$OUT/gdn.log" 2>&1
     echo "bench_rc=$?"; grep -A8 "^op |" "$OUT/gdn.log"; tail -5 "$OUT/gdn.log" ;;
 rt)
-    timeout 200 python3 -m tools.gpu_check .bundles/check_rt > "$OUT/check_rt.log" 2>&1
-    echo "check_rc=$?"; grep -E "FAIL|ok|error|Error" "$OUT/check_rt.log" | tail -25
-    timeout 200 python3 -m kdagen.cli bench --bundle base=.bundles/bench --bundle rt=.bundles/ab_rt \
-        --ops gdn --modes fwd,fwdbwd --configs B1_T8k_H16,gva_H4_HV16_T8k --no-fla --rep-ms 150 \
+    for b in check_rt check_rtk; do
+        timeout 240 python3 -m tools.gpu_check .bundles/$b > "$OUT/$b.log" 2>&1
+        echo "$b rc=$?"; grep -E "SUMMARY|FAIL|ERROR|Error" "$OUT/$b.log" | head -24
+    done
+    timeout 280 python3 -m kdagen.cli bench --bundle base=.bundles/bench --bundle rt=.bundles/ab_rt \
+        --ops kda,gdn --modes fwd,fwdbwd --configs B1_T8k_H16 --no-fla --rep-ms 150 \
         --kernels --kernel-reps 10 --json "$OUT/rt.json" > "$OUT/rt.log" 2>&1
-    echo "bench_rc=$?"; grep -A6 "^op |" "$OUT/rt.log"; grep -E "k0_scan0|k2_scan2|Error" "$OUT/rt.log" | tail -16 ;;
+    echo "bench_rc=$?"; grep -A6 "^op |" "$OUT/rt.log"; grep -E " fwd .*k[02]_scan[02] |Error" "$OUT/rt.log" | tail -16 ;;
 esac
