@@ -30,11 +30,11 @@ gdn)
     echo "bench_rc=$?"; grep -A8 "^op |" "$OUT/gdn.log"; tail -5 "$OUT/gdn.log" ;;
 rt)
     for b in check_rt check_rtk; do
-        timeout 240 python3 -m tools.gpu_check .bundles/$b > "$OUT/$b.log" 2>&1
+        timeout 200 python3 -m tools.gpu_check .bundles/$b --quick > "$OUT/$b.log" 2>&1
         echo "$b rc=$?"; grep -E "SUMMARY|FAIL|ERROR|Error" "$OUT/$b.log" | head -24
     done
     timeout 280 python3 -m kdagen.cli bench --bundle base=.bundles/bench --bundle rt=.bundles/ab_rt \
-        --ops kda,gdn --modes fwd,fwdbwd --configs B1_T8k_H16 --no-fla --rep-ms 150 \
-        --kernels --kernel-reps 10 --json "$OUT/rt.json" > "$OUT/rt.log" 2>&1
+        --ops kda,gdn --modes fwd,fwdbwd --configs B1_T8k_H16 --no-fla --rep-ms 100 \
+        --kernels --kernel-reps 5 --json "$OUT/rt.json" > "$OUT/rt.log" 2>&1
     echo "bench_rc=$?"; grep -A6 "^op |" "$OUT/rt.log"; grep -E " fwd .*k[02]_scan[02] |Error" "$OUT/rt.log" | tail -16 ;;
 esac
