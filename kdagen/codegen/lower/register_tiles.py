@@ -59,7 +59,7 @@ from ..sm90 import tma, wgmma
 from . import backend as B
 from . import tiles as T_
 from .cost import CostCounter, NullCounter
-from .emitter import Geometry, TileKernelEmitter, mem_info, row_gate_sources
+from .emitter import Geometry, TileKernelEmitter, mem_info, op_label, row_gate_sources
 from .mlir_backend import MlirBackend
 from .options import product_precision, tensormap_param_kind
 from .plan import LoweringError
@@ -610,7 +610,8 @@ class RegisterTileEmitter(TileKernelEmitter):
         self._decays = 0
         self._fused: dict = {}
         for n in rp.scan.body.nodes:
-            with B.op_scope(n.op):
+            label = op_label(n)
+            with self.cost.op(label), B.op_scope(label):
                 self._node(n)
 
     def _copy(self, s: TileSlot, tmap, c, full) -> None:
@@ -860,7 +861,6 @@ class RegisterTileEmitter(TileKernelEmitter):
                                                 clamp_min))
                     regs.append(tf32_operand_bits(B.sel(B.icmp("ge", m, first[c]), v, B.f(0.0))))
                 a_regs.append(regs)
-            self.cost.event("ex2", K // 2)
             descs = wgmma.k_block_descriptors(blay, self._addr32(bbase + c * blay.size_bytes),
                                               K // 8, 8)
             part = values[8 * c:8 * c + 8]
@@ -907,8 +907,8 @@ class RegisterTileEmitter(TileKernelEmitter):
                         acc = B.mul(acc, fr.read((rb,)))
                     diag.write((ra, b), acc)
                 B.if_then(B.icmp("lt", p, pairs), one)
-        B.if_then(steep[0] if blocks == 1 else B.nonzero(flags.read((w,))), exact)
-        self.cost.event("ex2", K * 5)
+        # a fallback for steep gates, expected not to run (the cost report weighs it 0)
+        B.if_then(steep[0] if blocks == 1 else B.nonzero(flags.read((w,))), exact, cold=True)
         bar.sync_threads()
         self.cost.event("bar.sync")
         acc = Acc(values, C, False)
@@ -1015,7 +1015,6 @@ class RegisterTileEmitter(TileKernelEmitter):
             x = B.mul(x, e)
             keep = B.icmp("le", j, i + diagonal) if diagonal else B.icmp("le", j, i)
             out.append(B.sel(keep, x, B.f(0.0)))
-        self.cost.event("ex2", len(values))
         return Acc(out, C, False)
 
     def _dot(self, n) -> Acc:
@@ -1059,7 +1058,6 @@ class RegisterTileEmitter(TileKernelEmitter):
                 hi_regs.append(hi)
                 lo_regs.append(lo)
             out.append((hi_regs, lo_regs))
-        self.cost.event("ld.shared", K // 2)
         return out
 
     def _dot_ring(self, n, ws: TileSlot) -> Acc:
@@ -1110,14 +1108,12 @@ class RegisterTileEmitter(TileKernelEmitter):
             for v, (i, j) in zip(a.values, a.coords(self.warp, self.lane)):
                 B.store(self.smem_base, (base + lay.byte_offset(i, j)) // 4,
                         B.round_to(v, "tf32"), "f32")
-            self.cost.event("st.shared", len(a.values))
         else:
             for it in range(C * K // (4 * THREADS)):
                 e = self.tid + it * THREADS
                 i, j = e // (K // 4), 4 * (e % (K // 4))
                 vals = [B.round_to(v, "tf32") for v in T_.read_vec(a, (i, j), 4)]
                 B.store_vec(self.smem_base, (base + lay.byte_offset(i, j)) // 4, vals, "f32")
-            self.cost.event("st.shared", C * K // (4 * THREADS))
         bar.fence_proxy_async_shared()
         bar.sync_threads()
         self.cost.event("bar.sync")
@@ -1133,7 +1129,6 @@ class RegisterTileEmitter(TileKernelEmitter):
                     x = B.sel(B.icmp("lt", self._c * geo.C + k, geo.seqlen), x, B.f(0.0))
                 regs.append(tf32_operand_bits(x))
             a_regs.append(regs)
-        self.cost.event("ld.shared", K // 2)
         add, init = self._init_from_add(n)
         values = list(init.values) if init is not None else [B.f(0.0)] * (C // 2)
         descs = wgmma.k_block_descriptors(lay, self._addr32(base), K // 8, 8)
@@ -1192,7 +1187,6 @@ class RegisterTileEmitter(TileKernelEmitter):
             for h, v in enumerate(T_.read_vec(y, (k, j), 4)):
                 B.store(self.smem_base, (base + lay.byte_offset(j + h, k)) // 4,
                         B.round_to(v, "tf32"), "f32")
-        self.cost.event("st.shared", K * N // THREADS)
         bar.fence_proxy_async_shared()
         bar.sync_threads()
         self.cost.event("bar.sync")
@@ -1203,7 +1197,6 @@ class RegisterTileEmitter(TileKernelEmitter):
                 m, kc = wgmma_tf32_a_coord(self.warp, self.lane, jj)
                 regs.append(tf32_operand_bits(a.read((m, 8 * kb + kc))))
             a_regs.append(regs)
-        self.cost.event("ld.shared", K // 2)
         values = [B.f(0.0)] * (N // 2)
         descs = wgmma.k_block_descriptors(lay, self._addr32(base), K // 8, 8)
         wgmma.wgmma_fence(self.target)
@@ -1308,7 +1301,6 @@ class RegisterTileEmitter(TileKernelEmitter):
             for k in range(0, len(x.values), 2):
                 (i, j) = coords[k]
                 mem.store_vec([x.values[k], x.values[k + 1]], row, [i, j])
-            self.cost.event("st.global", len(x.values) // 2)
             return
         if len(v.shape) <= 1:
             count = v.shape[0] if v.shape else 1
@@ -1333,13 +1325,11 @@ class RegisterTileEmitter(TileKernelEmitter):
                 e = self.tid + it * THREADS
                 i, j = e % R, e // R
                 mem.store(x.read((i, j)), row, [i, j])
-            self.cost.event("st.global", R * N // THREADS)
             return
         for it in range(R * N // (4 * THREADS)):
             e = self.tid + it * THREADS
             i, j = e // (N // 4), 4 * (e % (N // 4))
             mem.store_vec(T_.read_vec(x, (i, j), 4), row, [i, j])
-        self.cost.event("st.global", R * N // (4 * THREADS))
 
     # -- stores ------------------------------------------------------------------------------
     def _store_tile(self, n) -> None:
@@ -1351,7 +1341,6 @@ class RegisterTileEmitter(TileKernelEmitter):
         base = self.rplan.smem["out"] // 2
         for v, (i, col) in zip(acc.values, acc.coords(self.warp, self.lane)):
             B.store(self.smem_base, base + i * V_BLOCK + (col - self.cta_v0), v, "bf16")
-        self.cost.event("st.shared", len(acc.values))
         bar.sync_threads()
         self.cost.event("bar.sync")
         per_row = V_BLOCK // 8
@@ -1364,7 +1353,6 @@ class RegisterTileEmitter(TileKernelEmitter):
             def write(vals=vals, pos=pos, part=part):
                 mem.store_vec(vals, geo.token_row(mem, pos, geo.hv), [self.cta_v0 + part * 8])
             B.if_then(B.icmp("lt", pos, geo.seqlen), write)
-        self.cost.event("st.global", C * per_row // THREADS)
 
 
 class _Barrier:
