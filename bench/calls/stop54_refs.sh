@@ -37,4 +37,14 @@ rt)
         --ops kda,gdn --modes fwd,fwdbwd --configs B1_T8k_H16 --no-fla --rep-ms 100 \
         --kernels --kernel-reps 5 --json "$OUT/rt.json" > "$OUT/rt.log" 2>&1
     echo "bench_rc=$?"; grep -A6 "^op |" "$OUT/rt.log"; grep -E " fwd .*k[02]_scan[02] |Error" "$OUT/rt.log" | tail -16 ;;
+rtmin)
+    # the same, within little device time: quick checks, the forward only
+    for b in check_rt check_rtk; do
+        timeout 90 python3 -m tools.gpu_check .bundles/$b --quick > "$OUT/$b.log" 2>&1
+        echo "$b rc=$?"; grep -E "SUMMARY|FAIL|ERROR|Error" "$OUT/$b.log" | head -16
+    done
+    timeout 100 python3 -m kdagen.cli bench --bundle base=.bundles/bench --bundle rt=.bundles/ab_rt \
+        --ops gdn,kda --modes fwd --configs B1_T8k_H16 --no-fla --rep-ms 60 \
+        --kernels --kernel-reps 5 --json "$OUT/rt.json" > "$OUT/rt.log" 2>&1
+    echo "bench_rc=$?"; grep -A4 "^op |" "$OUT/rt.log"; grep -E " fwd .*k[0-2]_scan[0-2] |Error" "$OUT/rt.log" | tail -12 ;;
 esac
