@@ -64,16 +64,13 @@ def test_gdn_prologue_takes_the_register_tiles(program):
     assert 2 * (out.smem_bytes + 1024) <= 228 * 1024
 
 
-def test_kda_forward_output_kernel_takes_the_register_tiles():
-    """KDA's output kernel: the gate cumsum as a [C, K] shared tile, the per-channel decay
-    product (its column-block B tiles and exact diagonal scratch), qd staged as the first
-    product's B tile and Aqk as the second's."""
+def test_kda_forward_output_kernel_needs_more_shared_memory_than_a_block_has():
+    """KDA's output kernel has every rule (gate cumsum, per-channel decay, staged operands) but
+    its per-channel decay must run once per head (V-independent: split over value blocks it
+    would run twice), and then the whole value dim's S, v' and staging tiles do not fit in
+    one block's shared memory: refused, it keeps the native path."""
     out = _match("kda_fwd")["scan2"]
-    assert not isinstance(out, str), out
-    assert out.grids == [(64, 128)] and out.channel_decays == [128]
-    assert out.staged == [(64, 128), (64, 64)]
-    assert {s.tensor for s in out.slots} == {"q", "k", "g_raw", "S_chunks", "v_new_chunks"}
-    assert out.smem_bytes <= 227 * 1024
+    assert isinstance(out, str) and "shared memory" in out
 
 
 def test_kda_forward_prologue_takes_the_register_tiles():

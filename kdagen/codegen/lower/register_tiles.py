@@ -252,7 +252,11 @@ def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT,
     stores = [n for n in scan.body.nodes if n.op in ("kda.store", "kda.store_chunk")]
     value_only = all(len(n.operands[2].shape) == 2 and n.operands[2].shape[1] == V
                      for n in stores)
-    v_ctas = V // V_BLOCK if value_only else 1
+    # ... and where nothing V-independent is costly enough to do once per head rather than
+    # once per value block (KDA's per-channel decay and gate cumsum)
+    heavy = any(n.op == "kda.decay_dot" and row_gate_sources(n) is None or
+                n.op == "kda.cumsum" and len(n.results[0].shape) == 2 for n in scan.body.nodes)
+    v_ctas = V // V_BLOCK if value_only and not heavy else 1
     kinds: dict = {}          # value -> "ring" | "vec" | "scalar" | "tile" | "acc" | "acc_t"
     slots: dict = {}          # load node -> TileSlot
     plan = RegisterTilePlan(scan, C, V, v_ctas)
@@ -375,7 +379,7 @@ def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT,
                 plan.staged.append((rhs.shape[1], rhs.shape[0]))
                 kinds[r] = "acc"
                 continue
-            if kinds.get(rsrc) != "ring" or rhs.shape[1] != V or v_ctas * V_BLOCK != V:
+            if kinds.get(rsrc) != "ring" or rhs.shape[1] != V:
                 raise NoMatch("a product whose right operand is not a ring tile [K, V]")
             wslot = slot(rsrc.owner, True)
             if wslot.elt != "f32":
@@ -472,8 +476,9 @@ def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT,
         plan.smem[f"tril_tmp{i}"] = off
         off += 4 * 16 * TRIL_PITCH * 4
     off = -(-off // 16) * 16
-    plan.smem["out"] = off
-    off += C * V_BLOCK * 2
+    if any(n.op == "kda.store" for n in body):
+        plan.smem["out"] = off
+        off += C * (V // v_ctas) * 2
     plan.smem["vectors"] = off
     off += 4 * C * max(plan.vectors, 1)
     plan.smem["barrier"] = off
@@ -493,10 +498,14 @@ class Acc:
         self.values, self.n, self.transposed, self.col0 = values, n, transposed, col0
 
     def coords(self, warp, lane) -> list:
+        """(row, column) of the logical tile per register. A transposed accumulator may hold
+        several 64-column value blocks one after another (n/2 registers each)."""
         out = []
-        for i in range(len(self.values)):
+        per = self.n // 2
+        for r in range(len(self.values)):
+            part, i = divmod(r, per)
             m, nn = wgmma_d_coord(warp, lane, i)
-            out.append((nn, m + self.col0) if self.transposed else (m, nn))
+            out.append((nn, m + self.col0 + V_BLOCK * part) if self.transposed else (m, nn))
         return out
 
 
@@ -1069,16 +1078,18 @@ class RegisterTileEmitter(TileKernelEmitter):
         xs = self.slot_of[ln]
         K = xs.cols
         wl = ws.layout
-        a_regs = self._half_a_split(K, lambda m, k: B.load(
-            self.smem_base, (ws.offset + wl.byte_offset(k, m)) // 4, "f32"))
         descs = wgmma.k_block_descriptors(xs.layout, self._addr32(xs.offset), K // 16, 16)
-        values = [B.f(0.0)] * (C // 2)
-        wgmma.wgmma_fence(self.target)
-        for (hi, lo), d in zip(a_regs, descs):
-            values = wgmma.wgmma_half_rs(self.target, values, lo, d, C, "bf16")
-            values = wgmma.wgmma_half_rs(self.target, values, hi, d, C, "bf16")
-            self.cost.event("wgmma", 2)
-        values = self._finish(values)
+        values = []
+        for part in range(ws.cols // V_BLOCK):       # the CTA's 64-column value blocks
+            a_regs = self._half_a_split(K, lambda m, k, p=part: B.load(
+                self.smem_base, (ws.offset + wl.byte_offset(k, m + V_BLOCK * p)) // 4, "f32"))
+            vals = [B.f(0.0)] * (C // 2)
+            wgmma.wgmma_fence(self.target)
+            for (hi, lo), d in zip(a_regs, descs):
+                vals = wgmma.wgmma_half_rs(self.target, vals, lo, d, C, "bf16")
+                vals = wgmma.wgmma_half_rs(self.target, vals, hi, d, C, "bf16")
+                self.cost.event("wgmma", 2)
+            values += self._finish(vals)
         acc = Acc(values, C, True, self.cta_v0)
         factor = self._factors(lf)
         if factor is not None:
@@ -1118,25 +1129,30 @@ class RegisterTileEmitter(TileKernelEmitter):
         bar.sync_threads()
         self.cost.event("bar.sync")
         wl = ws.layout
-        a_regs = []
-        for kb in range(K // 8):
-            regs = []
-            for jj in range(4):
-                m, kc = wgmma_tf32_a_coord(self.warp, self.lane, jj)
-                k = 8 * kb + kc
-                x = B.load(self.smem_base, (ws.offset + wl.byte_offset(k, m)) // 4, "f32")
-                if tokens:
-                    x = B.sel(B.icmp("lt", self._c * geo.C + k, geo.seqlen), x, B.f(0.0))
-                regs.append(tf32_operand_bits(x))
-            a_regs.append(regs)
         add, init = self._init_from_add(n)
-        values = list(init.values) if init is not None else [B.f(0.0)] * (C // 2)
         descs = wgmma.k_block_descriptors(lay, self._addr32(base), K // 8, 8)
-        wgmma.wgmma_fence(self.target)
-        for regs, d in zip(a_regs, descs):
-            values = wgmma.wgmma_tf32_rs(self.target, values, regs, d, C)
-            self.cost.event("wgmma")
-        values = self._finish(values)
+        values = []
+        per = C // 2
+        for part in range(ws.cols // V_BLOCK):       # the CTA's 64-column value blocks
+            a_regs = []
+            for kb in range(K // 8):
+                regs = []
+                for jj in range(4):
+                    m, kc = wgmma_tf32_a_coord(self.warp, self.lane, jj)
+                    k = 8 * kb + kc
+                    x = B.load(self.smem_base,
+                               (ws.offset + wl.byte_offset(k, m + V_BLOCK * part)) // 4, "f32")
+                    if tokens:
+                        x = B.sel(B.icmp("lt", self._c * geo.C + k, geo.seqlen), x, B.f(0.0))
+                    regs.append(tf32_operand_bits(x))
+                a_regs.append(regs)
+            vals = (list(init.values[per * part:per * (part + 1)]) if init is not None
+                    else [B.f(0.0)] * per)
+            wgmma.wgmma_fence(self.target)
+            for regs, d in zip(a_regs, descs):
+                vals = wgmma.wgmma_tf32_rs(self.target, vals, regs, d, C)
+                self.cost.event("wgmma")
+            values += self._finish(vals)
         acc = Acc(values, C, True, self.cta_v0)
         if add is not None:
             self._fused[id(add)] = acc
@@ -1339,15 +1355,16 @@ class RegisterTileEmitter(TileKernelEmitter):
         mem = self.value_part(n, self.env[n.operands[0]])
         C, geo = self.rplan.C, self.geo
         base = self.rplan.smem["out"] // 2
+        width = self.rplan.V // self.rplan.v_ctas          # the CTA's value columns
         for v, (i, col) in zip(acc.values, acc.coords(self.warp, self.lane)):
-            B.store(self.smem_base, base + i * V_BLOCK + (col - self.cta_v0), v, "bf16")
+            B.store(self.smem_base, base + i * width + (col - self.cta_v0), v, "bf16")
         bar.sync_threads()
         self.cost.event("bar.sync")
-        per_row = V_BLOCK // 8
+        per_row = width // 8
         for it in range(C * per_row // THREADS):
             idx = self.tid + it * THREADS
             row, part = idx // per_row, idx % per_row
-            vals = B.load_vec(self.smem_base, base + row * V_BLOCK + part * 8, 8, "bf16")
+            vals = B.load_vec(self.smem_base, base + row * width + part * 8, 8, "bf16")
             pos = self._c * geo.C + row
 
             def write(vals=vals, pos=pos, part=part):
