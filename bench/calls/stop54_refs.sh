@@ -47,4 +47,10 @@ rtmin)
         --ops gdn,kda --modes fwd --configs B1_T8k_H16 --no-fla --rep-ms 60 \
         --kernels --kernel-reps 5 --json "$OUT/rt.json" > "$OUT/rt.log" 2>&1
     echo "bench_rc=$?"; grep -A4 "^op |" "$OUT/rt.log"; grep -E " fwd .*k[0-2]_scan[0-2] |Error" "$OUT/rt.log" | tail -12 ;;
+checkmin)
+    # the GPU check alone, quick, with what little device time is left
+    timeout 100 python3 -m tools.gpu_check .bundles/check_rt --quick > "$OUT/check_rt.log" 2>&1
+    echo "check_rt rc=$?"; grep -E "SUMMARY|FAIL|ERROR|Error" "$OUT/check_rt.log" | head -16
+    timeout 60 python3 -m tools.gpu_check .bundles/check_rtk --quick > "$OUT/check_rtk.log" 2>&1
+    echo "check_rtk rc=$?"; grep -E "SUMMARY|FAIL|ERROR|Error" "$OUT/check_rtk.log" | head -16 ;;
 esac
