@@ -912,6 +912,45 @@ class TileKernelEmitter:
 # ------------------------------------------------------------------------------------------
 
 
+class SharedMemoryKernelEmitter(TileKernelEmitter):
+    """The calling convention of a kernel on a register path (register scan, register tiles):
+    its tiles live in registers and a TMA-filled shared region, ``self.rplan`` sizes both
+    (``smem_bytes``, ``block_threads``, ``tensor_maps()``), and every tensor map it reads is a
+    parameter; no global scratch."""
+
+    rplan = None
+
+    @property
+    def uses_smem(self) -> bool:
+        return True
+
+    @property
+    def uses_global(self) -> bool:
+        return False
+
+    @property
+    def scratch_bytes(self) -> int:
+        return 0
+
+    @property
+    def smem_bytes(self) -> int:
+        return self.rplan.smem_bytes
+
+    @property
+    def block_threads(self) -> int:
+        return self.rplan.block_threads
+
+    def params(self):
+        from .options import tensormap_param_kind
+        ps = super().params()
+        names = {p.name for p in ps}
+        for param in self.rplan.tensor_maps():
+            if param not in names:
+                ps.append(Param(param, tensormap_param_kind(self.opts)))
+                names.add(param)
+        return ps
+
+
 class GlobalKernelEmitter:
     """kda.sum_head_groups / kda.sum_seqs: one thread per destination element."""
 

@@ -63,9 +63,9 @@ from ..sm90 import flags, regalloc, tma, wgmma
 from . import backend as B
 from .chunk_flags import FLAGS_PARAM
 from .cost import CHUNKS, CostCounter, NullCounter
-from .emitter import Geometry, TileKernelEmitter, mem_info
+from .emitter import Geometry, SharedMemoryKernelEmitter, mem_info
 from .mlir_backend import MlirBackend
-from .options import product_precision, tensormap_param_kind
+from .options import product_precision
 from .plan import LoweringError
 
 PATH_NAME = "sm90-register-scan"
@@ -758,7 +758,7 @@ class _Pending:
         self.rows, self.values, self.row0, self.group = rows, values, row0, group
 
 
-class RegisterScanEmitter(TileKernelEmitter):
+class RegisterScanEmitter(SharedMemoryKernelEmitter):
     """Emits a serial scan kernel as described in the module doc."""
 
     path = PATH_NAME
@@ -777,32 +777,9 @@ class RegisterScanEmitter(TileKernelEmitter):
         self.wait_flags = False
         self.flag_value = 1             # the pair's ordinal in the program (sm90.flags)
 
-    # -- calling convention ----------------------------------------------------------------
-    @property
-    def uses_smem(self) -> bool:
-        return True
-
-    @property
-    def uses_global(self) -> bool:
-        return False
-
-    @property
-    def scratch_bytes(self) -> int:
-        return 0
-
-    @property
-    def smem_bytes(self) -> int:
-        return self.rplan.smem_bytes
-
-    @property
-    def block_threads(self) -> int:
-        return self.rplan.block_threads
-
+    # -- calling convention (SharedMemoryKernelEmitter, and the flags of a paired scan) ------
     def params(self):
         ps = super().params()
-        for s in [*self.rplan.slots, *self.rplan.stores]:
-            if s.param not in [p.name for p in ps]:
-                ps.append(Param(s.param, tensormap_param_kind(self.opts)))
         if self.wait_flags:
             ps.append(Param(FLAGS_PARAM, "ptr", "i32"))
         return ps

@@ -49,7 +49,6 @@ from ..common import barrier as bar
 from ..common import smem as smem_mod
 from ..common.convert import bf16_split_pack, tf32_operand_bits
 from ..common.ints import IntVal
-from ..common.kernel import Param
 from ..common.launch import set_launch_bounds
 from ..common.layouts import SmemLayout, lane_group, lane_in_group, wgmma_d_coord, wgmma_tf32_a_coord
 from ..common.shuffle import shfl
@@ -59,9 +58,9 @@ from ..sm90 import tma, wgmma
 from . import backend as B
 from . import tiles as T_
 from .cost import CostCounter, NullCounter
-from .emitter import Geometry, TileKernelEmitter, mem_info, op_label, row_gate_sources
+from .emitter import Geometry, SharedMemoryKernelEmitter, mem_info, op_label, row_gate_sources
 from .mlir_backend import MlirBackend
-from .options import product_precision, tensormap_param_kind
+from .options import product_precision
 from .plan import LoweringError
 
 PATH_NAME = "sm90-register-tile"
@@ -509,7 +508,7 @@ class Acc:
         return out
 
 
-class RegisterTileEmitter(TileKernelEmitter):
+class RegisterTileEmitter(SharedMemoryKernelEmitter):
     """Emits a chunk-parallel kernel as described in the module doc."""
 
     path = PATH_NAME
@@ -523,35 +522,8 @@ class RegisterTileEmitter(TileKernelEmitter):
         self.slot_of = {s.node: s for s in plan.slots}
 
     @property
-    def uses_smem(self) -> bool:
-        return True
-
-    @property
-    def uses_global(self) -> bool:
-        return False
-
-    @property
-    def scratch_bytes(self) -> int:
-        return 0
-
-    @property
-    def smem_bytes(self) -> int:
-        return self.rplan.smem_bytes
-
-    @property
-    def block_threads(self) -> int:
-        return THREADS
-
-    @property
     def consumer_threads(self) -> int:
         return THREADS
-
-    def params(self):
-        ps = super().params()
-        for s in self.rplan.slots:
-            if s.param not in [p.name for p in ps]:
-                ps.append(Param(s.param, tensormap_param_kind(self.opts)))
-        return ps
 
     # -- kernel ------------------------------------------------------------------------------
     def emit_mlir(self, builder, name: str, count_cost: bool = True) -> None:
@@ -589,7 +561,7 @@ class RegisterTileEmitter(TileKernelEmitter):
         return _Barrier(self.smem_base, self.rplan.smem["barrier"])
 
     def _chunk(self, c) -> None:
-        rp, geo = self.rplan, self.geo
+        rp = self.rplan
         self._c = c
         full = self._full()
         maps = {s.param: tma.tensormap_pointer(self.target, self.p[s.param]) for s in rp.slots}
@@ -807,7 +779,7 @@ class RegisterTileEmitter(TileKernelEmitter):
         STEEP_BLOCK powers of two (both factors within 2^64); a steeper block takes r = its
         last row (every factor <= 1) for the rows below it and its diagonal block exactly,
         element by element, by the warp owning those rows."""
-        C, geo = self.rplan.C, self.geo
+        C = self.rplan.C
         i_dec = self._decays
         self._decays += 1
         (ln, lf), (rn, rf) = row_scaled(n.operands[0]), row_scaled(n.operands[1])
@@ -1163,7 +1135,6 @@ class RegisterTileEmitter(TileKernelEmitter):
         factors r of Y scale A's columns, A·diag(r) goes into registers as bf16 hi + lo parts
         (two products; Y is exact in bf16), Y is the B operand as TMA stored it (N-major:
         one wgmma per 64 columns)."""
-        C = self.rplan.C
         yn, yf = row_scaled(n.operands[1])
         ys = self.slot_of[yn]
         K, N = ys.rows, ys.cols
@@ -1192,7 +1163,6 @@ class RegisterTileEmitter(TileKernelEmitter):
     def _dot_shared(self, n, a: T_.BufRef, y: T_.Ref) -> Acc:
         """A·Y, A an f32 tile in shared memory [C, K] and Y a tile expression [K, N]: A as
         TF32 register fragments, Y staged transposed ([N, K], TF32) as the K-major B tile."""
-        C = self.rplan.C
         K, N = n.operands[1].shape
         base = self.rplan.smem[f"staged{self._staged}"]
         self._staged += 1
