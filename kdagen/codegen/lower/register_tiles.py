@@ -140,6 +140,8 @@ class RegisterTilePlan:
     inverses: int = 0            # tril_inv results ([C, C] f32 in shared memory)
     grids: list = field(default_factory=list)        # 2-D cumsums ([C, N] f32, shared)
     channel_decays: list = field(default_factory=list)   # per-channel decay products (K)
+    at: dict = field(default_factory=dict)       # region -> the node that creates it
+    live: dict = field(default_factory=dict)     # region -> (offset, bytes, first, last node)
     staged: list = field(default_factory=list)     # products' accumulators stored as B tiles
     smem: dict = field(default_factory=dict)       # region -> byte offset
     smem_bytes: int = 0
@@ -316,6 +318,7 @@ def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT,
             if kinds.get(n.operands[0]) not in ("tile", "ring", "smem"):
                 raise NoMatch("a cumsum of a tile that is not an expression of ring tiles")
             plan.grids.append(tuple(r.shape))
+            plan.at[f"grid{len(plan.grids) - 1}"] = n
             kinds[r] = "smem"
             continue
         if op == "kda.decay_dot" and row_gate_sources(n) is None:
@@ -334,6 +337,7 @@ def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT,
             _precision_at_most(n, dot, "tf32")
             plan.vectors += bool(lf) + bool(rf) + 1          # + the steep-block flags
             plan.channel_decays.append(sl.cols)
+            plan.at[f"decay{len(plan.channel_decays) - 1}"] = n
             kinds[r] = "acc"
             continue
         if op == "kda.decay_dot":
@@ -354,6 +358,7 @@ def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT,
             if kinds.get(n.operands[0]) != "acc" or list(r.shape) != [C, C]:
                 raise NoMatch("an inverse of a tile that is not a [C, C] accumulator")
             plan.inverses += 1
+            plan.at[f"tril{plan.inverses - 1}"] = n
             kinds[r] = "smem"
             continue
         if op == "kda.dot":
@@ -376,6 +381,7 @@ def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT,
                 # natural: A from the shared tile (TF32), B the expression staged transposed
                 _precision_at_most(n, dot, "tf32")
                 plan.staged.append((rhs.shape[1], rhs.shape[0]))
+                plan.at[f"staged{len(plan.staged) - 1}"] = n
                 kinds[r] = "acc"
                 continue
             if kinds.get(rsrc) != "ring" or rhs.shape[1] != V:
@@ -389,6 +395,7 @@ def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT,
                 if list(lhs.shape) != [C, C]:
                     raise NoMatch("an accumulator operand that is not [C, C]")
                 plan.staged.append(tuple(lhs.shape))
+                plan.at[f"staged{len(plan.staged) - 1}"] = n
             elif ln is not None and slot(ln, False).elt == "bf16":
                 _precision_at_most(n, dot, "bf16x3")     # W split bf16 hi + lo, X exact
                 plan.vectors += bool(lf)
@@ -399,6 +406,7 @@ def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT,
                     and lhs.shape[1] % 32 == 0:
                 _precision_at_most(n, dot, "tf32")
                 plan.staged.append(tuple(lhs.shape))     # an expression, staged as TF32
+                plan.at[f"staged{len(plan.staged) - 1}"] = n
             else:
                 raise NoMatch("a product whose left operand has no register-tile form")
             kinds[r] = "acc_t"
@@ -447,37 +455,7 @@ def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT,
                 len(n.results[0].shape) == 2 and n not in slots and n.results[0].uses:
             slot(n, False)          # read by element-wise expressions only
     plan.slots = sorted(slots.values(), key=lambda s: s.node.index)
-    off = 0
-    for s in plan.slots:
-        s.offset = off
-        off += -(-s.nbytes // TILE_ALIGN) * TILE_ALIGN
-    # one f32 B tile per staged left operand, then the output's bf16 staging rows
-    for i, shape in enumerate(plan.staged):
-        plan.smem[f"staged{i}"] = off
-        off += -(-shape[0] * shape[1] * 4 // TILE_ALIGN) * TILE_ALIGN
-    for i, K in enumerate(plan.channel_decays):
-        # a [16, K] f32 B tile per column block, and the exact diagonal blocks [C, 16]
-        plan.smem[f"decay_b{i}"] = off
-        off += (C // 16) * 16 * K * 4
-        plan.smem[f"decay_diag{i}"] = off
-        off += C * 16 * 4
-    for i, shape in enumerate(plan.grids):
-        plan.smem[f"grid{i}"] = off
-        off += shape[0] * (shape[1] + GRID_PAD) * 4
-        off = -(-off // TILE_ALIGN) * TILE_ALIGN
-    for i in range(plan.inverses):
-        # the strictly lower input, the inverse (rows padded to break bank conflicts) and a
-        # 16 x 16 scratch block per warp for the block merges
-        plan.smem[f"tril_x{i}"] = off
-        off += C * TRIL_PITCH * 4
-        plan.smem[f"tril_out{i}"] = off
-        off += C * TRIL_PITCH * 4
-        plan.smem[f"tril_tmp{i}"] = off
-        off += 4 * 16 * TRIL_PITCH * 4
-    off = -(-off // 16) * 16
-    if any(n.op == "kda.store" for n in body):
-        plan.smem["out"] = off
-        off += C * (V // v_ctas) * 2
+    off = _place_regions(plan, body, kinds, C, V, v_ctas)
     plan.smem["vectors"] = off
     off += 4 * C * max(plan.vectors, 1)
     plan.smem["barrier"] = off
@@ -486,6 +464,81 @@ def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT,
     if off > smem_limit:
         raise NoMatch(f"{off} bytes of shared memory (limit {smem_limit})")
     return plan
+
+
+#: the value kinds evaluated where they are used (their operands stay live until then)
+_LAZY_KINDS = ("ring", "tile", "bcast")
+
+
+def _place_regions(plan: RegisterTilePlan, body: list, kinds: dict, C: int, V: int,
+                   v_ctas: int) -> int:
+    """Byte offsets of the kernel's shared regions (``plan.smem``, the slots' ``offset``), by
+    first fit over their live ranges in body order: a ring tile lives from the copies at the
+    start to its last reader (through lazy expressions), a product's staged operand and a
+    decay's blocks within their op, a shared tile from its op to its last reader. Returns the
+    end of the regions."""
+    index = {n: i for i, n in enumerate(body)}
+
+    def last_use(v, seen=None) -> int:
+        seen = set() if seen is None else seen
+        last = -1
+        for u, _ in v.uses:
+            if u not in index or u.op == "kda.pipeline_release" or u in seen:
+                continue
+            seen.add(u)
+            last = max(last, index[u])
+            r = u.results[0] if u.results else None
+            lazy = r is not None and (kinds.get(r) in _LAZY_KINDS or (
+                len(r.shape) <= 1 and u.op not in ("kda.reduce_sum", "kda.cumsum")))
+            if lazy:
+                last = max(last, last_use(r, seen))
+        return last
+
+    regions = []        # (name, bytes, first, last, alignment)
+    for s in plan.slots:
+        regions.append((s, s.nbytes, -1, last_use(s.node.results[0]), TILE_ALIGN))
+    for i, shape in enumerate(plan.staged):
+        at = index[plan.at[f"staged{i}"]]
+        regions.append((f"staged{i}", shape[0] * shape[1] * 4, at, at, TILE_ALIGN))
+    for i, K in enumerate(plan.channel_decays):
+        at = index[plan.at[f"decay{i}"]]
+        # a [16, K] f32 B tile per column block, and the exact diagonal blocks [C, 16]
+        regions.append((f"decay_b{i}", (C // 16) * 16 * K * 4, at, at, TILE_ALIGN))
+        regions.append((f"decay_diag{i}", C * 17 * 4, at, at, 16))
+    for i, shape in enumerate(plan.grids):
+        n = plan.at[f"grid{i}"]
+        regions.append((f"grid{i}", shape[0] * (shape[1] + GRID_PAD) * 4, index[n],
+                        last_use(n.results[0]), 16))
+    for i in range(plan.inverses):
+        n = plan.at[f"tril{i}"]
+        # the strictly lower input, the inverse (rows padded against bank conflicts) and a
+        # 16 x 16 scratch block per warp for the block merges
+        regions.append((f"tril_x{i}", C * TRIL_PITCH * 4, index[n], index[n], 16))
+        regions.append((f"tril_out{i}", C * TRIL_PITCH * 4, index[n], last_use(n.results[0]),
+                        16))
+        regions.append((f"tril_tmp{i}", 4 * 16 * TRIL_PITCH * 4, index[n], index[n], 16))
+    for n in body:
+        if n.op == "kda.store":
+            regions.append(("out", C * (V // v_ctas) * 2, index[n], index[n], 16))
+            break
+    placed = []         # (offset, bytes, first, last)
+    end = 0
+    for name, size, first, last, align in sorted(regions, key=lambda r: (r[2], -r[1])):
+        off = 0
+        for o, b, f, l in sorted(placed):
+            if l < first or last < f:
+                continue                          # not live at the same time
+            if off + size <= o:
+                break
+            off = max(off, -(-(o + b) // align) * align)
+        placed.append((off, size, first, last))
+        plan.live[name.tensor if isinstance(name, TileSlot) else name] = (off, size, first, last)
+        end = max(end, off + size)
+        if isinstance(name, TileSlot):
+            name.offset = off
+        else:
+            plan.smem[name] = off
+    return -(-end // 16) * 16
 
 
 class Acc:
@@ -556,6 +609,12 @@ class RegisterTileEmitter(SharedMemoryKernelEmitter):
                     B.if_then(B.icmp("lt", z, self.geo.nchunks), lambda: self._chunk(z))
         set_launch_bounds(builder, name,
                           min_blocks_per_sm=2 if rp.smem_bytes <= TWO_PER_SM else 1)
+
+    def _region_barrier(self) -> None:
+        """Before an op writes a shared region: regions share bytes with regions an earlier
+        op read (`_place_regions`), and a warp may still be reading those."""
+        bar.sync_threads()
+        self.cost.event("bar.sync")
 
     def _full(self):
         return _Barrier(self.smem_base, self.rplan.smem["barrier"])
@@ -745,6 +804,7 @@ class RegisterTileEmitter(SharedMemoryKernelEmitter):
     def _cumsum_rows(self, x: T_.Ref, shape, reverse: bool) -> T_.BufRef:
         """Inclusive cumsum down the rows of a [C, N] expression into a shared f32 tile: a
         thread per column, in row order."""
+        self._region_barrier()
         C, N = shape
         i = self._grids
         self._grids += 1
@@ -779,6 +839,7 @@ class RegisterTileEmitter(SharedMemoryKernelEmitter):
         STEEP_BLOCK powers of two (both factors within 2^64); a steeper block takes r = its
         last row (every factor <= 1) for the rows below it and its diagonal block exactly,
         element by element, by the warp owning those rows."""
+        self._region_barrier()
         C = self.rplan.C
         i_dec = self._decays
         self._decays += 1
@@ -1079,6 +1140,7 @@ class RegisterTileEmitter(SharedMemoryKernelEmitter):
         sequence end read 0) or a tile expression [C, K]: as its transpose Wᵀ·Lᵀ in TF32, Wᵀ
         from shared memory into registers, L stored once (TF32) as the K-major B tile;
         accumulated onto the other operand of its sole add."""
+        self._region_barrier()
         C, geo = self.rplan.C, self.geo
         K = n.operands[0].shape[1]
         base = self.rplan.smem[f"staged{self._staged}"]
@@ -1163,6 +1225,7 @@ class RegisterTileEmitter(SharedMemoryKernelEmitter):
     def _dot_shared(self, n, a: T_.BufRef, y: T_.Ref) -> Acc:
         """A·Y, A an f32 tile in shared memory [C, K] and Y a tile expression [K, N]: A as
         TF32 register fragments, Y staged transposed ([N, K], TF32) as the K-major B tile."""
+        self._region_barrier()
         K, N = n.operands[1].shape
         base = self.rplan.smem[f"staged{self._staged}"]
         self._staged += 1
@@ -1196,6 +1259,7 @@ class RegisterTileEmitter(SharedMemoryKernelEmitter):
         block by forward substitution (a lane per column, fp32), then the blocks below the
         diagonal by distance d = 1, 2, 3 from it, L[b, c] = -L[b, b] · Σ_k X[b, k] · L[k, c]
         (k = c .. b - 1), as TF32 mma.sync products of the warp owning row block b."""
+        self._region_barrier()
         C = self.rplan.C
         i = self._inverses
         self._inverses += 1
@@ -1321,6 +1385,7 @@ class RegisterTileEmitter(SharedMemoryKernelEmitter):
     def _store_tile(self, n) -> None:
         """A transposed accumulator [C, V block] to a token tensor: bf16 rows staged in shared
         memory, then 16-byte stores of the rows inside the sequence."""
+        self._region_barrier()
         acc = self.env[n.operands[2]]
         mem = self.value_part(n, self.env[n.operands[0]])
         C, geo = self.rplan.C, self.geo
