@@ -198,8 +198,10 @@ def format_report(name: str, report: dict) -> str:
         lines.append(f"  layouts (kda-assign-layouts): per chunk {lay['conversions']} "
                      f"conversions, {lay['conversion_bytes']} bytes through shared memory; once "
                      f"per CTA {lay.get('init_conversions', 0)}, {lay.get('init_bytes', 0)} bytes "
-                     "(what a register-tile lowering pays; this one keeps every tile in its own "
-                     "buffers)")
+                     + ("(the layout pass's plan; this register lowering places its own tiles: "
+                        "the counts below)" if report.get("registers") else
+                        "(what a register-tile lowering pays; this one keeps every tile in its "
+                        "own buffers)"))
         if "register_bytes" in lay:
             per = (f" ({lay['registers_per_thread']} per consumer thread of the planned "
                    "warpgroups)" if "registers_per_thread" in lay else "")

@@ -331,6 +331,10 @@ def _kernel_options(opts: LowerOptions, target: Target | None, path: str, progra
         tuning.kernel_label(g.index, g.label))
 
 
+#: lowering paths whose tiles live in registers (the cost report says so)
+REGISTER_PATHS = (register_scan.PATH_NAME, register_tiles.PATH_NAME)
+
+
 def _register_launch(g, em, plan, *, parallel: bool, depth: int, stage_bytes: int,
                      precision: str) -> dict:
     """The manifest launch entry of a kernel on a register path (register scan or register
@@ -413,6 +417,8 @@ def lower_program(module, target: Target, *, name: str | None = None,
                                 and not pk.group.parallel, warps=warps) if cost else None)
         if report is not None and pk.launch.get("tuned"):
             report["tuned"] = dict(pk.launch["tuned"])
+        if report is not None and pk.launch.get("path") in REGISTER_PATHS:
+            report["registers"] = True      # its tiles live in registers, not per-op buffers
         layouts = [s.attrs["kda.layout_cost"] for s in pk.group.scans
                    if isinstance(s.attrs.get("kda.layout_cost"), dict)]
         if report is not None and layouts:
