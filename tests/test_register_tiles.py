@@ -184,6 +184,15 @@ def test_row_scaled_operands_are_found_through_views():
     assert register_tiles.row_scaled(dots[1].operands[0]) == (None, [])
 
 
+def _assembles_without_spills(ptx: str, what: str) -> None:
+    """ptxas (sm_90a) takes the kernel, and it spills nothing."""
+    from kdagen.codegen import ptxas
+    r = ptxas.assemble(ptx, "sm_90a", ptxas.find_ptxas())
+    assert r.ok, (what, r.log)
+    (res,) = r.resources.values()
+    assert res.spill_stores == 0 and res.spill_loads == 0, what
+
+
 def _acc_coords(n_cols):
     return [[wgmma_d_coord(tid // 32, tid % 32, i) for i in range(n_cols // 2)]
             for tid in range(128)]
@@ -257,7 +266,6 @@ def test_swizzled_offsets_cover_each_tile_once():
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="needs ptxas")
 def test_register_tile_kernel_assembles_without_spills():
     from kdagen import driver
-    from kdagen.codegen import ptxas
     from kdagen.codegen.lower.kernel import lower_program
     from kdagen.codegen.lower.options import LowerOptions
     from kdagen.target import TARGETS
@@ -275,10 +283,7 @@ def test_register_tile_kernel_assembles_without_spills():
     # k·kᵀ from shared memory, w and u with register A (bf16 hi + lo) and B N-major, the
     # inverse's merges as mma.sync
     assert "m64n64k16.f32.bf16.bf16" in prologue and "mma.sync.aligned.m16n8k8" in prologue
-    r = ptxas.assemble(prologue, "sm_90a", ptxas.find_ptxas())
-    assert r.ok, r.log
-    (res,) = r.resources.values()
-    assert res.spill_stores == 0 and res.spill_loads == 0
+    _assembles_without_spills(prologue, "prologue")
     tiles = tiles[1:]
     ptx = driver.ptx_of(tiles[0].module, t, tiles[0].name)
     # the decay product from shared memory (bf16), the ring product with register A (bf16 hi
@@ -289,10 +294,7 @@ def test_register_tile_kernel_assembles_without_spills():
     assert counts["wgmma"] == 128 // 16 + 2 * (128 // 16) + 64 // 8
     # no per-op buffers: nothing goes to a global scratch, no element loop per op
     assert tiles[0].launch["scratch_bytes_per_cta"] == 0
-    r = ptxas.assemble(ptx, "sm_90a", ptxas.find_ptxas())
-    assert r.ok, r.log
-    (res,) = r.resources.values()
-    assert res.spill_stores == 0 and res.spill_loads == 0
+    _assembles_without_spills(ptx, "output")
     # without the option the kernel stays on the native tile path
     ks = lower_program(mod, t, options=LowerOptions(path="native", dot="auto"))
     assert not any(k.path == "sm90-register-tile" for k in ks)
@@ -332,7 +334,6 @@ def test_column_block_factoring_of_the_channel_decay(steep):
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="needs ptxas")
 def test_kda_forward_register_tile_kernels_assemble_without_spills():
     from kdagen import driver
-    from kdagen.codegen import ptxas
     from kdagen.codegen.lower.kernel import lower_program
     from kdagen.codegen.lower.options import LowerOptions
     from kdagen.target import TARGETS
@@ -346,7 +347,4 @@ def test_kda_forward_register_tile_kernels_assemble_without_spills():
         ptx = driver.ptx_of(k.module, t, k.name)
         # the channel decay: a TF32 m64n16 product per 16-column block
         assert "m64n16k8.f32.tf32.tf32" in ptx
-        r = ptxas.assemble(ptx, "sm_90a", ptxas.find_ptxas())
-        assert r.ok, r.log
-        (res,) = r.resources.values()
-        assert res.spill_stores == 0 and res.spill_loads == 0, k.name
+        _assembles_without_spills(ptx, k.name)

@@ -12,6 +12,18 @@
 # Prepare with  bash bench/prepare_carry.sh wheels segments bench
 set -x
 nvidia-smi --query-gpu=name --format=csv,noheader
+rt_checks() {    # rt_checks TIMEOUT: the quick GPU check of both register-tile bundles
+    for b in check_rt check_rtk; do
+        timeout "$1" python3 -m tools.gpu_check .bundles/$b --quick > "$OUT/$b.log" 2>&1
+        echo "$b rc=$?"; grep -E "SUMMARY|FAIL|ERROR|Error" "$OUT/$b.log" | head -24
+    done
+}
+rt_bench() {     # rt_bench TIMEOUT MODES REP_MS: default bundle vs register tiles, kdagen only
+    timeout "$1" python3 -m kdagen.cli bench --bundle base=.bundles/bench --bundle rt=.bundles/ab_rt \
+        --ops kda,gdn --modes "$2" --configs B1_T8k_H16 --no-fla --rep-ms "$3" \
+        --kernels --kernel-reps 5 --json "$OUT/rt.json" > "$OUT/rt.log" 2>&1
+    echo "bench_rc=$?"; grep -A6 "^op |" "$OUT/rt.log"; grep -E " fwd .*k[0-2]_scan[0-2] |Error" "$OUT/rt.log" | tail -16
+}
 case "$1" in
 tests)
     KDAGEN_BUNDLE=.bundles/segments timeout 240 python3 -m pytest -q -s -n 0 -p no:cacheprovider \
@@ -28,29 +40,7 @@ gdn)
     timeout 520 python3 -m kdagen.cli bench --ops gdn --configs B1_T8k_H16,gva_H4_HV16_T8k \
         --bundle main=.bundles/bench --rep-ms 150 --json "$OUT/gdn.json" > "$OUT/gdn.log" 2>&1
     echo "bench_rc=$?"; grep -A8 "^op |" "$OUT/gdn.log"; tail -5 "$OUT/gdn.log" ;;
-rt)
-    for b in check_rt check_rtk; do
-        timeout 200 python3 -m tools.gpu_check .bundles/$b --quick > "$OUT/$b.log" 2>&1
-        echo "$b rc=$?"; grep -E "SUMMARY|FAIL|ERROR|Error" "$OUT/$b.log" | head -24
-    done
-    timeout 280 python3 -m kdagen.cli bench --bundle base=.bundles/bench --bundle rt=.bundles/ab_rt \
-        --ops kda,gdn --modes fwd,fwdbwd --configs B1_T8k_H16 --no-fla --rep-ms 100 \
-        --kernels --kernel-reps 5 --json "$OUT/rt.json" > "$OUT/rt.log" 2>&1
-    echo "bench_rc=$?"; grep -A6 "^op |" "$OUT/rt.log"; grep -E " fwd .*k[02]_scan[02] |Error" "$OUT/rt.log" | tail -16 ;;
-rtmin)
-    # the same, within little device time: quick checks, the forward only
-    for b in check_rt check_rtk; do
-        timeout 90 python3 -m tools.gpu_check .bundles/$b --quick > "$OUT/$b.log" 2>&1
-        echo "$b rc=$?"; grep -E "SUMMARY|FAIL|ERROR|Error" "$OUT/$b.log" | head -16
-    done
-    timeout 100 python3 -m kdagen.cli bench --bundle base=.bundles/bench --bundle rt=.bundles/ab_rt \
-        --ops gdn,kda --modes fwd --configs B1_T8k_H16 --no-fla --rep-ms 60 \
-        --kernels --kernel-reps 5 --json "$OUT/rt.json" > "$OUT/rt.log" 2>&1
-    echo "bench_rc=$?"; grep -A4 "^op |" "$OUT/rt.log"; grep -E " fwd .*k[0-2]_scan[0-2] |Error" "$OUT/rt.log" | tail -12 ;;
-checkmin)
-    # the GPU check alone, quick, with what little device time is left
-    timeout 100 python3 -m tools.gpu_check .bundles/check_rt --quick > "$OUT/check_rt.log" 2>&1
-    echo "check_rt rc=$?"; grep -E "SUMMARY|FAIL|ERROR|Error" "$OUT/check_rt.log" | head -16
-    timeout 60 python3 -m tools.gpu_check .bundles/check_rtk --quick > "$OUT/check_rtk.log" 2>&1
-    echo "check_rtk rc=$?"; grep -E "SUMMARY|FAIL|ERROR|Error" "$OUT/check_rtk.log" | head -16 ;;
+rt)      rt_checks 200; rt_bench 280 fwd,fwdbwd 100 ;;
+rtmin)   rt_checks 90; rt_bench 100 fwd 60 ;;       # within little device time
+checkmin) rt_checks 100 ;;                        # the GPU check alone
 esac

@@ -617,7 +617,7 @@ class RegisterTileEmitter(SharedMemoryKernelEmitter):
         self.cost.event("bar.sync")
 
     def _full(self):
-        return _Barrier(self.smem_base, self.rplan.smem["barrier"])
+        return smem_mod.SmemRegion(self.smem_base, self.rplan.smem["barrier"], 8)
 
     def _chunk(self, c) -> None:
         rp = self.rplan
@@ -913,10 +913,9 @@ class RegisterTileEmitter(SharedMemoryKernelEmitter):
             values[8 * c:8 * c + 8] = part
         values = self._finish(values)
         # steep diagonal blocks, exactly: warp w its own block, pairs (a, b) of its rows
-        dlay = (C, 17)
         diag = T_.BufRef(T_.Scratch(self.smem_base, "smem"),
                          self.rplan.smem[f"decay_diag{i_dec}"] // 4, (C, 16), (17, 1))
-        del dlay
+        steep_w = B.nonzero(flags.read((w,)))      # this warp's row block is steep
         strict = diagonal < 0
         pairs = 120 if strict else 136
         tri = [m * (m + 1) // 2 for m in range(1, 16)]
@@ -950,12 +949,11 @@ class RegisterTileEmitter(SharedMemoryKernelEmitter):
                     diag.write((ra, b), acc)
                 B.if_then(B.icmp("lt", p, pairs), one)
         # a fallback for steep gates, expected not to run (the cost report weighs it 0)
-        B.if_then(steep[0] if blocks == 1 else B.nonzero(flags.read((w,))), exact, cold=True)
+        B.if_then(steep_w, exact, cold=True)
         bar.sync_threads()
         self.cost.event("bar.sync")
         acc = Acc(values, C, False)
         out = []
-        steep_w = B.nonzero(flags.read((w,)))
         for reg, (v, (i, j)) in enumerate(zip(values, acc.coords(w, lane))):
             c = reg // 8                      # the column block of this register
             mine = B.band(steep_w, B.icmp("eq", w, c))
@@ -1295,43 +1293,43 @@ class RegisterTileEmitter(SharedMemoryKernelEmitter):
         self.cost.event("bar.sync")
         g, t = lane_group(lane), lane_in_group(lane)
 
+        def block_product(terms, write):
+            """Σ A·B over ``terms`` [(a_at, b_at)] of 16 x 16 blocks (``a_at(r, c)``, ``b_at``:
+            the blocks' elements) as TF32 mma.sync m16n8k8 of this warp; ``write(r, c, v)``
+            per element of the 16 x 16 result."""
+            for nb in range(2):
+                acc = [B.f(0.0)] * 4
+                for a_at, b_at in terms:
+                    for kb in range(2):
+                        a = [B.tf32_operand(a_at(g + 8 * (q % 2), 8 * kb + t + 4 * (q // 2)))
+                             for q in range(4)]
+                        bb = [B.tf32_operand(b_at(8 * kb + t + 4 * q, 8 * nb + g))
+                              for q in range(2)]
+                        acc = B.mma_tf32(a, bb, acc)
+                for q, v in enumerate(acc):
+                    write(g + 8 * (q // 2), 8 * nb + 2 * t + q % 2, v)
+
         for d in (1, 2, 3):
-            def level(d=d):
-                # T = Σ_{k=c}^{b-1} X[b, k] · L[k, c] into the warp's scratch block (b = the
-                # warp, c = b - d; k over 0 .. 2 with the terms outside c .. b - 1 zeroed)
-                b = w
-                c = b - d
-                for nb in range(2):
-                    acc = [B.f(0.0)] * 4
-                    for k in range(3):
-                        live = B.band(B.icmp("ge", k, c), B.icmp("lt", k, b))
-                        for kb in range(2):
-                            a = [B.tf32_operand(B.sel(live, X.read((16 * b + g + 8 * (q % 2),
-                                 16 * k + 8 * kb + t + 4 * (q // 2))), B.f(0.0)))
-                                 for q in range(4)]
-                            bb = [B.tf32_operand(L.read((16 * k + 8 * kb + t + 4 * q,
-                                  16 * c + 8 * nb + g))) for q in range(2)]
-                            acc = B.mma_tf32(a, bb, acc)
-                    for q, v in enumerate(acc):
-                        tmp.write((g + 8 * (q // 2), 8 * nb + 2 * t + q % 2), v)
+            b, c = w, w - d          # this warp's row block and the column block at distance d
+
+            def level():
+                # T = Σ_{k=c}^{b-1} X[b, k] · L[k, c] into the warp's scratch block (k over
+                # 0 .. 2 with the terms outside c .. b - 1 zeroed)
+                terms = []
+                for k in range(3):
+                    live = B.band(B.icmp("ge", k, c), B.icmp("lt", k, b))
+                    terms.append((
+                        lambda r, cc, k=k, live=live: B.sel(
+                            live, X.read((16 * b + r, 16 * k + cc)), B.f(0.0)),
+                        lambda r, cc, k=k: L.read((16 * k + r, 16 * c + cc))))
+                block_product(terms, lambda r, cc, v: tmp.write((r, cc), v))
             B.if_then(B.icmp("ge", w, d), level)
             bar.sync_threads()       # tmp written (each warp its own) before its reads below
 
-            def finish(d=d):
-                b = w
-                c = b - d
-                for nb in range(2):
-                    acc = [B.f(0.0)] * 4
-                    for kb in range(2):
-                        a = [B.tf32_operand(L.read((16 * b + g + 8 * (q % 2),
-                                                    16 * b + 8 * kb + t + 4 * (q // 2))))
-                             for q in range(4)]
-                        bb = [B.tf32_operand(tmp.read((8 * kb + t + 4 * q, 8 * nb + g)))
-                              for q in range(2)]
-                        acc = B.mma_tf32(a, bb, acc)
-                    for q, v in enumerate(acc):
-                        L.write((16 * b + g + 8 * (q // 2), 16 * c + 8 * nb + 2 * t + q % 2),
-                                B.neg(v))
+            def finish():
+                block_product([(lambda r, cc: L.read((16 * b + r, 16 * b + cc)),
+                                lambda r, cc: tmp.read((r, cc)))],
+                              lambda r, cc, v: L.write((16 * b + r, 16 * c + cc), B.neg(v)))
             B.if_then(B.icmp("ge", w, d), finish)
             bar.sync_threads()
             self.cost.event("bar.sync", 2)
@@ -1405,14 +1403,6 @@ class RegisterTileEmitter(SharedMemoryKernelEmitter):
             def write(vals=vals, pos=pos, part=part):
                 mem.store_vec(vals, geo.token_row(mem, pos, geo.hv), [self.cta_v0 + part * 8])
             B.if_then(B.icmp("lt", pos, geo.seqlen), write)
-
-
-class _Barrier:
-    def __init__(self, base, offset):
-        self.base, self.offset = base, offset
-
-    def ptr(self, byte_offset=0):
-        return byte_gep(self.base, self.offset + byte_offset, shared_ptr_type())
 
 
 __all__ = ["match", "NoMatch", "RegisterTilePlan", "RegisterTileEmitter", "PATH_NAME"]
