@@ -19,10 +19,25 @@ from __future__ import annotations
 
 from kdagen.runtime.bundle import FLAGS_PARAM
 
+from ..sm90 import flags
+from . import backend as B
 from .plan import LOAD_OPS, STORE_OPS
 from .program import walk
 
-__all__ = ["FLAGS_PARAM", "pair_kernels", "kernel_memrefs"]
+__all__ = ["FLAGS_PARAM", "pair_kernels", "kernel_memrefs", "publish_chunk_ready"]
+
+
+def publish_chunk_ready(target, base, row, value: int, tid, cost) -> None:
+    """After a chunk's global stores: every thread orders its stores before a barrier, then
+    one thread releases the chunk's flag (kdagen.codegen.sm90.flags); nothing where ``base`` is
+    null (the scan runs after this kernel, nothing to announce)."""
+    def publish():
+        flags.release_fence(target)
+        B.barrier()
+        cost.event("fence.gpu")
+        B.if_then(B.icmp("eq", tid, 0), lambda: flags.publish(target, base, row, value))
+        cost.event("flag.publish")
+    B.if_then(flags.is_set(base), publish)
 
 def kernel_memrefs(group) -> tuple[set, set, set]:
     """(memrefs the kernel reads, memrefs it writes, the read memrefs that some read reaches

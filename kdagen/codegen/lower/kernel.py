@@ -208,7 +208,10 @@ def _pair_with_flags(prepared: list, directions: frozenset) -> None:
     chunk, the scan waits for it; the launch entries tell the runtime."""
     pairs = pair_kernels(
         prepared,
-        lambda pk: isinstance(pk.emitter, sm90_native.Sm90NativeTileEmitter)
+        lambda pk: (isinstance(pk.emitter, sm90_native.Sm90NativeTileEmitter)
+                    # one CTA per chunk: its flag means the whole chunk is stored
+                    or isinstance(pk.emitter, register_tiles.RegisterTileEmitter)
+                    and pk.emitter.rplan.v_ctas == 1)
         and pk.group.parallel and len(pk.group.scans) == 1,
         lambda pk: isinstance(pk.emitter, register_scan.RegisterScanEmitter),
         directions)
@@ -355,12 +358,16 @@ def _register_launch(g, em, plan, *, parallel: bool, depth: int, stage_bytes: in
 
 def _register_tile_plan(program: Program, g, target: Target | None, opts: LowerOptions):
     """The register-tile plan of chunk-parallel kernel ``g`` (register_tiles.py) where the
-    option asks for it on the native sm_90a path and the kernel fits, else None."""
-    if (not opts.register_tiles or opts.path != "native" or g.kind != "tile" or not g.parallel
+    option asks for it (or the tuning table, for the kernel on the native path) on the native
+    sm_90a path and the kernel fits, else None."""
+    if (opts.path != "native" or g.kind != "tile" or not g.parallel
             or native_path(target) is not sm90_native):
         return None
+    kopts, _ = _kernel_options(opts, target, sm90_native.PATH_NAME, program, g)
+    if not kopts.register_tiles:
+        return None
     try:
-        return register_tiles.match(program, g, target, dot=opts.dot)
+        return register_tiles.match(program, g, target, dot=kopts.dot)
     except register_tiles.NoMatch:
         return None
 

@@ -50,22 +50,26 @@ from ..common import smem as smem_mod
 from ..common.convert import bf16_split_pack, tf32_operand_bits
 from ..common.ints import IntVal
 from ..common.launch import set_launch_bounds
-from ..common.layouts import SmemLayout, lane_group, lane_in_group, wgmma_d_coord, wgmma_tf32_a_coord
+from ..common.layouts import SmemLayout, lane_group, lane_in_group, wgmma_tf32_a_coord
 from ..common.shuffle import shfl
 from ..common.smem import byte_gep, shared_addr32, shared_ptr_type
 from ..common.sreg import block_idx, thread_idx
 from ..sm90 import tma, wgmma
 from . import backend as B
 from . import tiles as T_
+from ..common.kernel import Param
+from .chunk_flags import FLAGS_PARAM, publish_chunk_ready
 from .cost import CostCounter, NullCounter
 from .emitter import Geometry, SharedMemoryKernelEmitter, mem_info, op_label, row_gate_sources
 from .mlir_backend import MlirBackend
 from .options import product_precision
 from .plan import LoweringError
+from .register_generic import (MAT_PAD, GenericTileOps, b_operand_form, generic_dot_regions,
+                               product_shape)
+from .register_values import V_BLOCK, VIEWS, Acc, row_scaled, through_views
 
 PATH_NAME = "sm90-register-tile"
 THREADS = 128                # one consumer warpgroup
-V_BLOCK = 64                 # value columns per CTA (the M extent of a transposed product)
 SWIZZLE = 128
 SMEM_LIMIT = 227 * 1024      # sm_90a's block budget (two CTAs per SM up to 113 KB)
 TWO_PER_SM = 113 * 1024
@@ -77,17 +81,21 @@ GRID_PAD = 4                 # f32 elements padding each row of a 2-D cumsum's s
 #: far from overflow, and TF32 rounding is relative); steeper blocks take exact products
 STEEP_BLOCK = 64.0
 
-_VIEWS = ("kda.pipeline_wait", "kda.convert_layout", "kda.assume_range")
 _VECTOR_OPS = ("kda.add", "kda.sub", "kda.mul", "kda.div", "kda.neg", "kda.exp2", "kda.log2",
                "kda.sigmoid", "kda.softplus", "kda.rsqrt", "kda.clamp", "kda.in_range",
                "kda.select", "kda.constant", "kda.valid_rows", "kda.broadcast", "kda.convert",
-               "kda.load", "kda.scalar", "kda.load_head", "kda.extract_row") + _VIEWS
+               "kda.load", "kda.scalar", "kda.load_head", "kda.extract_row") + VIEWS
 _ACC_ELEMENTWISE = ("kda.add", "kda.sub", "kda.mul", "kda.neg")
 _OUTSIDE = ("kda.workspace", "kda.scalar", "kda.constant", "kda.load_head")
 
 
 class NoMatch(Exception):
     """Why a kernel does not fit the register-tile lowering."""
+
+
+class _WholeHead(NoMatch):
+    """A general rule (register_generic) met in a plan that splits the value columns over
+    CTAs: those rules take whole tiles, so the kernel is planned again one CTA per head."""
 
 
 @dataclass
@@ -145,6 +153,12 @@ class RegisterTilePlan:
     staged: list = field(default_factory=list)     # products' accumulators stored as B tiles
     smem: dict = field(default_factory=dict)       # region -> byte offset
     smem_bytes: int = 0
+    kinds: dict = field(default_factory=dict)      # value -> its register-tile form
+    mats: list = field(default_factory=list)       # accumulators read through shared copies
+    b_forms: dict = field(default_factory=dict)    # general products -> their B form
+    b_stages: list = field(default_factory=list)   # general products staging their B
+    outs: list = field(default_factory=list)       # token-tile stores (a staging area each)
+    vec_len: int = 64                              # floats per shared vector
 
     @property
     def grid(self) -> list:
@@ -156,47 +170,6 @@ class RegisterTilePlan:
 
     def tensor_maps(self) -> dict:
         return {s.param: s.tensor_map() for s in self.slots}
-
-
-def _through_views(v):
-    """The value behind view ops (pipeline_wait, layout conversions, ranges, widening
-    converts)."""
-    while v.owner is not None and (v.owner.op in _VIEWS or (
-            v.owner.op == "kda.convert" and v.elt == "f32")):
-        v = v.owner.operands[0]
-    return v
-
-
-def _row_factor(v):
-    """The [C] value broadcast over the columns of ``v`` (``broadcast(x, dims=[1])``), else None."""
-    v = _through_views(v)
-    n = v.owner
-    if (n is not None and n.op == "kda.broadcast" and list(n.attrs.get("dims", ())) == [1]
-            and len(n.operands[0].shape) == 1):
-        return n.operands[0]
-    return None
-
-
-def row_scaled(v) -> tuple:
-    """(ring load node, [row factor values]) when ``v`` is a ring tile times broadcasts of
-    per-row vectors (``q · broadcast(rq) · broadcast(2^G)``), else (None, [])."""
-    factors = []
-    v = _through_views(v)
-    while v.owner is not None and v.owner.op == "kda.mul":
-        a, b = v.owner.operands
-        fa, fb = _row_factor(a), _row_factor(b)
-        if fb is not None:
-            factors.append(fb)
-            v = _through_views(a)
-        elif fa is not None:
-            factors.append(fa)
-            v = _through_views(b)
-        else:
-            return None, []
-    n = v.owner
-    if n is not None and n.op in ("kda.load", "kda.load_chunk") and len(v.shape) == 2:
-        return n, factors
-    return None, []
 
 
 def _slot_for(node, value_block: bool, v_ctas: int) -> TileSlot:
@@ -258,9 +231,17 @@ def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT,
     heavy = any(n.op == "kda.decay_dot" and row_gate_sources(n) is None or
                 n.op == "kda.cumsum" and len(n.results[0].shape) == 2 for n in scan.body.nodes)
     v_ctas = V // V_BLOCK if value_only and not heavy else 1
-    kinds: dict = {}          # value -> "ring" | "vec" | "scalar" | "tile" | "acc" | "acc_t"
+    try:
+        return _plan(program, scan, C, V, v_ctas, dot, smem_limit)
+    except _WholeHead:
+        return _plan(program, scan, C, V, 1, dot, smem_limit)
+
+
+def _plan(program, scan, C: int, V: int, v_ctas: int, dot: str, smem_limit: int) -> RegisterTilePlan:
+    """`match`'s plan at ``v_ctas`` CTAs per value head."""
     slots: dict = {}          # load node -> TileSlot
     plan = RegisterTilePlan(scan, C, V, v_ctas)
+    kinds = plan.kinds        # value -> "ring" | "vec" | "scalar" | "tile" | "acc" | "acc_t" | ...
 
     def kind(v):
         k = kinds.get(v)
@@ -275,6 +256,43 @@ def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT,
         if s is None:
             s = slots[load] = _slot_for(load, value_block, v_ctas)
         return s
+
+    def general():
+        # the general rules read and write whole tiles
+        if v_ctas > 1:
+            raise _WholeHead("a general rule")
+
+    def materialise(v, reader):
+        # an accumulator read through a shared copy, written at its first such reader
+        if kinds.get(v) in ("acc", "acc_t") and v not in plan.mats:
+            plan.mats.append(v)
+            plan.at[f"mat{len(plan.mats) - 1}"] = reader
+
+    def general_product(n):
+        general()
+        M, K, N = product_shape(n)
+        if M != C or N % 16 or N > 256 or K % 16:
+            raise NoMatch(f"a [{M}, {K}] x [{K}, {N}] product")
+        _precision_at_most(n, dot, "bf16x3")
+        w, x = n.operands[:2]
+        for o in (w, x):
+            if kinds.get(through_views(o)) not in ("ring", "tile", "smem", "acc", "acc_t"):
+                raise NoMatch(f"{n.op}: an operand of kind {kinds.get(through_views(o))}")
+        materialise(w, n)
+        xn, xf = row_scaled(x)
+        if xn is not None:
+            slot(xn, False)
+        src = through_views(x)
+        if kinds.get(src) == "ring":
+            slot(src.owner, False)
+        form = b_operand_form(n, lambda ld: slot(ld, False).elt, kinds, dot)
+        if form == "bf16" and xf:
+            plan.vectors += 1
+        if form.startswith("stage"):
+            materialise(x, n)
+            plan.b_stages.append(n)
+        plan.b_forms[n] = form
+        kinds[n.results[0]] = "acc"
 
     body = scan.body.nodes
     for n in body:
@@ -291,10 +309,20 @@ def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT,
                     if op == "kda.cumsum" and len(n.operands[0].shape) != 1:
                         raise NoMatch("a cumsum over a tile")
                     if op == "kda.reduce_sum":
-                        if list(n.attrs.get("dims", ())) != [1] or kind(n.operands[0]) != "tile":
-                            raise NoMatch("a reduction that is not over a ring tile's columns")
+                        src, dims = n.operands[0], list(n.attrs.get("dims", ()))
+                        if len(src.shape) == 1 and dims == [0]:
+                            general()                   # a vector's sum
+                        elif len(src.shape) != 2 or dims != [1]:
+                            raise NoMatch(f"a reduction over dims {dims}")
+                        elif kind(src) in ("acc", "acc_t"):
+                            general()
+                            if kind(src) == "acc_t":
+                                materialise(src, n)
+                        elif kind(src) != "tile":
+                            raise NoMatch("a reduction of a tile with no register-tile form")
+                        plan.vec_len = max(plan.vec_len, src.shape[0])
                     plan.vectors += 1
-                    kinds[r] = "vec"
+                    kinds[r] = "scalar" if len(r.shape) == 0 else "vec"
                     continue
                 raise NoMatch(f"{op} on a vector")
             if op == "kda.extract_row" and kinds.get(n.operands[0]) == "smem":
@@ -304,7 +332,7 @@ def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT,
                 raise NoMatch(f"{op}: a vector computed from a tile")
             kinds[r] = "scalar" if len(r.shape) == 0 else "vec"
             continue
-        if op in _VIEWS or (op == "kda.convert" and r.elt == "f32" and
+        if op in VIEWS or (op == "kda.convert" and r.elt == "f32" and
                             kinds.get(n.operands[0]) in ("ring", "tile")):
             kinds[r] = "tile" if kinds.get(n.operands[0]) in ("ring", "tile") else \
                 kinds.get(n.operands[0])
@@ -328,7 +356,7 @@ def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT,
             if ln is None or rn is None:
                 raise NoMatch("a decay product that is not of row-scaled ring tiles")
             if any(kinds.get(g) not in ("smem",) for g in n.operands[2:4]) or \
-                    _through_views(n.operands[2]) is not _through_views(n.operands[3]):
+                    through_views(n.operands[2]) is not through_views(n.operands[3]):
                 raise NoMatch("a decay product whose gates are not one cumsum in shared memory")
             sl, sr = slot(ln, False), slot(rn, False)
             if sl.elt != "bf16" or sr.elt != "bf16" or sl.rows != C or sr.rows != C \
@@ -361,11 +389,17 @@ def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT,
             plan.at[f"tril{plan.inverses - 1}"] = n
             kinds[r] = "smem"
             continue
+        if op == "kda.decay_matmul":
+            if row_gate_sources(n) is None:
+                raise NoMatch("a decay_matmul with per-channel gates")
+            general_product(n)
+            continue
+        if op == "kda.dot" and (n.attrs.get("transpose_lhs") or n.attrs.get("transpose_rhs")):
+            general_product(n)
+            continue
         if op == "kda.dot":
-            if n.attrs.get("transpose_lhs") or n.attrs.get("transpose_rhs"):
-                raise NoMatch("a transposed product")
             lhs, rhs = n.operands
-            rsrc = _through_views(rhs)
+            rsrc = through_views(rhs)
             rn, rf = row_scaled(rhs)
             if kinds.get(lhs) == "smem" and rn is not None:
                 # natural: A = lhs · diag(rf) from shared memory (bf16 hi + lo), B the ring tile
@@ -376,7 +410,7 @@ def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT,
                 plan.vectors += bool(rf)
                 kinds[r] = "acc"
                 continue
-            if kinds.get(_through_views(lhs)) == "smem" and kinds.get(rsrc) in ("tile", "smem") \
+            if kinds.get(through_views(lhs)) == "smem" and kinds.get(rsrc) in ("tile", "smem") \
                     and rhs.shape[0] % 8 == 0 and rhs.shape[1] % 32 == 0 and rhs.shape[1] <= 256:
                 # natural: A from the shared tile (TF32), B the expression staged transposed
                 _precision_at_most(n, dot, "tf32")
@@ -384,12 +418,20 @@ def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT,
                 plan.at[f"staged{len(plan.staged) - 1}"] = n
                 kinds[r] = "acc"
                 continue
-            if kinds.get(rsrc) != "ring" or rhs.shape[1] != V:
-                raise NoMatch("a product whose right operand is not a ring tile [K, V]")
-            wslot = slot(rsrc.owner, True)
-            if wslot.elt != "f32":
-                raise NoMatch("a product whose right operand is not f32")
+            if kinds.get(rsrc) != "ring" or rhs.shape[1] != V or \
+                    mem_info(rsrc.owner.operands[0])[1] != "f32":
+                general_product(n)
+                continue
             ln, lf = row_scaled(lhs)
+            lsrc = through_views(lhs)
+            ring_f32 = (kinds.get(lsrc) == "ring" and lhs.shape[0] == C and
+                        mem_info(lsrc.owner.operands[0])[1] == "f32")
+            if not (kinds.get(lhs) == "acc" or (ln is not None and slot(ln, False).elt == "bf16")
+                    or ring_f32 or (kinds.get(lsrc) in ("tile", "smem") and lhs.shape[0] == C
+                                    and lhs.shape[1] % 32 == 0)):
+                general_product(n)
+                continue
+            slot(rsrc.owner, True)
             if kinds.get(lhs) == "acc":
                 _precision_at_most(n, dot, "tf32")
                 if list(lhs.shape) != [C, C]:
@@ -402,40 +444,54 @@ def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT,
                 sl = slot(ln, False)
                 if sl.rows != C or sl.cols != rhs.shape[0] or sl.cols % 16:
                     raise NoMatch("a product whose left operand is not a [C, K] bf16 tile")
-            elif kinds.get(_through_views(lhs)) in ("tile", "smem") and lhs.shape[0] == C \
+            elif ring_f32:
+                _precision_at_most(n, dot, "tf32")      # the ring tile is the K-major B tile
+                slot(lsrc.owner, False)
+            elif kinds.get(lsrc) in ("tile", "smem") and lhs.shape[0] == C \
                     and lhs.shape[1] % 32 == 0:
                 _precision_at_most(n, dot, "tf32")
                 plan.staged.append(tuple(lhs.shape))     # an expression, staged as TF32
                 plan.at[f"staged{len(plan.staged) - 1}"] = n
-            else:
-                raise NoMatch("a product whose left operand has no register-tile form")
             kinds[r] = "acc_t"
             continue
         if op == "kda.convert" and kinds.get(n.operands[0]) in ("acc", "acc_t"):
             kinds[r] = kinds[n.operands[0]]
             continue
-        if op in _ACC_ELEMENTWISE or (op in _VECTOR_OPS and len(r.shape) == 2):
+        if op in _ACC_ELEMENTWISE or ((op in _VECTOR_OPS or op == "kda.tril")
+                                      and len(r.shape) == 2):
             ks = {kinds.get(o) for o in n.operands if o.kind == "tile"}
-            accs = ks & {"acc", "acc_t"}
-            if len(accs) != 1:
-                if ks <= {"ring", "tile", "bcast", "smem"}:
+            accs = [kinds[o] for o in n.operands if kinds.get(o) in ("acc", "acc_t")]
+            if not accs:
+                if ks <= {"ring", "tile", "bcast", "smem"} and op != "kda.tril":
                     kinds[r] = "tile"       # an expression of ring tiles (its users decide)
                     continue
                 raise NoMatch(f"{op} of {sorted(k for k in ks if k)}")
+            lead = accs[0]
             if op not in _ACC_ELEMENTWISE:
-                raise NoMatch(f"{op} of an accumulator")
+                general()
             for o in n.operands:
-                if kinds.get(o) not in ("acc", "acc_t", "bcast") and len(o.shape) > 0:
-                    raise NoMatch(f"{op} of an accumulator and a {kinds.get(o)} tile")
-            kinds[r] = accs.pop()
+                k = kinds.get(o)
+                if o.kind != "tile" or len(o.shape) < 2 or k == "bcast":
+                    continue
+                if k in ("acc", "acc_t"):
+                    if k != lead:
+                        general()
+                        materialise(o, n)
+                elif k in ("ring", "tile", "smem"):
+                    general()
+                else:
+                    raise NoMatch(f"{op} of an accumulator and a {k} tile")
+            kinds[r] = lead
             continue
         if op == "kda.convert" and kinds.get(n.operands[0]) in ("acc", "acc_t"):
             kinds[r] = kinds[n.operands[0]]
             continue
         if op == "kda.store_chunk":
             k = kinds.get(n.operands[2], "vec" if len(n.operands[2].shape) <= 1 else None)
-            if k not in ("acc", "smem", "tile", "vec"):
+            if k not in ("acc", "acc_t", "smem", "tile", "vec", "scalar"):
                 raise NoMatch(f"a chunk store of a {k} value")
+            if k == "acc_t":
+                general()
             if k == "tile":
                 ln, lf = row_scaled(n.operands[2])
                 if ln is not None:
@@ -443,11 +499,20 @@ def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT,
                     plan.vectors += bool(lf)
             continue
         if op == "kda.store":
-            if kinds.get(n.operands[2]) != "acc_t":
-                raise NoMatch("a store of a tile that is not a transposed accumulator")
+            v = n.operands[2]
+            k = kinds.get(v, "vec" if len(v.shape) == 1 else None)
             name, elt, layout, heads, tail = mem_info(n.operands[0])
-            if layout != "token" or elt != "bf16":
+            if layout != "token" or (elt != "bf16" and len(v.shape) == 2):
                 raise NoMatch(f"a store to {name} ({layout}, {elt})")
+            if k == "acc_t":
+                plan.outs.append(n)
+            elif k == "acc":
+                general()
+                plan.outs.append(n)
+            elif k == "vec" and v.shape[0] == C:
+                general()
+            else:
+                raise NoMatch(f"a store of a {k} value")
             continue
         raise NoMatch(f"{op} in the chunk")
     for n in body:
@@ -457,7 +522,7 @@ def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT,
     plan.slots = sorted(slots.values(), key=lambda s: s.node.index)
     off = _place_regions(plan, body, kinds, C, V, v_ctas)
     plan.smem["vectors"] = off
-    off += 4 * C * max(plan.vectors, 1)
+    off += 4 * plan.vec_len * max(plan.vectors, 1)
     plan.smem["barrier"] = off
     off += 16
     plan.smem_bytes = off
@@ -517,10 +582,17 @@ def _place_regions(plan: RegisterTilePlan, body: list, kinds: dict, C: int, V: i
         regions.append((f"tril_out{i}", C * TRIL_PITCH * 4, index[n], last_use(n.results[0]),
                         16))
         regions.append((f"tril_tmp{i}", 4 * 16 * TRIL_PITCH * 4, index[n], index[n], 16))
-    for n in body:
-        if n.op == "kda.store":
-            regions.append(("out", C * (V // v_ctas) * 2, index[n], index[n], 16))
-            break
+    for i, n in enumerate(plan.outs):
+        width = n.operands[2].shape[1] // (v_ctas if kinds.get(n.operands[2]) == "acc_t" else 1)
+        regions.append((f"out{i}", C * width * 2, index[n], index[n], 16))
+    for i, v in enumerate(plan.mats):
+        # an accumulator's shared copy: from the accumulator to its last reader
+        R, N = v.shape
+        regions.append((f"mat{i}", R * (N + MAT_PAD) * 4, index[plan.at[f"mat{i}"]],
+                        last_use(v), 16))
+    for i, n in enumerate(plan.b_stages):
+        regions.append((f"bstage{i}", generic_dot_regions(n, plan.b_forms[n]), index[n],
+                        index[n], TILE_ALIGN))
     placed = []         # (offset, bytes, first, last)
     end = 0
     for name, size, first, last, align in sorted(regions, key=lambda r: (r[2], -r[1])):
@@ -541,27 +613,25 @@ def _place_regions(plan: RegisterTilePlan, body: list, kinds: dict, C: int, V: i
     return -(-end // 16) * 16
 
 
-class Acc:
-    """A [64, N] wgmma accumulator fragment of the warpgroup. ``transposed``: it holds the
-    logical tile's transpose (logical (i, j) at accumulator (j - col0, i)); ``col0`` the first
-    logical column the M rows stand for (the CTA's value block)."""
-
-    def __init__(self, values: list, n: int, transposed: bool, col0=0):
-        self.values, self.n, self.transposed, self.col0 = values, n, transposed, col0
-
-    def coords(self, warp, lane) -> list:
-        """(row, column) of the logical tile per register. A transposed accumulator may hold
-        several 64-column value blocks one after another (n/2 registers each)."""
-        out = []
-        per = self.n // 2
-        for r in range(len(self.values)):
-            part, i = divmod(r, per)
-            m, nn = wgmma_d_coord(warp, lane, i)
-            out.append((nn, m + self.col0 + V_BLOCK * part) if self.transposed else (m, nn))
-        return out
+def _early_stores(body: list, kinds: dict) -> list:
+    """The body in emission order: a chunk store of an accumulator right after the op that
+    makes it, not where the schedule put it (often the end of the chunk), so the accumulator's
+    registers are free from there on (nothing in the kernel reads what it stores)."""
+    moved = {}
+    for n in body:
+        if n.op == "kda.store_chunk" and kinds.get(n.operands[2]) in ("acc", "acc_t") \
+                and n.operands[2].owner in body:
+            moved.setdefault(n.operands[2].owner, []).append(n)
+    late = {id(s) for stores in moved.values() for s in stores}
+    out = []
+    for n in body:
+        if id(n) not in late:
+            out.append(n)
+            out.extend(moved.get(n, ()))
+    return out
 
 
-class RegisterTileEmitter(SharedMemoryKernelEmitter):
+class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
     """Emits a chunk-parallel kernel as described in the module doc."""
 
     path = PATH_NAME
@@ -573,6 +643,16 @@ class RegisterTileEmitter(SharedMemoryKernelEmitter):
         self.target = target
         self.rplan = plan
         self.slot_of = {s.node: s for s in plan.slots}
+        #: publish a chunk-ready flag after the chunk's stores (kernel.prepare sets it where a
+        #: register scan runs beside this kernel: kdagen.codegen.lower.chunk_flags)
+        self.publish_flags = False
+        self.flag_value = 1
+
+    def params(self):
+        ps = super().params()
+        if self.publish_flags:
+            ps.append(Param(FLAGS_PARAM, "ptr", "i32"))
+        return ps
 
     @property
     def consumer_threads(self) -> int:
@@ -598,6 +678,7 @@ class RegisterTileEmitter(SharedMemoryKernelEmitter):
                 self.smem_base = llvm.mlir_addressof(smem_mod.shared_ptr_type(),
                                                      smem_mod.DYNAMIC_SMEM_SYMBOL)
                 self.p = p
+                self.p_flags = p.get(FLAGS_PARAM)
                 self.env = {}
                 self.init_gate_checks(None)
                 self.geo = Geometry(self.program, p, coords, need_chunk_off=True)
@@ -649,10 +730,16 @@ class RegisterTileEmitter(SharedMemoryKernelEmitter):
         self._grids = 0
         self._decays = 0
         self._fused: dict = {}
-        for n in rp.scan.body.nodes:
+        self._mats: dict = {}          # accumulator -> its shared copy (register_generic)
+        self._reg_values: dict = {}    # (value, accumulator layout) -> its register values
+        self._outs = 0
+        for n in _early_stores(rp.scan.body.nodes, rp.kinds):
             label = op_label(n)
             with self.cost.op(label), B.op_scope(label):
                 self._node(n)
+        if self.publish_flags:
+            publish_chunk_ready(self.target, self.p_flags, self.geo.chunk_row(c),
+                                self.flag_value, self.tid, self.cost)
 
     def _copy(self, s: TileSlot, tmap, c, full) -> None:
         geo = self.geo
@@ -710,7 +797,13 @@ class RegisterTileEmitter(SharedMemoryKernelEmitter):
             env[r] = self._ring_ref(self.slot_of[n]) if n in self.slot_of else None
             return
         if op == "kda.reduce_sum":
-            env[r] = self._row_sums(env[n.operands[0]], n.operands[0].shape)
+            src = n.operands[0]
+            if len(src.shape) == 1:
+                env[r] = self._vector_sum(env[src], src.shape[0])
+            elif isinstance(env[src], Acc):
+                env[r] = self._acc_row_sums(src)
+            else:
+                env[r] = self._row_sums(env[src], src.shape)
             return
         if op == "kda.cumsum":
             rev = bool(n.attrs.get("reverse", False))
@@ -721,11 +814,17 @@ class RegisterTileEmitter(SharedMemoryKernelEmitter):
             env[r] = (self._decay_dot(n) if row_gate_sources(n) is not None else
                       self._decay_dot_channels(n))
             return
+        if op == "kda.decay_matmul" or n in self.rplan.b_forms:
+            env[r] = self._dot_any(n)
+            return
         if op == "kda.dot":
             env[r] = self._dot(n)
             return
         if op == "kda.store":
-            self._store_tile(n)
+            if self.rplan.kinds.get(n.operands[2]) == "acc_t":
+                self._store_tile(n)
+            else:
+                self._store_rows(n)
             return
         if op == "kda.store_chunk":
             self._store_chunk(n)
@@ -741,7 +840,12 @@ class RegisterTileEmitter(SharedMemoryKernelEmitter):
             if id(n) in self._fused:
                 env[r] = self._fused.pop(id(n))
                 return
-            env[r] = self._acc_elementwise(n, ops)
+            lead = next(x for x in ops if isinstance(x, Acc))
+            plain = op in _ACC_ELEMENTWISE and all(
+                isinstance(x, Acc) and x.transposed == lead.transposed or
+                self.rplan.kinds.get(o) == "bcast" or len(o.shape) < 2
+                for o, x in zip(n.operands, ops))
+            env[r] = self._acc_elementwise(n, ops) if plain else self._acc_expression(n, ops)
             return
         if op == "kda.convert_layout":
             env[r] = ops[0]
@@ -752,25 +856,27 @@ class RegisterTileEmitter(SharedMemoryKernelEmitter):
         env[r] = self.expr(n)
 
     def _vector(self) -> T_.BufRef:
-        off = self.rplan.smem["vectors"] // 4 + self._vectors * self.rplan.C
+        n = self.rplan.vec_len
+        off = self.rplan.smem["vectors"] // 4 + self._vectors * n
         self._vectors += 1
-        return T_.BufRef(T_.Scratch(self.smem_base, "smem"), off, (self.rplan.C,), (1,))
+        return T_.BufRef(T_.Scratch(self.smem_base, "smem"), off, (n,), (1,))
 
     def _row_sums(self, x: T_.Ref, shape) -> T_.BufRef:
-        """sum over the columns of [C, K] expression ``x``: two threads per row, each half of
-        it, a shuffle, then one store per row."""
-        C, K = shape
+        """sum over the columns of [R, K] expression ``x``: two threads per row, each half of
+        it, a shuffle, then one store per row (64 rows at a time)."""
+        R, K = shape
         out = self._vector()
-        row = self.tid // 2
         half = self.tid % 2
-        acc = None
         width = 8 if (K // 2) % 8 == 0 else 1
-        for j in range(0, K // 2, width):
-            for v in T_.read_vec(x, (row, half * (K // 2) + j), width):
-                acc = v if acc is None else B.add(acc, v)
-        acc = B.add(acc, shfl(acc, 1, "bfly"))
-        self.cost.event("shfl")
-        B.if_then(B.icmp("eq", half, 0), lambda: out.write((row,), acc))
+        for r0 in range(0, R, THREADS // 2):
+            row = r0 + self.tid // 2
+            acc = None
+            for j in range(0, K // 2, width):
+                for v in T_.read_vec(x, (row, half * (K // 2) + j), width):
+                    acc = v if acc is None else B.add(acc, v)
+            acc = B.add(acc, shfl(acc, 1, "bfly"))
+            self.cost.event("shfl")
+            B.if_then(B.icmp("eq", half, 0), lambda row=row, acc=acc: out.write((row,), acc))
         bar.sync_threads()
         self.cost.event("bar.sync")
         return out
@@ -1064,7 +1170,7 @@ class RegisterTileEmitter(SharedMemoryKernelEmitter):
             return self._dot_tile(n, x)
         if isinstance(x, T_.BufRef):
             return self._dot_shared(n, x, self.env[rhs])
-        ws = self.slot_of[_through_views(rhs).owner]
+        ws = self.slot_of[through_views(rhs).owner]
         ln = row_scaled(lhs)[0]
         if not isinstance(x, Acc) and ln is not None and self.slot_of[ln].elt == "bf16":
             return self._dot_ring(n, ws)
@@ -1137,15 +1243,24 @@ class RegisterTileEmitter(SharedMemoryKernelEmitter):
         """L·W, L an accumulator [C, C] (its contraction runs over tokens: W's rows past the
         sequence end read 0) or a tile expression [C, K]: as its transpose Wᵀ·Lᵀ in TF32, Wᵀ
         from shared memory into registers, L stored once (TF32) as the K-major B tile;
-        accumulated onto the other operand of its sole add."""
-        self._region_barrier()
+        accumulated onto the other operand of its sole add. An f32 ring tile L is the B tile
+        as TMA stored it."""
         C, geo = self.rplan.C, self.geo
         K = n.operands[0].shape[1]
-        base = self.rplan.smem[f"staged{self._staged}"]
-        self._staged += 1
-        lay = SmemLayout(C, K, 4, SWIZZLE)
+        lsrc = through_views(n.operands[0])
+        ring = self.slot_of.get(lsrc.owner) if lsrc.owner is not None else None
         tokens = isinstance(a, Acc)
-        if tokens:
+        if ring is not None and ring.elt == "f32" and not tokens:
+            base, lay = ring.offset, ring.layout
+        else:
+            self._region_barrier()
+            base = self.rplan.smem[f"staged{self._staged}"]
+            self._staged += 1
+            lay = SmemLayout(C, K, 4, SWIZZLE)
+            ring = None
+        if ring is not None:
+            pass
+        elif tokens:
             if a.transposed:
                 raise LoweringError("register tiles: a transposed accumulator as a left operand")
             for v, (i, j) in zip(a.values, a.coords(self.warp, self.lane)):
@@ -1157,9 +1272,10 @@ class RegisterTileEmitter(SharedMemoryKernelEmitter):
                 i, j = e // (K // 4), 4 * (e % (K // 4))
                 vals = [B.round_to(v, "tf32") for v in T_.read_vec(a, (i, j), 4)]
                 B.store_vec(self.smem_base, (base + lay.byte_offset(i, j)) // 4, vals, "f32")
-        bar.fence_proxy_async_shared()
-        bar.sync_threads()
-        self.cost.event("bar.sync")
+        if ring is None:
+            bar.fence_proxy_async_shared()
+            bar.sync_threads()
+            self.cost.event("bar.sync")
         wl = ws.layout
         add, init = self._init_from_add(n)
         descs = wgmma.k_block_descriptors(lay, self._addr32(base), K // 8, 8)
@@ -1344,6 +1460,11 @@ class RegisterTileEmitter(SharedMemoryKernelEmitter):
         v = n.operands[2]
         x = self.env[v]
         row = self.geo.chunk_row(self._c)
+        if isinstance(x, Acc) and x.transposed:
+            # a register pair holds two rows of one column: element stores
+            for val, idx in zip(x.values, x.coords(self.warp, self.lane)):
+                mem.store(val, row, list(idx))
+            return
         if isinstance(x, Acc):
             coords = x.coords(self.warp, self.lane)
             for k in range(0, len(x.values), 2):
@@ -1387,7 +1508,8 @@ class RegisterTileEmitter(SharedMemoryKernelEmitter):
         acc = self.env[n.operands[2]]
         mem = self.value_part(n, self.env[n.operands[0]])
         C, geo = self.rplan.C, self.geo
-        base = self.rplan.smem["out"] // 2
+        base = self.rplan.smem[f"out{self._outs}"] // 2
+        self._outs += 1
         width = self.rplan.V // self.rplan.v_ctas          # the CTA's value columns
         for v, (i, col) in zip(acc.values, acc.coords(self.warp, self.lane)):
             B.store(self.smem_base, base + i * width + (col - self.cta_v0), v, "bf16")

@@ -54,10 +54,10 @@ from ..common.layouts import SmemLayout, wgmma_d_coord
 from ..common.mma import AccFragment, SmemOperand
 from ..common.smem import SmemTile, byte_gep, shared_ptr_type
 from ..common.sreg import block_idx, thread_idx
-from ..sm90 import flags, regalloc, tma, wgmma
+from ..sm90 import regalloc, tma, wgmma
 from . import backend as B
 from . import tiles as T_
-from .chunk_flags import FLAGS_PARAM
+from .chunk_flags import FLAGS_PARAM, publish_chunk_ready
 from .cost import CHUNKS, CostCounter, NullCounter
 from .emitter import (STATE_LOAD_BATCH, Geometry, TileKernelEmitter, mem_info,
                       row_gate_sources)
@@ -709,20 +709,8 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
     def step_done(self, c) -> None:
         if not self.publish_flags:
             return
-        base = self.p_flags
-
-        def publish():
-            # every consumer thread orders its stores of the chunk before the barrier, then
-            # one thread releases the flag (kdagen.codegen.sm90.flags)
-            flags.release_fence(self.target)
-            B.barrier()
-            self.cost.event("fence.gpu")
-            B.if_then(B.icmp("eq", self.geo.tid, 0),
-                      lambda: flags.publish(self.target, base, self.geo.chunk_row(c),
-                                            self.flag_value))
-            self.cost.event("flag.publish")
-        # a null pointer: the scan runs after this kernel, nothing to announce
-        B.if_then(flags.is_set(base), publish)
+        publish_chunk_ready(self.target, self.p_flags, self.geo.chunk_row(c), self.flag_value,
+                            self.geo.tid, self.cost)
 
     def _wait_full(self) -> None:
         if self._waited:

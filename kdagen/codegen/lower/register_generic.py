@@ -1,0 +1,383 @@
+"""The register-tile lowering's general rules (issue 11 item 4, second step): the forms the
+backward chunk kernels add to the forward's, each correct for any operand kinds at the price of
+a shared-memory hand-off where registers cannot meet.
+
+* **products** ``dot(L, R)`` with either operand transposed, and GDN's ``decay_matmul`` (one
+  gate per row): the result is a [64, N] wgmma accumulator; A comes into registers from any
+  readable value (a ring tile, a tile expression, a shared tile, an accumulator through shared
+  memory), element by element at its fragment coordinates, so a transpose or a decay weight
+  costs nothing extra; B is a bf16 ring tile as TMA stored it (either major-ness: exact, with
+  A split into bf16 hi + lo), an f32 ring tile already K-major (TF32), or staged by the
+  warpgroup into a K-major tile (TF32, or bf16 hi + lo for bf16x3: three products);
+* **element-wise ops** on accumulators with any other operand: the op's expression evaluated
+  per register at its coordinates; an accumulator of the other orientation is read through
+  shared memory (a *materialised* copy);
+* **row sums** of an accumulator: the four lanes of a row by two shuffles; a transposed one
+  through its materialised copy; **a vector's sum** by one warp;
+* **stores** of a [C, N] accumulator or a [C] vector to a token tensor.
+
+`generic_dot_regions` sizes what `match` places; `GenericTileOps` is the emitter side (a mixin
+of register_tiles.RegisterTileEmitter).
+"""
+from __future__ import annotations
+
+from ..common import barrier as bar
+from ..common.convert import bf16_split_pack, tf32_operand_bits
+from ..common.layouts import SmemLayout, wgmma_tf32_a_coord
+from ..common.shuffle import shfl
+from ..sm90 import wgmma
+from . import backend as B
+from . import tiles as T_
+from .emitter import row_gate_sources
+from .options import product_precision
+from .plan import LoweringError
+from .register_values import VIEWS, Acc, row_scaled, through_views
+
+SWIZZLE = 128
+MAT_PAD = 4          # f32 elements padding each row of a materialised accumulator
+#: ops evaluated per register from their operands' register values (lazy tile expressions)
+ELEMENTWISE = ("kda.add", "kda.sub", "kda.mul", "kda.div", "kda.neg", "kda.exp2", "kda.log2",
+               "kda.sigmoid", "kda.softplus", "kda.rsqrt", "kda.clamp", "kda.in_range",
+               "kda.select", "kda.tril", "kda.convert")
+
+
+def product_operands(n) -> tuple:
+    """(W, B source, transpose of W, transpose of B) of a product: ``dot(L, R)`` is
+    op(L)·op(R); ``decay_matmul(W, X)`` is (W ∘ E)·X, or (W ∘ E)ᵀ·X when transposed."""
+    if n.op == "kda.decay_matmul":
+        return n.operands[0], n.operands[1], bool(n.attrs.get("transpose")), False
+    return (n.operands[0], n.operands[1], bool(n.attrs.get("transpose_lhs")),
+            bool(n.attrs.get("transpose_rhs")))
+
+
+def product_shape(n) -> tuple:
+    """(M, K, N) of a product."""
+    w, x, tw, tx = product_operands(n)
+    M, K = (w.shape[1], w.shape[0]) if tw else (w.shape[0], w.shape[1])
+    N = x.shape[0] if tx else x.shape[1]
+    return M, K, N
+
+
+def b_operand_form(n, slot_elt, kinds, dot: str) -> str:
+    """How a product's B operand reaches the tensor core: "bf16" (a bf16 ring tile as TMA
+    stored it; its row factors, if any, along K: folded into A), "tf32" (an f32 ring tile
+    stored [N, K], TF32 products), "stage_tf32" or "stage_split" (written by the warpgroup into
+    a K-major tile, TF32 or bf16 hi + lo). ``slot_elt(load)``: the element type of a ring
+    tile's load."""
+    _, x, _, tx = product_operands(n)
+    prec = product_precision(dot, n.op, n.attrs.get("kda.precision"))
+    xn, xf = row_scaled(x)
+    if xn is not None and slot_elt(xn) == "bf16" and not (tx and xf):
+        return "bf16"
+    src = through_views(x)
+    if (tx and prec in ("tf32", "bf16") and kinds.get(src) == "ring"
+            and slot_elt(src.owner) == "f32"):
+        return "tf32"
+    return "stage_tf32" if prec in ("tf32", "bf16") else "stage_split"
+
+
+def generic_dot_regions(n, form: str) -> int:
+    """Shared bytes a product's staged B takes ([N, K], K-major)."""
+    _, K, N = product_shape(n)
+    return {"stage_tf32": N * K * 4, "stage_split": 2 * N * K * 2}.get(form, 0)
+
+
+class GenericTileOps:
+    """Emitter methods of the general rules (see the module doc)."""
+
+    # -- shared copies of accumulators -------------------------------------------------------
+    def _materialised(self, v):
+        """A readable form of value ``v``: its Ref, or for an accumulator its copy in shared
+        memory (written once, at the first op that needs it, into the region `match` placed
+        for it)."""
+        x = self.env[v]
+        if not hasattr(x, "values"):
+            return x
+        got = self._mats.get(v)
+        if got is not None:
+            return got
+        self._region_barrier()
+        R, N = v.shape
+        base = self.rplan.smem[f"mat{self.rplan.mats.index(v)}"] // 4
+        ref = T_.BufRef(T_.Scratch(self.smem_base, "smem"), base, (R, N), (N + MAT_PAD, 1))
+        for val, (i, j) in zip(x.values, x.coords(self.warp, self.lane)):
+            ref.write((i, j), val)
+        bar.sync_threads()
+        self.cost.event("bar.sync")
+        self._mats[v] = ref
+        return ref
+
+    def _acc_expression(self, n, ops):
+        """Element-wise op ``n`` with an accumulator operand, at the registers of its leading
+        accumulator."""
+        lead = next(x for x in ops if hasattr(x, "values"))
+        return Acc(self._evaluate_at(n, lead), lead.n, lead.transposed, lead.col0)
+
+    def _evaluate_at(self, n, lead) -> list:
+        """Element-wise op ``n`` evaluated per register of accumulator ``lead`` at that
+        register's coordinates, every 2-D operand as its values there (`_register_values`)."""
+        cell = [0]
+        saved = {}
+        for o in n.operands:
+            if len(o.shape) < 2 or o in saved:
+                continue
+            saved[o] = self.env[o]
+            vals = self._register_values(o, self.env[o], lead)
+            self.env[o] = T_.FnRef(tuple(o.shape), lambda idx, v=vals: v[cell[0]])
+        try:
+            ref = self.expr(n)
+        finally:
+            self.env.update(saved)
+        out = []
+        for i, (row, col) in enumerate(lead.coords(self.warp, self.lane)):
+            cell[0] = i
+            out.append(ref.read((row, col)))
+        return out
+
+    def _register_values(self, o, x, lead) -> list:
+        """2-D value ``o`` (``x`` its env entry) at the registers of accumulator ``lead``,
+        evaluated once per layout and kept: an accumulator of the same layout is its registers,
+        one of another layout is read through its shared copy; a broadcast is read once per
+        row (column) of the thread; other expressions two adjacent columns at a time."""
+        sig = (lead.transposed, lead.n, lead.col0, len(lead.values))
+        if isinstance(x, Acc) and (x.transposed, x.n, x.col0, len(x.values)) == sig:
+            return x.values
+        got = self._reg_values.get((o, sig))
+        if got is not None:
+            return got
+        ref = self._materialised(o) if isinstance(x, Acc) else x
+        coords = lead.coords(self.warp, self.lane)
+        per = lead.n // 2
+
+        def m_key(k):          # registers of one accumulator row
+            return ((k % per) // 2) % 2, k // per
+
+        def n_key(k):          # registers of one accumulator column
+            return (k % per) // 4, k % 2
+        row_key, col_key = (n_key, m_key) if lead.transposed else (m_key, n_key)
+        src = o.owner
+        dims = list(src.attrs.get("dims", ())) if src is not None and \
+            src.op == "kda.broadcast" else None
+        vals = []
+        if src is not None and not isinstance(x, Acc) and src.op in VIEWS:
+            vals = self._register_values(src.operands[0], self.env[src.operands[0]], lead)
+        elif src is not None and not isinstance(x, Acc) and src.op in ELEMENTWISE:
+            vals = self._evaluate_at(src, lead)     # its operands' values kept for other uses
+        elif dims is not None:
+            key = {(1,): row_key, (0,): col_key}.get(tuple(dims), lambda k: 0)
+            seen = {}
+            for k, idx in enumerate(coords):
+                kk = key(k)
+                if kk not in seen:
+                    seen[kk] = ref.read(idx)
+                vals.append(seen[kk])
+        elif not lead.transposed:
+            for k in range(0, len(coords), 2):       # registers 2q, 2q + 1: columns c, c + 1
+                vals.extend(T_.read_vec(ref, coords[k], 2))
+        else:
+            vals = [ref.read(idx) for idx in coords]
+        self._reg_values[(o, sig)] = vals
+        return vals
+
+    # -- reductions --------------------------------------------------------------------------
+    def _acc_row_sums(self, v):
+        """Σ over the columns of [64, N] accumulator ``v``: a thread's registers of each of its
+        two rows, then the four lanes of the row (two shuffles); a transposed accumulator
+        through its shared copy."""
+        x = self.env[v]
+        if x.transposed:
+            return self._row_sums(self._materialised(v), tuple(v.shape))
+        out = self._vector()
+        rows = {}
+        for r, val in enumerate(x.values):
+            half = (r // 2) % 2                       # registers of row g (0) or g + 8 (1)
+            rows[half] = val if half not in rows else B.add(rows[half], val)
+        coords = x.coords(self.warp, self.lane)
+        for half in (0, 1):
+            s = rows[half]
+            for m in (1, 2):
+                s = B.add(s, shfl(s, m, "bfly"))
+                self.cost.event("shfl")
+            row = coords[2 * half][0]
+            B.if_then(B.icmp("eq", self.lane % 4, 0), lambda row=row, s=s: out.write((row,), s))
+        bar.sync_threads()
+        self.cost.event("bar.sync")
+        return out
+
+    def _vector_sum(self, x: T_.Ref, length: int) -> T_.Ref:
+        """Σ of a [length] vector: warp 0, lanes over the elements, a butterfly; the sum lands
+        in a shared vector's first element, read back by every thread."""
+        out = self._vector()
+
+        def total():
+            s = None
+            for e in range(0, length, 32):
+                idx = self.lane + e
+                val = x.read((idx,))
+                if length - e < 32:
+                    val = B.sel(B.icmp("lt", idx, length), val, B.f(0.0))
+                s = val if s is None else B.add(s, val)
+            for m in (16, 8, 4, 2, 1):
+                s = B.add(s, shfl(s, m, "bfly"))
+                self.cost.event("shfl")
+            B.if_then(B.icmp("eq", self.lane, 0), lambda: out.write((0,), s))
+        B.if_then(B.icmp("lt", self.tid, 32), total)
+        bar.sync_threads()
+        self.cost.event("bar.sync")
+        return T_.FnRef((), lambda idx: out.read((0,)))
+
+    # -- products ----------------------------------------------------------------------------
+    def _a_element(self, n):
+        """``a(m, k)``: element (m, k) of the product's A = op(W) (∘ E for decay_matmul)."""
+        w, _, tw, _ = product_operands(n)
+        wr = self._materialised(w)
+        if n.op != "kda.decay_matmul":
+            return (lambda m, k: wr.read((k, m))) if tw else (lambda m, k: wr.read((m, k)))
+        gates = row_gate_sources(n)
+        if gates is None:
+            raise LoweringError("register tiles: a decay_matmul with per-channel gates")
+        P, Q = (self.env[g] for g in gates)
+        diagonal = int(n.attrs.get("diagonal", 0))
+        clamp_min = n.attrs.get("clamp_min")
+        clamp_min = None if clamp_min is None else float(clamp_min)
+
+        def weighted(i, j):
+            # W[i, j] · 2^(P[i] - Q[j]), masked to j <= i + diagonal
+            e = B.exp2_clamped(B.sub(P.read((i,)), Q.read((j,))), clamp_min)
+            keep = B.icmp("le", j, i + diagonal) if diagonal else B.icmp("le", j, i)
+            return B.sel(keep, B.mul(wr.read((i, j)), e), B.f(0.0))
+        return (lambda m, k: weighted(k, m)) if tw else weighted
+
+    def _dot_any(self, n):
+        """A [64, N] product by the general rule (module doc)."""
+        M, K, N = product_shape(n)
+        if M != 64:
+            raise LoweringError(f"register tiles: a product of {M} rows")
+        _, x, _, tx = product_operands(n)
+        form = self.rplan.b_forms[n]
+        a_el = self._a_element(n)
+        if form == "bf16":
+            return self._dot_b_ring_bf16(n, a_el, x, tx, K, N)
+        if form == "tf32":
+            xs = self.slot_of[through_views(x).owner]
+            return self._dot_tf32(a_el, xs.layout, xs.offset, K, N)
+        base = self.rplan.smem[f"bstage{self.rplan.b_stages.index(n)}"]
+        xr = self._materialised(x)
+        b_el = (lambda k, j: xr.read((j, k))) if tx else (lambda k, j: xr.read((k, j)))
+        self._region_barrier()
+        if form == "stage_tf32":
+            lay = SmemLayout(N, K, 4, SWIZZLE)
+            for it in range(N * K // self.consumer_threads):
+                e = self.tid + it * self.consumer_threads
+                j, k = e // K, e % K
+                B.store(self.smem_base, (base + lay.byte_offset(j, k)) // 4,
+                        B.round_to(b_el(k, j), "tf32"), "f32")
+            bar.fence_proxy_async_shared()
+            bar.sync_threads()
+            self.cost.event("bar.sync")
+            return self._dot_tf32(a_el, lay, base, K, N)
+        lay = SmemLayout(N, K, 2, SWIZZLE)
+        for it in range(N * K // (2 * self.consumer_threads)):
+            e = self.tid + it * self.consumer_threads
+            j, k = e // (K // 2), 2 * (e % (K // 2))
+            hi, lo = bf16_split_pack(b_el(k, j), b_el(k + 1, j))
+            at = lay.byte_offset(j, k) // 4
+            B.store(self.smem_base, base // 4 + at, hi, "i32")
+            B.store(self.smem_base, (base + lay.size_bytes) // 4 + at, lo, "i32")
+        bar.fence_proxy_async_shared()
+        bar.sync_threads()
+        self.cost.event("bar.sync")
+        a_regs = self._half_a_split(K, a_el)
+        hi_d = wgmma.k_block_descriptors(lay, self._addr32(base), K // 16, 16)
+        lo_d = wgmma.k_block_descriptors(lay, self._addr32(base + lay.size_bytes), K // 16, 16)
+        values = [B.f(0.0)] * (N // 2)
+        wgmma.wgmma_fence(self.target)
+        for (ahi, alo), dh, dl in zip(a_regs, hi_d, lo_d):
+            # the small terms first: a_lo·b_hi, a_hi·b_lo, then a_hi·b_hi
+            values = wgmma.wgmma_half_rs(self.target, values, alo, dh, N, "bf16")
+            values = wgmma.wgmma_half_rs(self.target, values, ahi, dl, N, "bf16")
+            values = wgmma.wgmma_half_rs(self.target, values, ahi, dh, N, "bf16")
+            self.cost.event("wgmma", 3)
+        return Acc(self._finish(values), N, False)
+
+    def _dot_tf32(self, a_el, lay: SmemLayout, base: int, K: int, N: int):
+        """A (TF32 registers, ``a_el``) · B (K-major f32 tile [N, K] at ``base``)."""
+        a_regs = []
+        for kb in range(K // 8):
+            regs = []
+            for jj in range(4):
+                m, kc = wgmma_tf32_a_coord(self.warp, self.lane, jj)
+                regs.append(tf32_operand_bits(a_el(m, 8 * kb + kc)))
+            a_regs.append(regs)
+        descs = wgmma.k_block_descriptors(lay, self._addr32(base), K // 8, 8)
+        values = [B.f(0.0)] * (N // 2)
+        wgmma.wgmma_fence(self.target)
+        for regs, d in zip(a_regs, descs):
+            values = wgmma.wgmma_tf32_rs(self.target, values, regs, d, N)
+            self.cost.event("wgmma")
+        return Acc(self._finish(values), N, False)
+
+    def _dot_b_ring_bf16(self, n, a_el, x, tx: bool, K: int, N: int):
+        """A (bf16 hi + lo registers) · B, a bf16 ring tile as TMA stored it: [N, K] (K-major,
+        one wgmma per k block) or [K, N] (N-major: one per k block and 64-column panel). Row
+        factors of a [K, N] tile scale A's columns."""
+        xn, xf = row_scaled(x)
+        xs = self.slot_of[xn]
+        factor = self._factors(xf)
+        el = a_el if factor is None else (lambda m, k: B.mul(a_el(m, k), factor.read((k,))))
+        a_regs = self._half_a_split(K, el)
+        lay, base = xs.layout, self._addr32(xs.offset)
+        values = [B.f(0.0)] * (N // 2)
+        wgmma.wgmma_fence(self.target)
+        for kb, (hi, lo) in enumerate(a_regs):
+            panels = [(0, N)] if tx else [(n0, lay.panel_cols) for n0 in range(0, N, lay.panel_cols)]
+            for n0, width in panels:
+                st, lbo, sbo = wgmma.operand_start_and_strides(lay, "b", tx, n0, 16 * kb)
+                d = wgmma.make_descriptor(base + st, lbo, sbo, SWIZZLE)
+                part = values[n0 // 2:(n0 + width) // 2]
+                for regs in (lo, hi):
+                    part = wgmma.wgmma_half_rs(self.target, part, regs, d, width, "bf16",
+                                               b_mn_major=not tx)
+                    self.cost.event("wgmma")
+                values[n0 // 2:(n0 + width) // 2] = part
+        return Acc(self._finish(values), N, False)
+
+    # -- stores ------------------------------------------------------------------------------
+    def _store_rows(self, n) -> None:
+        """A [C, N] accumulator (not transposed) to a token tensor: bf16 rows staged in shared
+        memory, then 16-byte stores of the rows inside the sequence; a [C] vector by one thread
+        per row."""
+        v = n.operands[2]
+        mem = self.value_part(n, self.env[n.operands[0]])
+        geo = self.geo
+        C = self.rplan.C
+        x = self.env[v]
+        if len(v.shape) == 1:
+            pos = self._c * geo.C + self.tid
+
+            def one():
+                mem.store(x.read((self.tid,)), geo.token_row(mem, pos, geo.hv), [])
+            B.if_then(B.band(B.icmp("lt", self.tid, C), B.icmp("lt", pos, geo.seqlen)), one)
+            return
+        self._region_barrier()
+        N = v.shape[1]
+        base = self.rplan.smem[f"out{self._outs}"] // 2
+        self._outs += 1
+        for val, (i, j) in zip(x.values, x.coords(self.warp, self.lane)):
+            B.store(self.smem_base, base + i * N + j, val, "bf16")
+        bar.sync_threads()
+        self.cost.event("bar.sync")
+        per_row = N // 8
+        for it in range(C * per_row // self.consumer_threads):
+            idx = self.tid + it * self.consumer_threads
+            row, part = idx // per_row, idx % per_row
+            vals = B.load_vec(self.smem_base, base + row * N + part * 8, 8, "bf16")
+            pos = self._c * geo.C + row
+
+            def write(vals=vals, pos=pos, part=part):
+                mem.store_vec(vals, geo.token_row(mem, pos, geo.hv), [part * 8])
+            B.if_then(B.icmp("lt", pos, geo.seqlen), write)
+
+
+__all__ = ["GenericTileOps", "product_operands", "product_shape", "b_operand_form",
+           "generic_dot_regions", "MAT_PAD"]
