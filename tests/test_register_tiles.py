@@ -109,10 +109,11 @@ def test_kernels_without_rules_are_refused_with_a_reason():
     for label, out in plans.items():
         assert isinstance(out, str) and out, label
     # gdn_bwd's dq kernel takes the general rules (transposed products, decay_matmul); its
-    # dk kernel writes a row into a tile (embed_row): no rule yet
+    # dk kernel has rules for every op but needs more shared memory than there is (every ring
+    # tile copied at the start)
     plans = _match("gdn_bwd")
     assert not isinstance(plans["scan2"], str), plans["scan2"]
-    assert "embed_row" in plans["scan4"]
+    assert "bytes of shared memory" in plans["scan4"]
 
 
 def test_blocked_inverse_matches_the_triangular_solve():

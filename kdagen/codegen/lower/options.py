@@ -54,8 +54,9 @@ class LowerOptions:
     register_scan: bool = True
     # on the native sm_90a path, chunk-parallel kernels whose ops all have a register-tile rule
     # take the register-tile lowering (tiles in wgmma accumulators, ring tiles in shared memory,
-    # no per-op buffers; kdagen.codegen.lower.register_tiles)
-    register_tiles: bool = False
+    # no per-op buffers; kdagen.codegen.lower.register_tiles): True every kernel that fits,
+    # False none, None (the default) the kernels the tuning table puts there (measured faster)
+    register_tiles: bool | None = None
     # consumer warpgroups per CTA of a register scan (64 value columns each; the rest of V goes
     # to more CTAs per head)
     scan_warpgroups: int = 1
@@ -270,7 +271,9 @@ def parse_lower_option(text: str) -> tuple[str, object]:
         raise ValueError(f"{text!r} is not KEY=VALUE of a lowering option; the keys: "
                          f"{', '.join(f.name for f in fields(LowerOptions))}")
     key, value, kind = key.strip(), value.strip(), str(field.type)
-    if kind == "bool":
+    if "None" in kind and value.lower() == "none":
+        return key, None
+    if kind in ("bool", "bool | None"):
         if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
             raise ValueError(f"{key}: {value!r} is not true or false")
         return key, value.lower() in ("true", "1", "yes")

@@ -75,6 +75,8 @@ SMEM_LIMIT = 227 * 1024      # sm_90a's block budget (two CTAs per SM up to 113 
 TWO_PER_SM = 113 * 1024
 TILE_ALIGN = 1024            # a 128B-swizzled tile's base alignment
 TRIL_PITCH = 68              # f32 row pitch of the inverse's shared tiles (64 + 4: no conflicts)
+TRIL_TMP_PITCH = 24          # f32 row pitch of a warp's 16 x 16 merge block (B-operand reads
+                             # of rows t + 4q, columns g: conflict-free)
 GRID_PAD = 4                 # f32 elements padding each row of a 2-D cumsum's shared tile
 #: a 16-row block of a per-channel decay product takes the factored product through its first
 #: row where its gates fall by at most this many powers of two inside it (factors <= 2^64:
@@ -342,6 +344,10 @@ def _plan(program, scan, C: int, V: int, v_ctas: int, dot: str, smem_limit: int)
         if op in ("kda.broadcast", "kda.constant"):
             kinds[r] = "bcast"
             continue
+        if op == "kda.embed_row" and len(n.operands[0].shape) == 1:
+            general()
+            kinds[r] = "tile"            # a vector in one row, zeros elsewhere: read lazily
+            continue
         if op == "kda.cumsum":
             if kinds.get(n.operands[0]) not in ("tile", "ring", "smem"):
                 raise NoMatch("a cumsum of a tile that is not an expression of ring tiles")
@@ -581,7 +587,7 @@ def _place_regions(plan: RegisterTilePlan, body: list, kinds: dict, C: int, V: i
         regions.append((f"tril_x{i}", C * TRIL_PITCH * 4, index[n], index[n], 16))
         regions.append((f"tril_out{i}", C * TRIL_PITCH * 4, index[n], last_use(n.results[0]),
                         16))
-        regions.append((f"tril_tmp{i}", 4 * 16 * TRIL_PITCH * 4, index[n], index[n], 16))
+        regions.append((f"tril_tmp{i}", 4 * 16 * TRIL_TMP_PITCH * 4, index[n], index[n], 16))
     for i, n in enumerate(plan.outs):
         width = n.operands[2].shape[1] // (v_ctas if kinds.get(n.operands[2]) == "acc_t" else 1)
         regions.append((f"out{i}", C * width * 2, index[n], index[n], 16))
@@ -593,19 +599,31 @@ def _place_regions(plan: RegisterTilePlan, body: list, kinds: dict, C: int, V: i
     for i, n in enumerate(plan.b_stages):
         regions.append((f"bstage{i}", generic_dot_regions(n, plan.b_forms[n]), index[n],
                         index[n], TILE_ALIGN))
-    placed = []         # (offset, bytes, first, last)
-    end = 0
-    for name, size, first, last, align in sorted(regions, key=lambda r: (r[2], -r[1])):
-        off = 0
-        for o, b, f, l in sorted(placed):
-            if l < first or last < f:
-                continue                          # not live at the same time
-            if off + size <= o:
-                break
-            off = max(off, -(-(o + b) // align) * align)
-        placed.append((off, size, first, last))
+    # first fit over three orders (by first use, largest first, longest lived first):
+    # whichever ends lowest
+    orders = [sorted(regions, key=lambda r: (r[2], -r[1])),
+              sorted(regions, key=lambda r: (-r[1], r[2])),
+              sorted(regions, key=lambda r: (r[2] - r[3], -r[1]))]
+    best = None
+    for order in orders:
+        placed, offsets, end = [], {}, 0   # placed: (offset, bytes, first, last)
+        for name, size, first, last, align in order:
+            off = 0
+            for o, b, f, l in sorted(placed):
+                if l < first or last < f:
+                    continue                          # not live at the same time
+                if off + size <= o:
+                    break
+                off = max(off, -(-(o + b) // align) * align)
+            placed.append((off, size, first, last))
+            offsets[id(name) if isinstance(name, TileSlot) else name] = (off, size, first, last)
+            end = max(end, off + size)
+        if best is None or end < best[0]:
+            best = (end, offsets)
+    end, offsets = best
+    for name, size, first, last, align in regions:
+        off, size, first, last = offsets[id(name) if isinstance(name, TileSlot) else name]
         plan.live[name.tensor if isinstance(name, TileSlot) else name] = (off, size, first, last)
-        end = max(end, off + size)
         if isinstance(name, TileSlot):
             name.offset = off
         else:
@@ -1380,8 +1398,8 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
         sm = T_.Scratch(self.smem_base, "smem")
         X = T_.BufRef(sm, self.rplan.smem[f"tril_x{i}"] // 4, (C, C), (TRIL_PITCH, 1))
         L = T_.BufRef(sm, self.rplan.smem[f"tril_out{i}"] // 4, (C, C), (TRIL_PITCH, 1))
-        tmp = T_.BufRef(sm, self.rplan.smem[f"tril_tmp{i}"] // 4 + self.warp * 16 * TRIL_PITCH,
-                        (16, 16), (TRIL_PITCH, 1))
+        tmp = T_.BufRef(sm, self.rplan.smem[f"tril_tmp{i}"] // 4 + self.warp * 16 * TRIL_TMP_PITCH,
+                        (16, 16), (TRIL_TMP_PITCH, 1))
         # the strictly lower part of x; L zero above the diagonal blocks
         for v, (r, c) in zip(x.values, x.coords(self.warp, self.lane)):
             X.write((r, c), B.sel(B.icmp("lt", c, r), v, B.f(0.0)))

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# GPU calls of stop 55 (through bench/gpu_run.sh; carry [".whl", ".gpucarry"]):
+#   rt2   the GPU check of the register-tile lowering with its general rules (check_rt: the
+#         native gdn_* set with LowerOptions.register_tiles, gdn_bwd's dq kernel on the path)
+#         and of the new default (check_def: gdn_fwd, its prologue and output kernel on the
+#         path by the tuning table, the prologue publishing chunk flags); then an A/B at
+#         B1_T8k_H16, GDN, kdagen only: base (stop 54's default), new (the tuned default),
+#         rt (every kernel that fits on register tiles)
+#   fla   the new default (bench_new) against FLA in one process at B1_T8k_H16: GDN forward
+#         (FLA's GDN backward needs tilelang, not carried here), KDA forward and fwd+bwd
+# Prepare: the bundles of the closing note, packed as .gpucarry/NAME.tar.xz
+set -x
+nvidia-smi --query-gpu=name --format=csv,noheader
+checks() {       # checks TIMEOUT BUNDLE...: the quick GPU check of each bundle
+    local t=$1; shift
+    for b in "$@"; do
+        timeout "$t" python3 -m tools.gpu_check .bundles/$b --quick > "$OUT/$b.log" 2>&1
+        echo "$b rc=$?"; grep -E "SUMMARY|FAIL|ERROR|Error" "$OUT/$b.log" | head -24
+    done
+}
+case "$1" in
+rt2)
+    checks 150 check_rt check_def
+    timeout 300 python3 -m kdagen.cli bench --bundle base=.bundles/bench --bundle new=.bundles/bench_new \
+        --bundle rt=.bundles/ab_rt2 --ops gdn --modes fwd,fwdbwd --configs B1_T8k_H16 --no-fla \
+        --rep-ms 100 --kernels --kernel-reps 5 --json "$OUT/rt2.json" > "$OUT/rt2.log" 2>&1
+    echo "bench_rc=$?"; grep -A6 "^op |" "$OUT/rt2.log"; grep -E "k[0-9]_scan[0-9] |Error" "$OUT/rt2.log" | tail -30 ;;
+fla)
+    timeout 200 python3 -m kdagen.cli bench --bundle new=.bundles/bench_new --ops gdn --modes fwd \
+        --configs B1_T8k_H16 --rep-ms 100 --kernels --kernel-reps 5 --json "$OUT/fla_gdn.json" \
+        > "$OUT/fla_gdn.log" 2>&1
+    echo "gdn_rc=$?"; grep -A4 "^op |" "$OUT/fla_gdn.log"; tail -3 "$OUT/fla_gdn.log"
+    timeout 300 python3 -m kdagen.cli bench --bundle new=.bundles/bench_new --ops kda --modes fwd,fwdbwd \
+        --configs B1_T8k_H16 --rep-ms 100 --json "$OUT/fla_kda.json" > "$OUT/fla_kda.log" 2>&1
+    echo "kda_rc=$?"; grep -A4 "^op |" "$OUT/fla_kda.log"; tail -3 "$OUT/fla_kda.log" ;;
+esac
