@@ -8,6 +8,15 @@
 #         rt (every kernel that fits on register tiles)
 #   fla   the new default (bench_new) against FLA in one process at B1_T8k_H16: GDN forward
 #         (FLA's GDN backward needs tilelang, not carried here), KDA forward and fwd+bwd
+#   qla   after a call that installed .site1 into /tmp/site (the machine still warm; carry
+#         .site2 with .whl and .gpucarry): install .site2, then the new default (bench_new)
+#         against FLA and FlashQLA in one process at B1_T8k_H16, GDN fwd and fwd+bwd, and KDA
+#         against FLA
+#   diag  why gdn_bwd failed at B2_T1 with the general rules (check_rt: 46 ok, 14 FAIL, every
+#         gradient but dq): the GPU check of gdn_bwd with register tiles and chunk_flags=off
+#         (diag_noflags), with only the dq kernel (diag_k2only) and only the prologue
+#         (diag_k0only) on them; then the A/B of stop 54's default (base) against the tuned
+#         default with the output kernel alone on register tiles (new2), GDN, B1_T8k_H16
 # Prepare: the bundles of the closing note, packed as .gpucarry/NAME.tar.xz
 set -x
 nvidia-smi --query-gpu=name --format=csv,noheader
@@ -33,4 +42,26 @@ fla)
     timeout 300 python3 -m kdagen.cli bench --bundle new=.bundles/bench_new --ops kda --modes fwd,fwdbwd \
         --configs B1_T8k_H16 --rep-ms 100 --json "$OUT/fla_kda.json" > "$OUT/fla_kda.log" 2>&1
     echo "kda_rc=$?"; grep -A4 "^op |" "$OUT/fla_kda.log"; tail -3 "$OUT/fla_kda.log" ;;
+diag)
+    checks 120 diag_noflags diag_k2only diag_k0only
+    timeout 240 python3 -m kdagen.cli bench --bundle base=.bundles/bench --bundle new2=.bundles/bench_new2 \
+        --ops gdn --modes fwd,fwdbwd --configs B1_T8k_H16 --no-fla --rep-ms 100 --kernels \
+        --kernel-reps 5 --json "$OUT/new2.json" > "$OUT/new2.log" 2>&1
+    echo "bench_rc=$?"; grep -A6 "^op |" "$OUT/new2.log"; grep -E "fwd +k[0-9]_scan[0-9] |Error" "$OUT/new2.log" | tail -30 ;;
+fix)
+    # after the fix (token rows past the sequence end zeroed in shared memory): the GPU check of
+    # every gdn_* kernel on register tiles (check_rt) and of the new default (check_def), then
+    # the A/B of stop 54's default against the new one (new2)
+    checks 150 check_rt check_def
+    timeout 240 python3 -m kdagen.cli bench --bundle base=.bundles/bench --bundle new2=.bundles/bench_new2 \
+        --ops gdn --modes fwd,fwdbwd --configs B1_T8k_H16 --no-fla --rep-ms 100 --kernels \
+        --kernel-reps 5 --json "$OUT/new2.json" > "$OUT/new2.log" 2>&1
+    echo "bench_rc=$?"; grep -A6 "^op |" "$OUT/new2.log"; grep -E "fwd +k[0-9]_scan[0-9] |Error" "$OUT/new2.log" | tail -30 ;;
+qla)
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .site2/*.whl
+    python3 -c "import flash_qla, tilelang; print('flash_qla', flash_qla.__file__)" 2>&1 | tail -2
+    timeout 420 python3 -m kdagen.cli bench --bundle new=.bundles/bench_new --ops gdn,kda \
+        --modes fwd,fwdbwd --configs B1_T8k_H16 --rep-ms 100 --kernels --kernel-reps 5 \
+        --json "$OUT/qla.json" > "$OUT/qla.log" 2>&1
+    echo "bench_rc=$?"; grep -A8 "^op |" "$OUT/qla.log"; tail -4 "$OUT/qla.log" ;;
 esac

@@ -742,6 +742,7 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
         self.env[rp.scan.body.args[0]] = c
         bar.mbarrier_wait(full, 0)
         self.cost.event("mbarrier.wait")
+        self._zero_rows_past_the_end(c)
         self._vectors = 0
         self._staged = 0
         self._inverses = 0
@@ -758,6 +759,39 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
         if self.publish_flags:
             publish_chunk_ready(self.target, self.p_flags, self.geo.chunk_row(c),
                                 self.flag_value, self.tid, self.cost)
+
+    def _zero_rows_past_the_end(self, c) -> None:
+        """Zero the rows of the token tiles past the sequence end (the last chunk of a
+        sequence): TMA copies the next sequence's tokens there (or zeros past the tensor), and
+        the products read the tiles straight from shared memory, so a contraction over tokens
+        would otherwise take them in."""
+        tokens = [s for s in self.rplan.slots if s.kind == "token"]
+        if not tokens:
+            return
+        geo, C = self.geo, self.rplan.C
+        valid = geo.seqlen - c * C
+
+        def zero():
+            for s in tokens:
+                lay = s.layout
+                chunks = lay.num_panels * s.rows * (SWIZZLE // 16)    # 16-byte pieces
+                for it in range(-(-chunks // THREADS)):
+                    e = self.tid + it * THREADS
+                    per_panel = s.rows * (SWIZZLE // 16)
+                    panel, rest = e // per_panel, e % per_panel
+                    row = rest // (SWIZZLE // 16)
+                    at = (s.offset + panel * lay.panel_bytes) // 4 + rest * 4
+                    cond = B.icmp("ge", row, valid)
+                    if chunks % THREADS:
+                        cond = B.band(cond, B.icmp("lt", e, chunks))
+                    # a whole 128-byte row of a panel: where the swizzle puts its pieces
+                    # does not matter
+                    B.if_then(cond, lambda at=at: B.store_vec(self.smem_base, at,
+                                                              [B.f(0.0)] * 4, "f32"))
+        B.if_then(B.icmp("lt", valid, C), zero)
+        bar.fence_proxy_async_shared()       # before wgmma reads them (the async proxy)
+        bar.sync_threads()
+        self.cost.event("bar.sync")
 
     def _copy(self, s: TileSlot, tmap, c, full) -> None:
         geo = self.geo

@@ -69,17 +69,16 @@ TUNED: tuple[TunedKernel, ...] = (
                 "B1_T32k_H4 3.43 -> 2.74 (fwd+bwd 4.87 -> 4.58 ms); GPU check 1148 ok with "
                 "slot barriers in both backward programs (bench/results/h100_stop53_slots_1.log, "
                 "h100_stop53_check_slotsp.log)"),
-    # the register-tile lowering (register_tiles.py): GDN's forward prologue and output kernel
-    # on it; KDA's forward kernels measured 2.6x slower there (one CTA per head for the
-    # per-channel decay products), its backward kernels not yet on it
-    TunedKernel("sm_90a", "sm90-native", "gdn_fwd", (128, 128), "k0_scan0",
-                (("register_tiles", True),),
-                "H100, B1_T8k_H16, one process: 228 -> 138 us; GPU check 60 ok "
-                "(bench/results/h100_stop55_rt_ab.log, h100_stop55_check_rt.log)"),
+    # the register-tile lowering (register_tiles.py): GDN's forward output kernel on it. The
+    # prologue measured faster alone (224 -> 162 us) but the forward slower (0.511 -> 0.559
+    # ms): at two CTAs per SM (76 KB) it leaves no SM free for the scan beside it (199 KB),
+    # which then waits for the prologue to drain. KDA's forward kernels measured 2.6x slower
+    # there (one CTA per head for the per-channel decay products)
     TunedKernel("sm_90a", "sm90-native", "gdn_fwd", (128, 128), "k2_scan2",
                 (("register_tiles", True),),
-                "H100, B1_T8k_H16, one process: 204 -> 139 us; GPU check 60 ok "
-                "(bench/results/h100_stop55_rt_ab.log, h100_stop55_check_rt.log)"),
+                "H100, B1_T8k_H16, one process: 204 -> 139 us (stop 54's kernel), 203 -> 141 "
+                "(this one); GPU check 60 + 12 ok (bench/results/h100_stop55_rt_ab.log, "
+                "h100_stop55_rt2_ab.log, h100_stop55_check_rt.log, h100_stop55_check_def.log)"),
     TunedKernel("sm_90a", "sm90-native", "gdn_bwd", (256, 128), "k4_scan4",
                 (("chunk_warpgroups", 4), ("load_batch", 2)),
                 "H100, B1_T8k_H16, one process: 3894 -> 3009 us per value part, no spill "
