@@ -60,7 +60,7 @@ fix)
 qla)
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .site2/*.whl
     python3 -c "import flash_qla, tilelang; print('flash_qla', flash_qla.__file__)" 2>&1 | tail -2
-    timeout 420 python3 -m kdagen.cli bench --bundle new=.bundles/bench_new --ops gdn,kda \
+    timeout 420 python3 -m kdagen.cli bench --bundle new=.bundles/bench_new2 --ops gdn,kda \
         --modes fwd,fwdbwd --configs B1_T8k_H16 --rep-ms 100 --kernels --kernel-reps 5 \
         --json "$OUT/qla.json" > "$OUT/qla.log" 2>&1
     echo "bench_rc=$?"; grep -A8 "^op |" "$OUT/qla.log"; tail -4 "$OUT/qla.log" ;;
