@@ -355,3 +355,28 @@ def test_kda_forward_register_tile_kernels_assemble_without_spills():
         # the channel decay: a TF32 m64n16 product per 16-column block
         assert "m64n16k8.f32.tf32.tf32" in ptx
         _assembles_without_spills(ptx, k.name)
+
+
+def test_one_cta_per_sm_pads_the_shared_memory():
+    """register_tile_ctas_per_sm=1: the kernel declares more than half an SM's shared memory
+    (an SM it leaves is empty, for the scan beside it); 0 keeps what it needs; others refused."""
+    from kdagen import driver
+    from kdagen.codegen.lower import register_tiles
+    from kdagen.codegen.lower.kernel import lower_program
+    from kdagen.codegen.lower.options import LowerOptions
+    from kdagen.codegen.lower.plan import LoweringError
+    from kdagen.target import TARGETS
+    t = TARGETS["sm_90a"]
+    mod = driver.build_module("gdn_fwd", {}, pipeline="chip", chip="sm_90a")
+
+    def smem(**kw):
+        ks = lower_program(mod, t, options=LowerOptions(path="native", dot="auto",
+                                                        register_tiles=True, **kw), cost=False)
+        return {k.name.rsplit("_", 1)[-1]: k.launch["dynamic_shared_memory"]
+                for k in ks if k.path == "sm90-register-tile"}
+    fit, one = smem(), smem(register_tile_ctas_per_sm=1)
+    assert fit.keys() == one.keys() == {"scan0", "scan2"}
+    assert all(v <= register_tiles.TWO_PER_SM for v in fit.values())
+    assert all(v > register_tiles.TWO_PER_SM for v in one.values())
+    with pytest.raises(LoweringError, match="register_tile_ctas_per_sm"):
+        smem(register_tile_ctas_per_sm=3)

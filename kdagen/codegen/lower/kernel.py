@@ -367,9 +367,15 @@ def _register_tile_plan(program: Program, g, target: Target | None, opts: LowerO
     if not kopts.register_tiles:
         return None
     try:
-        return register_tiles.match(program, g, target, dot=kopts.dot)
+        plan = register_tiles.match(program, g, target, dot=kopts.dot)
     except register_tiles.NoMatch:
         return None
+    if kopts.register_tile_ctas_per_sm not in (0, 1, 2):
+        raise LoweringError(f"register_tile_ctas_per_sm: {kopts.register_tile_ctas_per_sm}; "
+                            "use 0 (as many as fit), 1 or 2")
+    if kopts.register_tile_ctas_per_sm == 1:
+        plan.smem_bytes = max(plan.smem_bytes, register_tiles.TWO_PER_SM + 1024)
+    return plan
 
 
 def _register_scan_plans(program: Program, groups: list, target: Target | None,

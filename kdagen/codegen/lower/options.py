@@ -57,6 +57,11 @@ class LowerOptions:
     # no per-op buffers; kdagen.codegen.lower.register_tiles): True every kernel that fits,
     # False none, None (the default) the kernels the tuning table puts there (measured faster)
     register_tiles: bool | None = None
+    # resident CTAs per SM of a register-tile kernel: 0 as many as its shared memory allows,
+    # 1 its dynamic shared memory padded past half the SM's, so that an SM it leaves is empty
+    # (a prologue at two CTAs per SM kept the 199 KB scan beside it off the SMs: GDN forward
+    # 0.511 -> 0.559 ms on the H100; not yet measured at 1)
+    register_tile_ctas_per_sm: int = 0
     # consumer warpgroups per CTA of a register scan (64 value columns each; the rest of V goes
     # to more CTAs per head)
     scan_warpgroups: int = 1
