@@ -380,3 +380,24 @@ def test_one_cta_per_sm_pads_the_shared_memory():
     assert all(v > register_tiles.TWO_PER_SM for v in one.values())
     with pytest.raises(LoweringError, match="register_tile_ctas_per_sm"):
         smem(register_tile_ctas_per_sm=3)
+
+
+def test_cost_report_prices_register_tile_kernels_per_instruction():
+    """Register-tile kernels are latency-bound (one warpgroup per CTA): the report adds an
+    estimate proportional to the consumer thread's instruction count (the H100 fit)."""
+    from kdagen import driver
+    from kdagen.codegen.lower import cost_model
+    from kdagen.codegen.lower.kernel import lower_program
+    from kdagen.codegen.lower.options import LowerOptions
+    from kdagen.target import TARGETS
+    mod = driver.build_module("gdn_fwd", {}, pipeline="chip", chip="sm_90a")
+    ks = lower_program(mod, TARGETS["sm_90a"], options=LowerOptions(path="native", dot="auto"))
+    by = {k.name.rsplit("_", 1)[-1]: k for k in ks}
+    lb = by["scan2"].cost["latency_bound"]
+    assert by["scan2"].path == "sm90-register-tile"
+    assert lb["instructions"] > 100
+    assert lb["us"] == round(lb["instructions"] * cost_model.REGISTER_TILE_NS_PER_INSTRUCTION
+                             / 1000, 2)
+    assert "latency_bound" not in by["scan0"].cost           # the native path's prologue
+    text = cost_model.format_report("k2", by["scan2"].cost)
+    assert "REGISTER-TILE ESTIMATE" in text

@@ -66,6 +66,17 @@ more instructions and more barriers), so read the split with care: removing barr
 element-wise ops (``elide_barriers``) saved far less than 590 cycles each on the H200
 (kda_bwd's dk kernel, 133 -> 121 per CTA: 2166 -> 2151 µs, ~0.1 µs per barrier and CTA).
 
+**Register-tile kernels** (``sm90-register-tile``: one warpgroup per CTA, one or two CTAs per
+SM) are latency-bound instead: each warp issues its own dependent chain with at most one other
+warp per scheduler to switch to. On the H100 (B1_T8k_H16, stop 55) a CTA took 6.7-9.4 ns per
+instruction of its consumer thread (kernel µs / waves of CTAs over the SMs / the static
+instruction count: GDN's prologue 8.0 and output kernel 9.4 at two CTAs per SM, KDA's
+prologue 6.7 and output kernel 8.7 at one), so the report prices them at
+``REGISTER_TILE_NS_PER_INSTRUCTION = 8.2`` per instruction (``register_tile_estimate``).
+GDN's backward dq kernel on the general rules took 19 ns per instruction (1408 µs, 217 KB,
+one CTA per SM): something the count does not see (its shared-memory staging, its 12-byte
+spill) costs there, which the estimate does not price.
+
 A second resident CTA per SM (``LowerOptions.chunk_ctas_per_sm=2``) does not hide these
 terms: on the H200 (B1_T8k_H16, ``bench/results/h200_stop44_ab_chunk_ctas.log``) every
 chunk-parallel kernel whose buffers then spilled more to the global scratch got slower
@@ -87,7 +98,8 @@ BY_OP_COLUMNS = ("ld.global", "st.global", "ld.shared", "st.shared", "bar.sync",
 __all__ = ["CLOCK_GHZ", "GLOBAL_ROUND_CYCLES", "GLOBAL_ROUND_HBM_CYCLES",
            "GLOBAL_ROUND_HOISTED_CYCLES", "SHARED_ROUND_CYCLES", "WGMMA_CYCLES",
            "RING_REFILL_GB_S", "SCHEDULERS", "ISSUE_CYCLES", "BARRIER_CYCLES",
-           "THROUGHPUT_ROUND_CYCLES", "estimate", "throughput_estimate",
+           "THROUGHPUT_ROUND_CYCLES", "REGISTER_TILE_NS_PER_INSTRUCTION", "estimate",
+           "throughput_estimate", "register_tile_estimate",
            "kernel_report", "format_report", "format_reports", "REPORT_EVENTS"]
 
 CLOCK_GHZ = 1.98
@@ -101,6 +113,7 @@ SCHEDULERS = 4
 ISSUE_CYCLES = 4.93
 BARRIER_CYCLES = 590
 THROUGHPUT_ROUND_CYCLES = 423
+REGISTER_TILE_NS_PER_INSTRUCTION = 8.2
 #: counts that are not instructions (rounds, loop trips, bytes) or count a subset of another
 NOT_INSTRUCTIONS = frozenset({"global_rounds", "shared_rounds", "loop_iters", "ring.refill_bytes",
                               "st.shared.staging", "unknown_trip_loops", "bytes.global",
@@ -149,6 +162,17 @@ def throughput_estimate(counts: dict, warps: int) -> dict:
                          "global_rounds": round(rounds * to_us, 2)},
             "is_estimate": True,
             "model": "kdagen.codegen.lower.cost_model throughput fit (10 H200 kernels, +-22%)"}
+
+
+def register_tile_estimate(counts: dict) -> dict:
+    """The register-tile kernels' fit (see the module doc): µs per CTA from the consumer
+    thread's instruction count."""
+    instructions = sum(v for k, v in counts.items()
+                       if k not in NOT_INSTRUCTIONS and isinstance(v, (int, float)))
+    return {"us": round(instructions * REGISTER_TILE_NS_PER_INSTRUCTION / 1000.0, 2),
+            "instructions": instructions, "is_estimate": True,
+            "model": "kdagen.codegen.lower.cost_model register-tile fit (4 H100 kernels, "
+                     "6.7-9.4 ns per instruction)"}
 
 
 def kernel_report(counter: CostCounter, serial: bool, warps: int | None = None) -> dict:
@@ -248,6 +272,11 @@ def format_report(name: str, report: dict) -> str:
         lines.append(f"  THROUGHPUT ESTIMATE (fit, +-22%): {th['us']:g} us per CTA (issue "
                      f"{t['issue']:g}: {th['instructions']:g} instructions x {th['warps']} warps"
                      f" + barriers {t['barriers']:g} + global rounds {t['global_rounds']:g})")
+    if report.get("latency_bound"):
+        lb = report["latency_bound"]
+        lines.append(f"  REGISTER-TILE ESTIMATE (fit, 6.7-9.4 ns per instruction): {lb['us']:g} us "
+                     f"per CTA ({lb['instructions']:g} instructions of a latency-bound chain; "
+                     "one or two CTAs per SM)")
     return f"{name}\n" + "\n".join(lines)
 
 

@@ -15,7 +15,7 @@ from kdagen.target import Target
 from . import register_scan, register_tiles, sm90_native, tuning
 from . import tiles as T_
 from .chunk_flags import pair_kernels
-from .cost_model import kernel_report
+from .cost_model import kernel_report, register_tile_estimate
 from .emitter import REDUCE_SLOTS_BYTES, GlobalKernelEmitter, TileKernelEmitter
 from .options import TENSORMAP_PARAMS, TRANSPOSED_STORE_ORDERS, LowerOptions, product_precision
 from .plan import KernelGroup, LoweringError, group_kernels
@@ -432,6 +432,8 @@ def lower_program(module, target: Target, *, name: str | None = None,
             report["tuned"] = dict(pk.launch["tuned"])
         if report is not None and pk.launch.get("path") in REGISTER_PATHS:
             report["registers"] = True      # its tiles live in registers, not per-op buffers
+        if report is not None and pk.launch.get("path") == register_tiles.PATH_NAME:
+            report["latency_bound"] = register_tile_estimate(report["counts"])
         layouts = [s.attrs["kda.layout_cost"] for s in pk.group.scans
                    if isinstance(s.attrs.get("kda.layout_cost"), dict)]
         if report is not None and layouts:
