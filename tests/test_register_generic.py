@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from test_register_tiles import _match
+from test_register_tiles import _lowered, _match
 
 C = 64
 
@@ -120,13 +120,7 @@ def test_chunk_stores_follow_their_accumulators():
 def test_gdn_backward_dq_kernel_assembles():
     from kdagen import driver
     from kdagen.codegen import ptxas
-    from kdagen.codegen.lower.kernel import lower_program
-    from kdagen.codegen.lower.options import LowerOptions
-    from kdagen.target import TARGETS
-    t = TARGETS["sm_90a"]
-    mod = driver.build_module("gdn_bwd", {}, pipeline="chip", chip="sm_90a")
-    ks = lower_program(mod, t, options=LowerOptions(path="native", dot="auto",
-                                                    register_tiles=True))
+    ks, t = _lowered("gdn_bwd", register_tiles=True)
     (k,) = [k for k in ks if k.name.endswith("k2_scan2")]
     assert k.path == "sm90-register-tile" and k.launch["block"] == [128, 1, 1]
     r = ptxas.assemble(driver.ptx_of(k.module, t, k.name), "sm_90a", ptxas.find_ptxas())

@@ -35,6 +35,18 @@ def _match(program):
     return out
 
 
+def _lowered(program: str, **opts):
+    """``program``'s kernels for sm_90a on the native path (``dot="auto"``, ``opts`` over the
+    LowerOptions defaults), and the target."""
+    from kdagen import driver
+    from kdagen.codegen.lower.kernel import lower_program
+    from kdagen.codegen.lower.options import LowerOptions
+    from kdagen.target import TARGETS
+    t = TARGETS["sm_90a"]
+    mod = driver.build_module(program, {}, pipeline="chip", chip="sm_90a")
+    return lower_program(mod, t, options=LowerOptions(path="native", dot="auto", **opts)), t
+
+
 def test_gdn_forward_output_kernel_takes_the_register_tiles():
     plans = _match("gdn_fwd")
     out = plans["scan2"]
@@ -269,13 +281,7 @@ def test_swizzled_offsets_cover_each_tile_once():
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="needs ptxas")
 def test_register_tile_kernel_assembles_without_spills():
     from kdagen import driver
-    from kdagen.codegen.lower.kernel import lower_program
-    from kdagen.codegen.lower.options import LowerOptions
-    from kdagen.target import TARGETS
-    t = TARGETS["sm_90a"]
-    mod = driver.build_module("gdn_fwd", {}, pipeline="chip", chip="sm_90a")
-    ks = lower_program(mod, t, options=LowerOptions(path="native", dot="auto",
-                                                    register_tiles=True))
+    ks, t = _lowered("gdn_fwd", register_tiles=True)
     tiles = [k for k in ks if k.path == "sm90-register-tile"]
     # the prologue and the output kernel; the serial scan keeps its own path
     assert [k.name.rsplit("_", 1)[-1] for k in tiles] == ["scan0", "scan2"]
@@ -300,10 +306,10 @@ def test_register_tile_kernel_assembles_without_spills():
     _assembles_without_spills(ptx, "output")
     # by default the tuning table puts the output kernel on the path (measured faster); without
     # the table and the option both stay on the native tile path
-    ks = lower_program(mod, t, options=LowerOptions(path="native", dot="auto"))
+    ks, _ = _lowered("gdn_fwd")
     assert [k.name.rsplit("_", 1)[-1] for k in ks if k.path == "sm90-register-tile"] == \
         ["scan2"]
-    ks = lower_program(mod, t, options=LowerOptions(path="native", dot="auto", tuned=False))
+    ks, _ = _lowered("gdn_fwd", tuned=False)
     assert not any(k.path == "sm90-register-tile" for k in ks)
 
 
@@ -360,18 +366,11 @@ def test_kda_forward_register_tile_kernels_assemble_without_spills():
 def test_one_cta_per_sm_pads_the_shared_memory():
     """register_tile_ctas_per_sm=1: the kernel declares more than half an SM's shared memory
     (an SM it leaves is empty, for the scan beside it); 0 keeps what it needs; others refused."""
-    from kdagen import driver
     from kdagen.codegen.lower import register_tiles
-    from kdagen.codegen.lower.kernel import lower_program
-    from kdagen.codegen.lower.options import LowerOptions
     from kdagen.codegen.lower.plan import LoweringError
-    from kdagen.target import TARGETS
-    t = TARGETS["sm_90a"]
-    mod = driver.build_module("gdn_fwd", {}, pipeline="chip", chip="sm_90a")
 
     def smem(**kw):
-        ks = lower_program(mod, t, options=LowerOptions(path="native", dot="auto",
-                                                        register_tiles=True, **kw), cost=False)
+        ks, _ = _lowered("gdn_fwd", register_tiles=True, **kw)
         return {k.name.rsplit("_", 1)[-1]: k.launch["dynamic_shared_memory"]
                 for k in ks if k.path == "sm90-register-tile"}
     fit, one = smem(), smem(register_tile_ctas_per_sm=1)
@@ -385,13 +384,8 @@ def test_one_cta_per_sm_pads_the_shared_memory():
 def test_cost_report_prices_register_tile_kernels_per_instruction():
     """Register-tile kernels are latency-bound (one warpgroup per CTA): the report adds an
     estimate proportional to the consumer thread's instruction count (the H100 fit)."""
-    from kdagen import driver
     from kdagen.codegen.lower import cost_model
-    from kdagen.codegen.lower.kernel import lower_program
-    from kdagen.codegen.lower.options import LowerOptions
-    from kdagen.target import TARGETS
-    mod = driver.build_module("gdn_fwd", {}, pipeline="chip", chip="sm_90a")
-    ks = lower_program(mod, TARGETS["sm_90a"], options=LowerOptions(path="native", dot="auto"))
+    ks, _ = _lowered("gdn_fwd")
     by = {k.name.rsplit("_", 1)[-1]: k for k in ks}
     lb = by["scan2"].cost["latency_bound"]
     assert by["scan2"].path == "sm90-register-tile"
