@@ -395,3 +395,40 @@ def test_cost_report_prices_register_tile_kernels_per_instruction():
     assert "latency_bound" not in by["scan0"].cost           # the native path's prologue
     text = cost_model.format_report("k2", by["scan2"].cost)
     assert "REGISTER-TILE ESTIMATE" in text
+
+
+def test_two_warpgroups_cover_each_tile_once():
+    """register_tile_warpgroups=2: a transposed accumulator per warpgroup holds its own
+    64-column value block, a plain one its half of the columns (col0); together they hold every
+    element of the tile exactly once."""
+    from kdagen.codegen.lower.register_values import Acc
+
+    def held(make):
+        seen = []
+        for wg in range(2):
+            acc = make(wg)
+            for tid in range(128):
+                seen += acc.coords(tid // 32, tid % 32)
+        return seen
+    plain = held(lambda wg: Acc([0.0] * 16, 32, False, wg * 32))          # [64, 64] halves
+    assert sorted(plain) == [(i, j) for i in range(64) for j in range(64)]
+    parts = held(lambda wg: Acc([0.0] * 32, 64, True, wg * 64))           # [64, 128] blocks
+    assert sorted(parts) == [(i, j) for i in range(64) for j in range(128)]
+
+
+@pytest.mark.skipif(shutil.which("ptxas") is None, reason="needs ptxas")
+def test_two_warpgroups_take_gdn_forward_output_kernel():
+    """The output kernel's rules all split over two warpgroups: one CTA per head and chunk of
+    256 threads, the decay product as two m64n32 halves; a kernel with a rule that does not
+    split (the prologue's inverse) keeps one warpgroup; other counts are refused."""
+    from kdagen import driver
+    from kdagen.codegen.lower.plan import LoweringError
+    ks, t = _lowered("gdn_fwd", register_tiles=True, register_tile_warpgroups=2)
+    by = {k.name.rsplit("_", 1)[-1]: k for k in ks if k.path == "sm90-register-tile"}
+    assert by["scan2"].launch["block"] == [256, 1, 1] and by["scan2"].launch["grid"][0] == "HV"
+    assert by["scan0"].launch["block"] == [128, 1, 1]
+    ptx = driver.ptx_of(by["scan2"].module, t, by["scan2"].name)
+    assert ptx.count("wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16") == 128 // 16
+    _assembles_without_spills(ptx, "output, two warpgroups")
+    with pytest.raises(LoweringError, match="register_tile_warpgroups"):
+        _lowered("gdn_fwd", register_tiles=True, register_tile_warpgroups=3)

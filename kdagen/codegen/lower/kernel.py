@@ -366,8 +366,18 @@ def _register_tile_plan(program: Program, g, target: Target | None, opts: LowerO
     kopts, _ = _kernel_options(opts, target, sm90_native.PATH_NAME, program, g)
     if not kopts.register_tiles:
         return None
+    if kopts.register_tile_warpgroups not in (1, 2):
+        raise LoweringError(f"register_tile_warpgroups: {kopts.register_tile_warpgroups}; "
+                            "use 1 or 2")
+    plan = None
+    if kopts.register_tile_warpgroups > 1:
+        try:
+            plan = register_tiles.match(program, g, target, dot=kopts.dot,
+                                        warpgroups=kopts.register_tile_warpgroups)
+        except register_tiles.NoMatch:
+            plan = None             # the kernel keeps one warpgroup
     try:
-        plan = register_tiles.match(program, g, target, dot=kopts.dot)
+        plan = plan or register_tiles.match(program, g, target, dot=kopts.dot)
     except register_tiles.NoMatch:
         return None
     if kopts.register_tile_ctas_per_sm not in (0, 1, 2):

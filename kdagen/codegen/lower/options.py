@@ -62,6 +62,11 @@ class LowerOptions:
     # (a prologue at two CTAs per SM kept the 199 KB scan beside it off the SMs: GDN forward
     # 0.511 -> 0.559 ms on the H100; not yet measured at 1)
     register_tile_ctas_per_sm: int = 0
+    # consumer warpgroups of a register-tile kernel: 1, or 2 (one CTA per head, each warpgroup
+    # a 64-column value block of the transposed products and half the columns of the others;
+    # V = 128 and only the rules that split so, else the kernel keeps one). The path is
+    # latency-bound at one warpgroup (cost_model: 6.7-9.4 ns per instruction); not yet measured
+    register_tile_warpgroups: int = 1
     # consumer warpgroups per CTA of a register scan (64 value columns each; the rest of V goes
     # to more CTAs per head)
     scan_warpgroups: int = 1

@@ -161,6 +161,8 @@ class RegisterTilePlan:
     b_stages: list = field(default_factory=list)   # general products staging their B
     outs: list = field(default_factory=list)       # token-tile stores (a staging area each)
     vec_len: int = 64                              # floats per shared vector
+    warpgroups: int = 1                            # consumer warpgroups (one value block each)
+    one_warpgroup: list = field(default_factory=list)   # rules used that take one warpgroup
 
     @property
     def grid(self) -> list:
@@ -168,7 +170,7 @@ class RegisterTilePlan:
 
     @property
     def block_threads(self) -> int:
-        return THREADS
+        return THREADS * self.warpgroups
 
     def tensor_maps(self) -> dict:
         return {s.param: s.tensor_map() for s in self.slots}
@@ -203,10 +205,12 @@ def _precision_at_most(n, dot: str, best: str) -> None:
 
 
 def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT,
-          dot: str = "auto") -> RegisterTilePlan:
+          dot: str = "auto", warpgroups: int = 1) -> RegisterTilePlan:
     """The plan of chunk-parallel kernel ``group`` on this path; raises `NoMatch` saying why
     not. ``dot``: the lowering's product precision option (each rule refuses a product that
-    asks for more than it gives)."""
+    asks for more than it gives). ``warpgroups`` > 1: one CTA per head whose consumer
+    warpgroups each take one 64-column value block of the transposed products and a share of
+    the columns of the others (V = 64 x warpgroups; only the rules that split so)."""
     if target is None or not all(getattr(target, c) for c in ("has_wgmma", "has_tma")):
         raise NoMatch("the chip lacks wgmma or TMA")
     if group.kind != "tile" or not group.parallel or len(group.scans) != 1:
@@ -233,16 +237,24 @@ def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT,
     heavy = any(n.op == "kda.decay_dot" and row_gate_sources(n) is None or
                 n.op == "kda.cumsum" and len(n.results[0].shape) == 2 for n in scan.body.nodes)
     v_ctas = V // V_BLOCK if value_only and not heavy else 1
+    if warpgroups > 1:
+        if V != V_BLOCK * warpgroups:
+            raise NoMatch(f"{warpgroups} warpgroups take V = {V_BLOCK * warpgroups}, not {V}")
+        plan = _plan(program, scan, C, V, 1, dot, smem_limit, warpgroups)
+        if plan.one_warpgroup:
+            raise NoMatch(f"{', '.join(sorted(set(plan.one_warpgroup)))}: one warpgroup only")
+        return plan
     try:
         return _plan(program, scan, C, V, v_ctas, dot, smem_limit)
     except _WholeHead:
         return _plan(program, scan, C, V, 1, dot, smem_limit)
 
 
-def _plan(program, scan, C: int, V: int, v_ctas: int, dot: str, smem_limit: int) -> RegisterTilePlan:
+def _plan(program, scan, C: int, V: int, v_ctas: int, dot: str, smem_limit: int,
+          warpgroups: int = 1) -> RegisterTilePlan:
     """`match`'s plan at ``v_ctas`` CTAs per value head."""
     slots: dict = {}          # load node -> TileSlot
-    plan = RegisterTilePlan(scan, C, V, v_ctas)
+    plan = RegisterTilePlan(scan, C, V, v_ctas, warpgroups=warpgroups)
     kinds = plan.kinds        # value -> "ring" | "vec" | "scalar" | "tile" | "acc" | "acc_t" | ...
 
     def kind(v):
@@ -263,6 +275,7 @@ def _plan(program, scan, C: int, V: int, v_ctas: int, dot: str, smem_limit: int)
         # the general rules read and write whole tiles
         if v_ctas > 1:
             raise _WholeHead("a general rule")
+        plan.one_warpgroup.append("the general rules")
 
     def materialise(v, reader):
         # an accumulator read through a shared copy, written at its first such reader
@@ -352,6 +365,7 @@ def _plan(program, scan, C: int, V: int, v_ctas: int, dot: str, smem_limit: int)
             if kinds.get(n.operands[0]) not in ("tile", "ring", "smem"):
                 raise NoMatch("a cumsum of a tile that is not an expression of ring tiles")
             plan.grids.append(tuple(r.shape))
+            plan.one_warpgroup.append("a 2-D cumsum")
             plan.at[f"grid{len(plan.grids) - 1}"] = n
             kinds[r] = "smem"
             continue
@@ -371,6 +385,7 @@ def _plan(program, scan, C: int, V: int, v_ctas: int, dot: str, smem_limit: int)
             _precision_at_most(n, dot, "tf32")
             plan.vectors += bool(lf) + bool(rf) + 1          # + the steep-block flags
             plan.channel_decays.append(sl.cols)
+            plan.one_warpgroup.append("a per-channel decay product")
             plan.at[f"decay{len(plan.channel_decays) - 1}"] = n
             kinds[r] = "acc"
             continue
@@ -393,6 +408,7 @@ def _plan(program, scan, C: int, V: int, v_ctas: int, dot: str, smem_limit: int)
                 raise NoMatch("an inverse of a tile that is not a [C, C] accumulator")
             plan.inverses += 1
             plan.at[f"tril{plan.inverses - 1}"] = n
+            plan.one_warpgroup.append("tril_inv")
             kinds[r] = "smem"
             continue
         if op == "kda.decay_matmul":
@@ -414,6 +430,7 @@ def _plan(program, scan, C: int, V: int, v_ctas: int, dot: str, smem_limit: int)
                 if sr.elt != "bf16" or sr.rows != lhs.shape[1] or sr.rows % 16 or sr.cols % 64:
                     raise NoMatch("a product whose right operand is not a [C, N] bf16 tile")
                 plan.vectors += bool(rf)
+                plan.one_warpgroup.append("a product of a shared tile")
                 kinds[r] = "acc"
                 continue
             if kinds.get(through_views(lhs)) == "smem" and kinds.get(rsrc) in ("tile", "smem") \
@@ -422,6 +439,7 @@ def _plan(program, scan, C: int, V: int, v_ctas: int, dot: str, smem_limit: int)
                 _precision_at_most(n, dot, "tf32")
                 plan.staged.append((rhs.shape[1], rhs.shape[0]))
                 plan.at[f"staged{len(plan.staged) - 1}"] = n
+                plan.one_warpgroup.append("a product of a shared tile")
                 kinds[r] = "acc"
                 continue
             if kinds.get(rsrc) != "ring" or rhs.shape[1] != V or \
@@ -674,13 +692,30 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
 
     @property
     def consumer_threads(self) -> int:
-        return THREADS
+        return self.threads
+
+    @property
+    def threads(self) -> int:
+        return THREADS * self.rplan.warpgroups
+
+    def _parts(self, cols: int) -> list:
+        """The 64-column value blocks of a transposed product this thread's warpgroup
+        computes: all of ``cols`` with one warpgroup, else its own (a run-time index)."""
+        if self.rplan.warpgroups == 1:
+            return list(range(cols // V_BLOCK))
+        return [self.wg]
+
+    def _value_col0(self):
+        """The first logical value column of this warpgroup's transposed accumulators."""
+        if self.rplan.warpgroups == 1:
+            return self.cta_v0
+        return self.cta_v0 + self.wg * V_BLOCK
 
     # -- kernel ------------------------------------------------------------------------------
     def emit_mlir(self, builder, name: str, count_cost: bool = True) -> None:
         rp = self.rplan
         cost = self.cost = CostCounter() if count_cost else NullCounter()
-        with builder.kernel(name, self.params(), (THREADS, 1, 1)) as p:
+        with builder.kernel(name, self.params(), (self.threads, 1, 1)) as p:
             with B.use(MlirBackend(cost=cost)):
                 from kdagen._mlir import nvvm
                 i32 = IntVal(thread_idx("x")).value.type
@@ -703,6 +738,7 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
                 self.coords = coords
                 self.bind_memrefs(p)
                 self.tid, self.warp, self.lane = tid, (tid // 32) % 4, tid % 32
+                self.wg = tid // THREADS            # the consumer warpgroup
                 z = coords["z"]
                 with cost.chunk_step():
                     B.if_then(B.icmp("lt", z, self.geo.nchunks), lambda: self._chunk(z))
@@ -775,14 +811,14 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
             for s in tokens:
                 lay = s.layout
                 chunks = lay.num_panels * s.rows * (SWIZZLE // 16)    # 16-byte pieces
-                for it in range(-(-chunks // THREADS)):
-                    e = self.tid + it * THREADS
+                for it in range(-(-chunks // self.threads)):
+                    e = self.tid + it * self.threads
                     per_panel = s.rows * (SWIZZLE // 16)
                     panel, rest = e // per_panel, e % per_panel
                     row = rest // (SWIZZLE // 16)
                     at = (s.offset + panel * lay.panel_bytes) // 4 + rest * 4
                     cond = B.icmp("ge", row, valid)
-                    if chunks % THREADS:
+                    if chunks % self.threads:
                         cond = B.band(cond, B.icmp("lt", e, chunks))
                     # a whole 128-byte row of a panel: where the swizzle puts its pieces
                     # does not matter
@@ -920,15 +956,23 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
         out = self._vector()
         half = self.tid % 2
         width = 8 if (K // 2) % 8 == 0 else 1
-        for r0 in range(0, R, THREADS // 2):
+        per = self.threads // 2
+        for r0 in range(0, R, per):
             row = r0 + self.tid // 2
-            acc = None
-            for j in range(0, K // 2, width):
-                for v in T_.read_vec(x, (row, half * (K // 2) + j), width):
-                    acc = v if acc is None else B.add(acc, v)
-            acc = B.add(acc, shfl(acc, 1, "bfly"))
-            self.cost.event("shfl")
-            B.if_then(B.icmp("eq", half, 0), lambda row=row, acc=acc: out.write((row,), acc))
+
+            def one(row=row):
+                acc = None
+                for j in range(0, K // 2, width):
+                    for v in T_.read_vec(x, (row, half * (K // 2) + j), width):
+                        acc = v if acc is None else B.add(acc, v)
+                acc = B.add(acc, shfl(acc, 1, "bfly"))
+                self.cost.event("shfl")
+                B.if_then(B.icmp("eq", half, 0), lambda: out.write((row,), acc))
+            if R - r0 < per:
+                # whole warps past the last row (16 rows a warp) skip it
+                B.if_then(B.icmp("lt", row, R), one)
+            else:
+                one()
         bar.sync_threads()
         self.cost.event("bar.sync")
         return out
@@ -969,8 +1013,8 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
         out = T_.BufRef(T_.Scratch(self.smem_base, "smem"), self.rplan.smem[f"grid{i}"] // 4,
                         (C, N), (N + GRID_PAD, 1))
         rows = range(C - 1, -1, -1) if reverse else range(C)
-        for it in range(-(-N // THREADS)):
-            col = self.tid + it * THREADS
+        for it in range(-(-N // self.threads)):
+            col = self.tid + it * self.threads
 
             def column(col=col):
                 acc = None
@@ -978,7 +1022,7 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
                     v = x.read((r, col))
                     acc = v if acc is None else B.add(acc, v)
                     out.write((r, col), acc)
-            if N % THREADS:
+            if N % self.threads:
                 B.if_then(B.icmp("lt", col, N), column)
             else:
                 column()
@@ -1033,8 +1077,8 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
         blay = SmemLayout(16, K, 4, SWIZZLE)
         bbase = self.rplan.smem[f"decay_b{i_dec}"]
         for c in range(blocks):
-            for it in range(16 * K // THREADS):
-                e = self.tid + it * THREADS
+            for it in range(16 * K // self.threads):
+                e = self.tid + it * self.threads
                 jj, d = e // K, e % K
                 j = 16 * c + jj
                 v = yr.read((j, d))
@@ -1179,20 +1223,26 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
         gl, gr = row_gate_sources(n)
         K = sl.cols
         a32, b32 = self._addr32(sl.offset), self._addr32(sr.offset)
-        values = [B.f(0.0)] * (C // 2)
+        # several warpgroups: each its share of the result's columns (B's rows, one 128-byte
+        # swizzle row each in a K-major tile)
+        N, col0 = C // self.rplan.warpgroups, 0
+        if self.rplan.warpgroups > 1:
+            col0 = self.wg * N
+            b32 = b32 + col0 * SWIZZLE
+        values = [B.f(0.0)] * (N // 2)
         wgmma.wgmma_fence(self.target)
         for kk in range(K // 16):
             st, lbo, sbo = wgmma.operand_start_and_strides(sl.layout, "a", False, 0, kk * 16)
             da = wgmma.make_descriptor(a32 + st, lbo, sbo, SWIZZLE)
             st, lbo, sbo = wgmma.operand_start_and_strides(sr.layout, "b", True, 0, kk * 16)
             db = wgmma.make_descriptor(b32 + st, lbo, sbo, SWIZZLE)
-            values = wgmma.wgmma_async(self.target, values, da, db, C, "bf16",
+            values = wgmma.wgmma_async(self.target, values, da, db, N, "bf16",
                                        accumulate=kk > 0)
             self.cost.event("wgmma")
         values = self._finish(values)
         diagonal = int(n.attrs.get("diagonal", 0))
         clamp_min = n.attrs.get("clamp_min")
-        acc = Acc(values, C, False)
+        acc = Acc(values, N, False, col0)
         fl, fr = self._factors(lf), self._factors(rf)
         out = []
         rows_f, cols_f, g_rows, g_cols = {}, {}, {}, {}
@@ -1213,7 +1263,7 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
             x = B.mul(x, e)
             keep = B.icmp("le", j, i + diagonal) if diagonal else B.icmp("le", j, i)
             out.append(B.sel(keep, x, B.f(0.0)))
-        return Acc(out, C, False)
+        return Acc(out, N, False, col0)
 
     def _dot(self, n) -> Acc:
         lhs, rhs = n.operands
@@ -1269,7 +1319,7 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
         wl = ws.layout
         descs = wgmma.k_block_descriptors(xs.layout, self._addr32(xs.offset), K // 16, 16)
         values = []
-        for part in range(ws.cols // V_BLOCK):       # the CTA's 64-column value blocks
+        for part in self._parts(ws.cols):       # the 64-column value blocks it computes
             a_regs = self._half_a_split(K, lambda m, k, p=part: B.load(
                 self.smem_base, (ws.offset + wl.byte_offset(k, m + V_BLOCK * p)) // 4, "f32"))
             vals = [B.f(0.0)] * (C // 2)
@@ -1279,7 +1329,7 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
                 vals = wgmma.wgmma_half_rs(self.target, vals, hi, d, C, "bf16")
                 self.cost.event("wgmma", 2)
             values += self._finish(vals)
-        acc = Acc(values, C, True, self.cta_v0)
+        acc = Acc(values, C, True, self._value_col0())
         factor = self._factors(lf)
         if factor is not None:
             out, cache = [], {}
@@ -1288,7 +1338,7 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
                 if k not in cache:
                     cache[k] = factor.read((i,))
                 out.append(B.mul(v, cache[k]))
-            acc = Acc(out, C, True, self.cta_v0)
+            acc = Acc(out, C, True, self._value_col0())
         return acc
 
     def _dot_acc(self, n, a, ws: TileSlot) -> Acc:
@@ -1319,8 +1369,8 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
                 B.store(self.smem_base, (base + lay.byte_offset(i, j)) // 4,
                         B.round_to(v, "tf32"), "f32")
         else:
-            for it in range(C * K // (4 * THREADS)):
-                e = self.tid + it * THREADS
+            for it in range(C * K // (4 * self.threads)):
+                e = self.tid + it * self.threads
                 i, j = e // (K // 4), 4 * (e % (K // 4))
                 vals = [B.round_to(v, "tf32") for v in T_.read_vec(a, (i, j), 4)]
                 B.store_vec(self.smem_base, (base + lay.byte_offset(i, j)) // 4, vals, "f32")
@@ -1333,7 +1383,7 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
         descs = wgmma.k_block_descriptors(lay, self._addr32(base), K // 8, 8)
         values = []
         per = C // 2
-        for part in range(ws.cols // V_BLOCK):       # the CTA's 64-column value blocks
+        for i_part, part in enumerate(self._parts(ws.cols)):    # its 64-column value blocks
             a_regs = []
             for kb in range(K // 8):
                 regs = []
@@ -1346,14 +1396,14 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
                         x = B.sel(B.icmp("lt", self._c * geo.C + k, geo.seqlen), x, B.f(0.0))
                     regs.append(tf32_operand_bits(x))
                 a_regs.append(regs)
-            vals = (list(init.values[per * part:per * (part + 1)]) if init is not None
+            vals = (list(init.values[per * i_part:per * (i_part + 1)]) if init is not None
                     else [B.f(0.0)] * per)
             wgmma.wgmma_fence(self.target)
             for regs, d in zip(a_regs, descs):
                 vals = wgmma.wgmma_tf32_rs(self.target, vals, regs, d, C)
                 self.cost.event("wgmma")
             values += self._finish(vals)
-        acc = Acc(values, C, True, self.cta_v0)
+        acc = Acc(values, C, True, self._value_col0())
         if add is not None:
             self._fused[id(add)] = acc
         return acc
@@ -1396,8 +1446,8 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
         base = self.rplan.smem[f"staged{self._staged}"]
         self._staged += 1
         lay = SmemLayout(N, K, 4, SWIZZLE)
-        for it in range(K * N // (4 * THREADS)):
-            e = self.tid + it * THREADS
+        for it in range(K * N // (4 * self.threads)):
+            e = self.tid + it * self.threads
             k, j = e // (N // 4), 4 * (e % (N // 4))
             for h, v in enumerate(T_.read_vec(y, (k, j), 4)):
                 B.store(self.smem_base, (base + lay.byte_offset(j + h, k)) // 4,
@@ -1437,8 +1487,8 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
         # the strictly lower part of x; L zero above the diagonal blocks
         for v, (r, c) in zip(x.values, x.coords(self.warp, self.lane)):
             X.write((r, c), B.sel(B.icmp("lt", c, r), v, B.f(0.0)))
-        for it in range(C * C // THREADS):
-            e = self.tid + it * THREADS
+        for it in range(C * C // self.threads):
+            e = self.tid + it * self.threads
             L.write((e // C, e % C), B.f(0.0))
         bar.sync_threads()
         self.cost.event("bar.sync")
@@ -1525,8 +1575,8 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
             return
         if len(v.shape) <= 1:
             count = v.shape[0] if v.shape else 1
-            for it in range(-(-count // THREADS)):
-                e = self.tid + it * THREADS
+            for it in range(-(-count // self.threads)):
+                e = self.tid + it * self.threads
                 idx = [e] if v.shape else []
                 B.if_then(B.icmp("lt", e, count),
                           lambda idx=idx: mem.store(x.read(tuple(idx)), row, idx))
@@ -1542,13 +1592,13 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
                                     for y in T_.read_vec(ring, idx, k)])
         if mem.transposed or mem.split is not None:
             # consecutive threads take consecutive stored addresses: down the tile's columns
-            for it in range(R * N // THREADS):
-                e = self.tid + it * THREADS
+            for it in range(R * N // self.threads):
+                e = self.tid + it * self.threads
                 i, j = e % R, e // R
                 mem.store(x.read((i, j)), row, [i, j])
             return
-        for it in range(R * N // (4 * THREADS)):
-            e = self.tid + it * THREADS
+        for it in range(R * N // (4 * self.threads)):
+            e = self.tid + it * self.threads
             i, j = e // (N // 4), 4 * (e % (N // 4))
             mem.store_vec(T_.read_vec(x, (i, j), 4), row, [i, j])
 
@@ -1568,8 +1618,8 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
         bar.sync_threads()
         self.cost.event("bar.sync")
         per_row = width // 8
-        for it in range(C * per_row // THREADS):
-            idx = self.tid + it * THREADS
+        for it in range(C * per_row // self.threads):
+            idx = self.tid + it * self.threads
             row, part = idx // per_row, idx % per_row
             vals = B.load_vec(self.smem_base, base + row * width + part * 8, 8, "bf16")
             pos = self._c * geo.C + row

@@ -52,7 +52,8 @@ def row_scaled(v) -> tuple:
 class Acc:
     """A [64, N] wgmma accumulator fragment of the warpgroup. ``transposed``: it holds the
     logical tile's transpose (logical (i, j) at accumulator (j - col0, i)); ``col0`` the first
-    logical column the M rows stand for (the CTA's value block)."""
+    logical column the M rows stand for (the CTA's value block). Not transposed, ``col0`` is
+    the first logical column of its N (the warpgroup's share where several split a tile)."""
 
     def __init__(self, values: list, n: int, transposed: bool, col0=0):
         self.values, self.n, self.transposed, self.col0 = values, n, transposed, col0
@@ -65,7 +66,11 @@ class Acc:
         for r in range(len(self.values)):
             part, i = divmod(r, per)
             m, nn = wgmma_d_coord(warp, lane, i)
-            out.append((nn, m + self.col0 + V_BLOCK * part) if self.transposed else (m, nn))
+            if self.transposed:
+                out.append((nn, m + self.col0 + V_BLOCK * part))
+            else:
+                plain = isinstance(self.col0, int) and self.col0 == 0
+                out.append((m, nn if plain else nn + self.col0))
         return out
 
 
