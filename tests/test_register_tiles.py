@@ -417,18 +417,25 @@ def test_two_warpgroups_cover_each_tile_once():
 
 
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="needs ptxas")
-def test_two_warpgroups_take_gdn_forward_output_kernel():
-    """The output kernel's rules all split over two warpgroups: one CTA per head and chunk of
-    256 threads, the decay product as two m64n32 halves; a kernel with a rule that does not
-    split (the prologue's inverse) keeps one warpgroup; other counts are refused."""
+def test_two_warpgroups_take_gdn_forward_kernels():
+    """GDN's forward prologue and output kernel split over two warpgroups: one CTA per head
+    and chunk of 256 threads, the decay product as two m64n32 halves, the prologue's w and u
+    one 64-column panel per warpgroup (its inverse on the first warpgroup's warps); KDA's
+    (the per-channel decay product does not split yet) keep one; other counts are refused."""
     from kdagen import driver
     from kdagen.codegen.lower.plan import LoweringError
     ks, t = _lowered("gdn_fwd", register_tiles=True, register_tile_warpgroups=2)
     by = {k.name.rsplit("_", 1)[-1]: k for k in ks if k.path == "sm90-register-tile"}
     assert by["scan2"].launch["block"] == [256, 1, 1] and by["scan2"].launch["grid"][0] == "HV"
-    assert by["scan0"].launch["block"] == [128, 1, 1]
-    ptx = driver.ptx_of(by["scan2"].module, t, by["scan2"].name)
-    assert ptx.count("wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16") == 128 // 16
-    _assembles_without_spills(ptx, "output, two warpgroups")
+    assert by["scan0"].launch["block"] == [256, 1, 1]
+    for label, k in by.items():
+        ptx = driver.ptx_of(k.module, t, k.name)
+        assert ptx.count("wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16") == 128 // 16
+        _assembles_without_spills(ptx, f"{label}, two warpgroups")
+    prologue = driver.ptx_of(by["scan0"].module, t, by["scan0"].name)
+    # w and u: 4 k-blocks x hi and lo, one panel each (two with one warpgroup)
+    assert prologue.count("m64n64k16.f32.bf16.bf16") == 2 * 4 * 2
+    ks, _ = _lowered("kda_fwd", register_tiles=True, register_tile_warpgroups=2)
+    assert all(k.launch["block"] == [128, 1, 1] for k in ks if k.path == "sm90-register-tile")
     with pytest.raises(LoweringError, match="register_tile_warpgroups"):
         _lowered("gdn_fwd", register_tiles=True, register_tile_warpgroups=3)

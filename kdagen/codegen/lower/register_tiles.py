@@ -365,7 +365,6 @@ def _plan(program, scan, C: int, V: int, v_ctas: int, dot: str, smem_limit: int,
             if kinds.get(n.operands[0]) not in ("tile", "ring", "smem"):
                 raise NoMatch("a cumsum of a tile that is not an expression of ring tiles")
             plan.grids.append(tuple(r.shape))
-            plan.one_warpgroup.append("a 2-D cumsum")
             plan.at[f"grid{len(plan.grids) - 1}"] = n
             kinds[r] = "smem"
             continue
@@ -408,7 +407,6 @@ def _plan(program, scan, C: int, V: int, v_ctas: int, dot: str, smem_limit: int,
                 raise NoMatch("an inverse of a tile that is not a [C, C] accumulator")
             plan.inverses += 1
             plan.at[f"tril{plan.inverses - 1}"] = n
-            plan.one_warpgroup.append("tril_inv")
             kinds[r] = "smem"
             continue
         if op == "kda.decay_matmul":
@@ -430,7 +428,8 @@ def _plan(program, scan, C: int, V: int, v_ctas: int, dot: str, smem_limit: int,
                 if sr.elt != "bf16" or sr.rows != lhs.shape[1] or sr.rows % 16 or sr.cols % 64:
                     raise NoMatch("a product whose right operand is not a [C, N] bf16 tile")
                 plan.vectors += bool(rf)
-                plan.one_warpgroup.append("a product of a shared tile")
+                if warpgroups > 1 and sr.cols != 64 * warpgroups:
+                    plan.one_warpgroup.append("a product of a shared tile")  # 64-column panels
                 kinds[r] = "acc"
                 continue
             if kinds.get(through_views(lhs)) == "smem" and kinds.get(rsrc) in ("tile", "smem") \
@@ -439,7 +438,8 @@ def _plan(program, scan, C: int, V: int, v_ctas: int, dot: str, smem_limit: int,
                 _precision_at_most(n, dot, "tf32")
                 plan.staged.append((rhs.shape[1], rhs.shape[0]))
                 plan.at[f"staged{len(plan.staged) - 1}"] = n
-                plan.one_warpgroup.append("a product of a shared tile")
+                if (rhs.shape[1] // warpgroups) % 8:
+                    plan.one_warpgroup.append("a product of a shared tile")
                 kinds[r] = "acc"
                 continue
             if kinds.get(rsrc) != "ring" or rhs.shape[1] != V or \
@@ -704,6 +704,13 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
         if self.rplan.warpgroups == 1:
             return list(range(cols // V_BLOCK))
         return [self.wg]
+
+    def _first_warpgroup(self, cond):
+        """``cond`` and, with several warpgroups, being in the first (work done by warp
+        index within a warpgroup, once)."""
+        if self.rplan.warpgroups == 1:
+            return cond
+        return B.band(cond, B.icmp("eq", self.wg, 0))
 
     def _value_col0(self):
         """The first logical value column of this warpgroup's transposed accumulators."""
@@ -1424,6 +1431,11 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
         a_regs = self._half_a_split(K, element)
         lay = ys.layout
         base = self._addr32(ys.offset)
+        col0 = 0
+        if self.rplan.warpgroups > 1:
+            # each warpgroup one 64-column panel of B (and of the result)
+            N, col0 = lay.panel_cols, self.wg * lay.panel_cols
+            base = base + self.wg * lay.panel_bytes
         values = [B.f(0.0)] * (N // 2)
         wgmma.wgmma_fence(self.target)
         for kb, (hi, lo) in enumerate(a_regs):
@@ -1436,7 +1448,7 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
                                                "bf16", b_mn_major=True)
                     self.cost.event("wgmma")
                 values[n0 // 2:(n0 + lay.panel_cols) // 2] = part
-        return Acc(self._finish(values), N, False)
+        return Acc(self._finish(values), N, False, col0)
 
     def _dot_shared(self, n, a: T_.BufRef, y: T_.Ref) -> Acc:
         """A·Y, A an f32 tile in shared memory [C, K] and Y a tile expression [K, N]: A as
@@ -1462,13 +1474,19 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
                 m, kc = wgmma_tf32_a_coord(self.warp, self.lane, jj)
                 regs.append(tf32_operand_bits(a.read((m, 8 * kb + kc))))
             a_regs.append(regs)
+        addr, col0 = self._addr32(base), 0
+        if self.rplan.warpgroups > 1:
+            # each warpgroup its share of B's rows (one 128-byte swizzle row each)
+            N = N // self.rplan.warpgroups
+            col0 = self.wg * N
+            addr = addr + col0 * SWIZZLE
         values = [B.f(0.0)] * (N // 2)
-        descs = wgmma.k_block_descriptors(lay, self._addr32(base), K // 8, 8)
+        descs = wgmma.k_block_descriptors(lay, addr, K // 8, 8)
         wgmma.wgmma_fence(self.target)
         for regs, d in zip(a_regs, descs):
             values = wgmma.wgmma_tf32_rs(self.target, values, regs, d, N)
             self.cost.event("wgmma")
-        return Acc(self._finish(values), N, False)
+        return Acc(self._finish(values), N, False, col0)
 
     def _tril_inv(self, x: Acc) -> T_.BufRef:
         """(I + strict_lower(x))⁻¹ in shared memory: each warp inverts its 16 x 16 diagonal
@@ -1505,7 +1523,7 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
                 rows.append(v)
             for a in range(16):
                 L.write((r0 + a, r0 + col), rows[a])
-        B.if_then(B.icmp("lt", lane, 16), diagonal)
+        B.if_then(self._first_warpgroup(B.icmp("lt", lane, 16)), diagonal)
         self.cost.event("fma", 120)
         bar.sync_threads()
         self.cost.event("bar.sync")
@@ -1541,14 +1559,14 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
                             live, X.read((16 * b + r, 16 * k + cc)), B.f(0.0)),
                         lambda r, cc, k=k: L.read((16 * k + r, 16 * c + cc))))
                 block_product(terms, lambda r, cc, v: tmp.write((r, cc), v))
-            B.if_then(B.icmp("ge", w, d), level)
+            B.if_then(self._first_warpgroup(B.icmp("ge", w, d)), level)
             bar.sync_threads()       # tmp written (each warp its own) before its reads below
 
             def finish():
                 block_product([(lambda r, cc: L.read((16 * b + r, 16 * b + cc)),
                                 lambda r, cc: tmp.read((r, cc)))],
                               lambda r, cc, v: L.write((16 * b + r, 16 * c + cc), B.neg(v)))
-            B.if_then(B.icmp("ge", w, d), finish)
+            B.if_then(self._first_warpgroup(B.icmp("ge", w, d)), finish)
             bar.sync_threads()
             self.cost.event("bar.sync", 2)
         return L
