@@ -420,8 +420,10 @@ def test_two_warpgroups_cover_each_tile_once():
 def test_two_warpgroups_take_gdn_forward_kernels():
     """GDN's forward prologue and output kernel split over two warpgroups: one CTA per head
     and chunk of 256 threads, the decay product as two m64n32 halves, the prologue's w and u
-    one 64-column panel per warpgroup (its inverse on the first warpgroup's warps); KDA's
-    (the per-channel decay product does not split yet) keep one; other counts are refused."""
+    one 64-column panel per warpgroup (its inverse on the first warpgroup's warps). KDA's
+    per-channel decay product splits its column blocks (KDA's kernels take two too); GDN's
+    backward dq kernel (the general rules do not split yet) keeps one; other counts are
+    refused."""
     from kdagen import driver
     from kdagen.codegen.lower.plan import LoweringError
     ks, t = _lowered("gdn_fwd", register_tiles=True, register_tile_warpgroups=2)
@@ -435,7 +437,16 @@ def test_two_warpgroups_take_gdn_forward_kernels():
     prologue = driver.ptx_of(by["scan0"].module, t, by["scan0"].name)
     # w and u: 4 k-blocks x hi and lo, one panel each (two with one warpgroup)
     assert prologue.count("m64n64k16.f32.bf16.bf16") == 2 * 4 * 2
-    ks, _ = _lowered("kda_fwd", register_tiles=True, register_tile_warpgroups=2)
-    assert all(k.launch["block"] == [128, 1, 1] for k in ks if k.path == "sm90-register-tile")
+    ks, t = _lowered("kda_fwd", register_tiles=True, register_tile_warpgroups=2)
+    tiles = [k for k in ks if k.path == "sm90-register-tile"]
+    assert [k.launch["block"] for k in tiles] == [[256, 1, 1]] * 2
+    for k in tiles:
+        ptx = driver.ptx_of(k.module, t, k.name)
+        # two of the four 16-column blocks per warpgroup, K / 8 TF32 steps each
+        assert ptx.count("m64n16k8.f32.tf32.tf32") == 2 * 128 // 8
+        _assembles_without_spills(ptx, k.name)
+    ks, _ = _lowered("gdn_bwd", register_tiles=True, register_tile_warpgroups=2)
+    (dq,) = [k for k in ks if k.name.endswith("k2_scan2")]
+    assert dq.path == "sm90-register-tile" and dq.launch["block"] == [128, 1, 1]
     with pytest.raises(LoweringError, match="register_tile_warpgroups"):
         _lowered("gdn_fwd", register_tiles=True, register_tile_warpgroups=3)

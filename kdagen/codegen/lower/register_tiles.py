@@ -384,7 +384,8 @@ def _plan(program, scan, C: int, V: int, v_ctas: int, dot: str, smem_limit: int,
             _precision_at_most(n, dot, "tf32")
             plan.vectors += bool(lf) + bool(rf) + 1          # + the steep-block flags
             plan.channel_decays.append(sl.cols)
-            plan.one_warpgroup.append("a per-channel decay product")
+            if (C // 16) % warpgroups:
+                plan.one_warpgroup.append("a per-channel decay product")
             plan.at[f"decay{len(plan.channel_decays) - 1}"] = n
             kinds[r] = "acc"
             continue
@@ -1076,7 +1077,11 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
                 top = B.maxf(top, shfl(top, m, "bfly"))
             B.if_then(B.icmp("eq", lane, 0), lambda: flags.write(
                 (w,), B.sel(B.fle(B.f(STEEP_BLOCK), top), B.f(1.0), B.f(0.0))))
-        steepness()
+        W = self.rplan.warpgroups
+        if W > 1:
+            B.if_then(B.icmp("eq", self.wg, 0), steepness)    # warp w: row block w, once
+        else:
+            steepness()
         bar.sync_threads()
         steep = [B.nonzero(flags.read((c,))) for c in range(blocks)]
         ref = [B.isel(steep[c], 16 * c + 15, 16 * c) for c in range(blocks)]
@@ -1097,8 +1102,18 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
         bar.fence_proxy_async_shared()
         bar.sync_threads()
         self.cost.event("bar.sync")
-        values = [B.f(0.0)] * (C // 2)
-        for c in range(blocks):
+        # several warpgroups: each its share of the column blocks (a run-time block index)
+        local = blocks // W
+        block_of = ((lambda cl: cl) if W == 1 else (lambda cl: self.wg * local + cl))
+        values = [B.f(0.0)] * (C // 2 // W)
+        for cl in range(local):
+            c = block_of(cl)
+            if W == 1:
+                ref_c, first_c = ref[c], first[c]
+            else:
+                steep_c = B.nonzero(flags.read((c,)))
+                ref_c = B.isel(steep_c, 16 * c + 15, 16 * c)
+                first_c = B.isel(steep_c, 16 * c + 16, 16 * c)
             a_regs = []
             for kb in range(K // 8):
                 regs = []
@@ -1108,18 +1123,18 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
                     v = xr.read((m, d))
                     if fl is not None:
                         v = B.mul(v, fl.read((m,)))
-                    v = B.mul(v, B.exp2_clamped(B.sub(G.read((m, d)), G.read((ref[c], d))),
+                    v = B.mul(v, B.exp2_clamped(B.sub(G.read((m, d)), G.read((ref_c, d))),
                                                 clamp_min))
-                    regs.append(tf32_operand_bits(B.sel(B.icmp("ge", m, first[c]), v, B.f(0.0))))
+                    regs.append(tf32_operand_bits(B.sel(B.icmp("ge", m, first_c), v, B.f(0.0))))
                 a_regs.append(regs)
             descs = wgmma.k_block_descriptors(blay, self._addr32(bbase + c * blay.size_bytes),
                                               K // 8, 8)
-            part = values[8 * c:8 * c + 8]
+            part = values[8 * cl:8 * cl + 8]
             wgmma.wgmma_fence(self.target)
             for regs, dsc in zip(a_regs, descs):
                 part = wgmma.wgmma_tf32_rs(self.target, part, regs, dsc, 16)
                 self.cost.event("wgmma")
-            values[8 * c:8 * c + 8] = part
+            values[8 * cl:8 * cl + 8] = part
         values = self._finish(values)
         # steep diagonal blocks, exactly: warp w its own block, pairs (a, b) of its rows
         diag = T_.BufRef(T_.Scratch(self.smem_base, "smem"),
@@ -1158,18 +1173,18 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
                     diag.write((ra, b), acc)
                 B.if_then(B.icmp("lt", p, pairs), one)
         # a fallback for steep gates, expected not to run (the cost report weighs it 0)
-        B.if_then(steep_w, exact, cold=True)
+        B.if_then(self._first_warpgroup(steep_w), exact, cold=True)
         bar.sync_threads()
         self.cost.event("bar.sync")
-        acc = Acc(values, C, False)
+        acc = Acc(values, C // W, False, 0 if W == 1 else self.wg * (C // W))
         out = []
         for reg, (v, (i, j)) in enumerate(zip(values, acc.coords(w, lane))):
-            c = reg // 8                      # the column block of this register
+            c = block_of(reg // 8)            # the column block of this register
             mine = B.band(steep_w, B.icmp("eq", w, c))
             v = B.sel(mine, diag.read((i, j - 16 * c)), v)
             keep = B.icmp("le", j, i + diagonal) if diagonal else B.icmp("le", j, i)
             out.append(B.sel(keep, v, B.f(0.0)))
-        return Acc(out, C, False)
+        return Acc(out, acc.n, False, acc.col0)
 
     def _factors(self, factors) -> T_.Ref | None:
         """The product of an operand's row factors as one shared vector (each evaluated once
