@@ -421,9 +421,9 @@ def test_two_warpgroups_take_gdn_forward_kernels():
     """GDN's forward prologue and output kernel split over two warpgroups: one CTA per head
     and chunk of 256 threads, the decay product as two m64n32 halves, the prologue's w and u
     one 64-column panel per warpgroup (its inverse on the first warpgroup's warps). KDA's
-    per-channel decay product splits its column blocks (KDA's kernels take two too); GDN's
-    backward dq kernel (the general rules do not split yet) keeps one; other counts are
-    refused."""
+    per-channel decay product splits its column blocks, the general rules split N (KDA's
+    kernels and GDN's backward dq kernel take two too, without spills); at V = 64 there is one
+    value block, so kernels keep one warpgroup; other counts are refused."""
     from kdagen import driver
     from kdagen.codegen.lower.plan import LoweringError
     ks, t = _lowered("gdn_fwd", register_tiles=True, register_tile_warpgroups=2)
@@ -445,8 +445,18 @@ def test_two_warpgroups_take_gdn_forward_kernels():
         # two of the four 16-column blocks per warpgroup, K / 8 TF32 steps each
         assert ptx.count("m64n16k8.f32.tf32.tf32") == 2 * 128 // 8
         _assembles_without_spills(ptx, k.name)
-    ks, _ = _lowered("gdn_bwd", register_tiles=True, register_tile_warpgroups=2)
+    ks, t = _lowered("gdn_bwd", register_tiles=True, register_tile_warpgroups=2)
     (dq,) = [k for k in ks if k.name.endswith("k2_scan2")]
-    assert dq.path == "sm90-register-tile" and dq.launch["block"] == [128, 1, 1]
+    assert dq.path == "sm90-register-tile" and dq.launch["block"] == [256, 1, 1]
+    _assembles_without_spills(driver.ptx_of(dq.module, t, dq.name), "dq, two warpgroups")
+    from kdagen.codegen.lower import register_tiles
+    from kdagen.codegen.lower.plan import group_kernels
+    from kdagen.codegen.lower.program import read_program
+    prog = read_program(driver.build_module("gdn_fwd", dict(head_k_dim=64, head_v_dim=64),
+                                            pipeline="chip", chip="sm_90a"))
+    (out,) = [g for g in group_kernels(prog, True) if g.label == "scan2"]
+    with pytest.raises(register_tiles.NoMatch, match="V = 128"):
+        register_tiles.match(prog, out, t, warpgroups=2)
+    assert register_tiles.match(prog, out, t).warpgroups == 1
     with pytest.raises(LoweringError, match="register_tile_warpgroups"):
         _lowered("gdn_fwd", register_tiles=True, register_tile_warpgroups=3)

@@ -188,6 +188,10 @@ class GenericTileOps:
         if x.transposed:
             return self._row_sums(self._materialised(v), tuple(v.shape))
         out = self._vector()
+        W = self.rplan.warpgroups
+        # several warpgroups each hold a share of the columns: each writes its partial sums to
+        # a vector of its own, then the first C threads add them up
+        parts = [out] + [self._vector() for _ in range(W - 1)]
         rows = {}
         for r, val in enumerate(x.values):
             half = (r // 2) % 2                       # registers of row g (0) or g + 8 (1)
@@ -199,9 +203,26 @@ class GenericTileOps:
                 s = B.add(s, shfl(s, m, "bfly"))
                 self.cost.event("shfl")
             row = coords[2 * half][0]
-            B.if_then(B.icmp("eq", self.lane % 4, 0), lambda row=row, s=s: out.write((row,), s))
+            if W == 1:
+                B.if_then(B.icmp("eq", self.lane % 4, 0),
+                          lambda row=row, s=s: out.write((row,), s))
+                continue
+            for g, vec in enumerate(parts):
+                B.if_then(B.band(B.icmp("eq", self.lane % 4, 0), B.icmp("eq", self.wg, g)),
+                          lambda row=row, s=s, vec=vec: vec.write((row,), s))
         bar.sync_threads()
         self.cost.event("bar.sync")
+        if W > 1:
+            C = self.rplan.C
+
+            def total():
+                t = out.read((self.tid,))
+                for vec in parts[1:]:
+                    t = B.add(t, vec.read((self.tid,)))
+                out.write((self.tid,), t)
+            B.if_then(B.icmp("lt", self.tid, C), total)
+            bar.sync_threads()
+            self.cost.event("bar.sync")
         return out
 
     def _vector_sum(self, x: T_.Ref, length: int) -> T_.Ref:
@@ -288,8 +309,10 @@ class GenericTileOps:
         bar.sync_threads()
         self.cost.event("bar.sync")
         a_regs = self._half_a_split(K, a_el)
-        hi_d = wgmma.k_block_descriptors(lay, self._addr32(base), K // 16, 16)
-        lo_d = wgmma.k_block_descriptors(lay, self._addr32(base + lay.size_bytes), K // 16, 16)
+        N, col0, rows = self._b_rows(N)
+        hi_d = wgmma.k_block_descriptors(lay, self._addr32(base) + rows, K // 16, 16)
+        lo_d = wgmma.k_block_descriptors(lay, self._addr32(base + lay.size_bytes) + rows,
+                                         K // 16, 16)
         values = [B.f(0.0)] * (N // 2)
         wgmma.wgmma_fence(self.target)
         for (ahi, alo), dh, dl in zip(a_regs, hi_d, lo_d):
@@ -298,7 +321,17 @@ class GenericTileOps:
             values = wgmma.wgmma_half_rs(self.target, values, ahi, dl, N, "bf16")
             values = wgmma.wgmma_half_rs(self.target, values, ahi, dh, N, "bf16")
             self.cost.event("wgmma", 3)
-        return Acc(self._finish(values), N, False)
+        return Acc(self._finish(values), N, False, col0)
+
+    def _b_rows(self, N: int) -> tuple:
+        """(columns of the result this warpgroup computes, the first of them, the byte offset
+        of its first row in a K-major B tile): all of N with one warpgroup, else its share (a
+        K-major tile's rows are one 128-byte swizzle row each)."""
+        W = self.rplan.warpgroups
+        if W == 1:
+            return N, 0, 0
+        col0 = self.wg * (N // W)
+        return N // W, col0, col0 * SWIZZLE
 
     def _dot_tf32(self, a_el, lay: SmemLayout, base: int, K: int, N: int):
         """A (TF32 registers, ``a_el``) · B (K-major f32 tile [N, K] at ``base``)."""
@@ -309,13 +342,14 @@ class GenericTileOps:
                 m, kc = wgmma_tf32_a_coord(self.warp, self.lane, jj)
                 regs.append(tf32_operand_bits(a_el(m, 8 * kb + kc)))
             a_regs.append(regs)
-        descs = wgmma.k_block_descriptors(lay, self._addr32(base), K // 8, 8)
+        N, col0, rows = self._b_rows(N)
+        descs = wgmma.k_block_descriptors(lay, self._addr32(base) + rows, K // 8, 8)
         values = [B.f(0.0)] * (N // 2)
         wgmma.wgmma_fence(self.target)
         for regs, d in zip(a_regs, descs):
             values = wgmma.wgmma_tf32_rs(self.target, values, regs, d, N)
             self.cost.event("wgmma")
-        return Acc(self._finish(values), N, False)
+        return Acc(self._finish(values), N, False, col0)
 
     def _dot_b_ring_bf16(self, n, a_el, x, tx: bool, K: int, N: int):
         """A (bf16 hi + lo registers) · B, a bf16 ring tile as TMA stored it: [N, K] (K-major,
@@ -327,6 +361,15 @@ class GenericTileOps:
         el = a_el if factor is None else (lambda m, k: B.mul(a_el(m, k), factor.read((k,))))
         a_regs = self._half_a_split(K, el)
         lay, base = xs.layout, self._addr32(xs.offset)
+        if tx:
+            N, col0, rows = self._b_rows(N)
+            base = base + rows
+        elif self.rplan.warpgroups > 1:
+            # an N-major tile: each warpgroup one 64-column panel (match checks N = 64 x W)
+            N, col0 = lay.panel_cols, self.wg * lay.panel_cols
+            base = base + self.wg * lay.panel_bytes
+        else:
+            col0 = 0
         values = [B.f(0.0)] * (N // 2)
         wgmma.wgmma_fence(self.target)
         for kb, (hi, lo) in enumerate(a_regs):
@@ -340,7 +383,7 @@ class GenericTileOps:
                                                b_mn_major=not tx)
                     self.cost.event("wgmma")
                 values[n0 // 2:(n0 + width) // 2] = part
-        return Acc(self._finish(values), N, False)
+        return Acc(self._finish(values), N, False, col0)
 
     # -- stores ------------------------------------------------------------------------------
     def _store_rows(self, n) -> None:

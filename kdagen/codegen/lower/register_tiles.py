@@ -65,7 +65,7 @@ from .mlir_backend import MlirBackend
 from .options import product_precision
 from .plan import LoweringError
 from .register_generic import (MAT_PAD, GenericTileOps, b_operand_form, generic_dot_regions,
-                               product_shape)
+                               product_operands, product_shape)
 from .register_values import V_BLOCK, VIEWS, Acc, row_scaled, through_views
 
 PATH_NAME = "sm90-register-tile"
@@ -275,7 +275,6 @@ def _plan(program, scan, C: int, V: int, v_ctas: int, dot: str, smem_limit: int,
         # the general rules read and write whole tiles
         if v_ctas > 1:
             raise _WholeHead("a general rule")
-        plan.one_warpgroup.append("the general rules")
 
     def materialise(v, reader):
         # an accumulator read through a shared copy, written at its first such reader
@@ -303,6 +302,11 @@ def _plan(program, scan, C: int, V: int, v_ctas: int, dot: str, smem_limit: int,
         form = b_operand_form(n, lambda ld: slot(ld, False).elt, kinds, dot)
         if form == "bf16" and xf:
             plan.vectors += 1
+        # several warpgroups share out N: K-major B rows (8 at least each), or 64-column panels
+        # of an N-major bf16 tile
+        n_major = form == "bf16" and not product_operands(n)[3]
+        if warpgroups > 1 and ((N // warpgroups) % 8 or n_major and N != 64 * warpgroups):
+            plan.one_warpgroup.append(f"a {N}-column product")
         if form.startswith("stage"):
             materialise(x, n)
             plan.b_stages.append(n)
@@ -333,6 +337,8 @@ def _plan(program, scan, C: int, V: int, v_ctas: int, dot: str, smem_limit: int,
                             general()
                             if kind(src) == "acc_t":
                                 materialise(src, n)
+                            else:
+                                plan.vectors += warpgroups - 1   # the warpgroups' partial sums
                         elif kind(src) != "tile":
                             raise NoMatch("a reduction of a tile with no register-tile form")
                         plan.vec_len = max(plan.vec_len, src.shape[0])
