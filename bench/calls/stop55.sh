@@ -17,6 +17,11 @@
 #         (diag_noflags), with only the dq kernel (diag_k2only) and only the prologue
 #         (diag_k0only) on them; then the A/B of stop 54's default (base) against the tuned
 #         default with the output kernel alone on register tiles (new2), GDN, B1_T8k_H16
+#   w2    (prepared, not run) two consumer warpgroups in the register-tile path: the GPU check
+#         of the native gdn_* and kda_fwd sets with register_tiles=true and
+#         register_tile_warpgroups=2 (check_w2g, check_w2k), then the A/B of the default
+#         (new2) against every kernel that fits on two warpgroups (ab_w2) and the same with
+#         the prologues at one CTA per SM (ab_w2one), KDA and GDN, fwd and fwd+bwd
 # Prepare: the bundles of the closing note, packed as .gpucarry/NAME.tar.xz
 set -x
 nvidia-smi --query-gpu=name --format=csv,noheader
@@ -57,6 +62,12 @@ fix)
         --ops gdn --modes fwd,fwdbwd --configs B1_T8k_H16 --no-fla --rep-ms 100 --kernels \
         --kernel-reps 5 --json "$OUT/new2.json" > "$OUT/new2.log" 2>&1
     echo "bench_rc=$?"; grep -A6 "^op |" "$OUT/new2.log"; grep -E "fwd +k[0-9]_scan[0-9] |Error" "$OUT/new2.log" | tail -30 ;;
+w2)
+    checks 200 check_w2g check_w2k
+    timeout 300 python3 -m kdagen.cli bench --bundle new2=.bundles/bench_new2 --bundle w2=.bundles/ab_w2 \
+        --bundle w2one=.bundles/ab_w2one --ops kda,gdn --modes fwd,fwdbwd --configs B1_T8k_H16 \
+        --no-fla --rep-ms 100 --kernels --kernel-reps 5 --json "$OUT/w2.json" > "$OUT/w2.log" 2>&1
+    echo "bench_rc=$?"; grep -A6 "^op |" "$OUT/w2.log"; grep -E "k[0-9]_scan[0-9] |Error" "$OUT/w2.log" | tail -40 ;;
 qla)
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .site2/*.whl
     python3 -c "import flash_qla, tilelang; print('flash_qla', flash_qla.__file__)" 2>&1 | tail -2
