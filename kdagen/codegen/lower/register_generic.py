@@ -402,23 +402,31 @@ class GenericTileOps:
                 mem.store(x.read((self.tid,)), geo.token_row(mem, pos, geo.hv), [])
             B.if_then(B.band(B.icmp("lt", self.tid, C), B.icmp("lt", pos, geo.seqlen)), one)
             return
+        self._store_token_rows(mem, x, v.shape[1], 0)
+
+    def _store_token_rows(self, mem, acc, width: int, col0) -> None:
+        """Accumulator ``acc`` (``width`` logical columns from ``col0``) to token tensor
+        ``mem``: bf16 rows staged in shared memory (the next `out` region), then 16-byte stores
+        of the rows inside the sequence."""
         self._region_barrier()
-        N = v.shape[1]
+        geo, C = self.geo, self.rplan.C
         base = self.rplan.smem[f"out{self._outs}"] // 2
         self._outs += 1
-        for val, (i, j) in zip(x.values, x.coords(self.warp, self.lane)):
-            B.store(self.smem_base, base + i * N + j, val, "bf16")
+        plain = isinstance(col0, int) and col0 == 0
+        for val, (i, j) in zip(acc.values, acc.coords(self.warp, self.lane)):
+            B.store(self.smem_base, base + i * width + (j if plain else j - col0), val, "bf16")
         bar.sync_threads()
         self.cost.event("bar.sync")
-        per_row = N // 8
+        per_row = width // 8
         for it in range(C * per_row // self.consumer_threads):
             idx = self.tid + it * self.consumer_threads
             row, part = idx // per_row, idx % per_row
-            vals = B.load_vec(self.smem_base, base + row * N + part * 8, 8, "bf16")
+            vals = B.load_vec(self.smem_base, base + row * width + part * 8, 8, "bf16")
             pos = self._c * geo.C + row
 
             def write(vals=vals, pos=pos, part=part):
-                mem.store_vec(vals, geo.token_row(mem, pos, geo.hv), [part * 8])
+                mem.store_vec(vals, geo.token_row(mem, pos, geo.hv),
+                              [part * 8 if plain else col0 + part * 8])
             B.if_then(B.icmp("lt", pos, geo.seqlen), write)
 
 

@@ -1645,27 +1645,10 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
     def _store_tile(self, n) -> None:
         """A transposed accumulator [C, V block] to a token tensor: bf16 rows staged in shared
         memory, then 16-byte stores of the rows inside the sequence."""
-        self._region_barrier()
         acc = self.env[n.operands[2]]
         mem = self.value_part(n, self.env[n.operands[0]])
-        C, geo = self.rplan.C, self.geo
-        base = self.rplan.smem[f"out{self._outs}"] // 2
-        self._outs += 1
         width = self.rplan.V // self.rplan.v_ctas          # the CTA's value columns
-        for v, (i, col) in zip(acc.values, acc.coords(self.warp, self.lane)):
-            B.store(self.smem_base, base + i * width + (col - self.cta_v0), v, "bf16")
-        bar.sync_threads()
-        self.cost.event("bar.sync")
-        per_row = width // 8
-        for it in range(C * per_row // self.threads):
-            idx = self.tid + it * self.threads
-            row, part = idx // per_row, idx % per_row
-            vals = B.load_vec(self.smem_base, base + row * width + part * 8, 8, "bf16")
-            pos = self._c * geo.C + row
-
-            def write(vals=vals, pos=pos, part=part):
-                mem.store_vec(vals, geo.token_row(mem, pos, geo.hv), [self.cta_v0 + part * 8])
-            B.if_then(B.icmp("lt", pos, geo.seqlen), write)
+        self._store_token_rows(mem, acc, width, self.cta_v0)
 
 
 __all__ = ["match", "NoMatch", "RegisterTilePlan", "RegisterTileEmitter", "PATH_NAME"]
