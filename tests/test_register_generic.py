@@ -128,3 +128,32 @@ def test_gdn_backward_dq_kernel_assembles():
     (res,) = r.resources.values()
     # a known 16-byte spill (the accumulators of the dq chain); a guard against regressions
     assert res.spill_stores <= 64 and res.spill_loads <= 64, res
+
+
+@pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas not installed")
+def test_split_staged_b_operand_assembles(monkeypatch):
+    """The bf16x3 form of a staged B (hi and lo bf16 tiles, three products) takes no kernel
+    yet (GDN's dk kernel, which would, does not fit): lowered here in place of the dq
+    kernel's TF32 staging, it assembles, with three times the k16 products."""
+    from kdagen import driver
+    from kdagen.codegen import ptxas
+    from kdagen.codegen.lower import register_generic, register_tiles
+
+    def dq_ptx():
+        ks, t = _lowered("gdn_bwd", register_tiles=True)
+        (k,) = [k for k in ks if k.name.endswith("k2_scan2")]
+        assert k.path == "sm90-register-tile"
+        return driver.ptx_of(k.module, t, k.name)
+    before = dq_ptx()
+
+    def split(n, slot_elt, kinds, dot):
+        form = register_generic.b_operand_form(n, slot_elt, kinds, dot)
+        return "stage_split" if form == "stage_tf32" else form
+    monkeypatch.setattr(register_tiles, "b_operand_form", split)
+    after = dq_ptx()
+    # do·v'ᵀ (K = 128, N = 64): 16 TF32 k8 products become 8 k16 blocks of three bf16 ones
+    k16, k8 = "m64n64k16.f32.bf16.bf16", "m64n64k8.f32.tf32.tf32"
+    assert after.count(k16) - before.count(k16) == 3 * 128 // 16
+    assert before.count(k8) - after.count(k8) == 128 // 8
+    r = ptxas.assemble(after, "sm_90a", ptxas.find_ptxas())
+    assert r.ok, r.log
