@@ -460,3 +460,19 @@ def test_two_warpgroups_take_gdn_forward_kernels():
     assert register_tiles.match(prog, out, t).warpgroups == 1
     with pytest.raises(LoweringError, match="register_tile_warpgroups"):
         _lowered("gdn_fwd", register_tiles=True, register_tile_warpgroups=3)
+
+
+def test_gate_cumsum_reads_each_channel_parameter_once():
+    """KDA's 2-D gate cumsum evaluates a column's values as points of that column: the
+    per-channel parameters (dt_bias: a global load) are read once per column, not once per
+    row (128 loads per thread before)."""
+    from kdagen.codegen.lower import cost_model
+    saved, cost_model.BY_OP_TOP = cost_model.BY_OP_TOP, None
+    try:
+        ks, _ = _lowered("kda_fwd", register_tiles=True)
+    finally:
+        cost_model.BY_OP_TOP = saved
+    (k,) = [k for k in ks if k.name.endswith("k0_scan0")]
+    (row,) = [r for r in k.cost["by_op"] if r["op"].startswith("cumsum") and "128]" in r["op"]]
+    assert row["counts"].get("ld.global", 0) <= 4, row
+    assert row["counts"].get("st.shared", 0) == 64          # one store per row of its column

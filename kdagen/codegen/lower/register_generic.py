@@ -21,6 +21,9 @@ of register_tiles.RegisterTileEmitter).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 from ..common import barrier as bar
 from ..common.convert import bf16_split_pack, tf32_operand_bits
 from ..common.layouts import SmemLayout, wgmma_tf32_a_coord
@@ -39,6 +42,24 @@ MAT_PAD = 4          # f32 elements padding each row of a materialised accumulat
 ELEMENTWISE = ("kda.add", "kda.sub", "kda.mul", "kda.div", "kda.neg", "kda.exp2", "kda.log2",
                "kda.sigmoid", "kda.softplus", "kda.rsqrt", "kda.clamp", "kda.in_range",
                "kda.select", "kda.tril", "kda.convert")
+
+
+@dataclass
+class Points:
+    """Where a thread evaluates a value: its coordinates, which of them share a row or a
+    column (``row_key(k)``, ``col_key(k)`` of coordinate k), the key its values are kept
+    under, whether coordinates 2q and 2q + 1 are adjacent columns of one row, and the
+    accumulator layout they are the registers of (None: not an accumulator's)."""
+    coords: list
+    row_key: Callable
+    col_key: Callable
+    sig: tuple
+    pairs: bool
+    layout: tuple | None = None
+
+
+def _acc_layout(acc) -> tuple:
+    return (acc.transposed, acc.n, acc.col0, len(acc.values))
 
 
 def product_operands(n) -> tuple:
@@ -111,42 +132,11 @@ class GenericTileOps:
         """Element-wise op ``n`` with an accumulator operand, at the registers of its leading
         accumulator."""
         lead = next(x for x in ops if hasattr(x, "values"))
-        return Acc(self._evaluate_at(n, lead), lead.n, lead.transposed, lead.col0)
+        return Acc(self._evaluate_at(n, self._acc_points(lead)), lead.n, lead.transposed,
+                   lead.col0)
 
-    def _evaluate_at(self, n, lead) -> list:
-        """Element-wise op ``n`` evaluated per register of accumulator ``lead`` at that
-        register's coordinates, every 2-D operand as its values there (`_register_values`)."""
-        cell = [0]
-        saved = {}
-        for o in n.operands:
-            if len(o.shape) < 2 or o in saved:
-                continue
-            saved[o] = self.env[o]
-            vals = self._register_values(o, self.env[o], lead)
-            self.env[o] = T_.FnRef(tuple(o.shape), lambda idx, v=vals: v[cell[0]])
-        try:
-            ref = self.expr(n)
-        finally:
-            self.env.update(saved)
-        out = []
-        for i, (row, col) in enumerate(lead.coords(self.warp, self.lane)):
-            cell[0] = i
-            out.append(ref.read((row, col)))
-        return out
-
-    def _register_values(self, o, x, lead) -> list:
-        """2-D value ``o`` (``x`` its env entry) at the registers of accumulator ``lead``,
-        evaluated once per layout and kept: an accumulator of the same layout is its registers,
-        one of another layout is read through its shared copy; a broadcast is read once per
-        row (column) of the thread; other expressions two adjacent columns at a time."""
-        sig = (lead.transposed, lead.n, lead.col0, len(lead.values))
-        if isinstance(x, Acc) and (x.transposed, x.n, x.col0, len(x.values)) == sig:
-            return x.values
-        got = self._reg_values.get((o, sig))
-        if got is not None:
-            return got
-        ref = self._materialised(o) if isinstance(x, Acc) else x
-        coords = lead.coords(self.warp, self.lane)
+    def _acc_points(self, lead) -> Points:
+        """The registers of accumulator ``lead`` as points."""
         per = lead.n // 2
 
         def m_key(k):          # registers of one accumulator row
@@ -155,14 +145,59 @@ class GenericTileOps:
         def n_key(k):          # registers of one accumulator column
             return (k % per) // 4, k % 2
         row_key, col_key = (n_key, m_key) if lead.transposed else (m_key, n_key)
+        layout = _acc_layout(lead)
+        return Points(lead.coords(self.warp, self.lane), row_key, col_key, layout,
+                      not lead.transposed, layout)
+
+    def _column_points(self, rows, col) -> Points:
+        """Rows ``rows`` of one column ``col`` (values kept for this call only)."""
+        self._point_sets += 1
+        return Points([(r, col) for r in rows], lambda k: k, lambda k: 0,
+                      ("column", self._point_sets), False)
+
+    def _evaluate_at(self, n, pts: Points) -> list:
+        """Element-wise op ``n`` evaluated at each of the points, every 2-D operand as its
+        values there (`_register_values`)."""
+        cell = [0]
+        saved = {}
+        for o in n.operands:
+            if len(o.shape) < 2 or o in saved:
+                continue
+            saved[o] = self.env[o]
+            vals = self._register_values(o, self.env[o], pts)
+            self.env[o] = T_.FnRef(tuple(o.shape), lambda idx, v=vals: v[cell[0]])
+        try:
+            ref = self.expr(n)
+        finally:
+            self.env.update(saved)
+        out = []
+        for i, (row, col) in enumerate(pts.coords):
+            cell[0] = i
+            out.append(ref.read((row, col)))
+        return out
+
+    def _register_values(self, o, x, pts: Points) -> list:
+        """2-D value ``o`` (``x`` its env entry) at the points, evaluated once per set of
+        points and kept: an accumulator of the points' layout is its registers, one of
+        another layout is read through its shared copy; a broadcast is read once per row
+        (column) the points hold; other expressions two adjacent columns at a time where the
+        points pair up."""
+        if isinstance(x, Acc) and _acc_layout(x) == pts.layout:
+            return x.values
+        sig = pts.sig
+        got = self._reg_values.get((o, sig))
+        if got is not None:
+            return got
+        ref = self._materialised(o) if isinstance(x, Acc) else x
+        coords, row_key, col_key = pts.coords, pts.row_key, pts.col_key
         src = o.owner
         dims = list(src.attrs.get("dims", ())) if src is not None and \
             src.op == "kda.broadcast" else None
         vals = []
         if src is not None and not isinstance(x, Acc) and src.op in VIEWS:
-            vals = self._register_values(src.operands[0], self.env[src.operands[0]], lead)
+            vals = self._register_values(src.operands[0], self.env[src.operands[0]], pts)
         elif src is not None and not isinstance(x, Acc) and src.op in ELEMENTWISE:
-            vals = self._evaluate_at(src, lead)     # its operands' values kept for other uses
+            vals = self._evaluate_at(src, pts)      # its operands' values kept for other uses
         elif dims is not None:
             key = {(1,): row_key, (0,): col_key}.get(tuple(dims), lambda k: 0)
             seen = {}
@@ -171,7 +206,7 @@ class GenericTileOps:
                 if kk not in seen:
                     seen[kk] = ref.read(idx)
                 vals.append(seen[kk])
-        elif not lead.transposed:
+        elif pts.pairs:
             for k in range(0, len(coords), 2):       # registers 2q, 2q + 1: columns c, c + 1
                 vals.extend(T_.read_vec(ref, coords[k], 2))
         else:

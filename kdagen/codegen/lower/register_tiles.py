@@ -800,7 +800,8 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
         self._decays = 0
         self._fused: dict = {}
         self._mats: dict = {}          # accumulator -> its shared copy (register_generic)
-        self._reg_values: dict = {}    # (value, accumulator layout) -> its register values
+        self._reg_values: dict = {}    # (value, points) -> its values there
+        self._point_sets = 0
         self._outs = 0
         for n in _early_stores(rp.scan.body.nodes, rp.kinds):
             label = op_label(n)
@@ -910,7 +911,7 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
         if op == "kda.cumsum":
             rev = bool(n.attrs.get("reverse", False))
             env[r] = (self._cumsum(env[n.operands[0]], rev) if len(r.shape) == 1 else
-                      self._cumsum_rows(env[n.operands[0]], tuple(r.shape), rev))
+                      self._cumsum_rows(n.operands[0], tuple(r.shape), rev))
             return
         if op == "kda.decay_dot":
             env[r] = (self._decay_dot(n) if row_gate_sources(n) is not None else
@@ -1017,9 +1018,11 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
         self.cost.event("bar.sync")
         return out
 
-    def _cumsum_rows(self, x: T_.Ref, shape, reverse: bool) -> T_.BufRef:
-        """Inclusive cumsum down the rows of a [C, N] expression into a shared f32 tile: a
-        thread per column, in row order."""
+    def _cumsum_rows(self, v, shape, reverse: bool) -> T_.BufRef:
+        """Inclusive cumsum down the rows of [C, N] expression ``v`` into a shared f32 tile:
+        a thread per column, in row order; the column's values evaluated as points of one
+        column (`_register_values`: what is the same down the column, a per-channel
+        parameter, read once)."""
         self._region_barrier()
         C, N = shape
         i = self._grids
@@ -1031,10 +1034,10 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
             col = self.tid + it * self.threads
 
             def column(col=col):
+                vals = self._register_values(v, self.env[v], self._column_points(rows, col))
                 acc = None
-                for r in rows:
-                    v = x.read((r, col))
-                    acc = v if acc is None else B.add(acc, v)
+                for r, x in zip(rows, vals):
+                    acc = x if acc is None else B.add(acc, x)
                     out.write((r, col), acc)
             if N % self.threads:
                 B.if_then(B.icmp("lt", col, N), column)
