@@ -39,6 +39,7 @@ def publish_chunk_ready(target, base, row, value: int, tid, cost) -> None:
         cost.event("flag.publish")
     B.if_then(flags.is_set(base), publish)
 
+
 def kernel_memrefs(group) -> tuple[set, set, set]:
     """(memrefs the kernel reads, memrefs it writes, the read memrefs that some read reaches
     other than a producer-role ``kda.load_chunk`` / ``kda.load`` inside a scan body)."""

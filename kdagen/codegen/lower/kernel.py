@@ -97,6 +97,12 @@ def prepare(program: Program, target: Target | None, prefix: str,
     if opts.scan_slot_acquire not in ("start", "products", "first_read"):
         raise LoweringError(f"scan_slot_acquire: {opts.scan_slot_acquire!r}; use 'start', "
                             "'products' or 'first_read'")
+    if opts.register_tile_warpgroups not in (1, 2):
+        raise LoweringError(f"register_tile_warpgroups: {opts.register_tile_warpgroups}; "
+                            "use 1 or 2")
+    if opts.register_tile_ctas_per_sm not in (0, 1, 2):
+        raise LoweringError(f"register_tile_ctas_per_sm: {opts.register_tile_ctas_per_sm}; "
+                            "use 0 (as many as fit), 1 or 2")
     out = []
     groups = group_kernels(program, opts.split_scans)
     register_plans = _register_scan_plans(program, groups, target, opts)
@@ -366,9 +372,6 @@ def _register_tile_plan(program: Program, g, target: Target | None, opts: LowerO
     kopts, _ = _kernel_options(opts, target, sm90_native.PATH_NAME, program, g)
     if not kopts.register_tiles:
         return None
-    if kopts.register_tile_warpgroups not in (1, 2):
-        raise LoweringError(f"register_tile_warpgroups: {kopts.register_tile_warpgroups}; "
-                            "use 1 or 2")
     plan = None
     if kopts.register_tile_warpgroups > 1:
         try:
@@ -380,9 +383,6 @@ def _register_tile_plan(program: Program, g, target: Target | None, opts: LowerO
         plan = plan or register_tiles.match(program, g, target, dot=kopts.dot)
     except register_tiles.NoMatch:
         return None
-    if kopts.register_tile_ctas_per_sm not in (0, 1, 2):
-        raise LoweringError(f"register_tile_ctas_per_sm: {kopts.register_tile_ctas_per_sm}; "
-                            "use 0 (as many as fit), 1 or 2")
     if kopts.register_tile_ctas_per_sm == 1:
         plan.smem_bytes = max(plan.smem_bytes, register_tiles.TWO_PER_SM + 1024)
     return plan

@@ -34,9 +34,8 @@ from . import tiles as T_
 from .emitter import row_gate_sources
 from .options import product_precision
 from .plan import LoweringError
-from .register_values import VIEWS, Acc, row_scaled, through_views
+from .register_values import SWIZZLE, VIEWS, Acc, row_scaled, through_views
 
-SWIZZLE = 128
 MAT_PAD = 4          # f32 elements padding each row of a materialised accumulator
 #: ops evaluated per register from their operands' register values (lazy tile expressions)
 ELEMENTWISE = ("kda.add", "kda.sub", "kda.mul", "kda.div", "kda.neg", "kda.exp2", "kda.log2",
@@ -238,13 +237,11 @@ class GenericTileOps:
                 s = B.add(s, shfl(s, m, "bfly"))
                 self.cost.event("shfl")
             row = coords[2 * half][0]
-            if W == 1:
-                B.if_then(B.icmp("eq", self.lane % 4, 0),
-                          lambda row=row, s=s: out.write((row,), s))
-                continue
             for g, vec in enumerate(parts):
-                B.if_then(B.band(B.icmp("eq", self.lane % 4, 0), B.icmp("eq", self.wg, g)),
-                          lambda row=row, s=s, vec=vec: vec.write((row,), s))
+                cond = B.icmp("eq", self.lane % 4, 0)
+                if W > 1:
+                    cond = B.band(cond, B.icmp("eq", self.wg, g))
+                B.if_then(cond, lambda row=row, s=s, vec=vec: vec.write((row,), s))
         bar.sync_threads()
         self.cost.event("bar.sync")
         if W > 1:
@@ -368,6 +365,13 @@ class GenericTileOps:
         col0 = self.wg * (N // W)
         return N // W, col0, col0 * SWIZZLE
 
+    def _b_panels(self, lay: SmemLayout, N: int) -> tuple:
+        """The same for an N-major tile (`lay`): all of N with one warpgroup, else one
+        64-column swizzle panel each (match checks N = 64 x the warpgroups)."""
+        if self.rplan.warpgroups == 1:
+            return N, 0, 0
+        return lay.panel_cols, self.wg * lay.panel_cols, self.wg * lay.panel_bytes
+
     def _dot_tf32(self, a_el, lay: SmemLayout, base: int, K: int, N: int):
         """A (TF32 registers, ``a_el``) · B (K-major f32 tile [N, K] at ``base``)."""
         a_regs = []
@@ -395,16 +399,9 @@ class GenericTileOps:
         factor = self._factors(xf)
         el = a_el if factor is None else (lambda m, k: B.mul(a_el(m, k), factor.read((k,))))
         a_regs = self._half_a_split(K, el)
-        lay, base = xs.layout, self._addr32(xs.offset)
-        if tx:
-            N, col0, rows = self._b_rows(N)
-            base = base + rows
-        elif self.rplan.warpgroups > 1:
-            # an N-major tile: each warpgroup one 64-column panel (match checks N = 64 x W)
-            N, col0 = lay.panel_cols, self.wg * lay.panel_cols
-            base = base + self.wg * lay.panel_bytes
-        else:
-            col0 = 0
+        lay = xs.layout
+        N, col0, share = self._b_rows(N) if tx else self._b_panels(lay, N)
+        base = self._addr32(xs.offset) + share
         values = [B.f(0.0)] * (N // 2)
         wgmma.wgmma_fence(self.target)
         for kb, (hi, lo) in enumerate(a_regs):

@@ -66,11 +66,10 @@ from .options import product_precision
 from .plan import LoweringError
 from .register_generic import (MAT_PAD, GenericTileOps, b_operand_form, generic_dot_regions,
                                product_operands, product_shape)
-from .register_values import V_BLOCK, VIEWS, Acc, row_scaled, through_views
+from .register_values import SWIZZLE, V_BLOCK, VIEWS, Acc, row_scaled, through_views
 
 PATH_NAME = "sm90-register-tile"
 THREADS = 128                # one consumer warpgroup
-SWIZZLE = 128
 SMEM_LIMIT = 227 * 1024      # sm_90a's block budget (two CTAs per SM up to 113 KB)
 TWO_PER_SM = 113 * 1024
 TILE_ALIGN = 1024            # a 128B-swizzled tile's base alignment
@@ -825,10 +824,10 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
         def zero():
             for s in tokens:
                 lay = s.layout
-                chunks = lay.num_panels * s.rows * (SWIZZLE // 16)    # 16-byte pieces
+                per_panel = s.rows * (SWIZZLE // 16)                  # 16-byte pieces
+                chunks = lay.num_panels * per_panel
                 for it in range(-(-chunks // self.threads)):
                     e = self.tid + it * self.threads
-                    per_panel = s.rows * (SWIZZLE // 16)
                     panel, rest = e // per_panel, e % per_panel
                     row = rest // (SWIZZLE // 16)
                     at = (s.offset + panel * lay.panel_bytes) // 4 + rest * 4
@@ -1254,12 +1253,8 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
         gl, gr = row_gate_sources(n)
         K = sl.cols
         a32, b32 = self._addr32(sl.offset), self._addr32(sr.offset)
-        # several warpgroups: each its share of the result's columns (B's rows, one 128-byte
-        # swizzle row each in a K-major tile)
-        N, col0 = C // self.rplan.warpgroups, 0
-        if self.rplan.warpgroups > 1:
-            col0 = self.wg * N
-            b32 = b32 + col0 * SWIZZLE
+        N, col0, share = self._b_rows(C)      # several warpgroups: each its share of B's rows
+        b32 = b32 + share
         values = [B.f(0.0)] * (N // 2)
         wgmma.wgmma_fence(self.target)
         for kk in range(K // 16):
@@ -1454,12 +1449,8 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
             return x if factor is None else B.mul(x, factor.read((k,)))
         a_regs = self._half_a_split(K, element)
         lay = ys.layout
-        base = self._addr32(ys.offset)
-        col0 = 0
-        if self.rplan.warpgroups > 1:
-            # each warpgroup one 64-column panel of B (and of the result)
-            N, col0 = lay.panel_cols, self.wg * lay.panel_cols
-            base = base + self.wg * lay.panel_bytes
+        N, col0, share = self._b_panels(lay, N)
+        base = self._addr32(ys.offset) + share
         values = [B.f(0.0)] * (N // 2)
         wgmma.wgmma_fence(self.target)
         for kb, (hi, lo) in enumerate(a_regs):
@@ -1498,12 +1489,8 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
                 m, kc = wgmma_tf32_a_coord(self.warp, self.lane, jj)
                 regs.append(tf32_operand_bits(a.read((m, 8 * kb + kc))))
             a_regs.append(regs)
-        addr, col0 = self._addr32(base), 0
-        if self.rplan.warpgroups > 1:
-            # each warpgroup its share of B's rows (one 128-byte swizzle row each)
-            N = N // self.rplan.warpgroups
-            col0 = self.wg * N
-            addr = addr + col0 * SWIZZLE
+        N, col0, share = self._b_rows(N)
+        addr = self._addr32(base) + share
         values = [B.f(0.0)] * (N // 2)
         descs = wgmma.k_block_descriptors(lay, addr, K // 8, 8)
         wgmma.wgmma_fence(self.target)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..common.layouts import wgmma_d_coord
 
 V_BLOCK = 64                 # value columns per CTA (the M extent of a transposed product)
+SWIZZLE = 128                # bytes: every shared tile of the path is 128B-swizzled
 VIEWS = ("kda.pipeline_wait", "kda.convert_layout", "kda.assume_range")
 
 
@@ -74,4 +75,4 @@ class Acc:
         return out
 
 
-__all__ = ["Acc", "through_views", "row_scaled", "VIEWS", "V_BLOCK"]
+__all__ = ["Acc", "through_views", "row_scaled", "VIEWS", "V_BLOCK", "SWIZZLE"]
