@@ -476,3 +476,20 @@ def test_gate_cumsum_reads_each_channel_parameter_once():
     (row,) = [r for r in k.cost["by_op"] if r["op"].startswith("cumsum") and "128]" in r["op"]]
     assert row["counts"].get("ld.global", 0) <= 4, row
     assert row["counts"].get("st.shared", 0) == 64          # one store per row of its column
+
+
+@pytest.mark.parametrize("program, label, reverse", [
+    ("gdn_fwd", "scan0", False), ("gdn_bwd", "scan2", True)])
+def test_reverse_kernels_take_the_last_chunk_first(program, label, reverse):
+    """A reverse scan beside the dq kernel waits for the last chunk first: the kernel's first
+    CTAs (grid z = 0, 1, ...) take the last chunks, as the native path's do."""
+    from kdagen.codegen.lower import backend as B
+    from kdagen.codegen.lower.register_tiles import cta_chunk
+    from kdagen.codegen.lower.sim_backend import SimBackend
+    _, groups = _groups(program)
+    group = next(g for g in groups if g.label == label and g.parallel)
+    assert bool(group.scans[0].attrs.get("reverse", False)) == reverse
+    z = np.arange(5)
+    with B.use(SimBackend(1)):
+        got = np.asarray(cta_chunk(group, z, 5))
+    assert list(got) == ([4, 3, 2, 1, 0] if reverse else [0, 1, 2, 3, 4])

@@ -60,10 +60,11 @@ def _chunk_maps(x):
 
 class _ToyKernel:
     """A launch of the call plan (kdagen.runtime.launch._Launch): name, kernel.entry.launch,
-    grid, chunk-ready flags ("publish" / "wait" / None)."""
+    grid, chunk-ready flags ("publish" / "wait" / None), scan_first (the scan launched first)."""
     def __init__(self, name, launch, fn, flags=None, grid=(1, 1, 1)):
         self.kernel = SimpleNamespace(entry=SimpleNamespace(launch=launch))
         self.name, self.fn, self.flags, self.grid = name, fn, flags, grid
+        self.scan_first = launch.get("overlap_order") == "scan"
 
 
 class ToyProgram:
@@ -116,7 +117,8 @@ class ToyProgram:
         self.calls.append(la.name)
         la.fn(args)
 
-    def launch_beside(self, first, first_args, beside, device, stream, profile):
+    def launch_beside(self, first, first_args, beside, device, stream, profile,
+                      scan_first=False):
         self.together.append([first.name] + [la.name for la, _ in beside])
         self.flagged.append([first_args.get("_flags")] + [a.get("_flags") for _, a in beside])
         self._launch(first, first_args, stream, profile, False)

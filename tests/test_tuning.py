@@ -94,3 +94,37 @@ def test_register_scans_take_their_entries_too():
     assert step(gdn["k3_scan3"]) == step(given) != step(without)
     kda = kernels("kda_bwd")
     assert "tuned" not in kda["k3_scan3"].launch
+
+
+def test_tune_entries_apply_to_their_kernel_over_any_option():
+    from kdagen.codegen.lower.tuning import parse_tune
+    text = ("gdn_bwd.k2_scan2:register_tiles=true+register_tile_warpgroups=2,"
+            "gdn_fwd.k0_scan0:register_tile_ctas_per_sm=1")
+    assert parse_tune(text) == {
+        ("gdn_bwd", "k2_scan2"): {"register_tiles": True, "register_tile_warpgroups": 2},
+        ("gdn_fwd", "k0_scan0"): {"register_tile_ctas_per_sm": 1}}
+    base = LowerOptions(tune=text, register_tiles=False)     # an explicit value: tune wins
+    opts, applied = tuned_options(base, "sm_90a", "sm90-native", "gdn_bwd", (128, 128),
+                                  "k2_scan2")
+    assert applied == {"register_tiles": True, "register_tile_warpgroups": 2}
+    assert opts.register_tiles is True and opts.register_tile_warpgroups == 2
+    opts, applied = tuned_options(base, "sm_90a", "sm90-native", "gdn_bwd", (128, 128),
+                                  "k4_scan4")
+    assert applied == {} and opts == base                   # another kernel: untouched
+    off = LowerOptions(tune=text, tuned=False)              # the table off, tune still applies
+    assert tuned_options(off, "sm_120a", "portable", "gdn_fwd", (64, 64),
+                         "k0_scan0")[1] == {"register_tile_ctas_per_sm": 1}
+
+
+def test_bad_tune_entries_are_refused_naming_the_entry():
+    import pytest
+
+    from kdagen.codegen.lower.tuning import parse_tune
+    assert parse_tune("") == {}
+    for bad, match in (("gdn_bwd:load_batch=2", "PROGRAM.KERNEL"),
+                       ("gdn_bwd.k2_scan2", "PROGRAM.KERNEL"),
+                       ("gdn_bwd.k2_scan2:no_such=1", "no_such"),
+                       ("gdn_bwd.k2_scan2:load_batch=two", "not a number"),
+                       ("gdn_bwd.k2_scan2:tune=x", "cannot be tuned")):
+        with pytest.raises(ValueError, match=match):
+            parse_tune(bad)

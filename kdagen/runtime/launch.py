@@ -142,6 +142,8 @@ class _Launch:
     grid: tuple
     params: tuple
     flags: str | None = None   # launch["chunk_flags"]: "publish" / "wait" (or None)
+    scan_first: bool = False   # a waiting scan launched before its chunk kernel
+                               # (launch["overlap_order"] == "scan")
 
 
 @dataclass(frozen=True)
@@ -281,7 +283,8 @@ class LoweredProgram:
                     params.append((_SCRATCH, max(1, nbytes // 4), None))
                 else:
                     params.append((_VALUE, p["name"], None))
-            launches.append(_Launch(name, kern, grid, tuple(params), launch.get("chunk_flags")))
+            launches.append(_Launch(name, kern, grid, tuple(params), launch.get("chunk_flags"),
+                                    launch.get("overlap_order") == "scan"))
         if any(p["name"] == FLAGS_PARAM for la in launches for p in la.kernel.entry.params):
             # one i32 flag per (chunk row, head), zeroed at every call (``_workspaces``)
             shape = self._lead("chunk", "v", sz)
@@ -371,28 +374,35 @@ class LoweredProgram:
                 # stream, before the fork the side stream waits for
                 args = (self._args(launch, values, device, flags=True),
                         self._args(nxt, values, device, aside=True, flags=True))
-                self.launch_beside(launch, args[0], [(nxt, args[1])], device, stream, profile)
+                self.launch_beside(launch, args[0], [(nxt, args[1])], device, stream, profile,
+                                   scan_first=nxt.scan_first)
                 i += 2
                 continue
             self._launch(launch, self._args(launch, values, device), stream, profile, timed)
             i += 1
 
     def launch_beside(self, first, first_args, beside: list, device, stream,
-                      profile) -> None:
+                      profile, scan_first: bool = False) -> None:
         """``first`` on ``stream`` and each ``(launch, args)`` of ``beside`` on a side stream
         of its own (the k-th on side stream k), all at the same time; later work on
-        ``stream`` waits for every one."""
+        ``stream`` waits for every one. ``scan_first``: ``beside`` is launched before
+        ``first`` (its CTAs take their SMs before ``first``'s grid fills them)."""
         timed = profile is not None or bool(_RECORDERS)
         fork = torch.cuda.Event()
         fork.record(stream)
-        self._launch(first, first_args, stream, profile, timed)
+        if not scan_first:
+            self._launch(first, first_args, stream, profile, timed)
+        joins = []
         for k, (launch, args) in enumerate(beside):
             aside = _side_stream(device, k)
             aside.wait_event(fork)      # each sees every earlier kernel's output
             self._launch(launch, args, aside, profile, timed)
-            join = torch.cuda.Event()
-            join.record(aside)
-            stream.wait_event(join)     # later kernels read what it wrote
+            joins.append(torch.cuda.Event())
+            joins[-1].record(aside)
+        if scan_first:                  # before the joins: it must not wait for the scans
+            self._launch(first, first_args, stream, profile, timed)
+        for join in joins:
+            stream.wait_event(join)     # later kernels read what they wrote
 
     @staticmethod
     def fits_beside(ctas: int, device) -> bool:

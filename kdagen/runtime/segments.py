@@ -261,7 +261,8 @@ def run_segmented(prog, P: int, known: tuple, tensors: dict, *, device=None,
             if prog.fits_beside(ctas, device):
                 prog.launch_beside(la, prog._args(la, values, device, flags=True),
                                    [(nxt, prog._args(nxt, values, device, aside=True,
-                                                     flags=True))], device, stream, profile)
+                                                     flags=True))], device, stream, profile,
+                                   scan_first=nxt.scan_first)
                 i += 2
                 continue
         if pair and nxt.name in chained and prog.fits_beside(2 * math.prod(nxt.grid), device):
@@ -320,7 +321,7 @@ def _chain(prog, la, carry: dict, values: dict, starts: dict, B: int, P: int, de
                            [(la, prog._args(la, run_zero, device, aside=True, flags=True)),
                             (la, prog._args(la, run_eye, device, aside=True, flags=True,
                                             side=1))],
-                           device, stream, profile)
+                           device, stream, profile, scan_first=la.scan_first)
     ends = end_zero.view((B, P) + tail).double()
     transitions = (end_eye.view((B, P) + tail).double() - ends) / LAMBDA
     true_starts = chain_starts(start.double(), ends, transitions, reverse)

@@ -103,6 +103,13 @@ def prepare(program: Program, target: Target | None, prefix: str,
     if opts.register_tile_ctas_per_sm not in (0, 1, 2):
         raise LoweringError(f"register_tile_ctas_per_sm: {opts.register_tile_ctas_per_sm}; "
                             "use 0 (as many as fit), 1 or 2")
+    if opts.overlap_order not in OVERLAP_ORDERS:
+        raise LoweringError(f"overlap_order: {opts.overlap_order!r}; use "
+                            f"{' or '.join(map(repr, OVERLAP_ORDERS))}")
+    try:
+        tuning.parse_tune(opts.tune)
+    except ValueError as e:
+        raise LoweringError(f"tune: {e}") from None
     out = []
     groups = group_kernels(program, opts.split_scans)
     register_plans = _register_scan_plans(program, groups, target, opts)
@@ -129,6 +136,8 @@ def prepare(program: Program, target: Target | None, prefix: str,
             launch = _register_launch(g, em, tp, parallel=True, depth=1,
                                       stage_bytes=sum(s.nbytes for s in tp.slots),
                                       precision="bf16+tf32")
+            if tp.tuned:
+                launch["tuned"] = dict(tp.tuned)
             out.append(PreparedKernel(kname, g, em, "smem", launch, None))
             continue
         if g.kind == "global":
@@ -193,7 +202,7 @@ def prepare(program: Program, target: Target | None, prefix: str,
                           wgmma_precision="+".join(nat.kernel_precisions(g, opts.dot)))
         out.append(PreparedKernel(kname, g, em, storage, launch, plan))
     if directions:
-        _pair_with_flags(out, directions)
+        _pair_with_flags(out, directions, opts.overlap_order)
     return out
 
 
@@ -208,10 +217,15 @@ def chunk_flag_directions(option) -> frozenset:
     return table[option]
 
 
-def _pair_with_flags(prepared: list, directions: frozenset) -> None:
+#: LowerOptions.overlap_order values: which kernel of an overlapped pair is launched first
+OVERLAP_ORDERS = ("chunk", "scan")
+
+
+def _pair_with_flags(prepared: list, directions: frozenset, order: str = "chunk") -> None:
     """Let each register scan that reads the chunk kernel before it only through its TMA ring
     run beside it (kdagen.codegen.lower.chunk_flags): the chunk kernel publishes a flag per
-    chunk, the scan waits for it; the launch entries tell the runtime."""
+    chunk, the scan waits for it; the launch entries tell the runtime (``overlap_order`` on
+    the scan: which of the two it launches first)."""
     pairs = pair_kernels(
         prepared,
         lambda pk: (isinstance(pk.emitter, sm90_native.Sm90NativeTileEmitter)
@@ -231,6 +245,8 @@ def _pair_with_flags(prepared: list, directions: frozenset) -> None:
         prod.launch["chunk_flags"] = "publish"
         cons.launch["chunk_flags"] = "wait"
         cons.launch["overlaps"] = prod.name
+        if order != "chunk":
+            cons.launch["overlap_order"] = order
 
 
 def _settled_plan(program: Program, g, target: Target | None, opts: LowerOptions, nat,
@@ -369,7 +385,7 @@ def _register_tile_plan(program: Program, g, target: Target | None, opts: LowerO
     if (opts.path != "native" or g.kind != "tile" or not g.parallel
             or native_path(target) is not sm90_native):
         return None
-    kopts, _ = _kernel_options(opts, target, sm90_native.PATH_NAME, program, g)
+    kopts, tuned = _kernel_options(opts, target, sm90_native.PATH_NAME, program, g)
     if not kopts.register_tiles:
         return None
     plan = None
@@ -385,6 +401,7 @@ def _register_tile_plan(program: Program, g, target: Target | None, opts: LowerO
         return None
     if kopts.register_tile_ctas_per_sm == 1:
         plan.smem_bytes = max(plan.smem_bytes, register_tiles.TWO_PER_SM + 1024)
+    plan.tuned = dict(tuned)
     return plan
 
 

@@ -115,6 +115,17 @@ class LowerOptions:
     # fwd+bwd KDA 14.34 -> 13.24 ms and GDN 11.89 -> 10.77 against "forward"; GPU check 574 ok
     # (bench/results/h100_stop52_ab_wait_*)
     chunk_flags: str | bool = "all"
+    # which kernel of an overlapped pair (chunk_flags) is launched first: "chunk" (the chunk
+    # kernel, then its scan on a high-priority side stream) or "scan" (the scan first, so its
+    # CTAs hold their SMs before the chunk kernel's grid fills the rest). A chunk kernel at two
+    # CTAs per SM never leaves an SM empty while its grid runs, so a scan launched after it
+    # waits for the grid to drain (stop 55: GDN forward 0.511 -> 0.559 ms with the prologue on
+    # register tiles); launched first, the scan's SMs are lost to the chunk kernel instead
+    overlap_order: str = "chunk"
+    # extra tuning entries for an A/B (kdagen.codegen.lower.tuning), applied after the table's
+    # and over any option: "PROGRAM.KERNEL:KEY=VALUE+KEY=VALUE,PROGRAM.KERNEL:...", e.g.
+    # "gdn_bwd.k2_scan2:register_tiles=true+register_tile_warpgroups=2"
+    tune: str = ""
     # emission order of a register scan's step: "program" keeps the IR order; "early" issues
     # each product as soon as its operands allow (register_scan.schedule_step). "program" by
     # default: on the H200 (kda B1_T8k_H16) "early" measured 1.90 vs 1.74 us per forward step

@@ -162,6 +162,7 @@ class RegisterTilePlan:
     vec_len: int = 64                              # floats per shared vector
     warpgroups: int = 1                            # consumer warpgroups (one value block each)
     one_warpgroup: list = field(default_factory=list)   # rules used that take one warpgroup
+    tuned: dict = field(default_factory=dict)      # tuning entries applied: {option: value}
 
     @property
     def grid(self) -> list:
@@ -173,6 +174,15 @@ class RegisterTilePlan:
 
     def tensor_maps(self) -> dict:
         return {s.param: s.tensor_map() for s in self.slots}
+
+
+def cta_chunk(group, z, nchunks):
+    """The chunk CTA ``z`` of the grid's z dimension takes: a reverse group's CTAs take the
+    chunks last first, as the native path's do. The grid is dispatched in z order, and a
+    reverse scan beside the kernel (chunk flags) waits for the last chunk first."""
+    if bool(group.scans[0].attrs.get("reverse", False)):
+        return (nchunks - 1) - z
+    return z
 
 
 def _slot_for(node, value_block: bool, v_ctas: int) -> TileSlot:
@@ -753,8 +763,9 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
                 self.tid, self.warp, self.lane = tid, (tid // 32) % 4, tid % 32
                 self.wg = tid // THREADS            # the consumer warpgroup
                 z = coords["z"]
+                chunk = cta_chunk(self.group, z, self.geo.nchunks)
                 with cost.chunk_step():
-                    B.if_then(B.icmp("lt", z, self.geo.nchunks), lambda: self._chunk(z))
+                    B.if_then(B.icmp("lt", z, self.geo.nchunks), lambda: self._chunk(chunk))
         set_launch_bounds(builder, name,
                           min_blocks_per_sm=2 if rp.smem_bytes <= TWO_PER_SM else 1)
 

@@ -14,6 +14,9 @@ An entry names the chip, the lowering path (``sm90-native``, ``sm90-register-sca
 `kdagen.codegen.lower.kernel.prepare` names it); it applies to every gate and option set of
 that program, and only to options the caller left at their defaults (an explicit value, e.g.
 an ablation's ``--load-batch``, wins). ``LowerOptions.tuned = False`` turns the table off.
+
+``LowerOptions.tune`` adds entries of its own for an A/B (``PROGRAM.KERNEL:KEY=VALUE+...``):
+they apply after the table's, over any option, on whichever chip and path.
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ from dataclasses import dataclass, fields, replace
 
 from .options import LowerOptions
 
-__all__ = ["TunedKernel", "TUNED", "tuned_options", "kernel_label"]
+__all__ = ["TunedKernel", "TUNED", "tuned_options", "kernel_label", "parse_tune"]
 
 
 @dataclass(frozen=True)
@@ -98,14 +101,35 @@ def tuned_options(opts: LowerOptions, chip: str, path: str, program: str, head_d
     """(the options kernel ``kernel`` of ``program`` is lowered with on ``chip`` by lowering
     path ``path``, the entries of the table applied to it): ``opts`` with the table's options
     where the caller left them at their defaults."""
-    if not opts.tuned:
-        return opts, {}
     applied = {}
-    for entry in TUNED:
+    for entry in TUNED if opts.tuned else ():
         if (entry.chip, entry.path, entry.program, tuple(entry.head_dims), entry.kernel) != \
                 (chip, path, program, tuple(head_dims), kernel):
             continue
         for name, value in entry.options:
             if getattr(opts, name) == _DEFAULTS[name]:
                 applied[name] = value
+    applied.update(parse_tune(opts.tune).get((program, kernel), {}))
     return (replace(opts, **applied) if applied else opts), applied
+
+
+def parse_tune(text: str) -> dict:
+    """``LowerOptions.tune`` -> {(program, kernel): {option: value}}: comma-separated entries
+    ``PROGRAM.KERNEL:KEY=VALUE+KEY=VALUE`` (values parsed as ``--lower`` parses them). Raises
+    ValueError naming the entry that does not read so."""
+    from .options import parse_lower_option
+    out: dict = {}
+    for entry in filter(None, (t.strip() for t in (text or "").split(","))):
+        where, sep, settings = entry.partition(":")
+        program, dot, kernel = where.strip().partition(".")
+        if not sep or not dot or not program or not kernel.startswith("k") \
+                or not settings.strip():
+            raise ValueError(f"{entry!r} is not PROGRAM.KERNEL:KEY=VALUE+... "
+                             "(e.g. gdn_bwd.k2_scan2:register_tiles=true)")
+        values = out.setdefault((program, kernel.strip()), {})
+        for item in settings.split("+"):
+            key, value = parse_lower_option(item)
+            if key in ("tune", "tuned"):
+                raise ValueError(f"{entry!r}: {key} cannot be tuned per kernel")
+            values[key] = value
+    return out

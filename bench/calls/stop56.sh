@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# GPU calls of stop 56 (through bench/gpu_run.sh; carry [".whl", ".gpucarry"]):
+#   order  the launch order of the overlapped pairs and GDN's chunk kernels on two consumer
+#          warpgroups: the GPU check of gdn_* with the scans launched first and GDN's
+#          prologues and dq kernel on two warpgroups (check_gsf); then the A/B at B1_T8k_H16
+#          of the default (new2) against the scans launched first (sf), the dq kernel alone on
+#          two warpgroups (gdq), GDN's prologues and dq kernel on two warpgroups with the
+#          chunk kernel launched first (gall) and with the scan first (gall_sf)
+# Prepare (bench/emit_bench_bundle.py ... --path native --configs B1_T8k_H16, packed as
+# .gpucarry/NAME.tar.xz): bench_new2 (no --set), ab_sf (--set overlap_order=scan), ab_gdq
+# (--ops gdn --set tune=gdn_bwd.k2_scan2:W), ab_gall (--ops gdn --set
+# tune=gdn_bwd.k2_scan2:W,gdn_bwd.k0_scan0:W,gdn_fwd.k0_scan0:W), ab_gall_sf (the same and
+# --set overlap_order=scan), with W = register_tiles=true+register_tile_warpgroups=2;
+# check_gsf: python -m tools.check_bundle .bundles/check_gsf --set native --pipeline chip
+# --chips sm_90a --only gdn_ --lower overlap_order=scan --lower tune=(gall's)
+set -x
+nvidia-smi --query-gpu=name --format=csv,noheader
+checks() {       # checks TIMEOUT BUNDLE...: the quick GPU check of each bundle
+    local t=$1; shift
+    for b in "$@"; do
+        timeout "$t" python3 -m tools.gpu_check .bundles/$b --quick > "$OUT/$b.log" 2>&1
+        echo "$b rc=$?"; grep -E "SUMMARY|FAIL|ERROR|Error" "$OUT/$b.log" | head -24
+    done
+}
+case "$1" in
+order)
+    checks 150 check_gsf
+    timeout 300 python3 -m kdagen.cli bench --bundle new2=.bundles/bench_new2 --bundle sf=.bundles/ab_sf \
+        --bundle gdq=.bundles/ab_gdq --bundle gall=.bundles/ab_gall --bundle gall_sf=.bundles/ab_gall_sf \
+        --ops gdn,kda --modes fwd,fwdbwd --configs B1_T8k_H16 --no-fla --rep-ms 100 --kernels \
+        --kernel-reps 5 --json "$OUT/order.json" > "$OUT/order.log" 2>&1
+    echo "bench_rc=$?"; grep -A6 "^op |" "$OUT/order.log"; grep -E "Error|Traceback" "$OUT/order.log" | tail ;;
+cand)
+    # after the fix (a reverse group's register-tile CTAs take the last chunk first, so the
+    # reverse scan beside the dq kernel overlaps it): the GPU check of gdn_* with the
+    # candidates (check_cand: the dq kernel on two warpgroups, both prologues on two
+    # warpgroups at one CTA per SM), the A/B of the default (new2) against the dq kernel alone
+    # (gdq2), the candidates (cand) and the candidates with the scans launched first
+    # (cand_sf), and the timeline of each call (bench/overlap_timeline.py)
+    checks 150 check_cand
+    timeout 240 python3 -m kdagen.cli bench --bundle new2=.bundles/bench_new2 --bundle gdq2=.bundles/ab_gdq2 \
+        --bundle cand=.bundles/ab_cand --bundle cand_sf=.bundles/ab_cand_sf \
+        --ops gdn --modes fwd,fwdbwd --configs B1_T8k_H16 --no-fla --rep-ms 100 --kernels \
+        --kernel-reps 5 --json "$OUT/cand.json" > "$OUT/cand.log" 2>&1
+    echo "bench_rc=$?"; grep -A4 "^op |" "$OUT/cand.log"; grep -E "Error|Traceback" "$OUT/cand.log" | tail
+    timeout 200 python3 bench/overlap_timeline.py --bundle new2=.bundles/bench_new2 \
+        --bundle gdq2=.bundles/ab_gdq2 --bundle cand=.bundles/ab_cand --bundle cand_sf=.bundles/ab_cand_sf \
+        --bundle sf=.bundles/ab_sf --ops gdn,kda --json "$OUT/timeline.json" > "$OUT/timeline.log" 2>&1
+    echo "timeline_rc=$?"; cat "$OUT/timeline.log" | head -150 ;;
+host)
+    # where the host time of a call goes (cProfile; at B1_T8k_H16 the host enqueue time of a
+    # call nears its GPU time), then the candidates' A/B at B1_T32k_H16 (four times the GPU
+    # time per call, the same host time)
+    for m in fwd fwdbwd; do
+        timeout 120 python3 bench/host_profile.py --bundle .bundles/bench_new2 --op gdn --mode $m \
+            --calls 100 --top 45 --json "$OUT/host_gdn_$m.json" > "$OUT/host_gdn_$m.log" 2>&1
+        echo "host_$m rc=$?"; head -60 "$OUT/host_gdn_$m.log"
+    done
+    timeout 300 python3 -m kdagen.cli bench --bundle new2=.bundles/bench_new2 --bundle gdq2=.bundles/ab_gdq2 \
+        --bundle cand=.bundles/ab_cand --bundle cand_sf=.bundles/ab_cand_sf \
+        --ops gdn --modes fwd,fwdbwd --configs B1_T32k_H16 --no-fla --rep-ms 200 --kernels \
+        --kernel-reps 3 --json "$OUT/cand32.json" > "$OUT/cand32.log" 2>&1
+    echo "bench_rc=$?"; grep -A4 "^op |" "$OUT/cand32.log"; grep -E "Error|Traceback" "$OUT/cand32.log" | tail ;;
+ff)
+    # why the dq kernel on two warpgroups slows the backward (B1_T32k_H16: the kernel alone
+    # 2258 -> 1554 us, fwd+bwd 10.55 -> 11.49 ms): the candidates with the dq kernel and the
+    # reverse scan in order (cand_ff: chunk_flags=forward) against cand and new2, and the
+    # timelines of the three at B1_T32k_H16
+    timeout 200 python3 -m kdagen.cli bench --bundle new2=.bundles/bench_new2 --bundle cand=.bundles/ab_cand \
+        --bundle cand_ff=.bundles/ab_gdq2_ff --ops gdn --modes fwdbwd --configs B1_T32k_H16 --no-fla \
+        --rep-ms 200 --json "$OUT/ff32.json" > "$OUT/ff32.log" 2>&1
+    echo "bench_rc=$?"; grep -A3 "^op |" "$OUT/ff32.log"
+    timeout 200 python3 bench/overlap_timeline.py --bundle new2=.bundles/bench_new2 \
+        --bundle cand=.bundles/ab_cand --bundle cand_ff=.bundles/ab_gdq2_ff --ops gdn --modes fwdbwd \
+        --configs B1_T32k_H16 --reps 5 --json "$OUT/timeline32.json" > "$OUT/timeline32.log" 2>&1
+    echo "timeline_rc=$?"; cat "$OUT/timeline32.log" ;;
+esac
