@@ -495,14 +495,14 @@ def test_tensor_map_of_two_parts_doubles_the_tile_rows():
     [.., 2R, K] bf16: hi rows then lo rows in the bytes of each tile; a bf16 tensor is refused."""
     import torch
 
-    from kdagen.runtime.tensormap import MapSpec, TensorMapError, _map_key
+    from kdagen.runtime.tensormap import MapSpec, TensorMapError, map_dims
     ws = torch.zeros(6, 4, 64, 128)                 # [chunks, heads, R, K] f32
     spec = MapSpec("bf16", 2, (1, 64, 64), 128, None, False, 2)
-    assert _map_key(ws, spec, "w")[2] == (24, 128, 128)
+    assert map_dims(ws.shape, ws.element_size(), spec, "w") == (24, 128, 128)
     spec_t = MapSpec("bf16", 2, (1, 128, 64), 128, None, True, 2)
-    assert _map_key(ws, spec_t, "kr")[2] == (24, 256, 64)
+    assert map_dims(ws.shape, ws.element_size(), spec_t, "kr") == (24, 256, 64)
     with pytest.raises(TensorMapError, match="two 16-bit parts of an f32 tensor"):
-        _map_key(ws.to(torch.bfloat16), spec, "w")
+        map_dims(ws.shape, 2, spec, "w")
 
 
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="needs ptxas")

@@ -281,9 +281,10 @@ def test_swizzled_offsets_cover_each_tile_once():
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="needs ptxas")
 def test_register_tile_kernel_assembles_without_spills():
     from kdagen import driver
-    ks, t = _lowered("gdn_fwd", register_tiles=True)
+    ks, t = _lowered("gdn_fwd", register_tiles=True, tuned=False)
     tiles = [k for k in ks if k.path == "sm90-register-tile"]
-    # the prologue and the output kernel; the serial scan keeps its own path
+    # the prologue and the output kernel (one warpgroup each without the table); the serial
+    # scan keeps its own path
     assert [k.name.rsplit("_", 1)[-1] for k in tiles] == ["scan0", "scan2"]
     assert all(k.launch["block"] == [128, 1, 1] for k in tiles)
     assert tiles[0].launch["grid"] == ["HV", "N", "max_chunks"]
@@ -304,11 +305,19 @@ def test_register_tile_kernel_assembles_without_spills():
     # no per-op buffers: nothing goes to a global scratch, no element loop per op
     assert tiles[0].launch["scratch_bytes_per_cta"] == 0
     _assembles_without_spills(ptx, "output")
-    # by default the tuning table puts the output kernel on the path (measured faster); without
-    # the table and the option both stay on the native tile path
+    # by default the tuning table puts both on the path (measured faster): the output kernel
+    # with one warpgroup, the prologue with two at one CTA per SM; without the table and the
+    # option both stay on the native tile path
     ks, _ = _lowered("gdn_fwd")
-    assert [k.name.rsplit("_", 1)[-1] for k in ks if k.path == "sm90-register-tile"] == \
-        ["scan2"]
+    tiles = {k.name.rsplit("_", 1)[-1]: k for k in ks if k.path == "sm90-register-tile"}
+    assert sorted(tiles) == ["scan0", "scan2"]
+    assert tiles["scan0"].launch["block"] == [256, 1, 1]
+    assert tiles["scan0"].launch["tuned"] == {"register_tiles": True,
+                                              "register_tile_warpgroups": 2,
+                                              "register_tile_ctas_per_sm": 1}
+    from kdagen.codegen.lower.register_tiles import TWO_PER_SM
+    assert tiles["scan0"].launch["dynamic_shared_memory"] > TWO_PER_SM    # one CTA per SM
+    assert tiles["scan2"].launch["block"] == [128, 1, 1]
     ks, _ = _lowered("gdn_fwd", tuned=False)
     assert not any(k.path == "sm90-register-tile" for k in ks)
 
@@ -370,7 +379,7 @@ def test_one_cta_per_sm_pads_the_shared_memory():
     from kdagen.codegen.lower.plan import LoweringError
 
     def smem(**kw):
-        ks, _ = _lowered("gdn_fwd", register_tiles=True, **kw)
+        ks, _ = _lowered("gdn_fwd", register_tiles=True, tuned=False, **kw)
         return {k.name.rsplit("_", 1)[-1]: k.launch["dynamic_shared_memory"]
                 for k in ks if k.path == "sm90-register-tile"}
     fit, one = smem(), smem(register_tile_ctas_per_sm=1)
@@ -392,7 +401,7 @@ def test_cost_report_prices_register_tile_kernels_per_instruction():
     assert lb["instructions"] > 100
     assert lb["us"] == round(lb["instructions"] * cost_model.REGISTER_TILE_NS_PER_INSTRUCTION
                              / 1000, 2)
-    assert "latency_bound" not in by["scan0"].cost           # the native path's prologue
+    assert "latency_bound" not in by["scan1"].cost           # the register scan's
     text = cost_model.format_report("k2", by["scan2"].cost)
     assert "REGISTER-TILE ESTIMATE" in text
 

@@ -145,3 +145,49 @@ def test_launch_plan_follows_the_sizes_and_fills_each_call_fresh(tmp_path, monke
     assert (end["encoded"] - start["encoded"], end["copied"] - start["copied"]) == (3, 3)
     prog(chip="sm_90a", q=q1)                 # an address seen before: nothing new made
     assert tensormap.counts() == end
+
+
+def test_a_param_pack_is_refilled_in_place_with_each_launchs_values():
+    """driver.ParamPack: one kernel's parameter array, built once; each fill writes the
+    launch's values where the array points (a tensor map's 128 bytes by value) and returns
+    the same array."""
+    from kdagen.runtime.driver import ParamPack
+    pack = ParamPack(["ptr", "tmap", "i32", "f32", "i64"])
+    raw = bytes(range(128))
+    first = pack.fill([0x1000, raw, 7, 0.5, 2**40])
+    ptrs = (ctypes.c_void_p * 5).from_address(first)
+    assert ctypes.c_void_p.from_address(ptrs[0]).value == 0x1000
+    assert ctypes.string_at(ptrs[1], 128) == raw
+    assert ctypes.c_int32.from_address(ptrs[2]).value == 7
+    assert ctypes.c_float.from_address(ptrs[3]).value == 0.5
+    assert ctypes.c_int64.from_address(ptrs[4]).value == 2**40
+    again = pack.fill([0, bytes(128), -3, -1.25, 5])      # the next launch's values, in place
+    assert again == first
+    assert ctypes.c_void_p.from_address(ptrs[0]).value is None      # a null pointer
+    assert ctypes.string_at(ptrs[1], 128) == bytes(128)
+    assert ctypes.c_int32.from_address(ptrs[2]).value == -3
+    assert ctypes.c_float.from_address(ptrs[3]).value == -1.25
+    assert ctypes.c_int64.from_address(ptrs[4]).value == 5
+
+
+def test_workspaces_are_disjoint_typed_views_of_one_arena():
+    """LoweredProgram._workspaces: each workspace a contiguous view of its shape and type at
+    its offset of one allocation (the flags zeroed, floats NaN when poisoned); writing one
+    leaves the others alone."""
+    import torch
+
+    from kdagen.runtime.launch import FLAGS_PARAM, LoweredProgram, _CallPlan
+    pieces = [("a", (3, 4, 5), torch.float32, 0, 240), ("b", (7,), torch.int64, 256, 56),
+              (FLAGS_PARAM, (2, 3), torch.int32, 512, 24), ("c", (2, 2), torch.float32, 768, 16)]
+    plan = _CallPlan((), tuple(pieces), 1024)
+    out = LoweredProgram._workspaces(plan, torch.device("cpu"), poison=True)
+    base = out["a"].untyped_storage().data_ptr()
+    for name, shape, dtype, offset, _ in pieces:
+        x = out[name]
+        assert x.shape == shape and x.dtype == dtype and x.is_contiguous()
+        assert x.data_ptr() - base == offset
+    assert bool((out[FLAGS_PARAM] == 0).all())
+    assert bool(out["a"].isnan().all()) and bool(out["c"].isnan().all())
+    out["a"].fill_(1.0)
+    out["b"].fill_(-1)
+    assert bool(out["c"].isnan().all()) and bool((out[FLAGS_PARAM] == 0).all())

@@ -88,7 +88,8 @@ def test_register_scans_take_their_entries_too():
     gdn = kernels("gdn_bwd")
     assert gdn["k3_scan3"].launch["path"] == "sm90-register-scan"
     assert gdn["k3_scan3"].launch.get("tuned") == {"scan_slot_barriers": True}
-    assert all("tuned" not in k.launch for n, k in gdn.items() if n != "k3_scan3")
+    # the other entries of gdn_bwd: its recompute prologue on register tiles
+    assert {n for n, k in gdn.items() if "tuned" in k.launch} == {"k0_scan0", "k3_scan3"}
     given = kernels("gdn_bwd", tuned=False, scan_slot_barriers=True)["k3_scan3"]
     without = kernels("gdn_bwd", tuned=False)["k3_scan3"]
     assert step(gdn["k3_scan3"]) == step(given) != step(without)

@@ -74,4 +74,44 @@ ff)
         --bundle cand=.bundles/ab_cand --bundle cand_ff=.bundles/ab_gdq2_ff --ops gdn --modes fwdbwd \
         --configs B1_T32k_H16 --reps 5 --json "$OUT/timeline32.json" > "$OUT/timeline32.log" 2>&1
     echo "timeline_rc=$?"; cat "$OUT/timeline32.log" ;;
+site1)
+    # carry [".site1"] alone (the tree and .site1 are ~63 MiB): TileLang's wheels into
+    # /tmp/site, for def2 on the still-warm machine
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .site1/*.whl; echo "site1 rc=$?" ;;
+def2)
+    # carry [".site2", ".whl", ".gpucarry"], after site1: FlashQLA; the GPU check of the new
+    # default (check_def2: GDN's prologues on two warpgroups at one CTA per SM); then the new
+    # default (def) and stop 55's (new2) against FLA and FlashQLA in one process, GDN and KDA,
+    # B1_T8k_H16 and B1_T32k_H16, fwd and fwd+bwd
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .site2/*.whl
+    python3 -c "import flash_qla, tilelang; print('flash_qla', flash_qla.__file__)" 2>&1 | tail -2
+    checks 100 check_def2
+    timeout 450 python3 -m kdagen.cli bench --bundle def=.bundles/bench_def --bundle new2=.bundles/bench_new2 \
+        --ops gdn,kda --modes fwd,fwdbwd --configs B1_T8k_H16,B1_T32k_H16 --rep-ms 100 --kernels \
+        --kernel-reps 3 --json "$OUT/fla.json" > "$OUT/fla.log" 2>&1
+    echo "bench_rc=$?"; grep -A12 "^op |" "$OUT/fla.log"; tail -4 "$OUT/fla.log" ;;
+layers)
+    # the host time per layer of a call (bench/host_layers.py), the new default's bundle
+    for case in "gdn fwd" "gdn fwdbwd" "kda fwd" "kda fwdbwd"; do
+        set -- $case
+        timeout 100 python3 bench/host_layers.py --bundle .bundles/bench_def --op $1 --mode $2 \
+            --calls 100 --json "$OUT/layers_$1_$2.json" > "$OUT/layers_$1_$2.log" 2>&1
+        echo "layers $1 $2 rc=$?"; cat "$OUT/layers_$1_$2.log"
+    done ;;
+host2)
+    # after the launcher's host-time changes (a preallocated parameter array per kernel, map
+    # cache keys read straight off the tensor, workspaces as one strided view each): the GPU
+    # check of the default (check_def2) through the new launcher, the host time per layer
+    # again, and the default at B1_T8k_H16 (kdagen only)
+    checks 100 check_def2
+    for case in "gdn fwd" "gdn fwdbwd" "kda fwdbwd"; do
+        set -- $case
+        timeout 100 python3 bench/host_layers.py --bundle .bundles/bench_def --op $1 --mode $2 \
+            --calls 100 --json "$OUT/layers2_$1_$2.json" > "$OUT/layers2_$1_$2.log" 2>&1
+        echo "layers $1 $2 rc=$?"; cat "$OUT/layers2_$1_$2.log"
+    done
+    timeout 150 python3 -m kdagen.cli bench --bundle def=.bundles/bench_def --ops gdn,kda \
+        --modes fwd,fwdbwd --configs B1_T8k_H16 --no-fla --rep-ms 100 --json "$OUT/host2.json" \
+        > "$OUT/host2.log" 2>&1
+    echo "bench_rc=$?"; grep -A6 "^op |" "$OUT/host2.log" ;;
 esac

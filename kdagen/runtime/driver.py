@@ -6,6 +6,7 @@ Every driver call goes through `check`, which raises `DriverError` naming the ca
 from __future__ import annotations
 
 import ctypes
+import threading
 
 
 class DriverError(RuntimeError):
@@ -88,8 +89,42 @@ def pack_params(kinds: list[str], values: list) -> tuple[ctypes.Array, list]:
     return pointers, storage
 
 
-def launch(function, grid, block, shared_bytes: int, stream_handle: int, kinds, values, name: str):
+class ParamPack:
+    """One kernel's ``void*[]`` parameter array, built once and refilled at each launch:
+    :func:`pack_params` built a ctypes value per parameter and the array per launch (~18 us
+    of host time per launch on the H100, a fwd+bwd's eight launches 150 us). cuLaunchKernel
+    copies the parameters before it returns, so the storage is free again after it; a lock
+    keeps two threads (the autograd engine's and the caller's) from filling it at once."""
+
+    def __init__(self, kinds):
+        self.kinds = tuple(kinds)
+        self.storage = [TensorMapParam() if k == "tmap" else _CTYPES[k]() for k in self.kinds]
+        self.pointers = (ctypes.c_void_p * max(1, len(self.storage)))(
+            *[ctypes.addressof(s) for s in self.storage])
+        self.address = ctypes.addressof(self.pointers)
+        self.lock = threading.Lock()
+
+    def fill(self, values) -> int:
+        """Write ``values`` into the storage (call with ``lock`` held); the array's address."""
+        for slot, kind, value in zip(self.storage, self.kinds, values):
+            if kind == "tmap":
+                ctypes.memmove(slot, bytes(value), 128)
+            else:
+                slot.value = value
+        return self.address
+
+
+def launch(function, grid, block, shared_bytes: int, stream_handle: int, kinds, values, name: str,
+           pack: ParamPack | None = None):
+    """cuLaunchKernel with ``values`` as parameters of types ``kinds``; ``pack``: the kernel's
+    preallocated parameter array (refilled), else one built for this launch."""
     driver = _driver()
-    pointers, _keepalive = pack_params(kinds, values)
-    check(driver.cuLaunchKernel(function, *grid, *block, shared_bytes, stream_handle,
-                                ctypes.addressof(pointers), 0), "cuLaunchKernel", name)
+    if pack is None:
+        pointers, _keepalive = pack_params(kinds, values)
+        check(driver.cuLaunchKernel(function, *grid, *block, shared_bytes, stream_handle,
+                                    ctypes.addressof(pointers), 0), "cuLaunchKernel", name)
+        return
+    with pack.lock:
+        address = pack.fill(values)
+        check(driver.cuLaunchKernel(function, *grid, *block, shared_bytes, stream_handle,
+                                    address, 0), "cuLaunchKernel", name)

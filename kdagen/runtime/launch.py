@@ -203,8 +203,12 @@ class LoweredProgram:
             return {}
         arena = torch.empty(max(1, plan.arena_bytes), dtype=torch.uint8, device=device)
         out = {}
+        typed = {}          # the arena seen as each element type: one strided view per piece
         for name, shape, dtype, offset, nbytes in plan.workspaces:
-            x = arena[offset:offset + nbytes].view(dtype).view(shape)
+            base = typed.get(dtype)
+            if base is None:
+                base = typed[dtype] = arena.view(dtype)
+            x = base.as_strided(shape, _contiguous_strides(shape), offset // dtype.itemsize)
             if name == FLAGS_PARAM:
                 x.zero_()                   # no chunk is ready before the call's kernels run
             elif poison and x.is_floating_point():
@@ -475,6 +479,15 @@ def _side_stream(device, which: int = 0) -> "torch.cuda.Stream":
         lo, hi = torch.cuda.Stream.priority_range()
         s = _SIDE_STREAMS[(index, which)] = torch.cuda.Stream(device=index, priority=hi)
     return s
+
+
+@functools.lru_cache(maxsize=1024)
+def _contiguous_strides(shape: tuple) -> tuple:
+    strides, step = [], 1
+    for d in reversed(shape):
+        strides.append(step)
+        step *= int(d)
+    return tuple(reversed(strides))
 
 
 def ceil_div(a: int, b: int) -> int:

@@ -28,6 +28,7 @@ class LoadedKernel:
         self.kinds = [p["kind"] for p in self.entry.params]
         self.block = tuple(int(b) for b in self.entry.launch["block"])
         self.shared = int(self.entry.launch.get("dynamic_shared_memory", 0))
+        self.pack = driver.ParamPack(self.kinds)
 
     def launch(self, grid, args: list, stream=None) -> None:
         import torch
@@ -38,7 +39,7 @@ class LoadedKernel:
         values = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
         stream = stream if stream is not None else torch.cuda.current_stream()
         driver.launch(self.function, tuple(int(g) for g in grid), self.block, self.shared,
-                      stream.cuda_stream, kinds, values, self.entry.name)
+                      stream.cuda_stream, kinds, values, self.entry.name, pack=self.pack)
 
 
 _bound = threading.local()

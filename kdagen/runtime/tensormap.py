@@ -150,6 +150,15 @@ class MapSpec:
     #: sees [.., 2·rows, cols] of ``dtype``
     parts: int = 1
 
+    def __post_init__(self):
+        # a launch hashes a dozen entries (map cache keys): hash the fields once
+        object.__setattr__(self, "_hash", hash((self.dtype, self.flatten, self.box,
+                                                self.swizzle, self.view, self.transposed,
+                                                self.parts)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
     @classmethod
     def of(cls, spec: dict) -> "MapSpec":
         return cls(spec["dtype"], int(spec["flatten"]), tuple(int(b) for b in spec["box"]),
@@ -164,29 +173,39 @@ def device_tensor_map(tensor, spec: dict, name: str = "tensor"):
     return tensor_map(tensor, MapSpec.of(spec), name)
 
 
+def map_dims(shape: tuple, element_size: int, spec: MapSpec, name: str) -> tuple:
+    """The dims the map of a contiguous tensor of ``shape`` (elements of ``element_size``
+    bytes) sees under ``spec``: flattened, transposed, two 16-bit parts per f32 element."""
+    dims = map_shape(tuple(shape), spec.flatten)
+    if spec.transposed:                  # tiles stored transposed: the last two dims swap
+        dims = (*dims[:-2], dims[-1], dims[-2])
+    if spec.parts != 1:
+        if spec.parts != 2 or element_size != 2 * ELEM_BYTES[spec.dtype]:
+            raise TensorMapError(f"{name}: a map of {spec.parts} {spec.dtype} parts per element "
+                                 f"of a {8 * element_size}-bit tensor; the kernel's workspace "
+                                 "contract is two 16-bit parts of an f32 tensor")
+        dims = (*dims[:-2], 2 * dims[-2], dims[-1])
+    return dims
+
+
 def _map_key(tensor, spec: MapSpec, name: str) -> tuple:
+    """The cache key of ``tensor``'s map: (device, address, shape, element size, entry), read
+    straight off the tensor (a launch looks up a dozen maps: the map's dims are worked out
+    only when one is made)."""
     if not tensor.is_contiguous():
         raise TensorMapError(f"{name}: TMA needs a contiguous tensor; call .contiguous() first")
-    shape = map_shape(tuple(tensor.shape), spec.flatten)
-    if spec.transposed:                  # tiles stored transposed: the last two dims swap
-        shape = (*shape[:-2], shape[-1], shape[-2])
-    if spec.parts != 1:
-        if spec.parts != 2 or tensor.element_size() != 2 * ELEM_BYTES[spec.dtype]:
-            raise TensorMapError(f"{name}: a map of {spec.parts} {spec.dtype} parts per element "
-                                 f"of a {tensor.dtype} tensor; the kernel's workspace contract "
-                                 "is two 16-bit parts of an f32 tensor")
-        shape = (*shape[:-2], 2 * shape[-2], shape[-1])
-    return (tensor.device.index, tensor.data_ptr(), shape, spec)
+    return (tensor.get_device(), tensor.data_ptr(), tensor.shape, tensor.element_size(), spec)
 
 
 def _encode(key: tuple, name: str) -> bytes:
-    _, ptr, shape, spec = key
+    _, ptr, shape, element_size, spec = key
+    dims = map_dims(shape, element_size, spec, name)
     _counts["encoded"] += 1
     if ptr % 16:
         raise TensorMapError(f"{name}: TMA needs a 16-byte aligned tensor (data_ptr "
                              f"{ptr:#x}); pass a fresh tensor or .clone() it")
-    shape, strides, box = view_dims(shape, spec.box, spec.view)
-    return encode_on_host(encode_args(shape, spec.dtype, box, spec.swizzle, strides), ptr)
+    dims, strides, box = view_dims(dims, spec.box, spec.view)
+    return encode_on_host(encode_args(dims, spec.dtype, box, spec.swizzle, strides), ptr)
 
 
 def _remember(cache: OrderedDict, key: tuple, value) -> None:
@@ -236,4 +255,4 @@ def _bytes_of(key: tuple, name: str) -> bytes:
     return raw
 
 
-__all__ = ["device_tensor_map", "tensor_map", "tensor_map_bytes", "MapSpec", "counts", "encode_args", "view_dims", "VIEWS", "encode_on_host", "map_shape", "TensorMapError"]
+__all__ = ["device_tensor_map", "tensor_map", "tensor_map_bytes", "MapSpec", "counts", "encode_args", "view_dims", "VIEWS", "encode_on_host", "map_shape", "map_dims", "TensorMapError"]

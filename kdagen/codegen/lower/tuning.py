@@ -82,6 +82,22 @@ TUNED: tuple[TunedKernel, ...] = (
                 "H100, B1_T8k_H16, one process: 204 -> 139 us (stop 54's kernel), 203 -> 141 "
                 "(this one); GPU check 60 + 12 ok (bench/results/h100_stop55_rt_ab.log, "
                 "h100_stop55_rt2_ab.log, h100_stop55_check_rt.log, h100_stop55_check_def.log)"),
+    # GDN's prologues (the forward's, and the backward's recompute) on register tiles with two
+    # consumer warpgroups, padded to one CTA per SM: at two CTAs per SM they leave no SM empty
+    # for the scan beside them (chunk flags), which then waits for their grid to drain
+    # (B1_T8k_H16: forward 0.445 -> 0.749 ms); at one, as fast alone and the scan overlaps
+    TunedKernel("sm_90a", "sm90-native", "gdn_fwd", (128, 128), "k0_scan0",
+                (("register_tiles", True), ("register_tile_warpgroups", 2),
+                 ("register_tile_ctas_per_sm", 1)),
+                "H100, B1_T32k_H16, one process: forward 1.646 -> 1.483 ms (prologue 879 -> 779 "
+                "us alone); GPU check 60 ok (bench/results/h100_stop56_cand32.log, "
+                "h100_stop56_check_cand.log)"),
+    TunedKernel("sm_90a", "sm90-native", "gdn_bwd", (128, 128), "k0_scan0",
+                (("register_tiles", True), ("register_tile_warpgroups", 2),
+                 ("register_tile_ctas_per_sm", 1)),
+                "H100, B1_T32k_H16, one process: the backward's recompute prologue 810 -> 749 "
+                "us alone, beside its scan 1219 -> 1148 us (bench/results/h100_stop56_cand32.log, "
+                "h100_stop56_timeline32.log); GPU check 60 ok (h100_stop56_check_cand.log)"),
     TunedKernel("sm_90a", "sm90-native", "gdn_bwd", (256, 128), "k4_scan4",
                 (("chunk_warpgroups", 4), ("load_batch", 2)),
                 "H100, B1_T8k_H16, one process: 3894 -> 3009 us per value part, no spill "
