@@ -220,8 +220,7 @@ def _call(family, q, k, v, g, beta, *, scale, initial_state, output_final_state,
                            initial_state)
         o, ht, h = ops.forward_with_chunk_states(family, *args)
     else:
-        op = ops.kda_fwd if family == "kda" else ops.gdn_fwd
-        o, ht, _ = op(*args, save_residuals=ops.save_residuals_wanted(
+        o, ht = ops.forward(family, *args, save_residuals=ops.save_residuals_wanted(
             q, k, v, g, beta, A_log, dt_bias, initial_state))
         h = None
     o, ht, h = pad.out(o), pad.out_state(ht), pad.out_state(h)

@@ -659,7 +659,73 @@ def _define(family: str):
                 None)                                   # save_residuals
 
     fwd_op.register_autograd(backward, setup_context=setup_context)
+
+    class Eager(torch.autograd.Function):
+        """The op in eager mode without the custom op's dispatch: the same forward, context
+        and backward, called straight (torch.library's autograd wrapper, its argument
+        flattening and the dispatcher cost ~0.5 ms of host time per fwd+bwd on the H100,
+        as long as a B1_T8k_H16 forward's kernels). :func:`eager_ok` says when it is used."""
+
+        @staticmethod
+        def forward(ctx, *args):
+            *inputs, save_residuals = args
+            o, ht, residuals = _fwd_impl(family, *inputs, save_residuals=save_residuals)
+            setup_context(ctx, args, (o, ht, residuals))
+            return o, ht
+
+        @staticmethod
+        def backward(ctx, grad_o, grad_ht):
+            q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, *residuals = \
+                ctx.saved_tensors
+            do = torch.zeros_like(v) if grad_o is None else grad_o.contiguous()
+            dht = None
+            if ctx.output_final_state:
+                dht = (grad_ht.contiguous() if grad_ht is not None else
+                       _zero_state(q, v, cu_seqlens))
+            grads = _bwd_impl(family, do, dht, q, k, v, g, beta, A_log, dt_bias,
+                              initial_state, cu_seqlens, *ctx.flags, residuals=list(residuals))
+            use_gate = ctx.flags[2] and A_log is not None and dt_bias is not None
+            dq, dk, dv, dg, dbeta, dA_log, ddt_bias, dh0 = grads
+            return (dq, dk, dv, dg, dbeta, dA_log if use_gate else None,
+                    ddt_bias if use_gate else None,
+                    dh0 if initial_state is not None else None,
+                    None, None, None, None, None, None, None, None, None, None)
+
+    EAGER[family] = Eager
     return fwd_op, bwd_op
+
+
+#: the eager autograd path of each family's op (:func:`eager_ok`); KDAGEN_EAGER_AUTOGRAD=0
+#: (or EAGER_AUTOGRAD = False) calls the custom op always
+EAGER: dict = {}
+EAGER_AUTOGRAD = os.environ.get("KDAGEN_EAGER_AUTOGRAD", "1") != "0"
+
+
+def eager_ok(*tensors) -> bool:
+    """Whether a call may take the eager path (``EAGER``) instead of the custom op: not
+    under torch.compile, no dispatch mode (FakeTensorMode, meta tracing) or functorch
+    transform active, and every tensor a plain torch.Tensor off the meta device (no subclass
+    such as a fake or a DTensor, no meta tensor: the custom op's registrations handle
+    those)."""
+    if not EAGER_AUTOGRAD or torch.compiler.is_compiling():
+        return False
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+    if _get_current_dispatch_mode() is not None:
+        return False
+    transforms = getattr(torch._C, "_are_functorch_transforms_active", None)
+    if transforms is not None and transforms():
+        return False
+    return all(t is None or (type(t) is torch.Tensor and not t.is_meta) for t in tensors)
+
+
+def forward(family: str, *args, save_residuals: bool):
+    """The family's forward op (kdagen::{family}_fwd) with autograd: ``(o, final_state)``;
+    eager calls take ``EAGER`` (the same computation, no dispatch)."""
+    if eager_ok(*args[:9]):
+        return EAGER[family].apply(*args, save_residuals)
+    op = kda_fwd if family == "kda" else gdn_fwd
+    o, ht, _ = op(*args, save_residuals=save_residuals)
+    return o, ht
 
 
 kda_fwd, kda_bwd = _define("kda")
