@@ -49,8 +49,9 @@ def test_the_eager_path_matches_the_custom_op(family, gate):
         assert torch.equal(g1[name], g2[name]), name
 
 
-def test_eager_ok_leaves_fakes_meta_and_subclasses_to_the_custom_op():
+def test_eager_ok_leaves_fakes_meta_and_subclasses_to_the_custom_op(monkeypatch):
     x = torch.zeros(2)
+    monkeypatch.setattr(ops, "EAGER_AUTOGRAD", True)
     assert ops.eager_ok(x, None)
     assert not ops.eager_ok(torch.zeros(2, device="meta"))
     with FakeTensorMode():
@@ -59,9 +60,5 @@ def test_eager_ok_leaves_fakes_meta_and_subclasses_to_the_custom_op():
     class Sub(torch.Tensor):
         pass
     assert not ops.eager_ok(x.as_subclass(Sub))
-    old = ops.EAGER_AUTOGRAD
-    ops.EAGER_AUTOGRAD = False
-    try:
-        assert not ops.eager_ok(x)
-    finally:
-        ops.EAGER_AUTOGRAD = old
+    monkeypatch.setattr(ops, "EAGER_AUTOGRAD", False)      # switched off (the default for now)
+    assert not ops.eager_ok(x)
