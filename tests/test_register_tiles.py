@@ -487,6 +487,34 @@ def test_gate_cumsum_reads_each_channel_parameter_once():
     assert row["counts"].get("st.shared", 0) == 64          # one store per row of its column
 
 
+def test_two_warpgroups_split_each_gate_cumsum_column_in_two():
+    """With two warpgroups (256 threads, 128 columns) each column's cumsum runs as two
+    32-row segments, the second adding the first's total to its rows: the busiest thread
+    evaluates half the rows (its count: one segment and the shift)."""
+    from kdagen.codegen.lower import cost_model
+    from kdagen.codegen.lower.register_tiles import cumsum_segments
+    assert cumsum_segments(64, 128, 128) == 1
+    assert cumsum_segments(64, 128, 256) == 2
+    assert cumsum_segments(64, 64, 256) == 4
+    assert cumsum_segments(16, 128, 1024) == 2           # at least 8 rows a segment
+    assert cumsum_segments(64, 256, 256) == 1
+
+    def cumsum_row(**opts):
+        saved, cost_model.BY_OP_TOP = cost_model.BY_OP_TOP, None
+        try:
+            ks, _ = _lowered("kda_fwd", register_tiles=True, **opts)
+        finally:
+            cost_model.BY_OP_TOP = saved
+        (k,) = [k for k in ks if k.name.endswith("k2_scan2")]
+        (row,) = [r for r in k.cost["by_op"]
+                  if r["op"].startswith("cumsum") and "128]" in r["op"]]
+        return row
+    one, two = cumsum_row(), cumsum_row(register_tile_warpgroups=2)
+    assert two["counts"]["st.shared"] == 32 + 32          # its segment, then the shift
+    assert two["counts"]["ld.shared"] >= 32 + 1           # the shift's reads, the offset
+    assert two["instructions"] < 0.65 * one["instructions"]
+
+
 @pytest.mark.parametrize("program, label, reverse", [
     ("gdn_fwd", "scan0", False), ("gdn_bwd", "scan2", True)])
 def test_reverse_kernels_take_the_last_chunk_first(program, label, reverse):

@@ -135,4 +135,18 @@ eager)
         --modes fwd,fwdbwd --configs B1_T8k_H16 --no-fla --rep-ms 100 --json "$OUT/eager.json" \
         > "$OUT/eager.log" 2>&1
     echo "bench_rc=$?"; grep -A6 "^op |" "$OUT/eager.log" ;;
+kdaw2)
+    # (prepared, not run) KDA's forward kernels on two warpgroups after the split gate cumsum
+    # (each column in two row segments: the busiest thread's instructions 3529 -> 3019 in the
+    # output kernel): the GPU check of kda_* on two warpgroups (check_w2k: python -m
+    # tools.check_bundle .bundles/check_w2k --set native --pipeline chip --chips sm_90a --only
+    # kda_ --lower register_tiles=true --lower register_tile_warpgroups=2), then the A/B at
+    # B1_T32k_H16 of the default (def) against KDA's output kernel on them (kout: --ops kda
+    # --set tune=kda_fwd.k2_scan2:W) and both forward kernels at one CTA per SM (kboth:
+    # --set tune=kda_fwd.k2_scan2:W,kda_fwd.k0_scan0:W+register_tile_ctas_per_sm=1)
+    checks 200 check_w2k
+    timeout 300 python3 -m kdagen.cli bench --bundle def=.bundles/bench_def --bundle kout=.bundles/ab_kout \
+        --bundle kboth=.bundles/ab_kboth --ops kda --modes fwd --configs B1_T32k_H16,B1_T8k_H16 \
+        --no-fla --rep-ms 200 --kernels --kernel-reps 3 --json "$OUT/kdaw2.json" > "$OUT/kdaw2.log" 2>&1
+    echo "bench_rc=$?"; grep -A4 "^op |" "$OUT/kdaw2.log"; grep -E "k[0-9]_scan[0-9] " "$OUT/kdaw2.log" ;;
 esac

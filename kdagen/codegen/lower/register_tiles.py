@@ -40,6 +40,8 @@ warpgroup of 128 threads (thread 0 issues the copies); small enough for two CTAs
 """
 from __future__ import annotations
 
+import contextlib
+
 from dataclasses import dataclass, field
 
 from kdagen._mlir import llvm
@@ -174,6 +176,15 @@ class RegisterTilePlan:
 
     def tensor_maps(self) -> dict:
         return {s.param: s.tensor_map() for s in self.slots}
+
+
+def cumsum_segments(C: int, N: int, threads: int) -> int:
+    """Row segments per column of a [C, N] 2-D cumsum on ``threads`` threads: as many as the
+    threads give each column (a power of two dividing C, each at least 8 rows), else 1."""
+    segs = 1
+    while N * segs * 2 <= threads and C % (segs * 2) == 0 and C // (segs * 2) >= 8:
+        segs *= 2
+    return segs
 
 
 def cta_chunk(group, z, nchunks):
@@ -1030,29 +1041,68 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
 
     def _cumsum_rows(self, v, shape, reverse: bool) -> T_.BufRef:
         """Inclusive cumsum down the rows of [C, N] expression ``v`` into a shared f32 tile:
-        a thread per column, in row order; the column's values evaluated as points of one
-        column (`_register_values`: what is the same down the column, a per-channel
-        parameter, read once)."""
+        each column in ``cumsum_segments`` row segments, a thread per (segment, column), in
+        row order; the column's values evaluated as points of one column
+        (`_register_values`: what is the same down the column, a per-channel parameter, read
+        once). A later segment then adds the totals of the segments before it (their last
+        rows) to its rows. One segment per column left half of two warpgroups idle with the
+        busiest thread evaluating all C rows (KDA's gate: 1223 of the output kernel's 3529
+        instructions per thread)."""
         self._region_barrier()
         C, N = shape
         i = self._grids
         self._grids += 1
         out = T_.BufRef(T_.Scratch(self.smem_base, "smem"), self.rplan.smem[f"grid{i}"] // 4,
                         (C, N), (N + GRID_PAD, 1))
-        rows = range(C - 1, -1, -1) if reverse else range(C)
-        for it in range(-(-N // self.threads)):
-            col = self.tid + it * self.threads
+        rows = list(range(C - 1, -1, -1)) if reverse else list(range(C))
+        segs = cumsum_segments(C, N, self.threads)
+        length = C // segs
 
-            def column(col=col):
-                vals = self._register_values(v, self.env[v], self._column_points(rows, col))
-                acc = None
-                for r, x in zip(rows, vals):
-                    acc = x if acc is None else B.add(acc, x)
-                    out.write((r, col), acc)
-            if N % self.threads:
-                B.if_then(B.icmp("lt", col, N), column)
-            else:
-                column()
+        def segment(col, part):
+            seg_rows = rows[part * length:(part + 1) * length]
+            vals = self._register_values(v, self.env[v], self._column_points(seg_rows, col))
+            acc = None
+            for r, x in zip(seg_rows, vals):
+                acc = x if acc is None else B.add(acc, x)
+                out.write((r, col), acc)
+
+        if segs == 1:
+            for it in range(-(-N // self.threads)):
+                col = self.tid + it * self.threads
+                if N % self.threads:
+                    B.if_then(B.icmp("lt", col, N), lambda col=col: segment(col, 0))
+                else:
+                    segment(col, 0)
+            bar.sync_threads()
+            self.cost.event("bar.sync")
+            return out
+        col, part = self.tid % N, self.tid // N
+        # the cost report counts the busiest thread's path: one segment (the first), then the
+        # last segment's shift; the other branches' code is emitted but not that thread's
+        for k in range(segs):
+            with contextlib.nullcontext() if k == 0 else self.cost.cold():
+                B.if_then(B.icmp("eq", part, k), lambda k=k: segment(col, k))
+        bar.sync_threads()
+        self.cost.event("bar.sync")
+        # the totals of the segments before each one: read before any segment changes its
+        # rows (a barrier between, where a segment's last row is itself updated)
+        offsets = {}
+        for k in range(1, segs):
+            total = None
+            for j in range(k):
+                x = out.read((rows[(j + 1) * length - 1], col))
+                total = x if total is None else B.add(total, x)
+            offsets[k] = total
+        if segs > 2:
+            bar.sync_threads()
+            self.cost.event("bar.sync")
+
+        def shift(k):
+            for r in rows[k * length:(k + 1) * length]:
+                out.write((r, col), B.add(out.read((r, col)), offsets[k]))
+        for k in range(1, segs):
+            with contextlib.nullcontext() if k == segs - 1 else self.cost.cold():
+                B.if_then(B.icmp("eq", part, k), lambda k=k: shift(k))
         bar.sync_threads()
         self.cost.event("bar.sync")
         return out
