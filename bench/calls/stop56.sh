@@ -15,13 +15,7 @@
 # --chips sm_90a --only gdn_ --lower overlap_order=scan --lower tune=(gall's)
 set -x
 nvidia-smi --query-gpu=name --format=csv,noheader
-checks() {       # checks TIMEOUT BUNDLE...: the quick GPU check of each bundle
-    local t=$1; shift
-    for b in "$@"; do
-        timeout "$t" python3 -m tools.gpu_check .bundles/$b --quick > "$OUT/$b.log" 2>&1
-        echo "$b rc=$?"; grep -E "SUMMARY|FAIL|ERROR|Error" "$OUT/$b.log" | head -24
-    done
-}
+source "$(dirname "$0")/common.sh"
 case "$1" in
 order)
     checks 150 check_gsf
