@@ -297,6 +297,53 @@ def reference_stack() -> dict:
     return out
 
 
+#: a call whose host enqueue time is at least this share of its time is host-bound: the device
+#: waits on Python, so its time says little about the kernels (kdagen and FLA at B1_T8k_H16)
+HOST_BOUND_SHARE = 0.9
+
+
+def summary_table(rows: list[dict]) -> list[str]:
+    """The end-to-end table's lines: one column per implementation any row has (a family's
+    references differ: FlashQLA has GDN only), the ratios of each reference to each kdagen
+    column, the floor; a time marked * where the call was host-bound (HOST_BOUND_SHARE),
+    with a footnote saying so."""
+    names = []
+    for r in rows:
+        for key in r:
+            for suffix in ("_ms", "_error"):
+                if key.endswith(suffix) and not key.endswith("_host_ms") and key != "floor_ms":
+                    n = key[:-len(suffix)]
+                    if n not in names:
+                        names.append(n)
+    kd = [n for n in names if n.startswith("kdagen")]
+    refs = [ref for ref in REFERENCES if ref in names]
+    header = ["op", "config", "mode", *(f"{n} ms" for n in names),
+              *(f"{REFERENCES[ref]}/{n}" for ref in refs for n in kd), "floor ms"]
+    lines = [" | ".join(header)]
+    marked = False
+    for r in rows:
+        cells = [r["op"], r["config"], r["mode"]]
+        for n in names:
+            ms, host = r.get(n + "_ms"), r.get(n + "_host_ms")
+            if ms is None:
+                cells.append("ERR" if n + "_error" in r else "-")
+                continue
+            bound = host is not None and host >= HOST_BOUND_SHARE * ms
+            marked |= bound
+            cells.append(f"{ms:.3f}{'*' if bound else ''}")
+        for ref in refs:
+            for n in kd:
+                key = f"ratio_{ref}_over_{n}"
+                cells.append(f"{r[key]:.3f}" if key in r else "-")
+        cells.append(f"{r['floor_ms']:.3f}")
+        lines.append(" | ".join(cells))
+    if marked:
+        lines.append(f"* host-bound: the call's host enqueue time is at least "
+                     f"{HOST_BOUND_SHARE:.0%} of its time (the device waits on Python); compare "
+                     "kernels at a larger config")
+    return lines
+
+
 def _write_json(path, rows, kernels, device_name) -> None:
     from kdagen.runtime import launch
     data = {"rows": rows, "device": device_name, "references": reference_stack(),
@@ -456,22 +503,7 @@ def main(argv=None):
                 rows.append(row)
                 print(json.dumps(row), flush=True)
                 _write_json(args.json, rows, kernels, device_name)   # kept if cut short
-    names = list(impls) if rows else []
-    kd = [n for n in names if n.startswith("kdagen")]
-    refs = [ref for ref in REFERENCES if ref in names]
-    header = ["op", "config", "mode", *(f"{n} ms" for n in names),
-              *(f"{REFERENCES[ref]}/{n}" for ref in refs for n in kd), "floor ms"]
-    print("\n" + " | ".join(header))
-    for r in rows:
-        cells = [r["op"], r["config"], r["mode"]]
-        for n in names:
-            cells.append(f"{r[n + '_ms']:.3f}" if n + "_ms" in r else ("ERR" if n + "_error" in r else "-"))
-        for ref in refs:
-            for n in kd:
-                key = f"ratio_{ref}_over_{n}"
-                cells.append(f"{r[key]:.3f}" if key in r else "-")
-        cells.append(f"{r['floor_ms']:.3f}")
-        print(" | ".join(cells))
+    print("\n" + "\n".join(summary_table(rows)))
     if kernels:
         print("\nper kernel (median us per call over --kernel-reps calls; us/step: state scans, "
               "per chunk of the longest sequence; % floor: HBM bytes at 4.8 TB/s / us; L2 MB: "

@@ -121,3 +121,25 @@ def test_head_dim_sets_k_and_v_of_every_input():
     assert parser.parse_args([]).head_dim == 128
     with pytest.raises(SystemExit):
         parser.parse_args(["--head-dim", "96"])
+
+
+def test_summary_table_has_every_implementation_and_marks_host_bound_calls():
+    """The end-to-end table takes its columns from every row (FlashQLA's GDN rows came after
+    KDA's, whose references were the last family's, and lost their column), and marks a time
+    whose host enqueue time is at least HOST_BOUND_SHARE of it."""
+    from kdagen.benchmark import HOST_BOUND_SHARE, summary_table
+    rows = [
+        {"op": "gdn", "config": "B1_T8k_H16", "mode": "fwd", "kdagen_ms": 0.4,
+         "kdagen_host_ms": 0.39, "fla_ms": 0.8, "fla_host_ms": 0.1, "flashqla_ms": 0.75,
+         "ratio_fla_over_kdagen": 2.0, "ratio_flashqla_over_kdagen": 1.875, "floor_ms": 0.03},
+        {"op": "kda", "config": "B1_T32k_H16", "mode": "fwd", "kdagen_ms": 2.5,
+         "kdagen_host_ms": 1.0, "fla_error": "RuntimeError: x", "ratio_fla_over_kdagen": 1.0,
+         "floor_ms": 0.15},
+    ]
+    header, gdn, kda, note = summary_table(rows)
+    assert header.split(" | ") == ["op", "config", "mode", "kdagen ms", "fla ms", "flashqla ms",
+                                   "FLA/kdagen", "FlashQLA/kdagen", "floor ms"]
+    assert gdn.split(" | ")[3:6] == ["0.400*", "0.800", "0.750"]    # 0.39 >= 0.9 * 0.4
+    assert kda.split(" | ")[3:6] == ["2.500", "ERR", "-"]
+    assert note.startswith("* host-bound") and f"{HOST_BOUND_SHARE:.0%}" in note
+    assert len(summary_table(rows[1:])) == 2                         # nothing marked: no note
