@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The wheels FLA's GDN backward and FlashQLA need on the GPU machine (TileLang and z3), split in
-# two carries under the 64 MiB limit per call: .site1 (tilelang and its small dependencies,
-# ~52 MB) and .site2 (z3-solver and flash-qla, ~29 MB). Both folders are git-ignored.
+# two carries under the 64 MiB limit per call (which the tracked tree counts too, ~12 MB at
+# stop 56): .site1 (tilelang alone, ~50 MB) and .site2 (its small dependencies, z3-solver and
+# flash-qla, ~34 MB). Both folders are git-ignored.
 #
 #   bash bench/reference_wheels.sh          # here: download into .site1 and .site2
 #
@@ -22,7 +23,7 @@ get() {
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
         --platform manylinux2014_x86_64 -d "$@"
 }
-get .site1 "tilelang==0.1.15" "apache-tvm-ffi>=0.1.11,<0.1.13" torch-c-dlpack-ext cloudpickle \
-    ml-dtypes psutil tqdm typing-extensions
-get .site2 "z3-solver>=4.13.0,<4.15.5" "flash-qla==0.1.3"
+get .site1 "tilelang==0.1.15"
+get .site2 "apache-tvm-ffi>=0.1.11,<0.1.13" torch-c-dlpack-ext cloudpickle ml-dtypes psutil \
+    tqdm typing-extensions "z3-solver>=4.13.0,<4.15.5" "flash-qla==0.1.3"
 du -sh .site1 .site2
