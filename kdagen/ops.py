@@ -638,7 +638,9 @@ def _define(family: str):
         ctx.flags = (scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
                      allow_neg_eigval, safe_gate, lower_bound)
 
-    def backward(ctx, grad_o, grad_ht, _grad_residuals=None):
+    def backward_through(run_bwd, ctx, grad_o, grad_ht):
+        """The forward's input gradients, the backward run by ``run_bwd`` (the custom op, or
+        its implementation straight: ``Eager``)."""
         q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, *residuals = ctx.saved_tensors
         use_gate_in_kernel = ctx.flags[2]
         do = torch.zeros_like(v) if grad_o is None else grad_o.contiguous()
@@ -646,7 +648,7 @@ def _define(family: str):
         if ctx.output_final_state:
             dht = (grad_ht.contiguous() if grad_ht is not None else
                    _zero_state(q, v, cu_seqlens))
-        dq, dk, dv, dg, dbeta, dA_log, ddt_bias, dh0 = bwd_op(
+        dq, dk, dv, dg, dbeta, dA_log, ddt_bias, dh0 = run_bwd(
             do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, *ctx.flags,
             residuals=list(residuals))
         use_gate = use_gate_in_kernel and A_log is not None and dt_bias is not None
@@ -658,38 +660,27 @@ def _define(family: str):
                 None, None, None, None, None, None, None, None,   # scale and flags
                 None)                                   # save_residuals
 
+    def backward(ctx, grad_o, grad_ht, _grad_residuals=None):
+        return backward_through(bwd_op, ctx, grad_o, grad_ht)
+
     fwd_op.register_autograd(backward, setup_context=setup_context)
 
     class Eager(torch.autograd.Function):
         """The op in eager mode without the custom op's dispatch: the same forward, context
-        and backward, called straight (torch.library's autograd wrapper, its argument
-        flattening and the dispatcher cost ~0.5 ms of host time per fwd+bwd on the H100,
-        as long as a B1_T8k_H16 forward's kernels). :func:`eager_ok` says when it is used."""
+        and backward, called straight. torch.library's autograd wrapper, its argument
+        flattening and the dispatcher are part of the ~1.2 ms of host time a fwd+bwd spends
+        outside kdagen's program runs (H100, B1_T8k_H16, stop 56; this path's share not yet
+        measured). :func:`eager_ok` says when it is used."""
 
         @staticmethod
         def forward(ctx, *args):
-            *inputs, save_residuals = args
-            o, ht, residuals = _fwd_impl(family, *inputs, save_residuals=save_residuals)
+            o, ht, residuals = fwd(*args)
             setup_context(ctx, args, (o, ht, residuals))
             return o, ht
 
         @staticmethod
         def backward(ctx, grad_o, grad_ht):
-            q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, *residuals = \
-                ctx.saved_tensors
-            do = torch.zeros_like(v) if grad_o is None else grad_o.contiguous()
-            dht = None
-            if ctx.output_final_state:
-                dht = (grad_ht.contiguous() if grad_ht is not None else
-                       _zero_state(q, v, cu_seqlens))
-            grads = _bwd_impl(family, do, dht, q, k, v, g, beta, A_log, dt_bias,
-                              initial_state, cu_seqlens, *ctx.flags, residuals=list(residuals))
-            use_gate = ctx.flags[2] and A_log is not None and dt_bias is not None
-            dq, dk, dv, dg, dbeta, dA_log, ddt_bias, dh0 = grads
-            return (dq, dk, dv, dg, dbeta, dA_log if use_gate else None,
-                    ddt_bias if use_gate else None,
-                    dh0 if initial_state is not None else None,
-                    None, None, None, None, None, None, None, None, None, None)
+            return backward_through(bwd, ctx, grad_o, grad_ht)
 
     EAGER[family] = Eager
     return fwd_op, bwd_op
@@ -723,7 +714,7 @@ def eager_ok(*tensors) -> bool:
 def forward(family: str, *args, save_residuals: bool):
     """The family's forward op (kdagen::{family}_fwd) with autograd: ``(o, final_state)``;
     eager calls take ``EAGER`` (the same computation, no dispatch)."""
-    if eager_ok(*args[:9]):
+    if eager_ok(*args[:9]):             # q, k, v, g, beta, A_log, dt_bias, h0, cu_seqlens
         return EAGER[family].apply(*args, save_residuals)
     op = kda_fwd if family == "kda" else gdn_fwd
     o, ht, _ = op(*args, save_residuals=save_residuals)

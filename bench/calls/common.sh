@@ -8,3 +8,14 @@ checks() {       # checks TIMEOUT BUNDLE...: the quick GPU check of each bundle,
         echo "$b rc=$?"; grep -E "SUMMARY|FAIL|ERROR|Error" "$OUT/$b.log" | head -24
     done
 }
+
+layers() {       # layers TAG CALLS "OP MODE"...: bench/host_layers.py on .bundles/bench_def per
+                 # case, into $OUT/TAG_OP_MODE.{json,log} (an env prefix reaches its runs)
+    local tag=$1 calls=$2; shift 2
+    for case in "$@"; do
+        set -- $case
+        timeout 100 python3 bench/host_layers.py --bundle .bundles/bench_def --op $1 --mode $2 \
+            --calls "$calls" --json "$OUT/${tag}_$1_$2.json" > "$OUT/${tag}_$1_$2.log" 2>&1
+        echo "$tag $1 $2 rc=$?"; cat "$OUT/${tag}_$1_$2.log"
+    done
+}

@@ -86,24 +86,14 @@ def2)
     echo "bench_rc=$?"; grep -A12 "^op |" "$OUT/fla.log"; tail -4 "$OUT/fla.log" ;;
 layers)
     # the host time per layer of a call (bench/host_layers.py), the new default's bundle
-    for case in "gdn fwd" "gdn fwdbwd" "kda fwd" "kda fwdbwd"; do
-        set -- $case
-        timeout 100 python3 bench/host_layers.py --bundle .bundles/bench_def --op $1 --mode $2 \
-            --calls 100 --json "$OUT/layers_$1_$2.json" > "$OUT/layers_$1_$2.log" 2>&1
-        echo "layers $1 $2 rc=$?"; cat "$OUT/layers_$1_$2.log"
-    done ;;
+    layers layers 100 "gdn fwd" "gdn fwdbwd" "kda fwd" "kda fwdbwd" ;;
 host2)
     # after the launcher's host-time changes (a preallocated parameter array per kernel, map
     # cache keys read straight off the tensor, workspaces as one strided view each): the GPU
     # check of the default (check_def2) through the new launcher, the host time per layer
     # again, and the default at B1_T8k_H16 (kdagen only)
     checks 100 check_def2
-    for case in "gdn fwd" "gdn fwdbwd" "kda fwdbwd"; do
-        set -- $case
-        timeout 100 python3 bench/host_layers.py --bundle .bundles/bench_def --op $1 --mode $2 \
-            --calls 100 --json "$OUT/layers2_$1_$2.json" > "$OUT/layers2_$1_$2.log" 2>&1
-        echo "layers $1 $2 rc=$?"; cat "$OUT/layers2_$1_$2.log"
-    done
+    layers layers2 100 "gdn fwd" "gdn fwdbwd" "kda fwdbwd"
     timeout 150 python3 -m kdagen.cli bench --bundle def=.bundles/bench_def --ops gdn,kda \
         --modes fwd,fwdbwd --configs B1_T8k_H16 --no-fla --rep-ms 100 --json "$OUT/host2.json" \
         > "$OUT/host2.log" 2>&1
@@ -117,13 +107,7 @@ eager)
     KDAGEN_BUNDLE=.bundles/api timeout 200 python3 -m pytest -q -n 0 tests/test_api_gpu.py \
         > "$OUT/api_gpu.log" 2>&1; echo "api_gpu rc=$?"; tail -5 "$OUT/api_gpu.log"
     for e in 1 0; do
-        for case in "gdn fwdbwd" "kda fwdbwd"; do
-            set -- $case
-            KDAGEN_EAGER_AUTOGRAD=$e timeout 100 python3 bench/host_layers.py --bundle .bundles/bench_def \
-                --op $1 --mode $2 --calls 60 --json "$OUT/layers3_e${e}_$1_$2.json" \
-                > "$OUT/layers3_e${e}_$1_$2.log" 2>&1
-            echo "eager=$e $1 $2 rc=$?"; head -1 "$OUT/layers3_e${e}_$1_$2.log"
-        done
+        KDAGEN_EAGER_AUTOGRAD=$e layers "layers3_e$e" 60 "gdn fwdbwd" "kda fwdbwd"
     done
     timeout 150 python3 -m kdagen.cli bench --bundle def=.bundles/bench_def --ops gdn,kda \
         --modes fwd,fwdbwd --configs B1_T8k_H16 --no-fla --rep-ms 100 --json "$OUT/eager.json" \
