@@ -1,7 +1,8 @@
 """Row-gate decay products on the sm_90a native path (sm90_native._row_gate_decay): a
 decay_dot whose gates are one value per row (GDN's, after kda-narrow-broadcasts) is one wgmma
-product, its decay an epilogue scale of the accumulators; decay_matmul stays on mma.sync
-(sm90_native._wgmma_product_dims: as a tf32x3 wgmma product it measured slower). KDA's per-key decay products
+product, its decay an epilogue scale of the accumulators; an unfolded decay_matmul stays on
+mma.sync (sm90_native._wgmma_product_dims: as a tf32x3 wgmma product it measured slower);
+kda-fold-row-decay makes GDN's plain dots of precomputed weights. KDA's per-key decay products
 are untouched. Numerics: the GPU check (548 ok on the H200 with both ops on wgmma,
 bench/results/h200_stop40_gpu_check_native_row_gate_wgmma.log)."""
 from __future__ import annotations
@@ -15,17 +16,18 @@ from kdagen.driver import DEFAULT_LOWERING, Compilation
 K128 = dict(head_k_dim=128, head_v_dim=128)
 
 
-def _by_op(program: str, kernel: str, **lower) -> dict:
+def _by_op(program: str, kernel: str, pipeline: str = "chip", **lower) -> dict:
     """op label -> counts of kernel ``kernel`` (its short name) of ``program`` on sm_90a."""
     saved, cost_model.BY_OP_TOP = cost_model.BY_OP_TOP, None
     try:
-        comp = Compilation(program, K128, "sm_90a", lower=dict(DEFAULT_LOWERING, **lower))
+        comp = Compilation(program, K128, "sm_90a", lower=dict(DEFAULT_LOWERING, **lower),
+                           pipeline=pipeline)
         comp.run(until="gpu")
     finally:
         cost_model.BY_OP_TOP = saved
     (k,) = [k for k in comp.kernels if k.name.endswith(kernel)]
-    return {r["op"].split(" ")[0] + " " + r["op"].split(" ")[1]: r["counts"]
-            for r in k.cost["by_op"]}
+    return {r["op"].split(" ")[0] + " " + r["op"].split(" ")[1]:
+            dict(r["counts"], instructions=r["instructions"]) for r in k.cost["by_op"]}
 
 
 def _rows(by_op: dict, op: str) -> list:
@@ -43,11 +45,18 @@ def test_gdn_output_kernel_decay_dot_is_one_wgmma_product():
     assert counts.get("ex2", 0) == 64 * 64 // 256
 
 
-def test_adjoint_decay_products_stay_on_mma_sync():
-    by_op = _by_op("gdn_bwd", "k4_scan4")
-    rows = _rows(by_op, "decay_matmul")
+def test_adjoint_decay_products_stay_on_mma_sync_unless_folded():
+    unfolded = _by_op("gdn_bwd", "k4_scan4", pipeline="chip+kda-fold-row-decay{fold=false}")
+    rows = _rows(unfolded, "decay_matmul")
     assert len(rows) == 3
     assert all(c.get("mma.sync", 0) > 0 and c.get("wgmma", 0) == 0 for c in rows)
+    # kda-fold-row-decay (the default pipeline) makes them plain dots of precomputed weights:
+    # no decay_matmul and no mma.sync left in the kernel, a fifth fewer instructions
+    folded = _by_op("gdn_bwd", "k4_scan4")
+    assert not _rows(folded, "decay_matmul")
+    assert sum(c.get("mma.sync", 0) for c in folded.values()) == 0
+    total = lambda by_op: sum(c["instructions"] for c in by_op.values())  # noqa: E731
+    assert total(folded) < 0.8 * total(unfolded)
 
 
 def test_kda_per_key_decay_products_untouched():

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from . import (assign_layouts, assign_precision, autodiff_pass, builtin, narrow_broadcasts,  # noqa: F401
-               narrow_reductions, partition, share_chunk_values, stable_reassociate,
+from . import (assign_layouts, assign_precision, autodiff_pass, builtin, fold_row_decay,  # noqa: F401
+               narrow_broadcasts, narrow_reductions, partition, share_chunk_values, stable_reassociate,
                warp_specialize)
 from .base import PASSES, ModulePass, PipelineSyntaxError, _format_value, option_rules
 from .partition import _WORKSPACE_TYPES, PartitionPass

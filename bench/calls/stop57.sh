@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# GPU calls of stop 57 (through bench/gpu_run.sh; carry [".whl", ".gpucarry"]):
+#   fold   kda-fold-row-decay (GDN's row-gate decay_matmuls as plain dots of precomputed
+#          weights): the full GPU check of gdn_* with it (check_def2: python -m
+#          tools.check_bundle .bundles/check_def2 --set native --pipeline chip --chips sm_90a
+#          --only gdn_), the API GPU tests through the eager autograd path
+#          (KDAGEN_EAGER_AUTOGRAD=1, bundle api: bash bench/prepare_carry.sh api), then GDN at
+#          B1_T32k_H16 with the fold (def: bench/emit_bench_bundle.py .bundles/bench_def --path
+#          native --configs B1_T8k_H16) against without it (nofold: the same with --ops gdn
+#          --pipeline 'chip+kda-fold-row-decay{fold=false}'), per kernel
+#   kdaw2  KDA's forward kernels on two warpgroups after the split gate cumsum: the GPU check
+#          of kda_* on them (check_w2k: tools.check_bundle ... --only kda_ --lower
+#          register_tiles=true --lower register_tile_warpgroups=2), the A/B at B1_T32k_H16 of
+#          the default (def) against KDA's output kernel on them (kout: --ops kda --set
+#          tune=kda_fwd.k2_scan2:W) and both forward kernels at one CTA per SM (kboth: --set
+#          tune=kda_fwd.k2_scan2:W,kda_fwd.k0_scan0:W+register_tile_ctas_per_sm=1), W =
+#          register_tiles=true+register_tile_warpgroups=2; then the host time per layer with
+#          and without the eager autograd path
+set -x
+nvidia-smi --query-gpu=name --format=csv,noheader
+source "$(dirname "$0")/common.sh"
+case "$1" in
+fold)
+    timeout 240 python3 -m tools.gpu_check .bundles/check_def2 > "$OUT/check_def2_full.log" 2>&1
+    echo "check rc=$?"; grep -E "SUMMARY|FAIL|ERROR|Error" "$OUT/check_def2_full.log" | head -30
+    KDAGEN_EAGER_AUTOGRAD=1 KDAGEN_BUNDLE=.bundles/api timeout 150 python3 -m pytest -q -n 0 \
+        tests/test_api_gpu.py > "$OUT/api_gpu_eager.log" 2>&1
+    echo "api_gpu_eager rc=$?"; tail -8 "$OUT/api_gpu_eager.log"
+    timeout 150 python3 -m kdagen.cli bench --bundle def=.bundles/bench_def --bundle nofold=.bundles/ab_nofold \
+        --ops gdn --modes fwdbwd --configs B1_T32k_H16 --no-fla --rep-ms 200 --kernels \
+        --kernel-reps 3 --json "$OUT/fold32.json" > "$OUT/fold32.log" 2>&1
+    echo "bench_rc=$?"; grep -A3 "^op |" "$OUT/fold32.log"; grep -E "k[0-9]_scan[0-9] |Error|Traceback" "$OUT/fold32.log" | head -30 ;;
+kdaw2)
+    checks 200 check_w2k
+    timeout 200 python3 -m kdagen.cli bench --bundle def=.bundles/bench_def --bundle kout=.bundles/ab_kout \
+        --bundle kboth=.bundles/ab_kboth --ops kda --modes fwd --configs B1_T32k_H16 \
+        --no-fla --rep-ms 200 --kernels --kernel-reps 3 --json "$OUT/kdaw2.json" > "$OUT/kdaw2.log" 2>&1
+    echo "bench_rc=$?"; grep -A4 "^op |" "$OUT/kdaw2.log"; grep -E "k[0-9]_scan[0-9] " "$OUT/kdaw2.log"
+    for e in 1 0; do
+        KDAGEN_EAGER_AUTOGRAD=$e layers "layers_e$e" 60 "gdn fwdbwd" "kda fwdbwd"
+    done ;;
+esac
