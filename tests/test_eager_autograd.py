@@ -60,5 +60,5 @@ def test_eager_ok_leaves_fakes_meta_and_subclasses_to_the_custom_op(monkeypatch)
     class Sub(torch.Tensor):
         pass
     assert not ops.eager_ok(x.as_subclass(Sub))
-    monkeypatch.setattr(ops, "EAGER_AUTOGRAD", False)      # switched off (the default for now)
+    monkeypatch.setattr(ops, "EAGER_AUTOGRAD", False)      # switched off (KDAGEN_EAGER_AUTOGRAD=0)
     assert not ops.eager_ok(x)

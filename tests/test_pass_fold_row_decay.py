@@ -1,6 +1,6 @@
 """kda-fold-row-decay on the programs: GDN's backward, whose decay products have one gate
-value per row, keeps no decay_matmul (each is a plain dot of weights tril(2^(g_i - g_j)) ⊙ w,
-built once per gate pair and once per w), and the float64 interpreter agrees before and after
+value per row, keeps no decay_matmul (each is a plain dot of tril(w ⊙ 2^(g_i - g_j)), the
+exponentials built once per gate pair and the weighting once per w), and the float64 interpreter agrees before and after
 the pass to rounding, moderate and strong decay; KDA's per-key decay products are left alone."""
 import pytest
 
@@ -43,9 +43,9 @@ def test_gdn_backward_row_gate_products_become_dots_and_agree(decay):
     before, after = (_compiled("gdn_bwd", case, p) for p in (BEFORE, AFTER))
     assert _count(before, "kda.decay_matmul") == 4
     assert _count(after, "kda.decay_matmul") == 0
-    # one weight matrix per kernel that held decay products (the dq and the dk kernel), and
-    # one weighting per distinct w: the dk kernel's two adjoints of one product share theirs
-    assert _count(after, "kda.tril") - _count(before, "kda.tril") == 2
+    # one weighting per distinct w (the dq kernel's one, the dk kernel's two: its two adjoints
+    # of one product share theirs), each masked once
+    assert _count(after, "kda.tril") - _count(before, "kda.tril") == 3
     assert _count(after, "kda.dot") - _count(before, "kda.dot") == 4
     x = _backward_inputs("gdn", case)
     ref, got = interpreter.run(before, x), interpreter.run(after, x)

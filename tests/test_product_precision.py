@@ -172,9 +172,11 @@ def test_only_the_kernel_summing_gate_parameter_gradients_takes_bf16x3_without_t
         program):
     """kda-assign-precision without its state-path rule: the backward's kernel that stores the
     per-chunk partial sums of dA_log / ddt_bias takes bf16x3 for its plain products; every
-    other kernel's plain products stay TF32."""
+    other kernel's plain products stay TF32 (GDN's row-gate decay products left unfolded:
+    kda-fold-row-decay makes them dots that keep their own tf32x3)."""
     pytest.importorskip("kdagen._mlir")
-    chosen = _kernel_precisions(program, "chip+kda-assign-precision{state_path_products=tf32}")
+    chosen = _kernel_precisions(program, "chip+kda-assign-precision{state_path_products=tf32}"
+                                         "+kda-fold-row-decay{fold=false}")
     assert chosen[f"{program[:3]}_bwd1_out"] == {"bf16x3"}, chosen
     for kernel, precisions in chosen.items():
         if kernel != f"{program[:3]}_bwd1_out":

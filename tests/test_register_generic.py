@@ -84,15 +84,16 @@ def test_decay_matmul_weights_give_the_ops_definition(transpose):
 def test_gdn_backward_dq_kernel_takes_the_general_rules():
     """The dq kernel: one CTA per head (whole tiles), each product in the form that stages
     least: do·v'ᵀ with v' staged K-major (TF32), Aqkᵀ·do with do as TMA stored it (bf16,
-    N-major), do·Sᵀ with S as stored (K-major TF32), the decay_matmul with k as stored (its
-    norm folded into A); the accumulators a product or an element-wise op reads in another
+    N-major), do·Sᵀ with S as stored (K-major TF32), the row-gate decay product (a plain dot of
+    tril(w ⊙ 2^(g_i - g_j)) after kda-fold-row-decay) with k as stored (its norm folded into
+    A); the accumulators a product or an element-wise op reads in another
     layout go through shared copies."""
     from kdagen.codegen.lower.register_generic import product_shape
     plan = _match("gdn_bwd")["scan2"]
     assert not isinstance(plan, str), plan
     assert plan.v_ctas == 1 and plan.smem_bytes <= 227 * 1024
     forms = sorted((n.op, product_shape(n), f) for n, f in plan.b_forms.items())
-    assert forms == [("kda.decay_matmul", (64, 64, 128), "bf16"),
+    assert forms == [("kda.dot", (64, 64, 128), "bf16"),
                      ("kda.dot", (64, 64, 128), "bf16"),
                      ("kda.dot", (64, 128, 64), "stage_tf32"),
                      ("kda.dot", (64, 128, 128), "tf32")]

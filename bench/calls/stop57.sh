@@ -16,6 +16,10 @@
 #          tune=kda_fwd.k2_scan2:W,kda_fwd.k0_scan0:W+register_tile_ctas_per_sm=1), W =
 #          register_tiles=true+register_tile_warpgroups=2; then the host time per layer with
 #          and without the eager autograd path
+#   site1  carry [".site1"] alone, NOT through bench/gpu_run.sh: TileLang's wheel into /tmp/site
+#   fla    carry [".site2", ".whl", ".gpucarry"], right after site1 on the warm machine:
+#          FlashQLA's wheels, then the default (def) against FLA and FlashQLA in one process,
+#          GDN and KDA, B1_T8k_H16 and B1_T32k_H16, fwd and fwd+bwd, per kernel
 set -x
 nvidia-smi --query-gpu=name --format=csv,noheader
 source "$(dirname "$0")/common.sh"
@@ -39,4 +43,13 @@ kdaw2)
     for e in 1 0; do
         KDAGEN_EAGER_AUTOGRAD=$e layers "layers_e$e" 60 "gdn fwdbwd" "kda fwdbwd"
     done ;;
+site1)
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .site1/*.whl; echo "site1 rc=$?" ;;
+fla)
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .site2/*.whl
+    python3 -c "import flash_qla, tilelang; print('flash_qla', flash_qla.__file__)" 2>&1 | tail -2
+    timeout 500 python3 -m kdagen.cli bench --bundle def=.bundles/bench_def \
+        --ops gdn,kda --modes fwd,fwdbwd --configs B1_T8k_H16,B1_T32k_H16 --rep-ms 100 --kernels \
+        --kernel-reps 3 --json "$OUT/fla.json" > "$OUT/fla.log" 2>&1
+    echo "bench_rc=$?"; grep -A12 "^op |" "$OUT/fla.log"; tail -4 "$OUT/fla.log" ;;
 esac

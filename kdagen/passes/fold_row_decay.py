@@ -7,9 +7,9 @@ E does not depend on d: it is a [C, C] matrix, and the product is a plain one,
 
     out = (w ⊙ E) x            (transpose: out = (w ⊙ E)ᵀ x).
 
-The pass writes that: E = tril(2^(g_i - g_j)) once per pair of gates and mask, w ⊙ E once per
-w (the backward's two adjoints of one decay product share it), then a ``kda.dot`` that keeps
-the decay product's ``kda.precision``. Each weight is the same fp32 product the lowering's
+The pass writes that: 2^(g_i - g_j) once per pair of gates, tril(w ⊙ 2^(g_i - g_j)) once per
+w and mask (the backward's two adjoints of one decay product share it), then a ``kda.dot``
+that keeps the decay product's ``kda.precision``. Each weight is the same fp32 product the lowering's
 fused form computed per operand element, so the values are those of the fused form; what
 changes is the work: C² exponentials per kernel instead of one per operand element read by
 each warp (GDN's backward dk kernel: three row-gate decay products, 638 instructions each per
@@ -17,7 +17,10 @@ thread on sm_90a's native path), and a plain product the lowering runs on wgmma.
 
 The exponent of a kept weight is bounded by the decay product's own proof (its
 ``exp_bound``); masked entries may exceed it, so the exponential saturates there
-(``clamp_max``) and the tril zeroes them, so no inf reaches the product.
+(``clamp_max``), and the tril (a select, in every lowering) zeroes them after the weighting,
+so nothing they hold reaches the product. The mask comes last so that it acts on the
+weighting's result (an accumulator where w is a product's): the register-tile lowering takes
+a tril of an accumulator, not of a tile expression.
 """
 from __future__ import annotations
 
@@ -73,7 +76,7 @@ def _attr_key(op, name):
 
 
 def _weights(g_row: ir.Value, g_col: ir.Value, op, ip) -> ir.Value:
-    """E[i, j] = 2^(g_row[i] - g_col[j]) for j <= i + diagonal, else 0: [C, C]."""
+    """E[i, j] = 2^(g_row[i] - g_col[j]), saturated at the product's bound: [C, C]."""
     C = _shape(g_row)[0]
     sq = ir.RankedTensorType.get([C, _shape(g_col)[0]], _element(g_row))
     dims = lambda d: {"dims": ir.DenseI64ArrayAttr.get([d])}  # noqa: E731
@@ -86,17 +89,16 @@ def _weights(g_row: ir.Value, g_col: ir.Value, op, ip) -> ir.Value:
     attrs = {"exp_bound": _f64(bound), "clamp_max": _f64(bound),
              "exp_proof": ir.StringAttr.get(
                  f"kept entries (j <= i + diagonal) as the row-gate decay product they came "
-                 f"from: {proof}; masked entries saturated at +{bound:g}, then zeroed by the "
-                 f"tril")}
+                 f"from: {proof}; masked entries saturated at +{bound:g}, then selected away "
+                 f"by the tril after the weighting")}
     if "clamp_min" in op.attributes:
         attrs["clamp_min"] = op.attributes["clamp_min"]
-    e = _create("kda.exp2", sq, [arg], attrs, ip, loc=ir.Location.name("decay_weights"))
-    return _create("kda.tril", sq, [e], {"diagonal": op.attributes["diagonal"]}, ip)
+    return _create("kda.exp2", sq, [arg], attrs, ip, loc=ir.Location.name("decay_weights"))
 
 
 def _fold_block(block) -> None:
-    weights: dict = {}      # (g_row, g_col, diagonal, bounds) -> E
-    weighted: dict = {}     # (w, E) -> w ⊙ E
+    weights: dict = {}      # (g_row, g_col, bounds) -> E
+    weighted: dict = {}     # (w, E, diagonal) -> tril(w ⊙ E)
     for op in [o.operation for o in block.operations]:
         if op.name != "kda.decay_matmul" or "exp_bound" not in op.attributes:
             continue
@@ -105,20 +107,21 @@ def _fold_block(block) -> None:
             continue
         w, x = op.operands[0], op.operands[1]
         ip = ir.InsertionPoint(op)
-        key = (gates[0], gates[1], _attr_key(op, "diagonal"),
-               *(_attr_key(op, a) for a in _BOUND_ATTRS))
+        key = (gates[0], gates[1], *(_attr_key(op, a) for a in _BOUND_ATTRS))
         if key not in weights:
             weights[key] = _weights(gates[0], gates[1], op, ip)
         e = weights[key]
-        if (w, e) not in weighted:
-            weighted[(w, e)] = _create("kda.mul", w.type, [w, e], {}, ip)
+        wkey = (w, e, _attr_key(op, "diagonal"))
+        if wkey not in weighted:
+            weighted[wkey] = _create("kda.tril", w.type, [_create("kda.mul", w.type, [w, e], {}, ip)],
+                                     {"diagonal": op.attributes["diagonal"]}, ip)
         transpose = "transpose" in op.attributes and ir.BoolAttr(op.attributes["transpose"]).value
         attrs = {"transpose_lhs": ir.BoolAttr.get(bool(transpose)),
                  "transpose_rhs": ir.BoolAttr.get(False)}
         for name in ("kda.precision",):
             if name in op.attributes:
                 attrs[name] = op.attributes[name]
-        dot = _create("kda.dot", op.results[0].type, [weighted[(w, e)], x], attrs, ip,
+        dot = _create("kda.dot", op.results[0].type, [weighted[wkey], x], attrs, ip,
                       loc=op.location)
         op.results[0].replace_all_uses_with(dot)
         op.erase()

@@ -2,15 +2,16 @@
 
 // Two adjoints of one row-gate decay product (GDN's dk kernel): decay_matmul(w, x, G, G) and
 // its transpose, with G a broadcast of one value per row. The pass builds the [4, 4] weights
-// E = tril(2^(g_i - g_j), -1) once, saturating masked entries at the product's bound, weights
-// w once, and runs both products as plain dots that keep the decay product's precision.
+// E = 2^(g_i - g_j) once, saturating (masked) entries at the product's bound, weights and
+// masks w once, tril(w ⊙ E, -1), and runs both products as plain dots that keep the decay
+// product's precision.
 // CHECK-LABEL: func.func @row_gates
 // CHECK:         %[[GI:.*]] = "kda.broadcast"(%g) {dims = array<i64: 1>} : (tensor<4xf32>) -> tensor<4x4xf32>
 // CHECK-NEXT:    %[[GJ:.*]] = "kda.broadcast"(%g) {dims = array<i64: 0>} : (tensor<4xf32>) -> tensor<4x4xf32>
 // CHECK-NEXT:    %[[D:.*]] = "kda.sub"(%[[GI]], %[[GJ]])
 // CHECK-NEXT:    %[[E:.*]] = "kda.exp2"(%[[D]]) {clamp_max = 1.260000e+02 : f64, clamp_min = -1.260000e+02 : f64, exp_bound = 1.260000e+02 : f64, exp_proof = "kept entries {{.*}}"}
-// CHECK-NEXT:    %[[T:.*]] = "kda.tril"(%[[E]]) {diagonal = -1 : i64} : (tensor<4x4xf32>) -> tensor<4x4xf32>
-// CHECK-NEXT:    %[[W:.*]] = "kda.mul"(%w, %[[T]]) : (tensor<4x4xf32>, tensor<4x4xf32>) -> tensor<4x4xf32>
+// CHECK-NEXT:    %[[M:.*]] = "kda.mul"(%w, %[[E]]) : (tensor<4x4xf32>, tensor<4x4xf32>) -> tensor<4x4xf32>
+// CHECK-NEXT:    %[[W:.*]] = "kda.tril"(%[[M]]) {diagonal = -1 : i64} : (tensor<4x4xf32>) -> tensor<4x4xf32>
 // CHECK-NEXT:    %[[A:.*]] = "kda.dot"(%[[W]], %x) {kda.precision = "tf32x3", transpose_lhs = false, transpose_rhs = false} : (tensor<4x4xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
 // CHECK-NEXT:    %[[B:.*]] = "kda.dot"(%[[W]], %x) {kda.precision = "tf32x3", transpose_lhs = true, transpose_rhs = false} : (tensor<4x4xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
 // CHECK-NEXT:    "kda.add"(%[[A]], %[[B]])
