@@ -89,7 +89,7 @@ def test_gdn_backward_dq_kernel_takes_the_general_rules():
     A); the accumulators a product or an element-wise op reads in another
     layout go through shared copies."""
     from kdagen.codegen.lower.register_generic import product_shape
-    plan = _match("gdn_bwd")["scan2"]
+    plan = _match("gdn_bwd", dot="tf32")["scan2"]     # its decay product asks for tf32x3
     assert not isinstance(plan, str), plan
     assert plan.v_ctas == 1 and plan.smem_bytes <= 227 * 1024
     forms = sorted((n.op, product_shape(n), f) for n, f in plan.b_forms.items())
@@ -105,7 +105,7 @@ def test_gdn_backward_dq_kernel_takes_the_general_rules():
 
 def test_chunk_stores_follow_their_accumulators():
     from kdagen.codegen.lower.register_tiles import _early_stores
-    plan = _match("gdn_bwd")["scan2"]
+    plan = _match("gdn_bwd", dot="tf32")["scan2"]
     body = plan.scan.body.nodes
     order = _early_stores(body, plan.kinds)
     assert sorted(map(id, order)) == sorted(map(id, body))
@@ -117,11 +117,19 @@ def test_chunk_stores_follow_their_accumulators():
             order[order.index(s) - 1].op == "kda.store_chunk"
 
 
+def test_gdn_backward_dq_kernel_keeps_the_native_path_where_its_precision_is_not_given():
+    """Asked for register tiles under the default precisions, the dq kernel (its row-gate decay
+    product at tf32x3) stays on the native path instead of taking the bf16x3 rule."""
+    ks, _ = _lowered("gdn_bwd", register_tiles=True)
+    (k,) = [k for k in ks if k.name.endswith("k2_scan2")]
+    assert k.path == "sm90-native"
+
+
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas not installed")
 def test_gdn_backward_dq_kernel_assembles():
     from kdagen import driver
     from kdagen.codegen import ptxas
-    ks, t = _lowered("gdn_bwd", register_tiles=True)
+    ks, t = _lowered("gdn_bwd", register_tiles=True, dot="tf32")
     (k,) = [k for k in ks if k.name.endswith("k2_scan2")]
     assert k.path == "sm90-register-tile" and k.launch["block"] == [128, 1, 1]
     r = ptxas.assemble(driver.ptx_of(k.module, t, k.name), "sm_90a", ptxas.find_ptxas())
@@ -141,7 +149,7 @@ def test_split_staged_b_operand_assembles(monkeypatch):
     from kdagen.codegen.lower import register_generic, register_tiles
 
     def dq_ptx():
-        ks, t = _lowered("gdn_bwd", register_tiles=True)
+        ks, t = _lowered("gdn_bwd", register_tiles=True, dot="tf32")
         (k,) = [k for k in ks if k.name.endswith("k2_scan2")]
         assert k.path == "sm90-register-tile"
         return driver.ptx_of(k.module, t, k.name)

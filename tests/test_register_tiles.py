@@ -21,7 +21,7 @@ def _groups(program, **opts):
     return prog, group_kernels(prog, True)
 
 
-def _match(program):
+def _match(program, dot: str = "auto"):
     from kdagen.codegen.lower import register_tiles
     from kdagen.target import TARGETS
     prog, groups = _groups(program)
@@ -29,7 +29,7 @@ def _match(program):
     for g in groups:
         if g.kind == "tile" and g.parallel:
             try:
-                out[g.label] = register_tiles.match(prog, g, TARGETS["sm_90a"])
+                out[g.label] = register_tiles.match(prog, g, TARGETS["sm_90a"], dot=dot)
             except register_tiles.NoMatch as e:
                 out[g.label] = str(e)
     return out
@@ -44,7 +44,8 @@ def _lowered(program: str, **opts):
     from kdagen.target import TARGETS
     t = TARGETS["sm_90a"]
     mod = driver.build_module(program, {}, pipeline="chip", chip="sm_90a")
-    return lower_program(mod, t, options=LowerOptions(path="native", dot="auto", **opts)), t
+    return lower_program(mod, t, options=LowerOptions(**{"path": "native", "dot": "auto",
+                                                         **opts})), t
 
 
 def test_gdn_forward_output_kernel_takes_the_register_tiles():
@@ -120,11 +121,15 @@ def test_kernels_without_rules_are_refused_with_a_reason():
     assert "bf16x3" in plans["scan0"] and "bf16x3" in plans["scan2"]
     for label, out in plans.items():
         assert isinstance(out, str) and out, label
-    # gdn_bwd's dq kernel takes the general rules (transposed products, the folded decay
-    # product); its dk kernel is refused: the mask of a weighting whose w is a loaded tile
-    # (kda-fold-row-decay's tril of a ring expression) has no rule, and before the fold it
-    # needed more shared memory than there is (every ring tile copied at the start)
+    # gdn_bwd's dq kernel: its row-gate decay product asks for tf32x3, which the general
+    # product rule (W split bf16 hi + lo) does not give; with every product at TF32 (the
+    # lowering's dot="tf32") it takes the general rules (transposed products, the folded
+    # decay product). Its dk kernel is refused either way: the mask of a weighting whose w is
+    # a loaded tile (kda-fold-row-decay's tril of a ring expression) has no rule, and before
+    # the fold it needed more shared memory than there is (every ring tile copied at the start)
     plans = _match("gdn_bwd")
+    assert "asks for tf32x3 products; this rule gives bf16x3" in plans["scan2"]
+    plans = _match("gdn_bwd", dot="tf32")
     assert not isinstance(plans["scan2"], str), plans["scan2"]
     assert "kda.tril of ['tile']" in plans["scan4"]
 
@@ -455,7 +460,7 @@ def test_two_warpgroups_take_gdn_forward_kernels():
         # two of the four 16-column blocks per warpgroup, K / 8 TF32 steps each
         assert ptx.count("m64n16k8.f32.tf32.tf32") == 2 * 128 // 8
         _assembles_without_spills(ptx, k.name)
-    ks, t = _lowered("gdn_bwd", register_tiles=True, register_tile_warpgroups=2)
+    ks, t = _lowered("gdn_bwd", register_tiles=True, register_tile_warpgroups=2, dot="tf32")
     (dq,) = [k for k in ks if k.name.endswith("k2_scan2")]
     assert dq.path == "sm90-register-tile" and dq.launch["block"] == [256, 1, 1]
     _assembles_without_spills(driver.ptx_of(dq.module, t, dq.name), "dq, two warpgroups")
