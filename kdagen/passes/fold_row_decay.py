@@ -30,6 +30,7 @@ from .._mlir import ir
 from ..ir.transforms import defining_op
 from .base import ModulePass, register_pass
 from .narrow_broadcasts import _dims, _element, _shape, rewrite_scan_bodies
+from .stable_reassociate import _f64
 
 #: decay-product attributes that say how its exponentials were bounded (kda-stable-reassociate)
 _BOUND_ATTRS = ("clamp_min", "exp_bound")
@@ -39,7 +40,7 @@ _BOUND_ATTRS = ("clamp_min", "exp_bound")
 @dataclass
 class FoldRowDecayPass(ModulePass):
     name = "kda-fold-row-decay"
-    summary = "row-gate decay_matmuls become (w ⊙ E) x with E = tril(2^(g_i - g_j)) shared"
+    summary = "row-gate decay_matmuls become plain dots of tril(w ⊙ 2^(g_i - g_j))"
     # false: leave every decay_matmul to the lowering's fused form (for A/Bs)
     fold: bool = True
 
@@ -59,10 +60,6 @@ def row_gates(op) -> tuple | None:
             return None
         out.append(src.operands[0])
     return tuple(out)
-
-
-def _f64(x: float) -> ir.FloatAttr:
-    return ir.FloatAttr.get(ir.F64Type.get(), float(x))
 
 
 def _create(name: str, result_t, operands, attributes, ip, loc=None) -> ir.Value:
@@ -118,9 +115,8 @@ def _fold_block(block) -> None:
         transpose = "transpose" in op.attributes and ir.BoolAttr(op.attributes["transpose"]).value
         attrs = {"transpose_lhs": ir.BoolAttr.get(bool(transpose)),
                  "transpose_rhs": ir.BoolAttr.get(False)}
-        for name in ("kda.precision",):
-            if name in op.attributes:
-                attrs[name] = op.attributes[name]
+        if "kda.precision" in op.attributes:
+            attrs["kda.precision"] = op.attributes["kda.precision"]
         dot = _create("kda.dot", op.results[0].type, [weighted[wkey], x], attrs, ip,
                       loc=op.location)
         op.results[0].replace_all_uses_with(dot)
