@@ -8,7 +8,8 @@ a shared-memory hand-off where registers cannot meet.
   memory), element by element at its fragment coordinates, so a transpose or a decay weight
   costs nothing extra; B is a bf16 ring tile as TMA stored it (either major-ness: exact, with
   A split into bf16 hi + lo), an f32 ring tile already K-major (TF32), or staged by the
-  warpgroup into a K-major tile (TF32, or bf16 hi + lo for bf16x3: three products);
+  warpgroup into a K-major tile (TF32, bf16 hi + lo for bf16x3, or TF32 hi + lo for tf32x3:
+  three products each);
 * **element-wise ops** on accumulators with any other operand: the op's expression evaluated
   per register at its coordinates; an accumulator of the other orientation is read through
   shared memory (a *materialised* copy);
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..common import barrier as bar
-from ..common.convert import bf16_split_pack, tf32_operand_bits
+from ..common.convert import bf16_split_pack, tf32_operand_bits, tf32_split_operand_bits
 from ..common.layouts import SmemLayout, wgmma_tf32_a_coord
 from ..common.shuffle import shfl
 from ..sm90 import wgmma
@@ -81,11 +82,14 @@ def product_shape(n) -> tuple:
 def b_operand_form(n, slot_elt, kinds, dot: str) -> str:
     """How a product's B operand reaches the tensor core: "bf16" (a bf16 ring tile as TMA
     stored it; its row factors, if any, along K: folded into A), "tf32" (an f32 ring tile
-    stored [N, K], TF32 products), "stage_tf32" or "stage_split" (written by the warpgroup into
-    a K-major tile, TF32 or bf16 hi + lo). ``slot_elt(load)``: the element type of a ring
-    tile's load."""
+    stored [N, K], TF32 products), "stage_tf32", "stage_split" or "stage_split_tf32" (written
+    by the warpgroup into a K-major tile: TF32, bf16 hi + lo, or TF32 hi + lo for a tf32x3
+    product, whose ~22 bits neither an exact bf16 B with a bf16-split A nor bf16x3 keeps).
+    ``slot_elt(load)``: the element type of a ring tile's load."""
     _, x, _, tx = product_operands(n)
     prec = product_precision(dot, n.op, n.attrs.get("kda.precision"))
+    if prec == "tf32x3":
+        return "stage_split_tf32"
     xn, xf = row_scaled(x)
     if xn is not None and slot_elt(xn) == "bf16" and not (tx and xf):
         return "bf16"
@@ -96,10 +100,21 @@ def b_operand_form(n, slot_elt, kinds, dot: str) -> str:
     return "stage_tf32" if prec in ("tf32", "bf16") else "stage_split"
 
 
-def generic_dot_regions(n, form: str) -> int:
-    """Shared bytes a product's staged B takes ([N, K], K-major)."""
+def staging_depth(form: str, K: int, sliced: bool) -> int:
+    """The K depth a staged B takes at once: all of K, or sliced, one 128-byte swizzle panel
+    (32 f32 or 64 bf16 elements) where K is deeper."""
+    eb = 2 if form == "stage_split" else 4
+    return min(K, SWIZZLE // eb) if sliced else K
+
+
+def generic_dot_regions(n, form: str, sliced: bool = False) -> int:
+    """Shared bytes a product's staged B takes ([N, depth], K-major; `staging_depth`)."""
     _, K, N = product_shape(n)
-    return {"stage_tf32": N * K * 4, "stage_split": 2 * N * K * 2}.get(form, 0)
+    if form not in ("stage_tf32", "stage_split", "stage_split_tf32"):
+        return 0
+    ks = staging_depth(form, K, sliced)
+    return {"stage_tf32": N * ks * 4, "stage_split": 2 * N * ks * 2,
+            "stage_split_tf32": 2 * N * ks * 4}[form]
 
 
 class GenericTileOps:
@@ -210,7 +225,11 @@ class GenericTileOps:
                 vals.extend(T_.read_vec(ref, coords[k], 2))
         else:
             vals = [ref.read(idx) for idx in coords]
-        self._reg_values[(o, sig)] = vals
+        if dims is not None or not self.rplan.sliced_staging:
+            # kept for the op's other readers; where the plan is tight (it stages B a panel at
+            # a time) only the broadcasts are: a whole tile's values kept from one reader to
+            # the next held registers ptxas then spilled (gdn_bwd's dk kernel)
+            self._reg_values[(o, sig)] = vals
         return vals
 
     # -- reductions --------------------------------------------------------------------------
@@ -317,43 +336,87 @@ class GenericTileOps:
         base = self.rplan.smem[f"bstage{self.rplan.b_stages.index(n)}"]
         xr = self._materialised(x)
         b_el = (lambda k, j: xr.read((j, k))) if tx else (lambda k, j: xr.read((k, j)))
-        self._region_barrier()
-        if form == "stage_tf32":
-            lay = SmemLayout(N, K, 4, SWIZZLE)
-            for it in range(N * K // self.consumer_threads):
-                e = self.tid + it * self.consumer_threads
-                j, k = e // K, e % K
-                B.store(self.smem_base, (base + lay.byte_offset(j, k)) // 4,
-                        B.round_to(b_el(k, j), "tf32"), "f32")
+        return self._dot_staged(form, a_el, b_el, base, K, N)
+
+    def _dot_staged(self, form: str, a_el, b_el, base: int, K: int, N: int):
+        """A (registers) · B staged by the warpgroups K-major at ``base``: in one piece, or
+        where the plan slices the staging (`staging_depth`), one 128-byte panel of K at a
+        time through one buffer (each slice's products complete before the next overwrites
+        it). Forms: "stage_tf32" (TF32, one product per 8-deep block), "stage_split" (B and A
+        as bf16 hi + lo, three per 16-deep block) and "stage_split_tf32" (TF32 hi + lo, three
+        per 8-deep block); in each the small terms first."""
+        eb = 2 if form == "stage_split" else 4
+        parts = 1 if form == "stage_tf32" else 2
+        kstep = 16 if form == "stage_split" else 8
+        ks = staging_depth(form, K, self.rplan.sliced_staging)
+        lay = SmemLayout(N, ks, eb, SWIZZLE)
+        Nw, col0, rows = self._b_rows(N)
+        values = [B.f(0.0)] * (Nw // 2)
+        for k0 in range(0, K, ks):
+            if k0:
+                # this warpgroup's products of the last slice have read the buffer
+                wgmma.wgmma_commit(self.target)
+                wgmma.wgmma_wait(self.target, 0)
+                self.cost.event("wgmma.commit")
+                self.cost.event("wgmma.wait")
+            self._region_barrier()
+            self._stage_slice(form, b_el, base, lay, k0, ks, N)
             bar.fence_proxy_async_shared()
             bar.sync_threads()
             self.cost.event("bar.sync")
-            return self._dot_tf32(a_el, lay, base, K, N)
-        lay = SmemLayout(N, K, 2, SWIZZLE)
-        for it in range(N * K // (2 * self.consumer_threads)):
-            e = self.tid + it * self.consumer_threads
-            j, k = e // (K // 2), 2 * (e % (K // 2))
-            hi, lo = bf16_split_pack(b_el(k, j), b_el(k + 1, j))
-            at = lay.byte_offset(j, k) // 4
-            B.store(self.smem_base, base // 4 + at, hi, "i32")
-            B.store(self.smem_base, (base + lay.size_bytes) // 4 + at, lo, "i32")
-        bar.fence_proxy_async_shared()
-        bar.sync_threads()
-        self.cost.event("bar.sync")
-        a_regs = self._half_a_split(K, a_el)
-        N, col0, rows = self._b_rows(N)
-        hi_d = wgmma.k_block_descriptors(lay, self._addr32(base) + rows, K // 16, 16)
-        lo_d = wgmma.k_block_descriptors(lay, self._addr32(base + lay.size_bytes) + rows,
-                                         K // 16, 16)
-        values = [B.f(0.0)] * (N // 2)
-        wgmma.wgmma_fence(self.target)
-        for (ahi, alo), dh, dl in zip(a_regs, hi_d, lo_d):
-            # the small terms first: a_lo·b_hi, a_hi·b_lo, then a_hi·b_hi
-            values = wgmma.wgmma_half_rs(self.target, values, alo, dh, N, "bf16")
-            values = wgmma.wgmma_half_rs(self.target, values, ahi, dl, N, "bf16")
-            values = wgmma.wgmma_half_rs(self.target, values, ahi, dh, N, "bf16")
-            self.cost.event("wgmma", 3)
-        return Acc(self._finish(values), N, False, col0)
+            ds = [wgmma.k_block_descriptors(lay, self._addr32(base + p * lay.size_bytes) + rows,
+                                            ks // kstep, kstep) for p in range(parts)]
+            el = (lambda m, k, k0=k0: a_el(m, k0 + k))
+            if form == "stage_split":
+                a_regs = self._half_a_split(ks, el)
+            else:
+                a_regs = []
+                for kb in range(ks // 8):
+                    regs = []
+                    for jj in range(4):
+                        m, kc = wgmma_tf32_a_coord(self.warp, self.lane, jj)
+                        v = el(m, 8 * kb + kc)
+                        regs.append(tf32_operand_bits(v) if parts == 1 else
+                                    tf32_split_operand_bits(v))
+                    a_regs.append(regs if parts == 1 else
+                                  ([r[0] for r in regs], [r[1] for r in regs]))
+            wgmma.wgmma_fence(self.target)
+            for kb, regs in enumerate(a_regs):
+                if parts == 1:
+                    values = wgmma.wgmma_tf32_rs(self.target, values, regs, ds[0][kb], Nw)
+                    self.cost.event("wgmma")
+                    continue
+                (ahi, alo), dh, dl = regs, ds[0][kb], ds[1][kb]
+                for a, d in ((alo, dh), (ahi, dl), (ahi, dh)):
+                    values = (wgmma.wgmma_half_rs(self.target, values, a, d, Nw, "bf16")
+                              if form == "stage_split" else
+                              wgmma.wgmma_tf32_rs(self.target, values, a, d, Nw))
+                self.cost.event("wgmma", 3)
+        return Acc(self._finish(values), Nw, False, col0)
+
+    def _stage_slice(self, form: str, b_el, base: int, lay: SmemLayout, k0: int, ks: int,
+                     N: int) -> None:
+        """Write B[k0 : k0 + ks, :] K-major into the staging tile(s) at ``base``."""
+        threads = self.consumer_threads
+        if form == "stage_split":
+            for it in range(N * ks // (2 * threads)):
+                e = self.tid + it * threads
+                j, k = e // (ks // 2), 2 * (e % (ks // 2))
+                hi, lo = bf16_split_pack(b_el(k0 + k, j), b_el(k0 + k + 1, j))
+                at = lay.byte_offset(j, k) // 4
+                B.store(self.smem_base, base // 4 + at, hi, "i32")
+                B.store(self.smem_base, (base + lay.size_bytes) // 4 + at, lo, "i32")
+            return
+        for it in range(N * ks // threads):
+            e = self.tid + it * threads
+            j, k = e // ks, e % ks
+            v = b_el(k0 + k, j)
+            hi = B.round_to(v, "tf32")
+            at = (base + lay.byte_offset(j, k)) // 4
+            B.store(self.smem_base, at, hi, "f32")
+            if form == "stage_split_tf32":
+                B.store(self.smem_base, at + lay.size_bytes // 4,
+                        B.round_to(B.sub(v, hi), "tf32"), "f32")
 
     def _b_rows(self, N: int) -> tuple:
         """(columns of the result this warpgroup computes, the first of them, the byte offset

@@ -114,6 +114,9 @@ class TileSlot:
     value_cols: bool             # the tile's columns are value columns (CTA offset applies)
     heads: str | None
     offset: int = 0
+    #: where its copy is issued: -1 with the chunk's first copies, else before body node
+    #: ``issue`` (its bytes reused: every region there before it is dead by then)
+    issue: int = -1
 
     @property
     def elem_bytes(self) -> int:
@@ -165,6 +168,14 @@ class RegisterTilePlan:
     warpgroups: int = 1                            # consumer warpgroups (one value block each)
     one_warpgroup: list = field(default_factory=list)   # rules used that take one warpgroup
     tuned: dict = field(default_factory=dict)      # tuning entries applied: {option: value}
+    sliced_staging: bool = False                   # staged B operands one K panel at a time
+    vec_mats: set = field(default_factory=set)     # vectors computed once (`_costly_vectors`)
+
+    @property
+    def phases(self) -> list:
+        """The body positions where later copies are issued (each with its own mbarrier), in
+        order; the chunk's first copies (issue -1) are not among them."""
+        return sorted({s.issue for s in self.slots if s.issue >= 0})
 
     @property
     def grid(self) -> list:
@@ -311,7 +322,7 @@ def _plan(program, scan, C: int, V: int, v_ctas: int, dot: str, smem_limit: int,
         M, K, N = product_shape(n)
         if M != C or N % 16 or N > 256 or K % 16:
             raise NoMatch(f"a [{M}, {K}] x [{K}, {N}] product")
-        _precision_at_most(n, dot, "bf16x3")
+        _precision_at_most(n, dot, "tf32x3")     # tf32x3: B staged TF32 hi + lo
         w, x = n.operands[:2]
         for o in (w, x):
             if kinds.get(through_views(o)) not in ("ring", "tile", "smem", "acc", "acc_t"):
@@ -517,7 +528,7 @@ def _plan(program, scan, C: int, V: int, v_ctas: int, dot: str, smem_limit: int,
             ks = {kinds.get(o) for o in n.operands if o.kind == "tile"}
             accs = [kinds[o] for o in n.operands if kinds.get(o) in ("acc", "acc_t")]
             if not accs:
-                if ks <= {"ring", "tile", "bcast", "smem"} and op != "kda.tril":
+                if ks <= {"ring", "tile", "bcast", "smem"}:
                     kinds[r] = "tile"       # an expression of ring tiles (its users decide)
                     continue
                 raise NoMatch(f"{op} of {sorted(k for k in ks if k)}")
@@ -575,15 +586,71 @@ def _plan(program, scan, C: int, V: int, v_ctas: int, dot: str, smem_limit: int,
                 len(n.results[0].shape) == 2 and n not in slots and n.results[0].uses:
             slot(n, False)          # read by element-wise expressions only
     plan.slots = sorted(slots.values(), key=lambda s: s.node.index)
-    off = _place_regions(plan, body, kinds, C, V, v_ctas)
-    plan.smem["vectors"] = off
-    off += 4 * plan.vec_len * max(plan.vectors, 1)
-    plan.smem["barrier"] = off
-    off += 16
-    plan.smem_bytes = off
-    if off > smem_limit:
-        raise NoMatch(f"{off} bytes of shared memory (limit {smem_limit})")
-    return plan
+    # every copy at the chunk's start; where that does not fit, workspace tiles copied where
+    # their bytes come free, then staged B operands a K panel at a time as well, then the
+    # chunk step re-ordered so that workspace tiles are first read as late as they can be
+    for defer, sliced, late in ((False, False, False), (True, False, False),
+                                (True, True, False), (True, True, True)):
+        if late:
+            # terms ordered by when the schedule makes them, then scheduled again; costly
+            # vectors computed once (a barrier each: not worth it in the kernels that fit as
+            # programmed, by the cost model)
+            _late_workspace_reads(scan.body, plan.slots, kinds)
+            _sums_by_availability(scan.body, kinds)
+            body = _late_workspace_reads(scan.body, plan.slots, kinds)
+            plan.vec_mats = _costly_vectors(body, kinds)
+            plan.vectors += len(plan.vec_mats)
+            plan.vec_len = max([plan.vec_len] + [v.shape[0] for v in plan.vec_mats])
+        plan.smem, plan.live, plan.sliced_staging = {}, {}, sliced
+        for s in plan.slots:
+            s.issue = -1
+        off = _place_regions(plan, body, kinds, C, V, v_ctas, defer)
+        plan.smem["vectors"] = off
+        off += 4 * plan.vec_len * max(plan.vectors, 1)
+        plan.smem["barrier"] = off
+        off += 8 * (1 + len(plan.phases)) + 8
+        plan.smem_bytes = off
+        if off <= smem_limit:
+            return plan
+    raise NoMatch(f"{off} bytes of shared memory (limit {smem_limit})")
+
+
+#: vector ops that cost more than an add each time a lazy expression evaluates them
+_COSTLY_VECTOR_OPS = ("kda.exp2", "kda.log2", "kda.sigmoid", "kda.softplus", "kda.rsqrt",
+                      "kda.div", "kda.load", "kda.load_head")
+
+
+def _costly_vectors(body: list, kinds: dict) -> set:
+    """The f32 vectors worth computing once into shared memory: a vector is a lazy expression
+    evaluated wherever an element is read, and a tile reading it through a broadcast reads
+    each row's element once per column (gdn_bwd's dk kernel evaluated its gate's exp2 and
+    softplus, and the L2 norms' rsqrt, ~500 times per thread). Those whose expression holds an
+    exponential, a division, a square root or a global load, read by a tile op."""
+    inside = set(body)
+    costly: dict = {}
+
+    def is_costly(v) -> bool:
+        if v in costly:
+            return costly[v]
+        o = v.owner
+        c = False
+        if o is not None and o in inside and len(v.shape) <= 1 and \
+                o.op not in ("kda.reduce_sum", "kda.cumsum"):
+            c = o.op in _COSTLY_VECTOR_OPS or any(
+                is_costly(x) for x in o.operands if x.kind == "tile" and len(x.shape) <= 1)
+        costly[v] = c
+        return c
+    out = set()
+    for n in body:
+        if not n.results or len(n.results[0].shape) != 1 or kinds.get(n.results[0]) != "vec":
+            continue
+        r = n.results[0]
+        if r.elt != "f32" or n.op in VIEWS or n.op in ("kda.reduce_sum", "kda.cumsum"):
+            continue
+        if any(u in inside and u.results and len(u.results[0].shape) == 2 for u, _ in r.uses) \
+                and is_costly(r):
+            out.add(r)
+    return out
 
 
 #: the value kinds evaluated where they are used (their operands stay live until then)
@@ -591,7 +658,7 @@ _LAZY_KINDS = ("ring", "tile", "bcast")
 
 
 def _place_regions(plan: RegisterTilePlan, body: list, kinds: dict, C: int, V: int,
-                   v_ctas: int) -> int:
+                   v_ctas: int, defer: bool = False) -> int:
     """Byte offsets of the kernel's shared regions (``plan.smem``, the slots' ``offset``), by
     first fit over their live ranges in body order: a ring tile lives from the copies at the
     start to its last reader (through lazy expressions), a product's staged operand and a
@@ -614,9 +681,25 @@ def _place_regions(plan: RegisterTilePlan, body: list, kinds: dict, C: int, V: i
                 last = max(last, last_use(r, seen))
         return last
 
+    def first_read(v) -> int:
+        # the first op reading ``v`` other than through views
+        first = len(body)
+        for u, _ in v.uses:
+            if u not in index or u.op == "kda.pipeline_release":
+                continue
+            r = u.results[0] if u.results else None
+            first = min(first, first_read(r) if u.op in VIEWS and r is not None
+                        else index[u])
+        return first
+
     regions = []        # (name, bytes, first, last, alignment)
     for s in plan.slots:
-        regions.append((s, s.nbytes, -1, last_use(s.node.results[0]), TILE_ALIGN))
+        # a workspace tile lives from its load op (copied there, or earlier where its bytes
+        # are free: `_issue_points`), so tiles read late reuse the bytes of tiles read early;
+        # token tiles come with the chunk's first copies (their rows past the sequence end
+        # are zeroed once, after those copies land)
+        first = first_read(s.node.results[0]) if defer and s.kind == "chunk" else -1
+        regions.append((s, s.nbytes, first, last_use(s.node.results[0]), TILE_ALIGN))
     for i, shape in enumerate(plan.staged):
         at = index[plan.at[f"staged{i}"]]
         regions.append((f"staged{i}", shape[0] * shape[1] * 4, at, at, TILE_ALIGN))
@@ -646,8 +729,9 @@ def _place_regions(plan: RegisterTilePlan, body: list, kinds: dict, C: int, V: i
         regions.append((f"mat{i}", R * (N + MAT_PAD) * 4, index[plan.at[f"mat{i}"]],
                         last_use(v), 16))
     for i, n in enumerate(plan.b_stages):
-        regions.append((f"bstage{i}", generic_dot_regions(n, plan.b_forms[n]), index[n],
-                        index[n], TILE_ALIGN))
+        regions.append((f"bstage{i}", generic_dot_regions(n, plan.b_forms[n],
+                                                          plan.sliced_staging),
+                        index[n], index[n], TILE_ALIGN))
     # first fit over three orders (by first use, largest first, longest lived first):
     # whichever ends lowest
     orders = [sorted(regions, key=lambda r: (r[2], -r[1])),
@@ -677,7 +761,158 @@ def _place_regions(plan: RegisterTilePlan, body: list, kinds: dict, C: int, V: i
             name.offset = off
         else:
             plan.smem[name] = off
+    if defer:
+        _issue_points(plan.slots, offsets)
     return -(-end // 16) * 16
+
+
+def _late_workspace_reads(block, slots: list, kinds: dict) -> list:
+    """Re-order the chunk step (``block.nodes``, in place) for the kernels that do not fit
+    as programmed: a list schedule that, among the ready ops, runs
+
+    1. an op that frees accumulator registers (the last reader of accumulators, net of the one
+       it makes: a store, a sum folding a product in), most freed first;
+    2. then an op reading no workspace tile not yet read;
+    3. then the rest; ties in program order.
+
+    So each workspace tile is first read as late as the dependencies allow and tiles read
+    early die before the next one's copy lands (gdn_bwd's dk kernel: the state checkpoints S
+    and dS no longer share the step with the tiles v' comes from), and accumulators are
+    consumed soon after they are made (ptxas spilled that kernel's in program order). Each op
+    computes what it did from the same operands, so results are bitwise the same; the
+    dependencies are the native path's schedule's (`schedule._dependencies`)."""
+    from .schedule import _dependencies
+    nodes = [n for n in block.nodes if n.op != "gpu.yield"]
+    tail = [n for n in block.nodes if n.op == "gpu.yield"]
+    loads = {s.node.results[0] for s in slots if s.kind == "chunk"}
+    inside = set(nodes)
+
+    def tiles_read(n) -> set:
+        if n.op in VIEWS or n.op == "kda.pipeline_release":
+            return set()
+        return {through_views(o) for o in n.operands if through_views(o) in loads}
+
+    def acc_bytes(v) -> int:
+        return 4 * v.numel if kinds.get(v) in ("acc", "acc_t") else 0
+
+    readers_left = {}
+    for n in nodes:
+        for o in set(n.operands):
+            if acc_bytes(o) and n.op != "kda.pipeline_release":
+                readers_left[o] = readers_left.get(o, 0) + 1
+
+    def stored_only(v) -> bool:
+        return bool(v.uses) and all(u.op in ("kda.store", "kda.store_chunk") for u, _ in v.uses)
+
+    def freed(n) -> int:
+        gone = sum(acc_bytes(o) for o in set(n.operands)
+                   if acc_bytes(o) and readers_left.get(o) == 1 and o.owner in inside)
+        # a conversion read only by stores: its registers go with the store right after
+        return gone - sum(acc_bytes(r) for r in n.results if not stored_only(r))
+
+    preds = _dependencies(nodes)
+    position = {n: i for i, n in enumerate(nodes)}
+    users = {n: [] for n in nodes}
+    for n, ps in preds.items():
+        for p in ps:
+            users[p].append(n)
+    waiting = {n: len(preds[n]) for n in nodes}
+    ready = [n for n in nodes if waiting[n] == 0]
+    opened: set = set()
+    order = []
+    while ready:
+        n = min(ready, key=lambda m: (-max(freed(m), 0), bool(tiles_read(m) - opened),
+                                      position[m]))
+        ready.remove(n)
+        order.append(n)
+        opened |= tiles_read(n)
+        if n.op != "kda.pipeline_release":
+            for o in set(n.operands):
+                if o in readers_left:
+                    readers_left[o] -= 1
+        for u in users[n]:
+            waiting[u] -= 1
+            if waiting[u] == 0:
+                ready.append(u)
+    if len(order) != len(nodes):        # pragma: no cover - a cycle would be a bug
+        raise AssertionError("_late_workspace_reads: the dependencies have a cycle")
+    block.nodes[:] = order + tail
+    return block.nodes
+
+
+def _sums_by_availability(block, kinds: dict) -> None:
+    """Re-associate each sum of three or more accumulators (a tree of kda.add whose inner sums
+    have no other reader) into a chain that adds the terms in the order they are made, so a
+    term made early joins the running sum then instead of holding its registers until the
+    program's order reaches it (gdn_bwd's dk kernel sums five products into dk and six into
+    the gate's gradient: in program order ten [64, 128] accumulators were live at once, more
+    than a thread's 255 registers). fp32 addition in another order: not bitwise the program
+    order's sums."""
+    nodes = block.nodes
+    position = {n: i for i, n in enumerate(nodes)}
+    inside = set(nodes)
+
+    def is_sum(n) -> bool:
+        if n.op != "kda.add" or n not in inside:
+            return False
+        k = kinds.get(n.results[0])
+        return k in ("acc", "acc_t") and all(
+            kinds.get(o) == k or kinds.get(o) not in ("acc", "acc_t") for o in n.operands)
+
+    def inner(v) -> bool:
+        # a partial sum read only by one sum of the same tree
+        return v.owner is not None and is_sum(v.owner) and len(v.uses) == 1 and \
+            is_sum(v.uses[0][0])
+
+    for root in [n for n in nodes if is_sum(n) and not inner(n.results[0])]:
+        adds, terms = [], []
+
+        def walk(n):
+            adds.append(n)
+            for o in n.operands:
+                if inner(o):
+                    walk(o.owner)
+                else:
+                    terms.append(o)
+        walk(root)
+        if len(terms) < 3:
+            continue
+        # accumulators in the order they are made; the lazy terms (expressions of shared
+        # tiles, evaluated where added) join the first, so every sum has an accumulator
+        accs = sorted((v for v in terms if kinds.get(v) in ("acc", "acc_t")),
+                      key=lambda v: position.get(v.owner, -1))
+        terms = accs[:1] + [v for v in terms if kinds.get(v) not in ("acc", "acc_t")] + accs[1:]
+        chain = sorted((a for a in adds if a is not root), key=lambda a: position[a]) + [root]
+        for a in adds:
+            for i, o in enumerate(a.operands):
+                o.uses.remove((a, i))
+        running = terms[0]
+        for a, t in zip(chain, terms[1:]):
+            a.operands[:] = [running, t]
+            for i, o in enumerate(a.operands):
+                o.uses.append((a, i))
+            running = a.results[0]
+
+
+def _issue_points(slots: list, offsets: dict) -> None:
+    """Each workspace tile's copy as early as its bytes allow: right after the last op that
+    reads a region overlapping them before the tile's own load op (-1, the chunk's first
+    copies, where none does). ``offsets``: region key -> (offset, bytes, first, last) as
+    placed, which keeps overlapping regions' live ranges apart, so none of them is live from
+    there to the tile's last reader."""
+    for s in slots:
+        if s.kind != "chunk":
+            continue
+        off, size, first, _ = offsets[id(s)]
+        ends = [l for o, b, f, l in offsets.values()
+                if o < off + size and off < o + b and l < first]
+        s.issue = max(ends) + 1 if ends else -1
+
+
+def _moved_stores(body: list, kinds: dict) -> set:
+    """ids of the chunk stores `_early_stores` moves up to the op making their accumulator."""
+    return {id(n) for n in body if n.op == "kda.store_chunk"
+            and kinds.get(n.operands[2]) in ("acc", "acc_t") and n.operands[2].owner in body}
 
 
 def _early_stores(body: list, kinds: dict) -> list:
@@ -790,8 +1025,28 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
         bar.sync_threads()
         self.cost.event("bar.sync")
 
-    def _full(self):
-        return smem_mod.SmemRegion(self.smem_base, self.rplan.smem["barrier"], 8)
+    def _full(self, phase: int = -1):
+        """The mbarrier of the chunk's first copies (phase -1) or of later copy phase
+        ``phase`` (RegisterTilePlan.phases)."""
+        return smem_mod.SmemRegion(self.smem_base, self.rplan.smem["barrier"] + 8 * (phase + 1),
+                                   8)
+
+    def _issue_phase(self, k: int, maps: dict, c) -> None:
+        """Copy phase ``k``: every thread is past the last reader of the bytes it overwrites
+        (the barrier; the fence orders their generic accesses before the async proxy's
+        writes), then one thread issues its copies."""
+        at = self.rplan.phases[k]
+        slots = [s for s in self.rplan.slots if s.issue == at]
+        bar.fence_proxy_async_shared()
+        bar.sync_threads()
+        self.cost.event("bar.sync")
+        full = self._full(k)
+
+        def issue():
+            bar.mbarrier_arrive_expect_tx(full, sum(s.nbytes for s in slots))
+            for s in slots:
+                self._copy(s, maps[s.param], c, full)
+        B.if_then(B.icmp("eq", self.tid, 0), issue)
 
     def _chunk(self, c) -> None:
         rp = self.rplan
@@ -799,11 +1054,14 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
         full = self._full()
         maps = {s.param: tma.tensormap_pointer(self.target, self.p[s.param]) for s in rp.slots}
 
+        first = [s for s in rp.slots if s.issue < 0]
+
         def issue():
-            bar.mbarrier_init(full, 1)
+            for k in range(-1, len(rp.phases)):
+                bar.mbarrier_init(self._full(k), 1)
             bar.fence_mbarrier_init()
-            bar.mbarrier_arrive_expect_tx(full, sum(s.nbytes for s in rp.slots))
-            for s in rp.slots:
+            bar.mbarrier_arrive_expect_tx(full, sum(s.nbytes for s in first))
+            for s in first:
                 self._copy(s, maps[s.param], c, full)
         B.if_then(B.icmp("eq", self.tid, 0), issue)
         bar.sync_threads()           # the barrier is initialised before anyone waits on it
@@ -828,7 +1086,17 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
         self._reg_values: dict = {}    # (value, points) -> its values there
         self._point_sets = 0
         self._outs = 0
+        self._waited = set()           # copy phases waited for
+        position = {id(n): i for i, n in enumerate(rp.scan.body.nodes)}
+        moved = _moved_stores(rp.scan.body.nodes, rp.kinds)
+        issued = 0
         for n in _early_stores(rp.scan.body.nodes, rp.kinds):
+            at = position[id(n)]
+            # a chunk store moved up to its accumulator reads registers only: it does not
+            # mark the body position the copy phases wait for
+            while issued < len(rp.phases) and rp.phases[issued] <= at and id(n) not in moved:
+                self._issue_phase(issued, maps, c)
+                issued += 1
             label = op_label(n)
             with self.cost.op(label), B.op_scope(label):
                 self._node(n)
@@ -911,6 +1179,12 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
         def vec(idx, n):
             # n consecutive columns from a multiple of n stay in one 16-byte swizzle chunk
             row, col = idx          # col: a multiple of n (the read_vec contract)
+            piece = 16 // eb        # elements of one 16-byte swizzle chunk
+            if n * eb > 16 and n % piece == 0:
+                # several whole chunks (each where the swizzle puts it): one load each
+                return [x for c in range(0, n, piece)
+                        for x in masked(row, B.load_vec(self.smem_base, offset(row, col + c),
+                                                        piece, s.elt))]
             if 16 % (n * eb):
                 return [read([row, col + c]) for c in range(n)]
             return masked(row, B.load_vec(self.smem_base, offset(row, col), n, s.elt))
@@ -922,7 +1196,14 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
         if op in ("kda.pipeline_release", "gpu.yield"):
             return
         if op in ("kda.load", "kda.load_chunk") and r is not None and len(r.shape) == 2:
-            env[r] = self._ring_ref(self.slot_of[n]) if n in self.slot_of else None
+            s = self.slot_of.get(n)
+            if s is not None and s.issue >= 0:
+                k = self.rplan.phases.index(s.issue)
+                if k not in self._waited:
+                    self._waited.add(k)
+                    bar.mbarrier_wait(self._full(k), 0)
+                    self.cost.event("mbarrier.wait")
+            env[r] = self._ring_ref(s) if s is not None else None
             return
         if op == "kda.reduce_sum":
             src = n.operands[0]
@@ -982,6 +1263,19 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
             env[r] = None               # a value only its product reads (row-scaled operand)
             return
         env[r] = self.expr(n)
+        if r in self.rplan.vec_mats:
+            env[r] = self._vector_once(env[r], r.shape[0])
+
+    def _vector_once(self, x: T_.Ref, length: int) -> T_.BufRef:
+        """Vector expression ``x`` evaluated once, one element per thread, into a shared
+        vector (`_costly_vectors`)."""
+        out = self._vector()
+        for it in range(-(-length // self.threads)):
+            e = self.tid + it * self.threads
+            B.if_then(B.icmp("lt", e, length), lambda e=e: out.write((e,), x.read((e,))))
+        bar.sync_threads()
+        self.cost.event("bar.sync")
+        return out
 
     def _vector(self) -> T_.BufRef:
         n = self.rplan.vec_len
@@ -1280,6 +1574,10 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
     def _acc_elementwise(self, n, ops) -> Acc:
         acc = next(x for x in ops if isinstance(x, Acc))
         coords = acc.coords(self.warp, self.lane)
+        # a broadcast, a row vector or a scalar read once per row (column) the registers
+        # hold, not once per register: their expressions may hold exponentials
+        pts = None
+        once: dict = {}
         vals = []
         for i, (row, col) in enumerate(coords):
             args = []
@@ -1288,9 +1586,14 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
                     if x.transposed != acc.transposed:
                         raise LoweringError("register tiles: accumulators of two orientations")
                     args.append(x.values[i])
+                elif len(o.shape) == 2:
+                    pts = pts or self._acc_points(acc)
+                    args.append(self._register_values(o, x, pts)[i])
                 else:
-                    args.append(x.read((row, col)) if len(o.shape) == 2 else
-                                x.read((row,)) if len(o.shape) == 1 else x.read(()))
+                    at = (row,) if len(o.shape) == 1 else ()
+                    if (o, at) not in once:
+                        once[(o, at)] = x.read(at)
+                    args.append(once[(o, at)])
             if n.op == "kda.neg":
                 vals.append(B.neg(args[0]))
             else:
