@@ -117,12 +117,24 @@ def test_chunk_stores_follow_their_accumulators():
             order[order.index(s) - 1].op == "kda.store_chunk"
 
 
-def test_gdn_backward_dq_kernel_keeps_the_native_path_where_its_precision_is_not_given():
-    """Asked for register tiles under the default precisions, the dq kernel (its row-gate decay
-    product at tf32x3) stays on the native path instead of taking the bf16x3 rule."""
-    ks, _ = _lowered("gdn_bwd", register_tiles=True)
+@pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas not installed")
+def test_gdn_backward_dq_kernel_takes_its_tf32x3_product_on_register_tiles():
+    """Asked for register tiles under the default precisions, the dq kernel's folded row-gate
+    decay product (tf32x3) takes the general rule that stages B as TF32 hi + lo (A split the
+    same way): three TF32 products per 8-deep block, where the bf16x3 rule (W split bf16 hi
+    + lo) would give less than was asked. It assembles."""
+    from kdagen import driver
+    from kdagen.codegen import ptxas
+    ks, t = _lowered("gdn_bwd", register_tiles=True)
     (k,) = [k for k in ks if k.name.endswith("k2_scan2")]
-    assert k.path == "sm90-native"
+    assert k.path == "sm90-register-tile"
+    ptx = driver.ptx_of(k.module, t, k.name)
+    tf32 = ptx.count(".tf32.tf32")
+    ks32, _ = _lowered("gdn_bwd", register_tiles=True, dot="tf32")
+    (k32,) = [k for k in ks32 if k.name.endswith("k2_scan2")]
+    assert tf32 > driver.ptx_of(k32.module, t, k32.name).count(".tf32.tf32")
+    r = ptxas.assemble(ptx, "sm_90a", ptxas.find_ptxas())
+    assert r.ok, r.log
 
 
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas not installed")

@@ -96,8 +96,33 @@ def _plans(program, k_split=1, **opts):
     from kdagen.target import TARGETS
     prog = read_program(driver.build_module(program, opts, pipeline="chip", chip="sm_90a"))
     groups = group_kernels(prog, True)
+    # the tuning table off: these tests are of the plans' rules (the table's entries, e.g.
+    # the reverse scans on two warpgroups, are test_reverse_scans_take_two_warpgroups_by_the_table's)
     return prog, groups, _register_scan_plans(prog, groups, TARGETS["sm_90a"],
-                                              LowerOptions(path="native", dot="auto", scan_k_split=k_split))
+                                              LowerOptions(path="native", dot="auto",
+                                                           scan_k_split=k_split, tuned=False))
+
+
+@pytest.mark.parametrize("program", ["kda_bwd", "gdn_bwd"])
+def test_reverse_scans_take_two_warpgroups_by_the_table(program):
+    """The tuning table puts both reverse dS scans at K = V = 128 on two consumer warpgroups,
+    one CTA per head (H100: the dq kernel beside the scan gets the SMs back); their forward
+    recompute scans keep one warpgroup per 64 value columns, and the table off, so does the
+    reverse scan."""
+    from kdagen import driver
+    from kdagen.codegen.lower.kernel import _register_scan_plans
+    from kdagen.codegen.lower.options import LowerOptions
+    from kdagen.codegen.lower.plan import group_kernels
+    from kdagen.codegen.lower.program import read_program
+    from kdagen.target import TARGETS
+    prog = read_program(driver.build_module(program, {}, pipeline="chip", chip="sm_90a"))
+    groups = group_kernels(prog, True)
+    for tuned, want in ((True, (2, 1)), (False, (1, 2))):
+        plans = _register_scan_plans(prog, groups, TARGETS["sm_90a"],
+                                     LowerOptions(path="native", dot="auto", tuned=tuned))
+        by_dir = {bool(rp.scan.attrs.get("reverse")): rp for rp in plans.values()}
+        assert (by_dir[True].warpgroups, by_dir[True].v_ctas) == want, tuned
+        assert (by_dir[False].warpgroups, by_dir[False].v_ctas) == (1, 2)
 
 
 @pytest.mark.parametrize("program", ["kda_fwd", "gdn_fwd"])
@@ -524,7 +549,7 @@ def test_slot_barriers_refill_a_one_stage_ring_slot_by_slot(program, acquire):
     t = TARGETS["sm_90a"]
     mod = driver.build_module(program, {}, pipeline="chip", chip="sm_90a")
     opts = LowerOptions(path="native", dot="auto", scan_slot_barriers=True,
-                        scan_slot_acquire=acquire)
+                        scan_slot_acquire=acquire, tuned=False)
     scans = [pk for pk in prepare(read_program(mod), t, program, opts)
              if pk.launch.get("path") == "sm90-register-scan"]
     assert len(scans) == 2

@@ -71,9 +71,9 @@ def test_kda_bwd_k64_assembles_without_spills():
 
 def test_register_scans_take_their_entries_too():
     """The serial register-scan kernels take the table's entries for their own path
-    (sm90-register-scan): gdn_bwd's reverse scan is lowered with slot barriers, as if the
-    option were given (its static cost report equal to that lowering's, and unlike the one
-    without); kda_bwd's reverse scan is not."""
+    (sm90-register-scan): gdn_bwd's reverse scan is lowered with slot barriers and two
+    consumer warpgroups per CTA, as if the options were given (its static cost report equal
+    to that lowering's, and unlike the one without); kda_bwd's with two warpgroups only."""
     from kdagen.driver import DEFAULT_LOWERING, Compilation
 
     def kernels(program, **lower):
@@ -87,14 +87,17 @@ def test_register_scans_take_their_entries_too():
 
     gdn = kernels("gdn_bwd")
     assert gdn["k3_scan3"].launch["path"] == "sm90-register-scan"
-    assert gdn["k3_scan3"].launch.get("tuned") == {"scan_slot_barriers": True}
+    assert gdn["k3_scan3"].launch.get("tuned") == {"scan_slot_barriers": True,
+                                                    "scan_warpgroups": 2}
+    assert gdn["k3_scan3"].launch["grid"][0] == "HV"          # one CTA per head
     # the other entries of gdn_bwd: its recompute prologue on register tiles
     assert {n for n, k in gdn.items() if "tuned" in k.launch} == {"k0_scan0", "k3_scan3"}
-    given = kernels("gdn_bwd", tuned=False, scan_slot_barriers=True)["k3_scan3"]
+    given = kernels("gdn_bwd", tuned=False, scan_slot_barriers=True,
+                    scan_warpgroups=2)["k3_scan3"]
     without = kernels("gdn_bwd", tuned=False)["k3_scan3"]
     assert step(gdn["k3_scan3"]) == step(given) != step(without)
     kda = kernels("kda_bwd")
-    assert "tuned" not in kda["k3_scan3"].launch
+    assert kda["k3_scan3"].launch.get("tuned") == {"scan_warpgroups": 2}
 
 
 def test_tune_entries_apply_to_their_kernel_over_any_option():

@@ -279,7 +279,7 @@ class GenericTileOps:
     def _vector_sum(self, x: T_.Ref, length: int) -> T_.Ref:
         """Σ of a [length] vector: warp 0, lanes over the elements, a butterfly; the sum lands
         in a shared vector's first element, read back by every thread."""
-        out = self._vector()
+        out = self._vector(1)
 
         def total():
             s = None

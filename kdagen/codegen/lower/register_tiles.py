@@ -1031,6 +1031,17 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
         return smem_mod.SmemRegion(self.smem_base, self.rplan.smem["barrier"] + 8 * (phase + 1),
                                    8)
 
+    def _wait_for_copies(self, n, deferred: dict) -> None:
+        """Before op ``n``: wait for the copy phases of the later-copied tiles it reads."""
+        if not deferred or n.op in VIEWS or n.op == "kda.pipeline_release":
+            return
+        for o in n.operands:
+            k = deferred.get(through_views(o))
+            if k is not None and k not in self._waited:
+                self._waited.add(k)
+                bar.mbarrier_wait(self._full(k), 0)
+                self.cost.event("mbarrier.wait")
+
     def _issue_phase(self, k: int, maps: dict, c) -> None:
         """Copy phase ``k``: every thread is past the last reader of the bytes it overwrites
         (the barrier; the fence orders their generic accesses before the async proxy's
@@ -1089,6 +1100,10 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
         self._waited = set()           # copy phases waited for
         position = {id(n): i for i, n in enumerate(rp.scan.body.nodes)}
         moved = _moved_stores(rp.scan.body.nodes, rp.kinds)
+        # a later copy phase is waited for before the first op reading one of its tiles (the
+        # position its placement starts from), not at the load op, which may come first
+        deferred = {s.node.results[0]: rp.phases.index(s.issue) for s in rp.slots
+                    if s.issue >= 0}
         issued = 0
         for n in _early_stores(rp.scan.body.nodes, rp.kinds):
             at = position[id(n)]
@@ -1097,9 +1112,13 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
             while issued < len(rp.phases) and rp.phases[issued] <= at and id(n) not in moved:
                 self._issue_phase(issued, maps, c)
                 issued += 1
+            self._wait_for_copies(n, deferred)
             label = op_label(n)
             with self.cost.op(label), B.op_scope(label):
                 self._node(n)
+        if self._vectors > max(rp.vectors, 1):
+            raise LoweringError(f"register tiles: {self._vectors} shared vectors used, "
+                                f"{rp.vectors} planned")
         if self.publish_flags:
             publish_chunk_ready(self.target, self.p_flags, self.geo.chunk_row(c),
                                 self.flag_value, self.tid, self.cost)
@@ -1197,12 +1216,6 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
             return
         if op in ("kda.load", "kda.load_chunk") and r is not None and len(r.shape) == 2:
             s = self.slot_of.get(n)
-            if s is not None and s.issue >= 0:
-                k = self.rplan.phases.index(s.issue)
-                if k not in self._waited:
-                    self._waited.add(k)
-                    bar.mbarrier_wait(self._full(k), 0)
-                    self.cost.event("mbarrier.wait")
             env[r] = self._ring_ref(s) if s is not None else None
             return
         if op == "kda.reduce_sum":
@@ -1269,7 +1282,7 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
     def _vector_once(self, x: T_.Ref, length: int) -> T_.BufRef:
         """Vector expression ``x`` evaluated once, one element per thread, into a shared
         vector (`_costly_vectors`)."""
-        out = self._vector()
+        out = self._vector(length)
         for it in range(-(-length // self.threads)):
             e = self.tid + it * self.threads
             B.if_then(B.icmp("lt", e, length), lambda e=e: out.write((e,), x.read((e,))))
@@ -1277,17 +1290,24 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
         self.cost.event("bar.sync")
         return out
 
-    def _vector(self) -> T_.BufRef:
+    def _vector(self, length: int | None = None) -> T_.BufRef:
+        """The next shared vector (slots of ``vec_len`` floats), shaped as the value it holds
+        (``length``, C by default): a row taken from its end (extract_row -1) must read the
+        value's last element, not the slot's (a [64] cumsum in a 128-float slot: gdn_bwd's dk
+        kernel read an unwritten float as its chunk's gate total)."""
         n = self.rplan.vec_len
+        length = self.rplan.C if length is None else length
+        if length > n:
+            raise LoweringError(f"register tiles: a [{length}] vector in {n}-float slots")
         off = self.rplan.smem["vectors"] // 4 + self._vectors * n
         self._vectors += 1
-        return T_.BufRef(T_.Scratch(self.smem_base, "smem"), off, (n,), (1,))
+        return T_.BufRef(T_.Scratch(self.smem_base, "smem"), off, (length,), (1,))
 
     def _row_sums(self, x: T_.Ref, shape) -> T_.BufRef:
         """sum over the columns of [R, K] expression ``x``: two threads per row, each half of
         it, a shuffle, then one store per row (64 rows at a time)."""
         R, K = shape
-        out = self._vector()
+        out = self._vector(R)
         half = self.tid % 2
         width = 8 if (K // 2) % 8 == 0 else 1
         per = self.threads // 2

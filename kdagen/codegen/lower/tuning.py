@@ -72,6 +72,23 @@ TUNED: tuple[TunedKernel, ...] = (
                 "B1_T32k_H4 3.43 -> 2.74 (fwd+bwd 4.87 -> 4.58 ms); GPU check 1148 ok with "
                 "slot barriers in both backward programs (bench/results/h100_stop53_slots_1.log, "
                 "h100_stop53_check_slotsp.log)"),
+    # both reverse dS scans on two consumer warpgroups per CTA, one CTA per head
+    # (scan_warpgroups=2: 16 CTAs at H = 16 instead of 32): alone the scan is slower (GDN
+    # 3.04 -> 4.38 us per step, KDA 4.25 -> 6.93 at B1_T32k_H16: both warpgroups share the
+    # SM's tensor cores), but the dq kernel beside it gets the 16 SMs back and the pair ends
+    # sooner; even at B8_T4k_H32, where the scan's grid fills the GPU anyway
+    TunedKernel("sm_90a", "sm90-register-scan", "gdn_bwd", (128, 128), "k3_scan3",
+                (("scan_warpgroups", 2),),
+                "H100, one process, fwd+bwd: B1_T32k_H16 10.331 -> 10.076 ms, B1_T8k_H16 "
+                "2.738 -> 2.658, B8_T4k_H32 21.355 -> 21.371; GPU check of the backward "
+                "variants 200 ok (bench/results/h100_stop58_ab_gdn32.log, h100_stop58_ab_sw.log, "
+                "h100_stop58_check_sw_full.log)"),
+    TunedKernel("sm_90a", "sm90-register-scan", "kda_bwd", (128, 128), "k3_scan3",
+                (("scan_warpgroups", 2),),
+                "H100, one process, fwd+bwd: B1_T32k_H16 13.274 -> 13.071 ms, B1_T8k_H16 "
+                "3.453 -> 3.444, B8_T4k_H32 26.513 -> 26.519; GPU check 200 ok "
+                "(bench/results/h100_stop58_ab_kda32.log, h100_stop58_ab_sw.log, "
+                "h100_stop58_check_sw_full.log)"),
     # the register-tile lowering (register_tiles.py): GDN's forward output kernel on it. The
     # prologue measured faster alone (224 -> 162 us) but the forward slower (0.511 -> 0.559
     # ms): at two CTAs per SM (76 KB) it leaves no SM free for the scan beside it (199 KB),
