@@ -150,15 +150,18 @@ def test_emit_programs_every_op_chip_and_head_dim(tmp_path, op, head_dim):
             for instruction in ("wgmma.mma_async", "cp.async.bulk.tensor", "setmaxnreg",
                                 "mbarrier.try_wait"):
                 assert instruction in ptx, (kernel["name"], instruction)
-            # serial scans: one consumer warpgroup + the producer; chunk-parallel kernels (the
-            # default chunk_warpgroups "auto"): four consumer warpgroups + the producer where
-            # tile buffers spill to the global scratch (or fit only sharing buffers in place),
-            # else two; two as well where the tuning table plans it for 2 CTAs per SM
+            # serial scans: one consumer warpgroup + the producer (two where the tuning table
+            # gives the scan scan_warpgroups=2: the reverse scans at K = V = 128);
+            # chunk-parallel kernels (the default chunk_warpgroups "auto"): four consumer
+            # warpgroups + the producer where tile buffers spill to the global scratch (or fit
+            # only sharing buffers in place), else two; two as well where the tuning table
+            # plans it for 2 CTAs per SM
             spills = (kernel["launch"]["storage"] in ("hybrid", "global")
                       or kernel["launch"].get("shared_in_place", False))
             two_ctas = kernel["launch"].get("tuned", {}).get("chunk_ctas_per_sm") == 2
+            scan_wgs = kernel["launch"].get("tuned", {}).get("scan_warpgroups", 1)
             threads = ((640 if spills and not two_ctas else 384)
-                       if kernel["launch"].get("parallel_chunks") else 256)
+                       if kernel["launch"].get("parallel_chunks") else 128 * (scan_wgs + 1))
             assert kernel["launch"]["block"][0] == threads and kernel["launch"]["tensor_maps"]
         else:
             assert kernel["path"].startswith("portable"), (kernel["name"], kernel["path"])

@@ -595,3 +595,30 @@ def test_reverse_kernels_take_the_last_chunk_first(program, label, reverse):
     with B.use(SimBackend(1)):
         got = np.asarray(cta_chunk(group, z, 5))
     assert list(got) == ([4, 3, 2, 1, 0] if reverse else [0, 1, 2, 3, 4])
+
+
+@pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas not installed")
+def test_native_sums_take_the_tile_lowerings_ordered_emitters():
+    """register_tile_sums="native": the gate cumsum and the row sums of tile expressions (the
+    L2 norms) go through the tile lowering's emitters with sums ordered by the shapes
+    (tiles.emit_cumsum_warp: a butterfly of xor shuffles, no shfl.up scan), so a register-tile
+    kernel sums as a native kernel of the same program does; the kernel still assembles
+    without spills. "own" keeps the register lowering's shuffle scan; other values are
+    refused."""
+    from kdagen import driver
+    from kdagen.codegen import ptxas
+    from kdagen.codegen.lower.plan import LoweringError
+    ptx = {}
+    for mode in ("own", "native"):
+        ks, t = _lowered("gdn_fwd", register_tile_sums=mode)
+        (k,) = [k for k in ks if k.name.endswith("k0_scan0")]
+        assert k.path == "sm90-register-tile"
+        ptx[mode] = driver.ptx_of(k.module, t, k.name)
+    assert "shfl.sync.up" in ptx["own"] and "shfl.sync.up" not in ptx["native"]
+    assert "shfl.sync.bfly" in ptx["native"]
+    r = ptxas.assemble(ptx["native"], "sm_90a", ptxas.find_ptxas())
+    assert r.ok, r.log
+    (res,) = r.resources.values()
+    assert res.spill_stores == 0, res
+    with pytest.raises(LoweringError, match="register_tile_sums"):
+        _lowered("gdn_fwd", register_tile_sums="tree")

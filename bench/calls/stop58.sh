@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU calls of stop 58 (through bench/gpu_run.sh; carry [".whl", ".gpucarry"]). Bundles
-# (bench/calls/stop58_build.sh builds them here):
+# (bench/calls/stop58_build.sh ab builds them here):
 #   bench_base  gdn at B1_T8k_H16 built from stop 57's code (f7baa44): the A/B baseline
 #   bench_def   today's default (gdn and kda): register-tile accumulator ops read broadcasts
 #               once per row, f32 ring tiles read 16 bytes at a time
@@ -21,6 +21,10 @@
 #          two-warpgroup reverse scans) against FLA and FlashQLA in one process, GDN and KDA,
 #          B1_T32k_H16, fwd and fwd+bwd, per kernel
 #   kdaab  the kda part of ab
+#   ns     (prepared for the next session; bench/calls/stop58_build.sh ns builds its bundles)
+#          the full GPU check with register_tile_sums=native of the dk kernel on register
+#          tiles (check_dkns), the dq kernel on register tiles (check_dq1ns) and the default
+#          kernels (check_defns); then the default against it at B1_T32k_H16 fwd+bwd (gdn)
 #   swab   def against sw at B1_T8k_H16 and B8_T4k_H32, gdn and kda, fwd+bwd
 set -x
 nvidia-smi --query-gpu=name --format=csv,noheader
@@ -56,6 +60,15 @@ fla)
         --ops gdn,kda --modes fwd,fwdbwd --configs B1_T32k_H16 --rep-ms 100 --kernels \
         --kernel-reps 3 --json "$OUT/fla32.json" > "$OUT/fla32.log" 2>&1
     echo "bench_rc=$?"; grep -A8 "^op |" "$OUT/fla32.log"; tail -4 "$OUT/fla32.log" ;;
+ns)
+    for b in check_dkns check_dq1ns check_defns; do
+        timeout 150 python3 -m tools.gpu_check .bundles/$b > "$OUT/${b}_full.log" 2>&1
+        echo "$b rc=$?"; grep -E "SUMMARY|FAIL|ERROR|Error" "$OUT/${b}_full.log" | head -12
+    done
+    timeout 150 python3 -m kdagen.cli bench --bundle def=.bundles/bench_def --bundle ns=.bundles/ab_ns \
+        --ops gdn --modes fwd,fwdbwd --configs B1_T32k_H16 --no-fla --rep-ms 200 --kernels \
+        --kernel-reps 3 --json "$OUT/ab_ns.json" > "$OUT/ab_ns.log" 2>&1
+    echo "bench_rc=$?"; grep -A4 "^op |" "$OUT/ab_ns.log" ;;
 kdaab)
     timeout 200 python3 -m kdagen.cli bench --bundle def=.bundles/bench_def --bundle sw=.bundles/ab_sw \
         --ops kda --modes fwdbwd --configs B1_T32k_H16 --no-fla --rep-ms 200 --kernels --kernel-reps 3 \

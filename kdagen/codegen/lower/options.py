@@ -67,6 +67,15 @@ class LowerOptions:
     # V = 128 and only the rules that split so, else the kernel keeps one). The path is
     # latency-bound at one warpgroup (cost_model: 6.7-9.4 ns per instruction); not yet measured
     register_tile_warpgroups: int = 1
+    # the register-tile lowering's gate cumsum ([C] vectors) and row sums of tile expressions
+    # (the L2 norms): "own" (its shuffle scan and two-thread row halves) or "native" (the tile
+    # lowering's ordered emitters, tiles.emit_cumsum_warp and emit_reduce_sum: the same sums
+    # in the same order as a native kernel's, to the bit). The backward's chunk kernels each
+    # compute the gate cumsum and the norms again, and dG's near-cancelling terms amplify any
+    # disagreement (docs/MATH.md §3): gdn_bwd's dq kernel (stop 57) and dk kernel (stop 58)
+    # on register tiles beside native ones failed the steep-gate dA_log check (2.1e-2,
+    # 2.26e-2); "native" is the candidate fix, not yet GPU-checked
+    register_tile_sums: str = "own"
     # consumer warpgroups per CTA of a register scan (64 value columns each; the rest of V goes
     # to more CTAs per head)
     scan_warpgroups: int = 1

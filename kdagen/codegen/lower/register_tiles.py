@@ -1279,6 +1279,20 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
         if r in self.rplan.vec_mats:
             env[r] = self._vector_once(env[r], r.shape[0])
 
+    def _native_sums(self) -> bool:
+        """LowerOptions.register_tile_sums: sums in the native kernels' order."""
+        mode = self.opts.register_tile_sums
+        if mode not in ("own", "native"):
+            raise LoweringError(f"register_tile_sums: {mode!r}; use 'own' or 'native'")
+        return mode == "native"
+
+    def _threads(self) -> T_.Threads:
+        """This kernel's consumer threads as the tile lowering's emitters take them, its sums
+        ordered by the tiles' shapes alone (as LowerOptions.ordered_sums orders a native
+        kernel's)."""
+        return T_.Threads(self.tid, self.threads, self.opts.load_batch, True,
+                          self.opts.vector_loops)
+
     def _vector_once(self, x: T_.Ref, length: int) -> T_.BufRef:
         """Vector expression ``x`` evaluated once, one element per thread, into a shared
         vector (`_costly_vectors`)."""
@@ -1308,6 +1322,11 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
         it, a shuffle, then one store per row (64 rows at a time)."""
         R, K = shape
         out = self._vector(R)
+        if self._native_sums():
+            T_.emit_reduce_sum(self._threads(), out, x, [1], None)
+            bar.sync_threads()
+            self.cost.event("bar.sync")
+            return out
         half = self.tid % 2
         width = 8 if (K // 2) % 8 == 0 else 1
         per = self.threads // 2
@@ -1336,6 +1355,11 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
         over the lanes' sums."""
         C = self.rplan.C
         out = self._vector()
+        if self._native_sums():
+            T_.emit_cumsum_warp(self._threads(), out, x, reverse)
+            bar.sync_threads()
+            self.cost.event("bar.sync")
+            return out
 
         def scan():
             lane = self.lane
