@@ -780,8 +780,8 @@ def _late_workspace_reads(block, slots: list, kinds: dict) -> list:
     and dS no longer share the step with the tiles v' comes from), and accumulators are
     consumed soon after they are made (ptxas spilled that kernel's in program order). Each op
     computes what it did from the same operands, so results are bitwise the same; the
-    dependencies are the native path's schedule's (`schedule._dependencies`)."""
-    from .schedule import _dependencies
+    dependencies are the native path's schedule's (`schedule.list_schedule`)."""
+    from .schedule import list_schedule
     nodes = [n for n in block.nodes if n.op != "gpu.yield"]
     tail = [n for n in block.nodes if n.op == "gpu.yield"]
     loads = {s.node.results[0] for s in slots if s.kind == "chunk"}
@@ -810,32 +810,17 @@ def _late_workspace_reads(block, slots: list, kinds: dict) -> list:
         # a conversion read only by stores: its registers go with the store right after
         return gone - sum(acc_bytes(r) for r in n.results if not stored_only(r))
 
-    preds = _dependencies(nodes)
     position = {n: i for i, n in enumerate(nodes)}
-    users = {n: [] for n in nodes}
-    for n, ps in preds.items():
-        for p in ps:
-            users[p].append(n)
-    waiting = {n: len(preds[n]) for n in nodes}
-    ready = [n for n in nodes if waiting[n] == 0]
     opened: set = set()
-    order = []
-    while ready:
-        n = min(ready, key=lambda m: (-max(freed(m), 0), bool(tiles_read(m) - opened),
-                                      position[m]))
-        ready.remove(n)
-        order.append(n)
-        opened |= tiles_read(n)
+
+    def taken(n):
+        opened.update(tiles_read(n))
         if n.op != "kda.pipeline_release":
             for o in set(n.operands):
                 if o in readers_left:
                     readers_left[o] -= 1
-        for u in users[n]:
-            waiting[u] -= 1
-            if waiting[u] == 0:
-                ready.append(u)
-    if len(order) != len(nodes):        # pragma: no cover - a cycle would be a bug
-        raise AssertionError("_late_workspace_reads: the dependencies have a cycle")
+    order = list_schedule(nodes, lambda ready: min(ready, key=lambda m: (
+        -max(freed(m), 0), bool(tiles_read(m) - opened), position[m])), taken)
     block.nodes[:] = order + tail
     return block.nodes
 

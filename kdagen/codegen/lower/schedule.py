@@ -22,7 +22,7 @@ from .plan import LOAD_OPS, NOOP_OPS, STORE_OPS
 from .program import Block, Node, Value
 from .storage import expression_reads
 
-__all__ = ["schedule_for_memory"]
+__all__ = ["schedule_for_memory", "list_schedule"]
 
 
 def schedule_for_memory(body: Block, buffers: dict) -> bool:
@@ -33,7 +33,6 @@ def schedule_for_memory(body: Block, buffers: dict) -> bool:
     tail = [n for n in body.nodes if n.op == "gpu.yield"]
     if any(n.body is not None for n in nodes):
         return False                    # nested regions: keep the program order
-    preds = _dependencies(nodes)
     reads = {n: _buffers_read(n, buffers) for n in nodes}
     materialises = {n: n.op in STORE_OPS or any(r in buffers for r in n.results) for n in nodes}
     readers_left: dict = {}
@@ -42,12 +41,6 @@ def schedule_for_memory(body: Block, buffers: dict) -> bool:
             for v in reads[n]:
                 readers_left[v] = readers_left.get(v, 0) + 1
     position = {n: i for i, n in enumerate(nodes)}
-    users = {n: [] for n in nodes}
-    for n, ps in preds.items():
-        for p in ps:
-            users[p].append(n)
-    waiting = {n: len(preds[n]) for n in nodes}
-    ready = [n for n in nodes if waiting[n] == 0]
 
     def priority(n: Node):
         if not materialises[n]:
@@ -56,23 +49,42 @@ def schedule_for_memory(body: Block, buffers: dict) -> bool:
         allocated = sum(_nbytes(r) for r in n.results if r in buffers)
         return (0, freed - allocated, -position[n])
 
-    order = []
-    while ready:
-        n = max(ready, key=priority)
-        ready.remove(n)
-        order.append(n)
+    def taken(n: Node):
         if materialises[n]:
             for v in reads[n]:
                 readers_left[v] -= 1
+
+    order = list_schedule(nodes, lambda ready: max(ready, key=priority), taken)
+    changed = order != nodes
+    body.nodes[:] = order + tail
+    return changed
+
+
+def list_schedule(nodes: list, choose, taken=None) -> list:
+    """A list schedule of ``nodes`` (one block's, no terminator) under `_dependencies`: each
+    step runs ``choose(ready)`` of the nodes whose predecessors have all run, then calls
+    ``taken(node)``. Returns the order."""
+    preds = _dependencies(nodes)
+    users = {n: [] for n in nodes}
+    for n, ps in preds.items():
+        for p in ps:
+            users[p].append(n)
+    waiting = {n: len(preds[n]) for n in nodes}
+    ready = [n for n in nodes if waiting[n] == 0]
+    order = []
+    while ready:
+        n = choose(ready)
+        ready.remove(n)
+        order.append(n)
+        if taken is not None:
+            taken(n)
         for u in users[n]:
             waiting[u] -= 1
             if waiting[u] == 0:
                 ready.append(u)
-    if len(order) != len(nodes):        # pragma: no cover - a cycle would be a bug above
-        raise AssertionError("schedule_for_memory: the dependencies have a cycle")
-    changed = order != nodes
-    body.nodes[:] = order + tail
-    return changed
+    if len(order) != len(nodes):        # pragma: no cover - a cycle would be a bug
+        raise AssertionError("list_schedule: the dependencies have a cycle")
+    return order
 
 
 def _dependencies(nodes: list) -> dict:
