@@ -622,3 +622,23 @@ def test_native_sums_take_the_tile_lowerings_ordered_emitters():
     assert res.spill_stores == 0, res
     with pytest.raises(LoweringError, match="register_tile_sums"):
         _lowered("gdn_fwd", register_tile_sums="tree")
+
+
+def test_a_refused_tight_plan_leaves_the_step_as_programmed():
+    """Where even the tight plan does not fit, the kernel keeps the native path, which must
+    lower the step as programmed: `_plan` undoes its re-ordering and re-association."""
+    from kdagen.codegen.lower import register_tiles
+    from kdagen.target import TARGETS
+    prog, groups = _groups("gdn_bwd")
+    (g,) = [g for g in groups if g.label == "scan4"]
+    body = g.scans[0].body
+    before = [(n, list(n.operands)) for n in body.nodes]
+    uses = {id(o): list(o.uses) for n in body.nodes for o in n.operands}
+    with pytest.raises(register_tiles.NoMatch, match="shared memory"):
+        register_tiles.match(prog, g, TARGETS["sm_90a"], dot="auto", warpgroups=2,
+                             smem_limit=150 * 1024)
+    assert [(n, list(n.operands)) for n in body.nodes] == before
+    assert {id(o): list(o.uses) for n in body.nodes for o in n.operands} == uses
+    # and where it fits, the step is re-ordered (the plan's)
+    register_tiles.match(prog, g, TARGETS["sm_90a"], dot="auto", warpgroups=2)
+    assert [n for n in body.nodes] != [n for n, _ in before]

@@ -589,6 +589,7 @@ def _plan(program, scan, C: int, V: int, v_ctas: int, dot: str, smem_limit: int,
     # every copy at the chunk's start; where that does not fit, workspace tiles copied where
     # their bytes come free, then staged B operands a K panel at a time as well, then the
     # chunk step re-ordered so that workspace tiles are first read as late as they can be
+    saved = _snapshot(scan.body)
     for defer, sliced, late in ((False, False, False), (True, False, False),
                                 (True, True, False), (True, True, True)):
         if late:
@@ -612,7 +613,26 @@ def _plan(program, scan, C: int, V: int, v_ctas: int, dot: str, smem_limit: int,
         plan.smem_bytes = off
         if off <= smem_limit:
             return plan
+    # the kernel keeps the native path: it lowers the step as programmed (order and sums)
+    _restore(scan.body, saved)
     raise NoMatch(f"{off} bytes of shared memory (limit {smem_limit})")
+
+
+def _snapshot(block) -> tuple:
+    """The step's order and every op's operands (and so every value's readers), to undo the
+    tight plan's re-ordering and re-association (`_restore`)."""
+    nodes = list(block.nodes)
+    return nodes, [list(n.operands) for n in nodes], \
+        {id(v): (v, list(v.uses)) for n in nodes for v in list(n.operands) + list(n.results)}
+
+
+def _restore(block, saved: tuple) -> None:
+    nodes, operands, uses = saved
+    block.nodes[:] = nodes
+    for n, ops in zip(nodes, operands):
+        n.operands[:] = ops
+    for v, us in uses.values():
+        v.uses[:] = us
 
 
 #: vector ops that cost more than an add each time a lazy expression evaluates them
