@@ -642,3 +642,41 @@ def test_a_refused_tight_plan_leaves_the_step_as_programmed():
     # and where it fits, the step is re-ordered (the plan's)
     register_tiles.match(prog, g, TARGETS["sm_90a"], dot="auto", warpgroups=2)
     assert [n for n in body.nodes] != [n for n, _ in before]
+
+
+def test_row_sum_of_a_sum_becomes_the_sum_of_the_terms_row_sums():
+    """`_row_sums_by_term`: reduce_sum(a + b + c) over the columns, the sum read by nothing
+    else, becomes rowsum(a) + rowsum(b) + rowsum(c): a reduce per term (each term's registers
+    go with it), the reduce op itself the last vector add (its readers unchanged), the inner
+    sums gone from the step; the shared vectors it adds are counted (two warpgroups: two per
+    accumulator's row sum, one per lazy term's)."""
+    from kdagen.codegen.lower.program import Block, Node, Value
+    from kdagen.codegen.lower.register_tiles import _row_sums_by_term
+    blk = Block([], [])
+    kinds = {}
+
+    def node(op, operands, kind, shape=(64, 128), attrs=None):
+        r = Value(len(blk.nodes) + 100, "tile", shape, "f32", name=str(len(blk.nodes)))
+        n = Node(op, list(operands), [r], dict(attrs or {}), blk)
+        r.owner = n
+        for i, o in enumerate(operands):
+            o.uses.append((n, i))
+        blk.nodes.append(n)
+        kinds[r] = kind
+        return r
+    a, lazy, c = node("kda.dot", [], "acc"), node("kda.mul", [], "tile"), node("kda.dot", [], "acc")
+    s1 = node("kda.add", [a, lazy], "acc")
+    s2 = node("kda.add", [s1, c], "acc")
+    red = node("kda.reduce_sum", [s2], "vec", (64,), {"dims": [1]})
+    user = node("kda.neg", [red], "vec", (64,))
+    extra = _row_sums_by_term(blk, kinds, warpgroups=2)
+    assert extra == 2 + 1 + 2 - 2
+    ops = [n.op for n in blk.nodes]
+    assert s1.owner not in blk.nodes and s2.owner not in blk.nodes
+    assert ops.count("kda.reduce_sum") == 3
+    assert red.owner.op == "kda.add" and user.owner.operands[0] is red
+    reduced = sorted(n.operands[0].name for n in blk.nodes if n.op == "kda.reduce_sum")
+    assert reduced == sorted(v.name for v in (a, lazy, c))
+    for n in blk.nodes:
+        for i, o in enumerate(n.operands):
+            assert (n, i) in o.uses

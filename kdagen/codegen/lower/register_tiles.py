@@ -66,6 +66,7 @@ from .emitter import Geometry, SharedMemoryKernelEmitter, mem_info, op_label, ro
 from .mlir_backend import MlirBackend
 from .options import product_precision
 from .plan import LoweringError
+from .program import Node, Value
 from .register_generic import (MAT_PAD, GenericTileOps, b_operand_form, generic_dot_regions,
                                product_operands, product_shape)
 from .register_values import SWIZZLE, V_BLOCK, VIEWS, Acc, row_scaled, through_views
@@ -598,6 +599,7 @@ def _plan(program, scan, C: int, V: int, v_ctas: int, dot: str, smem_limit: int,
             # programmed, by the cost model)
             _late_workspace_reads(scan.body, plan.slots, kinds)
             _sums_by_availability(scan.body, kinds)
+            plan.vectors += _row_sums_by_term(scan.body, kinds, warpgroups)
             body = _late_workspace_reads(scan.body, plan.slots, kinds)
             plan.vec_mats = _costly_vectors(body, kinds)
             plan.vectors += len(plan.vec_mats)
@@ -622,15 +624,16 @@ def _snapshot(block) -> tuple:
     """The step's order and every op's operands (and so every value's readers), to undo the
     tight plan's re-ordering and re-association (`_restore`)."""
     nodes = list(block.nodes)
-    return nodes, [list(n.operands) for n in nodes], \
+    return nodes, [(list(n.operands), n.op, dict(n.attrs)) for n in nodes], \
         {id(v): (v, list(v.uses)) for n in nodes for v in list(n.operands) + list(n.results)}
 
 
 def _restore(block, saved: tuple) -> None:
     nodes, operands, uses = saved
     block.nodes[:] = nodes
-    for n, ops in zip(nodes, operands):
+    for n, (ops, op, attrs) in zip(nodes, operands):
         n.operands[:] = ops
+        n.op, n.attrs = op, attrs
     for v, us in uses.values():
         v.uses[:] = us
 
@@ -897,6 +900,83 @@ def _sums_by_availability(block, kinds: dict) -> None:
             for i, o in enumerate(a.operands):
                 o.uses.append((a, i))
             running = a.results[0]
+
+
+def _row_sums_by_term(block, kinds: dict, warpgroups: int) -> int:
+    """A row sum of a sum of accumulators (``reduce_sum(t0 + t1 + ...)`` over the columns,
+    the sum read by nothing else) becomes the sum of the terms' row sums: each term is
+    reduced when it is made and its registers go with it, instead of a [64, N] partial sum
+    held until the last term (gdn_bwd's dk kernel: the gate gradient's six terms). The
+    reduce op itself becomes the last vector add, so its readers are unchanged. fp32 sums in
+    another order. Returns the shared vectors it adds to the plan's count."""
+    nodes = block.nodes
+    inside = set(nodes)
+    extra = 0
+    for u in [n for n in nodes if n.op == "kda.reduce_sum"]:
+        src = u.operands[0]
+        root = src.owner
+        if list(u.attrs.get("dims", ())) != [1] or root is None or root not in inside or \
+                root.op != "kda.add" or len(src.uses) != 1 or \
+                kinds.get(src) not in ("acc", "acc_t"):
+            continue
+        adds, terms = [], []
+
+        def walk(n):
+            adds.append(n)
+            for o in n.operands:
+                if o.owner is not None and o.owner in inside and o.owner.op == "kda.add" \
+                        and len(o.uses) == 1 and kinds.get(o) == kinds.get(src):
+                    walk(o.owner)
+                else:
+                    terms.append(o)
+        walk(root)
+        if len(terms) < 3 or any(len(t.shape) != 2 for t in terms):
+            continue
+        for a in adds:
+            for i, o in enumerate(a.operands):
+                o.uses.remove((a, i))
+            nodes.remove(a)
+        src.uses.remove((u, 0))
+        at = nodes.index(u)
+        R = u.results[0].shape[0]
+        sums = []
+        for t in terms:
+            r = Value(_new_value_id(), "tile", (R,), "f32", name=f"rowsum{_VALUE_IDS[0]}",
+                      block=block)
+            n = Node("kda.reduce_sum", [t], [r], {"dims": [1]}, block, index=u.index)
+            r.owner = n
+            t.uses.append((n, 0))
+            nodes.insert(at, n)
+            at += 1
+            kinds[r] = "vec"
+            sums.append(r)
+            extra += warpgroups if kinds.get(t) == "acc" else 1
+        running = sums[0]
+        for v in sums[1:-1]:
+            r = Value(_new_value_id(), "tile", (R,), "f32", name=f"rowsum{_VALUE_IDS[0]}",
+                      block=block)
+            n = Node("kda.add", [running, v], [r], {}, block, index=u.index)
+            r.owner = n
+            running.uses.append((n, 0))
+            v.uses.append((n, 1))
+            nodes.insert(at, n)
+            at += 1
+            kinds[r] = "vec"
+            running = r
+        u.op, u.attrs = "kda.add", {}
+        u.operands[:] = [running, sums[-1]]
+        running.uses.append((u, 0))
+        sums[-1].uses.append((u, 1))
+        extra -= warpgroups if kinds.get(src) == "acc" else 1     # the reduce it replaces
+    return extra
+
+
+_VALUE_IDS = [10 ** 6]
+
+
+def _new_value_id() -> int:
+    _VALUE_IDS[0] += 1
+    return _VALUE_IDS[0]
 
 
 def _issue_points(slots: list, offsets: dict) -> None:
