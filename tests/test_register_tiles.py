@@ -153,23 +153,26 @@ def test_gdn_backward_chunk_kernels_take_the_general_rules():
     assert all(s.issue == -1 for s in dk.slots if s.kind == "token")
 
 
-def test_sums_fold_each_term_in_when_it_is_made():
-    """`_sums_by_availability`: a sum of accumulators becomes a chain over its terms in the
-    order the step makes them (lazy terms join the first), keeping its result value."""
-    from kdagen.codegen.lower.program import Block, Node, Value
-    from kdagen.codegen.lower.register_tiles import _sums_by_availability
+def _step():
+    """A chunk step built by hand: (its block, the register-tile kinds of its values, and
+    ``node(op, operands, kind, shape=(64, 128), attrs=None)``, which appends an op and
+    returns its result)."""
+    from kdagen.codegen.lower.program import Block, new_node
     blk = Block([], [])
     kinds = {}
 
-    def node(op, operands, kind):
-        r = Value(len(blk.nodes) + 100, "tile", (64, 128), "f32", name=str(len(blk.nodes)))
-        n = Node(op, list(operands), [r], {}, blk)
-        r.owner = n
-        for i, o in enumerate(operands):
-            o.uses.append((n, i))
-        blk.nodes.append(n)
+    def node(op, operands, kind, shape=(64, 128), attrs=None):
+        r = new_node(blk, op, operands, shape, attrs=attrs)
         kinds[r] = kind
         return r
+    return blk, kinds, node
+
+
+def test_sums_fold_each_term_in_when_it_is_made():
+    """`_sums_by_availability`: a sum of accumulators becomes a chain over its terms in the
+    order the step makes them (lazy terms join the first), keeping its result value."""
+    from kdagen.codegen.lower.register_tiles import _sums_by_availability
+    blk, kinds, node = _step()
     lazy = node("kda.mul", [], "tile")
     a, b = node("kda.dot", [], "acc"), node("kda.dot", [], "acc")
     # program order: ((lazy + b) + c) + a, with c made last
@@ -650,20 +653,8 @@ def test_row_sum_of_a_sum_becomes_the_sum_of_the_terms_row_sums():
     go with it), the reduce op itself the last vector add (its readers unchanged), the inner
     sums gone from the step; the shared vectors it adds are counted (two warpgroups: two per
     accumulator's row sum, one per lazy term's)."""
-    from kdagen.codegen.lower.program import Block, Node, Value
     from kdagen.codegen.lower.register_tiles import _row_sums_by_term
-    blk = Block([], [])
-    kinds = {}
-
-    def node(op, operands, kind, shape=(64, 128), attrs=None):
-        r = Value(len(blk.nodes) + 100, "tile", shape, "f32", name=str(len(blk.nodes)))
-        n = Node(op, list(operands), [r], dict(attrs or {}), blk)
-        r.owner = n
-        for i, o in enumerate(operands):
-            o.uses.append((n, i))
-        blk.nodes.append(n)
-        kinds[r] = kind
-        return r
+    blk, kinds, node = _step()
     a, lazy, c = node("kda.dot", [], "acc"), node("kda.mul", [], "tile"), node("kda.dot", [], "acc")
     s1 = node("kda.add", [a, lazy], "acc")
     s2 = node("kda.add", [s1, c], "acc")

@@ -8,6 +8,7 @@ heads, element type, trailing shape).
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 from kdagen._mlir import ir
@@ -135,6 +136,26 @@ def _type_info(t) -> tuple[str, tuple, str]:
     if isinstance(t, ir.F32Type):
         return "f32", (), "f32"
     return "other", (), str(t)
+
+
+#: ids of values the lowering makes itself (`new_node`), apart from read_program's
+_NEW_VALUE_IDS = itertools.count(1 << 30)
+
+
+def new_node(block: Block, op: str, operands: list, shape: tuple, elt: str = "f32",
+             attrs: dict | None = None, at: int | None = None, index: int = 0,
+             prefix: str = "v") -> Value:
+    """A node the lowering adds to ``block`` (at position ``at``, else last): ``op`` of
+    ``operands`` (their readers updated) with one tile result of ``shape``, named ``prefix``
+    and its id; returns the result."""
+    r = Value(next(_NEW_VALUE_IDS), "tile", tuple(shape), elt, block=block)
+    r.name = f"{prefix}{r.id}"
+    n = Node(op, list(operands), [r], dict(attrs or {}), block, index=index)
+    r.owner = n
+    for i, o in enumerate(n.operands):
+        o.uses.append((n, i))
+    block.nodes.insert(len(block.nodes) if at is None else at, n)
+    return r
 
 
 def read_program(module) -> Program:

@@ -100,21 +100,26 @@ def b_operand_form(n, slot_elt, kinds, dot: str) -> str:
     return "stage_tf32" if prec in ("tf32", "bf16") else "stage_split"
 
 
+#: the staged forms of a B operand: (bytes per element, tiles (hi and lo: 2), the k depth of
+#: one wgmma)
+STAGED_FORMS = {"stage_tf32": (4, 1, 8), "stage_split": (2, 2, 16),
+                "stage_split_tf32": (4, 2, 8)}
+
+
 def staging_depth(form: str, K: int, sliced: bool) -> int:
     """The K depth a staged B takes at once: all of K, or sliced, one 128-byte swizzle panel
     (32 f32 or 64 bf16 elements) where K is deeper."""
-    eb = 2 if form == "stage_split" else 4
+    eb = STAGED_FORMS[form][0]
     return min(K, SWIZZLE // eb) if sliced else K
 
 
 def generic_dot_regions(n, form: str, sliced: bool = False) -> int:
     """Shared bytes a product's staged B takes ([N, depth], K-major; `staging_depth`)."""
-    _, K, N = product_shape(n)
-    if form not in ("stage_tf32", "stage_split", "stage_split_tf32"):
+    if form not in STAGED_FORMS:
         return 0
-    ks = staging_depth(form, K, sliced)
-    return {"stage_tf32": N * ks * 4, "stage_split": 2 * N * ks * 2,
-            "stage_split_tf32": 2 * N * ks * 4}[form]
+    _, K, N = product_shape(n)
+    eb, parts, _ = STAGED_FORMS[form]
+    return parts * N * staging_depth(form, K, sliced) * eb
 
 
 class GenericTileOps:
@@ -345,9 +350,7 @@ class GenericTileOps:
         it). Forms: "stage_tf32" (TF32, one product per 8-deep block), "stage_split" (B and A
         as bf16 hi + lo, three per 16-deep block) and "stage_split_tf32" (TF32 hi + lo, three
         per 8-deep block); in each the small terms first."""
-        eb = 2 if form == "stage_split" else 4
-        parts = 1 if form == "stage_tf32" else 2
-        kstep = 16 if form == "stage_split" else 8
+        eb, parts, kstep = STAGED_FORMS[form]
         ks = staging_depth(form, K, self.rplan.sliced_staging)
         lay = SmemLayout(N, ks, eb, SWIZZLE)
         Nw, col0, rows = self._b_rows(N)
@@ -367,19 +370,8 @@ class GenericTileOps:
             ds = [wgmma.k_block_descriptors(lay, self._addr32(base + p * lay.size_bytes) + rows,
                                             ks // kstep, kstep) for p in range(parts)]
             el = (lambda m, k, k0=k0: a_el(m, k0 + k))
-            if form == "stage_split":
-                a_regs = self._half_a_split(ks, el)
-            else:
-                a_regs = []
-                for kb in range(ks // 8):
-                    regs = []
-                    for jj in range(4):
-                        m, kc = wgmma_tf32_a_coord(self.warp, self.lane, jj)
-                        v = el(m, 8 * kb + kc)
-                        regs.append(tf32_operand_bits(v) if parts == 1 else
-                                    tf32_split_operand_bits(v))
-                    a_regs.append(regs if parts == 1 else
-                                  ([r[0] for r in regs], [r[1] for r in regs]))
+            a_regs = (self._half_a_split(ks, el) if form == "stage_split" else
+                      self._tf32_a_regs(ks, el, split=parts == 2))
             wgmma.wgmma_fence(self.target)
             for kb, regs in enumerate(a_regs):
                 if parts == 1:
@@ -435,15 +427,23 @@ class GenericTileOps:
             return N, 0, 0
         return lay.panel_cols, self.wg * lay.panel_cols, self.wg * lay.panel_bytes
 
-    def _dot_tf32(self, a_el, lay: SmemLayout, base: int, K: int, N: int):
-        """A (TF32 registers, ``a_el``) · B (K-major f32 tile [N, K] at ``base``)."""
-        a_regs = []
+    def _tf32_a_regs(self, K: int, element, split: bool = False) -> list:
+        """Per 8-deep block, the TF32 A fragment registers of A[m, k] = ``element(m, k)``
+        (this warp's rows, PTX's m64nNk8 layout); ``split``: (hi, lo) register lists, hi + lo
+        = A to ~22 bits (`tf32_split_operand_bits`)."""
+        out = []
         for kb in range(K // 8):
             regs = []
             for jj in range(4):
                 m, kc = wgmma_tf32_a_coord(self.warp, self.lane, jj)
-                regs.append(tf32_operand_bits(a_el(m, 8 * kb + kc)))
-            a_regs.append(regs)
+                v = element(m, 8 * kb + kc)
+                regs.append(tf32_split_operand_bits(v) if split else tf32_operand_bits(v))
+            out.append(([r[0] for r in regs], [r[1] for r in regs]) if split else regs)
+        return out
+
+    def _dot_tf32(self, a_el, lay: SmemLayout, base: int, K: int, N: int):
+        """A (TF32 registers, ``a_el``) · B (K-major f32 tile [N, K] at ``base``)."""
+        a_regs = self._tf32_a_regs(K, a_el)
         N, col0, rows = self._b_rows(N)
         descs = wgmma.k_block_descriptors(lay, self._addr32(base) + rows, K // 8, 8)
         values = [B.f(0.0)] * (N // 2)

@@ -49,10 +49,10 @@ from kdagen.target import Target
 
 from ..common import barrier as bar
 from ..common import smem as smem_mod
-from ..common.convert import bf16_split_pack, tf32_operand_bits
+from ..common.convert import bf16_split_pack
 from ..common.ints import IntVal
 from ..common.launch import set_launch_bounds
-from ..common.layouts import SmemLayout, lane_group, lane_in_group, wgmma_tf32_a_coord
+from ..common.layouts import SmemLayout, lane_group, lane_in_group
 from ..common.shuffle import shfl
 from ..common.smem import byte_gep, shared_addr32, shared_ptr_type
 from ..common.sreg import block_idx, thread_idx
@@ -66,7 +66,7 @@ from .emitter import Geometry, SharedMemoryKernelEmitter, mem_info, op_label, ro
 from .mlir_backend import MlirBackend
 from .options import product_precision
 from .plan import LoweringError
-from .program import Node, Value
+from .program import new_node
 from .register_generic import (MAT_PAD, GenericTileOps, b_operand_form, generic_dot_regions,
                                product_operands, product_shape)
 from .register_values import SWIZZLE, V_BLOCK, VIEWS, Acc, row_scaled, through_views
@@ -873,16 +873,7 @@ def _sums_by_availability(block, kinds: dict) -> None:
             is_sum(v.uses[0][0])
 
     for root in [n for n in nodes if is_sum(n) and not inner(n.results[0])]:
-        adds, terms = [], []
-
-        def walk(n):
-            adds.append(n)
-            for o in n.operands:
-                if inner(o):
-                    walk(o.owner)
-                else:
-                    terms.append(o)
-        walk(root)
+        adds, terms = _sum_tree(root, inner)
         if len(terms) < 3:
             continue
         # accumulators in the order they are made; the lazy terms (expressions of shared
@@ -919,17 +910,9 @@ def _row_sums_by_term(block, kinds: dict, warpgroups: int) -> int:
                 root.op != "kda.add" or len(src.uses) != 1 or \
                 kinds.get(src) not in ("acc", "acc_t"):
             continue
-        adds, terms = [], []
-
-        def walk(n):
-            adds.append(n)
-            for o in n.operands:
-                if o.owner is not None and o.owner in inside and o.owner.op == "kda.add" \
-                        and len(o.uses) == 1 and kinds.get(o) == kinds.get(src):
-                    walk(o.owner)
-                else:
-                    terms.append(o)
-        walk(root)
+        adds, terms = _sum_tree(root, lambda o: (
+            o.owner is not None and o.owner in inside and o.owner.op == "kda.add"
+            and len(o.uses) == 1 and kinds.get(o) == kinds.get(src)))
         if len(terms) < 3 or any(len(t.shape) != 2 for t in terms):
             continue
         for a in adds:
@@ -938,31 +921,20 @@ def _row_sums_by_term(block, kinds: dict, warpgroups: int) -> int:
             nodes.remove(a)
         src.uses.remove((u, 0))
         at = nodes.index(u)
-        R = u.results[0].shape[0]
-        sums = []
-        for t in terms:
-            r = Value(_new_value_id(), "tile", (R,), "f32", name=f"rowsum{_VALUE_IDS[0]}",
-                      block=block)
-            n = Node("kda.reduce_sum", [t], [r], {"dims": [1]}, block, index=u.index)
-            r.owner = n
-            t.uses.append((n, 0))
-            nodes.insert(at, n)
+        shape = u.results[0].shape
+
+        def vector(op, operands, attrs=None):
+            nonlocal at
+            r = new_node(block, op, operands, shape, attrs=attrs, at=at, index=u.index,
+                         prefix="rowsum")
             at += 1
             kinds[r] = "vec"
-            sums.append(r)
-            extra += warpgroups if kinds.get(t) == "acc" else 1
+            return r
+        sums = [vector("kda.reduce_sum", [t], {"dims": [1]}) for t in terms]
+        extra += sum(warpgroups if kinds.get(t) == "acc" else 1 for t in terms)
         running = sums[0]
         for v in sums[1:-1]:
-            r = Value(_new_value_id(), "tile", (R,), "f32", name=f"rowsum{_VALUE_IDS[0]}",
-                      block=block)
-            n = Node("kda.add", [running, v], [r], {}, block, index=u.index)
-            r.owner = n
-            running.uses.append((n, 0))
-            v.uses.append((n, 1))
-            nodes.insert(at, n)
-            at += 1
-            kinds[r] = "vec"
-            running = r
+            running = vector("kda.add", [running, v])
         u.op, u.attrs = "kda.add", {}
         u.operands[:] = [running, sums[-1]]
         running.uses.append((u, 0))
@@ -971,12 +943,20 @@ def _row_sums_by_term(block, kinds: dict, warpgroups: int) -> int:
     return extra
 
 
-_VALUE_IDS = [10 ** 6]
+def _sum_tree(root, inner) -> tuple:
+    """(the kda.add nodes, the terms) of the sum tree under ``root``: an operand ``o`` with
+    ``inner(o)`` is a partial sum of the tree, walked into; any other is a term."""
+    adds, terms = [], []
 
-
-def _new_value_id() -> int:
-    _VALUE_IDS[0] += 1
-    return _VALUE_IDS[0]
+    def walk(n):
+        adds.append(n)
+        for o in n.operands:
+            if inner(o):
+                walk(o.owner)
+            else:
+                terms.append(o)
+    walk(root)
+    return adds, terms
 
 
 def _issue_points(slots: list, offsets: dict) -> None:
@@ -1127,11 +1107,10 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
                 bar.mbarrier_wait(self._full(k), 0)
                 self.cost.event("mbarrier.wait")
 
-    def _issue_phase(self, k: int, maps: dict, c) -> None:
-        """Copy phase ``k``: every thread is past the last reader of the bytes it overwrites
-        (the barrier; the fence orders their generic accesses before the async proxy's
-        writes), then one thread issues its copies."""
-        at = self.rplan.phases[k]
+    def _issue_phase(self, k: int, at: int, maps: dict, c) -> None:
+        """Copy phase ``k`` (issued before body position ``at``): every thread is past the
+        last reader of the bytes it overwrites (the barrier; the fence orders their generic
+        accesses before the async proxy's writes), then one thread issues its copies."""
         slots = [s for s in self.rplan.slots if s.issue == at]
         bar.fence_proxy_async_shared()
         bar.sync_threads()
@@ -1151,9 +1130,10 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
         maps = {s.param: tma.tensormap_pointer(self.target, self.p[s.param]) for s in rp.slots}
 
         first = [s for s in rp.slots if s.issue < 0]
+        phases = rp.phases
 
         def issue():
-            for k in range(-1, len(rp.phases)):
+            for k in range(-1, len(phases)):
                 bar.mbarrier_init(self._full(k), 1)
             bar.fence_mbarrier_init()
             bar.mbarrier_arrive_expect_tx(full, sum(s.nbytes for s in first))
@@ -1187,15 +1167,15 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
         moved = _moved_stores(rp.scan.body.nodes, rp.kinds)
         # a later copy phase is waited for before the first op reading one of its tiles (the
         # position its placement starts from), not at the load op, which may come first
-        deferred = {s.node.results[0]: rp.phases.index(s.issue) for s in rp.slots
+        deferred = {s.node.results[0]: phases.index(s.issue) for s in rp.slots
                     if s.issue >= 0}
         issued = 0
         for n in _early_stores(rp.scan.body.nodes, rp.kinds):
             at = position[id(n)]
             # a chunk store moved up to its accumulator reads registers only: it does not
             # mark the body position the copy phases wait for
-            while issued < len(rp.phases) and rp.phases[issued] <= at and id(n) not in moved:
-                self._issue_phase(issued, maps, c)
+            while issued < len(phases) and phases[issued] <= at and id(n) not in moved:
+                self._issue_phase(issued, phases[issued], maps, c)
                 issued += 1
             self._wait_for_copies(n, deferred)
             label = op_label(n)
@@ -1610,19 +1590,14 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
                 steep_c = B.nonzero(flags.read((c,)))
                 ref_c = B.isel(steep_c, 16 * c + 15, 16 * c)
                 first_c = B.isel(steep_c, 16 * c + 16, 16 * c)
-            a_regs = []
-            for kb in range(K // 8):
-                regs = []
-                for jj in range(4):
-                    m, kc = wgmma_tf32_a_coord(w, lane, jj)
-                    d = 8 * kb + kc
-                    v = xr.read((m, d))
-                    if fl is not None:
-                        v = B.mul(v, fl.read((m,)))
-                    v = B.mul(v, B.exp2_clamped(B.sub(G.read((m, d)), G.read((ref_c, d))),
-                                                clamp_min))
-                    regs.append(tf32_operand_bits(B.sel(B.icmp("ge", m, first_c), v, B.f(0.0))))
-                a_regs.append(regs)
+            def element(m, d, ref_c=ref_c, first_c=first_c):
+                v = xr.read((m, d))
+                if fl is not None:
+                    v = B.mul(v, fl.read((m,)))
+                v = B.mul(v, B.exp2_clamped(B.sub(G.read((m, d)), G.read((ref_c, d))),
+                                            clamp_min))
+                return B.sel(B.icmp("ge", m, first_c), v, B.f(0.0))
+            a_regs = self._tf32_a_regs(K, element)
             descs = wgmma.k_block_descriptors(blay, self._addr32(bbase + c * blay.size_bytes),
                                               K // 8, 8)
             part = values[8 * cl:8 * cl + 8]
@@ -1703,10 +1678,11 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
     def _acc_elementwise(self, n, ops) -> Acc:
         acc = next(x for x in ops if isinstance(x, Acc))
         coords = acc.coords(self.warp, self.lane)
-        # a broadcast, a row vector or a scalar read once per row (column) the registers
-        # hold, not once per register: their expressions may hold exponentials
+        # a broadcast read once per row (column) the registers hold, a scalar once, not once
+        # per register: their expressions may hold exponentials (a row vector is read at each
+        # register's row: the coordinates are per register)
         pts = None
-        once: dict = {}
+        scalars: dict = {}
         vals = []
         for i, (row, col) in enumerate(coords):
             args = []
@@ -1718,11 +1694,12 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
                 elif len(o.shape) == 2:
                     pts = pts or self._acc_points(acc)
                     args.append(self._register_values(o, x, pts)[i])
+                elif len(o.shape) == 1:
+                    args.append(x.read((row,)))
                 else:
-                    at = (row,) if len(o.shape) == 1 else ()
-                    if (o, at) not in once:
-                        once[(o, at)] = x.read(at)
-                    args.append(once[(o, at)])
+                    if o not in scalars:
+                        scalars[o] = x.read(())
+                    args.append(scalars[o])
             if n.op == "kda.neg":
                 vals.append(B.neg(args[0]))
             else:
@@ -1907,18 +1884,13 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
         values = []
         per = C // 2
         for i_part, part in enumerate(self._parts(ws.cols)):    # its 64-column value blocks
-            a_regs = []
-            for kb in range(K // 8):
-                regs = []
-                for jj in range(4):
-                    m, kc = wgmma_tf32_a_coord(self.warp, self.lane, jj)
-                    k = 8 * kb + kc
-                    x = B.load(self.smem_base,
-                               (ws.offset + wl.byte_offset(k, m + V_BLOCK * part)) // 4, "f32")
-                    if tokens:
-                        x = B.sel(B.icmp("lt", self._c * geo.C + k, geo.seqlen), x, B.f(0.0))
-                    regs.append(tf32_operand_bits(x))
-                a_regs.append(regs)
+            def element(m, k, part=part):
+                x = B.load(self.smem_base,
+                           (ws.offset + wl.byte_offset(k, m + V_BLOCK * part)) // 4, "f32")
+                if tokens:
+                    x = B.sel(B.icmp("lt", self._c * geo.C + k, geo.seqlen), x, B.f(0.0))
+                return x
+            a_regs = self._tf32_a_regs(K, element)
             vals = (list(init.values[per * i_part:per * (i_part + 1)]) if init is not None
                     else [B.f(0.0)] * per)
             wgmma.wgmma_fence(self.target)
@@ -1979,13 +1951,7 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
         bar.fence_proxy_async_shared()
         bar.sync_threads()
         self.cost.event("bar.sync")
-        a_regs = []
-        for kb in range(K // 8):
-            regs = []
-            for jj in range(4):
-                m, kc = wgmma_tf32_a_coord(self.warp, self.lane, jj)
-                regs.append(tf32_operand_bits(a.read((m, 8 * kb + kc))))
-            a_regs.append(regs)
+        a_regs = self._tf32_a_regs(K, lambda m, k: a.read((m, k)))
         N, col0, share = self._b_rows(N)
         addr = self._addr32(base) + share
         values = [B.f(0.0)] * (N // 2)
