@@ -671,3 +671,56 @@ def test_row_sum_of_a_sum_becomes_the_sum_of_the_terms_row_sums():
     for n in blk.nodes:
         for i, o in enumerate(n.operands):
             assert (n, i) in o.uses
+
+
+def test_two_chunks_per_cta_keep_both_chunks_copies_apart():
+    """register_tile_chunks_per_cta=2: CTA z takes chunks 2z and 2z + 1 (grid z halved), and
+    both chunks' ring tiles have bytes of their own for the whole chunk (the second chunk's
+    copies land while the first computes): no region shares bytes with either set."""
+    from kdagen.codegen.lower import register_tiles
+    from kdagen.target import TARGETS
+    prog, groups = _groups("gdn_fwd")
+    g = next(g for g in groups if g.label == "scan0" and g.parallel)
+    one = register_tiles.match(prog, g, TARGETS["sm_90a"])
+    two = register_tiles.match(prog, g, TARGETS["sm_90a"], chunks_per_cta=2)
+    assert one.chunks_per_cta == 1 and one.grid[2] == "max_chunks"
+    assert two.chunks_per_cta == 2 and two.grid[2] == "ceil_div(max_chunks, 2)"
+    assert two.smem_bytes > one.smem_bytes
+    ring = [(s.offset, s.nbytes) for s in two.slots] + [(s.offset_b, s.nbytes) for s in two.slots]
+    assert all(off >= 0 and off % 1024 == 0 for off, _ in ring)
+    others = [(off, size) for name, (off, size, _, _) in two.live.items()
+              if name not in {s.tensor for s in two.slots} and not str(name).startswith("next")]
+    assert others
+    for i, (oa, sa) in enumerate(ring):
+        for ob, sb in ring[i + 1:] + others:
+            assert oa + sa <= ob or ob + sb <= oa, ((oa, sa), (ob, sb))
+    # the mbarriers: one set per chunk of the CTA
+    assert two.smem_bytes >= two.smem["barrier"] + 2 * two.barrier_bytes
+    # where the second set does not fit, the kernel keeps one chunk per CTA
+    small = register_tiles.match(prog, g, TARGETS["sm_90a"], smem_limit=one.smem_bytes,
+                                 chunks_per_cta=2)
+    assert small.chunks_per_cta == 1 and small.smem_bytes == one.smem_bytes
+    with pytest.raises(register_tiles.NoMatch, match="chunks_per_cta"):
+        register_tiles.match(prog, g, TARGETS["sm_90a"], chunks_per_cta=3)
+
+
+@pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas not installed")
+def test_two_chunks_per_cta_assemble_and_wait_on_their_own_barriers():
+    from kdagen import driver
+    from kdagen.codegen.lower.plan import LoweringError
+    tune = "gdn_fwd.k0_scan0:register_tile_chunks_per_cta=2"
+    ks, t = _lowered("gdn_fwd", tune=tune)
+    k = next(k for k in ks if k.name.endswith("k0_scan0"))
+    assert k.launch["grid"] == ["HV", "N", "ceil_div(max_chunks, 2)"]
+    assert k.launch["tuned"]["register_tile_chunks_per_cta"] == 2
+    ptx = driver.ptx_of(k.module, t, k.name)
+    base, _ = _lowered("gdn_fwd")
+    ptx1 = driver.ptx_of(next(b for b in base if b.name.endswith("k0_scan0")).module, t, k.name)
+    # both chunks' copies issued at the start (twice the TMA loads), each chunk waiting on its
+    # own mbarrier
+    assert ptx.count("cp.async.bulk.tensor") == 2 * ptx1.count("cp.async.bulk.tensor") > 0
+    assert ptx.count("mbarrier.init") == 2 * ptx1.count("mbarrier.init")
+    assert ptx.count("mbarrier.try_wait") >= 2 * ptx1.count("mbarrier.try_wait") > 0
+    _assembles_without_spills(ptx, "prologue, two chunks per CTA")
+    with pytest.raises(LoweringError, match="register_tile_chunks_per_cta"):
+        _lowered("gdn_fwd", register_tile_chunks_per_cta=3)

@@ -8,6 +8,10 @@
 #          ab_dq1  dq on register tiles, the reverse scan back on one warpgroup (two CTAs per
 #                  head: it was faster alone, 3.04 vs 4.38 us/step, but took 16 SMs from dq)
 #          ab_dkns the dk kernel on register tiles (per-term row sums: 788 B of spill)
+#   c2     two chunks per CTA for the register-tile kernels (register_tile_chunks_per_cta=2:
+#          the second chunk's copies land while the first computes): ab_c2 (both GDN
+#          prologues), ab_c2o (and the forward's output kernel, then at one CTA per SM),
+#          check_c2 (the GPU check's gdn_* set with all three)
 #   knobs  native-path options never measured on these kernels: ab_gk4lb2 (gdn_bwd's dk kernel
 #          at load_batch=2, which won 9% on kda_bwd's), ab_kk4sor (kda_bwd's dk kernel with
 #          scan_operand_reads=2: its column cumsum reads one materialised buffer; the cost
@@ -34,6 +38,15 @@ for set in "${@:-dq}"; do
         bench ab_dq1 --ops gdn --set tune=$DQ1,$WG1 --set $NS
         bench ab_dkns --ops gdn --set tune=$K4 --set $NS
         built+=(ab_dq2 ab_dq1 ab_dkns) ;;
+    c2)
+        C2=gdn_fwd.k0_scan0:register_tile_chunks_per_cta=2,gdn_bwd.k0_scan0:register_tile_chunks_per_cta=2
+        C2O=$C2,gdn_fwd.k2_scan2:register_tile_chunks_per_cta=2
+        bench ab_c2 --ops gdn --set tune=$C2
+        bench ab_c2o --ops gdn --set tune=$C2O
+        rm -rf .bundles/check_c2
+        "$PY" -m tools.check_bundle .bundles/check_c2 --set native --pipeline chip --chips sm_90a \
+            --only gdn_ --lower tune=$C2O > /tmp/check_c2.log 2>&1
+        built+=(ab_c2 ab_c2o check_c2) ;;
     knobs)
         bench ab_gk4lb2 --ops gdn --set tune=gdn_bwd.k4_scan4:load_batch=2
         bench ab_kk4sor --ops kda --set tune=kda_bwd.k4_scan4:scan_operand_reads=2

@@ -100,6 +100,9 @@ def prepare(program: Program, target: Target | None, prefix: str,
     if opts.register_tile_warpgroups not in (1, 2):
         raise LoweringError(f"register_tile_warpgroups: {opts.register_tile_warpgroups}; "
                             "use 1 or 2")
+    if opts.register_tile_chunks_per_cta not in (1, 2):
+        raise LoweringError(f"register_tile_chunks_per_cta: {opts.register_tile_chunks_per_cta}; "
+                            "use 1 or 2")
     if opts.register_tile_ctas_per_sm not in (0, 1, 2):
         raise LoweringError(f"register_tile_ctas_per_sm: {opts.register_tile_ctas_per_sm}; "
                             "use 0 (as many as fit), 1 or 2")
@@ -392,11 +395,13 @@ def _register_tile_plan(program: Program, g, target: Target | None, opts: LowerO
     if kopts.register_tile_warpgroups > 1:
         try:
             plan = register_tiles.match(program, g, target, dot=kopts.dot,
-                                        warpgroups=kopts.register_tile_warpgroups)
+                                        warpgroups=kopts.register_tile_warpgroups,
+                                        chunks_per_cta=kopts.register_tile_chunks_per_cta)
         except register_tiles.NoMatch:
             plan = None             # the kernel keeps one warpgroup
     try:
-        plan = plan or register_tiles.match(program, g, target, dot=kopts.dot)
+        plan = plan or register_tiles.match(program, g, target, dot=kopts.dot,
+                                            chunks_per_cta=kopts.register_tile_chunks_per_cta)
     except register_tiles.NoMatch:
         return None
     if kopts.register_tile_ctas_per_sm == 1:

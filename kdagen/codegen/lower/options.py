@@ -67,6 +67,12 @@ class LowerOptions:
     # V = 128 and only the rules that split so, else the kernel keeps one). The path is
     # latency-bound at one warpgroup (cost_model: 6.7-9.4 ns per instruction); not yet measured
     register_tile_warpgroups: int = 1
+    # chunks per CTA of a register-tile kernel: 1, or 2 (CTA z takes chunks 2z and 2z + 1;
+    # both chunks' TMA copies are issued at its start into bytes of their own, so the second
+    # chunk's inputs land while the first computes: the copy latency a CTA of one chunk waits
+    # out at its start, with no other CTA on the SM to hide it, is paid once per two chunks).
+    # Where the second set of ring tiles does not fit, the kernel keeps one chunk per CTA
+    register_tile_chunks_per_cta: int = 1
     # the register-tile lowering's gate cumsum ([C] vectors) and row sums of tile expressions
     # (the L2 norms): "own" (its shuffle scan and two-thread row halves) or "native" (the tile
     # lowering's ordered emitters, tiles.emit_cumsum_warp and emit_reduce_sum: the same sums

@@ -118,6 +118,8 @@ class TileSlot:
     #: where its copy is issued: -1 with the chunk's first copies, else before body node
     #: ``issue`` (its bytes reused: every region there before it is dead by then)
     issue: int = -1
+    #: a CTA of two chunks: where the second chunk's copy lands (RegisterTilePlan.chunks_per_cta)
+    offset_b: int = -1
 
     @property
     def elem_bytes(self) -> int:
@@ -171,6 +173,10 @@ class RegisterTilePlan:
     tuned: dict = field(default_factory=dict)      # tuning entries applied: {option: value}
     sliced_staging: bool = False                   # staged B operands one K panel at a time
     vec_mats: set = field(default_factory=set)     # vectors computed once (`_costly_vectors`)
+    # chunks per CTA: 2 copies the second chunk's tiles into bytes of their own at the CTA's
+    # start, so they land while the first chunk computes (its ring tiles then stay theirs for
+    # the whole chunk: no other region reuses them)
+    chunks_per_cta: int = 1
 
     @property
     def phases(self) -> list:
@@ -180,7 +186,14 @@ class RegisterTilePlan:
 
     @property
     def grid(self) -> list:
-        return [f"HV * {self.v_ctas}" if self.v_ctas > 1 else "HV", "N", "max_chunks"]
+        chunks = ("max_chunks" if self.chunks_per_cta == 1 else
+                  f"ceil_div(max_chunks, {self.chunks_per_cta})")
+        return [f"HV * {self.v_ctas}" if self.v_ctas > 1 else "HV", "N", chunks]
+
+    @property
+    def barrier_bytes(self) -> int:
+        """The mbarriers of one chunk's copies (its first copies and each later phase)."""
+        return 8 * (1 + len(self.phases))
 
     @property
     def block_threads(self) -> int:
@@ -241,12 +254,16 @@ def _precision_at_most(n, dot: str, best: str) -> None:
 
 
 def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT,
-          dot: str = "auto", warpgroups: int = 1) -> RegisterTilePlan:
+          dot: str = "auto", warpgroups: int = 1, chunks_per_cta: int = 1) -> RegisterTilePlan:
     """The plan of chunk-parallel kernel ``group`` on this path; raises `NoMatch` saying why
     not. ``dot``: the lowering's product precision option (each rule refuses a product that
     asks for more than it gives). ``warpgroups`` > 1: one CTA per head whose consumer
     warpgroups each take one 64-column value block of the transposed products and a share of
-    the columns of the others (V = 64 x warpgroups; only the rules that split so)."""
+    the columns of the others (V = 64 x warpgroups; only the rules that split so).
+    ``chunks_per_cta`` 2: two chunks per CTA where the second chunk's copies fit beside the
+    first's (else one)."""
+    if chunks_per_cta not in (1, 2):
+        raise NoMatch(f"chunks_per_cta {chunks_per_cta} (1 or 2)")
     if target is None or not all(getattr(target, c) for c in ("has_wgmma", "has_tma")):
         raise NoMatch("the chip lacks wgmma or TMA")
     if group.kind != "tile" or not group.parallel or len(group.scans) != 1:
@@ -276,18 +293,18 @@ def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT,
     if warpgroups > 1:
         if V != V_BLOCK * warpgroups:
             raise NoMatch(f"{warpgroups} warpgroups take V = {V_BLOCK * warpgroups}, not {V}")
-        plan = _plan(program, scan, C, V, 1, dot, smem_limit, warpgroups)
+        plan = _plan(program, scan, C, V, 1, dot, smem_limit, warpgroups, chunks_per_cta)
         if plan.one_warpgroup:
             raise NoMatch(f"{', '.join(sorted(set(plan.one_warpgroup)))}: one warpgroup only")
         return plan
     try:
-        return _plan(program, scan, C, V, v_ctas, dot, smem_limit)
+        return _plan(program, scan, C, V, v_ctas, dot, smem_limit, 1, chunks_per_cta)
     except _WholeHead:
-        return _plan(program, scan, C, V, 1, dot, smem_limit)
+        return _plan(program, scan, C, V, 1, dot, smem_limit, 1, chunks_per_cta)
 
 
 def _plan(program, scan, C: int, V: int, v_ctas: int, dot: str, smem_limit: int,
-          warpgroups: int = 1) -> RegisterTilePlan:
+          warpgroups: int = 1, chunks_per_cta: int = 1) -> RegisterTilePlan:
     """`match`'s plan at ``v_ctas`` CTAs per value head."""
     slots: dict = {}          # load node -> TileSlot
     plan = RegisterTilePlan(scan, C, V, v_ctas, warpgroups=warpgroups)
@@ -591,6 +608,15 @@ def _plan(program, scan, C: int, V: int, v_ctas: int, dot: str, smem_limit: int,
     # their bytes come free, then staged B operands a K panel at a time as well, then the
     # chunk step re-ordered so that workspace tiles are first read as late as they can be
     saved = _snapshot(scan.body)
+    # two chunks per CTA first where asked: the plan as programmed, every ring tile kept for
+    # its chunk and a second set for the next chunk (none of the tight plans' deferred copies)
+    if chunks_per_cta == 2:
+        plan.smem, plan.live, plan.chunks_per_cta = {}, {}, 2
+        off = _place_regions(plan, body, kinds, C, V, v_ctas, prefetch=True)
+        off = _vectors_and_barriers(plan, off)
+        if off <= smem_limit:
+            return plan
+        plan.chunks_per_cta = 1
     for defer, sliced, late in ((False, False, False), (True, False, False),
                                 (True, True, False), (True, True, True)):
         if late:
@@ -608,16 +634,23 @@ def _plan(program, scan, C: int, V: int, v_ctas: int, dot: str, smem_limit: int,
         for s in plan.slots:
             s.issue = -1
         off = _place_regions(plan, body, kinds, C, V, v_ctas, defer)
-        plan.smem["vectors"] = off
-        off += 4 * plan.vec_len * max(plan.vectors, 1)
-        plan.smem["barrier"] = off
-        off += 8 * (1 + len(plan.phases)) + 8
-        plan.smem_bytes = off
+        off = _vectors_and_barriers(plan, off)
         if off <= smem_limit:
             return plan
     # the kernel keeps the native path: it lowers the step as programmed (order and sums)
     _restore(scan.body, saved)
     raise NoMatch(f"{off} bytes of shared memory (limit {smem_limit})")
+
+
+def _vectors_and_barriers(plan: RegisterTilePlan, off: int) -> int:
+    """Place the shared vectors and the copies' mbarriers (a set per chunk of the CTA) from
+    byte ``off``; returns (and records) the plan's shared bytes."""
+    plan.smem["vectors"] = off
+    off += 4 * plan.vec_len * max(plan.vectors, 1)
+    plan.smem["barrier"] = off
+    off += plan.barrier_bytes * plan.chunks_per_cta + 8
+    plan.smem_bytes = off
+    return off
 
 
 def _snapshot(block) -> tuple:
@@ -681,12 +714,13 @@ _LAZY_KINDS = ("ring", "tile", "bcast")
 
 
 def _place_regions(plan: RegisterTilePlan, body: list, kinds: dict, C: int, V: int,
-                   v_ctas: int, defer: bool = False) -> int:
+                   v_ctas: int, defer: bool = False, prefetch: bool = False) -> int:
     """Byte offsets of the kernel's shared regions (``plan.smem``, the slots' ``offset``), by
     first fit over their live ranges in body order: a ring tile lives from the copies at the
     start to its last reader (through lazy expressions), a product's staged operand and a
     decay's blocks within their op, a shared tile from its op to its last reader. Returns the
-    end of the regions."""
+    end of the regions. ``prefetch``: every ring tile lives for the whole chunk, and a second
+    set of them (the next chunk's, ``offset_b``) too."""
     index = {n: i for i, n in enumerate(body)}
 
     def last_use(v, seen=None) -> int:
@@ -716,13 +750,16 @@ def _place_regions(plan: RegisterTilePlan, body: list, kinds: dict, C: int, V: i
         return first
 
     regions = []        # (name, bytes, first, last, alignment)
-    for s in plan.slots:
+    for k, s in enumerate(plan.slots):
         # a workspace tile lives from its load op (copied there, or earlier where its bytes
         # are free: `_issue_points`), so tiles read late reuse the bytes of tiles read early;
         # token tiles come with the chunk's first copies (their rows past the sequence end
         # are zeroed once, after those copies land)
         first = first_read(s.node.results[0]) if defer and s.kind == "chunk" else -1
-        regions.append((s, s.nbytes, first, last_use(s.node.results[0]), TILE_ALIGN))
+        last = len(body) if prefetch else last_use(s.node.results[0])
+        regions.append((s, s.nbytes, first, last, TILE_ALIGN))
+        if prefetch:
+            regions.append((f"next{k}", s.nbytes, -1, len(body), TILE_ALIGN))
     for i, shape in enumerate(plan.staged):
         at = index[plan.at[f"staged{i}"]]
         regions.append((f"staged{i}", shape[0] * shape[1] * 4, at, at, TILE_ALIGN))
@@ -784,6 +821,8 @@ def _place_regions(plan: RegisterTilePlan, body: list, kinds: dict, C: int, V: i
             name.offset = off
         else:
             plan.smem[name] = off
+    for k, s in enumerate(plan.slots):
+        s.offset_b = plan.smem.get(f"next{k}", -1)
     if defer:
         _issue_points(plan.slots, offsets)
     return -(-end // 16) * 16
@@ -1014,6 +1053,7 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
         #: register scan runs beside this kernel: kdagen.codegen.lower.chunk_flags)
         self.publish_flags = False
         self.flag_value = 1
+        self._buffer = 0             # the CTA's chunk being lowered (its copies' bytes)
 
     def params(self):
         ps = super().params()
@@ -1078,9 +1118,13 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
                 self.tid, self.warp, self.lane = tid, (tid // 32) % 4, tid % 32
                 self.wg = tid // THREADS            # the consumer warpgroup
                 z = coords["z"]
-                chunk = cta_chunk(self.group, z, self.geo.nchunks)
                 with cost.chunk_step():
-                    B.if_then(B.icmp("lt", z, self.geo.nchunks), lambda: self._chunk(chunk))
+                    if rp.chunks_per_cta == 1:
+                        chunk = cta_chunk(self.group, z, self.geo.nchunks)
+                        B.if_then(B.icmp("lt", z, self.geo.nchunks),
+                                  lambda: self._chunk(chunk, [(chunk, None)]))
+                    else:
+                        self._two_chunks(z)
         set_launch_bounds(builder, name,
                           min_blocks_per_sm=2 if rp.smem_bytes <= TWO_PER_SM else 1)
 
@@ -1090,11 +1134,13 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
         bar.sync_threads()
         self.cost.event("bar.sync")
 
-    def _full(self, phase: int = -1):
+    def _full(self, phase: int = -1, buffer: int | None = None):
         """The mbarrier of the chunk's first copies (phase -1) or of later copy phase
-        ``phase`` (RegisterTilePlan.phases)."""
-        return smem_mod.SmemRegion(self.smem_base, self.rplan.smem["barrier"] + 8 * (phase + 1),
-                                   8)
+        ``phase`` (RegisterTilePlan.phases), of the CTA's chunk ``buffer`` (default: the one
+        being lowered)."""
+        buffer = self._buffer if buffer is None else buffer
+        at = self.rplan.smem["barrier"] + self.rplan.barrier_bytes * buffer + 8 * (phase + 1)
+        return smem_mod.SmemRegion(self.smem_base, at, 8)
 
     def _wait_for_copies(self, n, deferred: dict) -> None:
         """Before op ``n``: wait for the copy phases of the later-copied tiles it reads."""
@@ -1123,25 +1169,72 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
                 self._copy(s, maps[s.param], c, full)
         B.if_then(B.icmp("eq", self.tid, 0), issue)
 
-    def _chunk(self, c) -> None:
+    def _two_chunks(self, z) -> None:
+        """CTA ``z`` of a plan of two chunks per CTA: chunks 2z and 2z + 1 (each where the
+        sequence has it), both chunks' copies issued at the start, each into its own bytes,
+        so the second chunk's land while the first computes."""
+        n = self.geo.nchunks
+        zs = [z * 2, z * 2 + 1]
+        chunks = [(cta_chunk(self.group, zz, n), B.icmp("lt", zz, n)) for zz in zs]
+
+        def both():
+            self._chunk(chunks[0][0], chunks)
+            bar.sync_threads()       # the first chunk's regions read before the second's writes
+            self.cost.event("bar.sync")
+            with self._second_buffer():
+                B.if_then(chunks[1][1], lambda: self._chunk(chunks[1][0], None))
+        B.if_then(chunks[0][1], both)
+
+    @contextlib.contextmanager
+    def _second_buffer(self):
+        """Lower under the second chunk's copies: its ring tiles and mbarriers."""
+        slots = self.rplan.slots
+        saved = [s.offset for s in slots]
+        for s in slots:
+            s.offset = s.offset_b
+        self._buffer = 1
+        try:
+            yield
+        finally:
+            for s, off in zip(slots, saved):
+                s.offset = off
+            self._buffer = 0
+
+    def _issue_first_copies(self, chunks: list, maps: dict) -> None:
+        """Initialise the mbarriers of every chunk of the CTA and issue each chunk's first
+        copies (``chunks``: [(chunk, whether the sequence has it, or None)], one per buffer)."""
+        rp = self.rplan
+        first = [s for s in rp.slots if s.issue < 0]
+
+        def issue():
+            for b in range(len(chunks)):
+                for k in range(-1, len(rp.phases)):
+                    bar.mbarrier_init(self._full(k, b), 1)
+            bar.fence_mbarrier_init()
+            for b, (c, valid) in enumerate(chunks):
+                def copies(b=b, c=c):
+                    full = self._full(-1, b)
+                    bar.mbarrier_arrive_expect_tx(full, sum(s.nbytes for s in first))
+                    for s in first:
+                        self._copy(s, maps[s.param], c, full, s.offset if b == 0 else s.offset_b)
+                if valid is None:
+                    copies()
+                else:
+                    B.if_then(valid, copies)
+        B.if_then(B.icmp("eq", self.tid, 0), issue)
+        bar.sync_threads()           # the barriers are initialised before anyone waits on them
+        self.cost.event("bar.sync")
+
+    def _chunk(self, c, first_copies: list | None) -> None:
+        """One chunk's step; ``first_copies``: the CTA's chunks whose first copies to issue
+        first (None: issued already, by the CTA's first chunk)."""
         rp = self.rplan
         self._c = c
         full = self._full()
         maps = {s.param: tma.tensormap_pointer(self.target, self.p[s.param]) for s in rp.slots}
-
-        first = [s for s in rp.slots if s.issue < 0]
         phases = rp.phases
-
-        def issue():
-            for k in range(-1, len(phases)):
-                bar.mbarrier_init(self._full(k), 1)
-            bar.fence_mbarrier_init()
-            bar.mbarrier_arrive_expect_tx(full, sum(s.nbytes for s in first))
-            for s in first:
-                self._copy(s, maps[s.param], c, full)
-        B.if_then(B.icmp("eq", self.tid, 0), issue)
-        bar.sync_threads()           # the barrier is initialised before anyone waits on it
-        self.cost.event("bar.sync")
+        if first_copies is not None:
+            self._issue_first_copies(first_copies, maps)
         # values defined outside the scan (scalars, per-head parameters)
         for n in self.group.nodes:
             if n is rp.scan:
@@ -1221,11 +1314,12 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
         bar.sync_threads()
         self.cost.event("bar.sync")
 
-    def _copy(self, s: TileSlot, tmap, c, full) -> None:
+    def _copy(self, s: TileSlot, tmap, c, full, offset: int | None = None) -> None:
         geo = self.geo
         lay = s.layout
+        offset = s.offset if offset is None else offset
         for pn in range(lay.num_panels):
-            dst = byte_gep(self.smem_base, s.offset + pn * lay.panel_bytes, shared_ptr_type())
+            dst = byte_gep(self.smem_base, offset + pn * lay.panel_bytes, shared_ptr_type())
             inner = pn * lay.panel_cols + (self.cta_v0 if s.value_cols else 0)
             if s.kind == "token":
                 ratio = self.program.gva_ratio
