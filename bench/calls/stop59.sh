@@ -6,9 +6,10 @@
 #         kernel on register tiles, the dq kernel on register tiles, the default kernels
 #   dqab  B1_T32k_H16 gdn fwd+bwd, per kernel: def (today's default), ns (default with native
 #         sums), dq2 (dq on register tiles beside the 2-WG reverse scan), dq1 (beside the 1-WG
-#         one), dkns (the dk kernel on register tiles, 788 B of spill)
+#         one)
+#   a     the checks of ns without the dk kernel's (check_dq1ns, check_defns), then dqab
 #   c2    the GPU check of check_c2 (two chunks per CTA: both GDN prologues and the forward's
-#         output kernel), then def / c2 / c2o at B1_T32k_H16 and B1_T8k_H16, gdn fwd and fwd+bwd
+#         output kernel), then def / c2 / c2o at B1_T32k_H16, gdn fwd and fwd+bwd
 #   knobs def / ab_gk4lb2 (gdn) and def / ab_kk4sor (kda) at B1_T32k_H16 fwd+bwd
 set -x
 nvidia-smi --query-gpu=name --format=csv,noheader
@@ -19,28 +20,34 @@ ns)
         timeout 170 python3 -m tools.gpu_check .bundles/$b > "$OUT/${b}_full.log" 2>&1
         echo "$b rc=$?"; grep -E "SUMMARY|FAIL|ERROR|Error" "$OUT/${b}_full.log" | head -12
     done ;;
+a)
+    for b in check_dq1ns check_defns; do
+        timeout 150 python3 -m tools.gpu_check .bundles/$b > "$OUT/${b}_full.log" 2>&1
+        echo "$b rc=$?"; grep -E "SUMMARY|FAIL|ERROR|Error" "$OUT/${b}_full.log" | head -12
+    done
+    bash "$0" dqab ;;
 dqab)
-    timeout 400 python3 -m kdagen.cli bench --bundle def=.bundles/bench_def --bundle ns=.bundles/ab_ns \
-        --bundle dq2=.bundles/ab_dq2 --bundle dq1=.bundles/ab_dq1 --bundle dkns=.bundles/ab_dkns \
+    timeout 230 python3 -m kdagen.cli bench --bundle def=.bundles/bench_def --bundle ns=.bundles/ab_ns \
+        --bundle dq2=.bundles/ab_dq2 --bundle dq1=.bundles/ab_dq1 \
         --ops gdn --modes fwdbwd --configs B1_T32k_H16 --no-fla --rep-ms 200 --kernels \
         --kernel-reps 3 --json "$OUT/ab_dq32.json" > "$OUT/ab_dq32.log" 2>&1
     echo "bench_rc=$?"; grep -A7 "^op |" "$OUT/ab_dq32.log"
     grep -E "k[0-9]_scan[0-9] |Error|Traceback" "$OUT/ab_dq32.log" | head -50 ;;
 c2)
-    timeout 170 python3 -m tools.gpu_check .bundles/check_c2 > "$OUT/check_c2_full.log" 2>&1
+    timeout 150 python3 -m tools.gpu_check .bundles/check_c2 > "$OUT/check_c2_full.log" 2>&1
     rc=$?; echo "check_c2 rc=$rc"; grep -E "SUMMARY|FAIL|ERROR|Error" "$OUT/check_c2_full.log" | head -12
     [ $rc = 0 ] || exit 0
-    timeout 300 python3 -m kdagen.cli bench --bundle def=.bundles/bench_def --bundle c2=.bundles/ab_c2 \
-        --bundle c2o=.bundles/ab_c2o --ops gdn --modes fwd,fwdbwd --configs B1_T32k_H16,B1_T8k_H16 \
+    timeout 230 python3 -m kdagen.cli bench --bundle def=.bundles/bench_def --bundle c2=.bundles/ab_c2 \
+        --bundle c2o=.bundles/ab_c2o --ops gdn --modes fwd,fwdbwd --configs B1_T32k_H16 \
         --no-fla --rep-ms 200 --kernels --kernel-reps 3 --json "$OUT/ab_c2.json" > "$OUT/ab_c2.log" 2>&1
     echo "bench_rc=$?"; grep -A9 "^op |" "$OUT/ab_c2.log"
     grep -E "k0_scan0 |k2_scan2 |Error|Traceback" "$OUT/ab_c2.log" | head -40 ;;
 knobs)
-    timeout 300 python3 -m kdagen.cli bench --bundle def=.bundles/bench_def --bundle lb2=.bundles/ab_gk4lb2 \
+    timeout 120 python3 -m kdagen.cli bench --bundle def=.bundles/bench_def --bundle lb2=.bundles/ab_gk4lb2 \
         --ops gdn --modes fwdbwd --configs B1_T32k_H16 --no-fla --rep-ms 200 --kernels --kernel-reps 3 \
         --json "$OUT/ab_gk4lb2.json" > "$OUT/ab_gk4lb2.log" 2>&1
     echo "bench_rc=$?"; grep -A3 "^op |" "$OUT/ab_gk4lb2.log"; grep -E "k4_scan4 |Error" "$OUT/ab_gk4lb2.log" | head
-    timeout 250 python3 -m kdagen.cli bench --bundle def=.bundles/bench_def --bundle sor=.bundles/ab_kk4sor \
+    timeout 120 python3 -m kdagen.cli bench --bundle def=.bundles/bench_def --bundle sor=.bundles/ab_kk4sor \
         --ops kda --modes fwdbwd --configs B1_T32k_H16 --no-fla --rep-ms 200 --kernels --kernel-reps 3 \
         --json "$OUT/ab_kk4sor.json" > "$OUT/ab_kk4sor.log" 2>&1
     echo "bench_rc=$?"; grep -A3 "^op |" "$OUT/ab_kk4sor.log"; grep -E "k4_scan4 |Error" "$OUT/ab_kk4sor.log" | head ;;
