@@ -10,6 +10,8 @@
 #   a     the checks of ns without the dk kernel's (check_dq1ns, check_defns), then dqab
 #   c2    the GPU check of check_c2 (two chunks per CTA: both GDN prologues and the forward's
 #         output kernel), then def / c2 / c2o at B1_T32k_H16, gdn fwd and fwd+bwd
+#   all   (one call, for a scarce device) check_dq1ns and check_c2, then def / dq2 / dq1 / c2 at
+#         B1_T32k_H16 gdn fwd+bwd, per kernel
 #   knobs def / ab_gk4lb2 (gdn) and def / ab_kk4sor (kda) at B1_T32k_H16 fwd+bwd
 set -x
 nvidia-smi --query-gpu=name --format=csv,noheader
@@ -20,6 +22,17 @@ ns)
         timeout 170 python3 -m tools.gpu_check .bundles/$b > "$OUT/${b}_full.log" 2>&1
         echo "$b rc=$?"; grep -E "SUMMARY|FAIL|ERROR|Error" "$OUT/${b}_full.log" | head -12
     done ;;
+all)
+    for b in check_dq1ns check_c2; do
+        timeout 150 python3 -m tools.gpu_check .bundles/$b > "$OUT/${b}_full.log" 2>&1
+        echo "$b rc=$?"; grep -E "SUMMARY|FAIL|ERROR|Error" "$OUT/${b}_full.log" | head -12
+    done
+    timeout 240 python3 -m kdagen.cli bench --bundle def=.bundles/bench_def --bundle dq2=.bundles/ab_dq2 \
+        --bundle dq1=.bundles/ab_dq1 --bundle c2=.bundles/ab_c2 --ops gdn --modes fwdbwd \
+        --configs B1_T32k_H16 --no-fla --rep-ms 200 --kernels --kernel-reps 3 \
+        --json "$OUT/ab_all32.json" > "$OUT/ab_all32.log" 2>&1
+    echo "bench_rc=$?"; grep -A6 "^op |" "$OUT/ab_all32.log"
+    grep -E "k[0-9]_scan[0-9] |Error|Traceback" "$OUT/ab_all32.log" | head -50 ;;
 a)
     for b in check_dq1ns check_defns; do
         timeout 150 python3 -m tools.gpu_check .bundles/$b > "$OUT/${b}_full.log" 2>&1
