@@ -12,6 +12,10 @@
 #         output kernel), then def / c2 / c2o at B1_T32k_H16, gdn fwd and fwd+bwd
 #   all   (one call, for a scarce device) check_dq1ns and check_c2, then def / dq2 / dq1 / c2 at
 #         B1_T32k_H16 gdn fwd+bwd, per kernel
+#   v2    (one call; bundles of stop59_build.sh v2) the full GPU check of the new default
+#         (check_nm) and of the dq kernel on register tiles (check_dq1ns), the quick check of two
+#         chunks per CTA (check_c2), then def (stop 58's default) / nm / dq1 / dq2 / c2 at
+#         B1_T32k_H16 gdn fwd+bwd, per kernel
 #   knobs def / ab_gk4lb2 (gdn) and def / ab_kk4sor (kda) at B1_T32k_H16 fwd+bwd
 set -x
 nvidia-smi --query-gpu=name --format=csv,noheader
@@ -22,6 +26,19 @@ ns)
         timeout 170 python3 -m tools.gpu_check .bundles/$b > "$OUT/${b}_full.log" 2>&1
         echo "$b rc=$?"; grep -E "SUMMARY|FAIL|ERROR|Error" "$OUT/${b}_full.log" | head -12
     done ;;
+v2)
+    for b in check_nm check_dq1ns; do
+        timeout 140 python3 -m tools.gpu_check .bundles/$b > "$OUT/${b}_full.log" 2>&1
+        echo "$b rc=$?"; grep -E "SUMMARY|FAIL|ERROR|Error" "$OUT/${b}_full.log" | head -12
+    done
+    timeout 60 python3 -m tools.gpu_check .bundles/check_c2 --quick > "$OUT/check_c2_quick.log" 2>&1
+    echo "check_c2 rc=$?"; grep -E "SUMMARY|FAIL|ERROR|Error" "$OUT/check_c2_quick.log" | head -12
+    timeout 200 python3 -m kdagen.cli bench --bundle def=.bundles/bench_def --bundle nm=.bundles/bench_nm \
+        --bundle dq1=.bundles/ab_dq1 --bundle dq2=.bundles/ab_dq2 --bundle c2=.bundles/ab_c2 \
+        --ops gdn --modes fwdbwd --configs B1_T32k_H16 --no-fla --rep-ms 150 --kernels \
+        --kernel-reps 3 --json "$OUT/ab_v2.json" > "$OUT/ab_v2.log" 2>&1
+    echo "bench_rc=$?"; grep -A7 "^op |" "$OUT/ab_v2.log"
+    grep -E "k[0-9]_scan[0-9] |Error|Traceback" "$OUT/ab_v2.log" | head -50 ;;
 all)
     for b in check_dq1ns check_c2; do
         timeout 150 python3 -m tools.gpu_check .bundles/$b > "$OUT/${b}_full.log" 2>&1

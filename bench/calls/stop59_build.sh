@@ -12,6 +12,9 @@
 #          the second chunk's copies land while the first computes): ab_c2 (both GDN
 #          prologues), ab_c2o (and the forward's output kernel, then at one CTA per SM),
 #          check_c2 (the GPU check's gdn_* set with all three)
+#   v2     after the token-tile masks were dropped (register tiles read rows past the sequence
+#          end as the zeros they were set to): bench_nm (gdn, the new default), ab_dq1, ab_dq2,
+#          ab_c2 again, check_nm (gdn_*, the new default), check_dq1ns, check_c2 again
 #   knobs  native-path options never measured on these kernels: ab_gk4lb2 (gdn_bwd's dk kernel
 #          at load_batch=2, which won 9% on kda_bwd's), ab_kk4sor (kda_bwd's dk kernel with
 #          scan_operand_reads=2: its column cumsum reads one materialised buffer; the cost
@@ -47,6 +50,18 @@ for set in "${@:-dq}"; do
         "$PY" -m tools.check_bundle .bundles/check_c2 --set native --pipeline chip --chips sm_90a \
             --only gdn_ --lower tune=$C2O > /tmp/check_c2.log 2>&1
         built+=(ab_c2 ab_c2o check_c2) ;;
+    v2)
+        C2=gdn_fwd.k0_scan0:register_tile_chunks_per_cta=2,gdn_bwd.k0_scan0:register_tile_chunks_per_cta=2
+        bench bench_nm --ops gdn
+        bench ab_dq2 --ops gdn --set tune=$DQ1 --set $NS
+        bench ab_dq1 --ops gdn --set tune=$DQ1,$WG1 --set $NS
+        bench ab_c2 --ops gdn --set tune=$C2
+        for c in "check_nm:" "check_dq1ns:--lower tune=$DQ1 --lower $NS" "check_c2:--lower tune=$C2"; do
+            name=${c%%:*}; rm -rf ".bundles/$name"
+            "$PY" -m tools.check_bundle ".bundles/$name" --set native --pipeline chip --chips sm_90a \
+                --only gdn_ ${c#*:} > "/tmp/$name.log" 2>&1
+        done
+        built+=(bench_nm ab_dq2 ab_dq1 ab_c2 check_nm check_dq1ns check_c2) ;;
     knobs)
         bench ab_gk4lb2 --ops gdn --set tune=gdn_bwd.k4_scan4:load_batch=2
         bench ab_kk4sor --ops kda --set tune=kda_bwd.k4_scan4:scan_operand_reads=2
