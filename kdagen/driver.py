@@ -29,9 +29,11 @@ from pathlib import Path
 
 from kdagen._mlir import ir
 from kdagen.codegen import ptxas as ptxas_mod
+from kdagen.codegen import sass as sass_mod
 from kdagen.codegen import to_ptx
 from kdagen.codegen.backend_pool import BackendJob, BackendPool, LibdeviceCallError
-from kdagen.codegen.lower.cost_model import format_reports
+from kdagen.codegen.lower.cost_model import (SASS_NS_PER_INSTRUCTION, format_reports,
+                                             sass_estimate)
 from kdagen.codegen.lower.kernel import lower_program
 from kdagen.codegen.lower.options import LowerOptions
 from kdagen.codegen.to_ptx import lower_to_ptx
@@ -284,8 +286,31 @@ class Compilation:
         self._record_cubin()
 
     def _record_cubin(self) -> None:
-        self._record("cubin", lambda: _join((n, r.log) for n, r in self.assembled.items())
+        self._record("cubin", lambda: _join((n, r.log + self._sass_lines(n, r))
+                                            for n, r in self.assembled.items())
                      if self.assembled else "// ptxas not found: no cubin\n")
+
+    def _sass_lines(self, name: str, res) -> str:
+        """The kernel's SASS instruction mix (where nvdisasm is found) and, for a
+        register-tile kernel, the SASS fit's estimate per CTA."""
+        if res.cubin is None:
+            return ""
+        mixes = sass_mod.instruction_mix(res.cubin)
+        if mixes is None:
+            return "// SASS: nvdisasm not found (pip install nvidia-cuda-nvdisasm)\n"
+        mix = mixes.get(name)
+        if mix is None:
+            return ""
+        text = sass_mod.format_mix(mix)
+        path = next((k.path for k in self.kernels if k.name == name), None)
+        if path == "sm90-register-tile":
+            spill = sum(r.spills for r in res.resources.values())
+            est = sass_estimate(mix["instructions"], spill)
+            text += (f"// SASS ESTIMATE (fit, not a measurement): {est['us']:g} us per CTA "
+                     f"({mix['instructions']} instructions x {SASS_NS_PER_INSTRUCTION} ns)"
+                     + ("; it spills: outside the fit, ~3x slower measured" if spill else "")
+                     + "\n")
+        return text
 
     def backend_jobs(self) -> list[BackendJob]:
         """The ``ptx`` + ``cubin`` work of each lowered kernel (:func:`run_backends`)."""

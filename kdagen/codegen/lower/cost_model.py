@@ -98,7 +98,8 @@ BY_OP_COLUMNS = ("ld.global", "st.global", "ld.shared", "st.shared", "bar.sync",
 __all__ = ["CLOCK_GHZ", "GLOBAL_ROUND_CYCLES", "GLOBAL_ROUND_HBM_CYCLES",
            "GLOBAL_ROUND_HOISTED_CYCLES", "SHARED_ROUND_CYCLES", "WGMMA_CYCLES",
            "RING_REFILL_GB_S", "SCHEDULERS", "ISSUE_CYCLES", "BARRIER_CYCLES",
-           "THROUGHPUT_ROUND_CYCLES", "REGISTER_TILE_NS_PER_INSTRUCTION", "estimate",
+           "THROUGHPUT_ROUND_CYCLES", "REGISTER_TILE_NS_PER_INSTRUCTION", "SASS_NS_PER_INSTRUCTION",
+           "sass_estimate", "estimate",
            "throughput_estimate", "register_tile_estimate",
            "kernel_report", "format_report", "format_reports", "REPORT_EVENTS"]
 
@@ -114,6 +115,16 @@ ISSUE_CYCLES = 4.93
 BARRIER_CYCLES = 590
 THROUGHPUT_ROUND_CYCLES = 423
 REGISTER_TILE_NS_PER_INSTRUCTION = 8.2
+#: ns per CTA per SASS instruction of a register-tile kernel (its SASS listing is what each
+#: thread executes: fully unrolled). H100, B1_T32k_H16, µs per CTA = kernel µs / waves of CTAs
+#: over the SMs it had, against the SASS count (kdagen.codegen.sass): gdn_fwd's prologue 2.6
+#: (785 µs, 3672 instructions, two warpgroups, 100 SMs beside the scan), gdn_bwd's recompute
+#: prologue 2.4 (747 µs, 3776), its dq kernel on register tiles 2.2 (stop 56: 1554 µs, 8808),
+#: gdn_fwd's output kernel 2.7 (490 µs, 2920, two CTAs per SM: per CTA slot). The static
+#: count priced at REGISTER_TILE_NS_PER_INSTRUCTION had the dq kernel at 19 ns per
+#: instruction, 2.3x off. A kernel that spills is outside the fit: gdn_bwd's dk kernel on
+#: register tiles (1400 bytes of spill) ran 7.2 ns per SASS instruction (7506 µs, 16928)
+SASS_NS_PER_INSTRUCTION = 2.5
 #: counts that are not instructions (rounds, loop trips, bytes) or count a subset of another
 NOT_INSTRUCTIONS = frozenset({"global_rounds", "shared_rounds", "loop_iters", "ring.refill_bytes",
                               "st.shared.staging", "unknown_trip_loops", "bytes.global",
@@ -173,6 +184,15 @@ def register_tile_estimate(counts: dict) -> dict:
             "instructions": instructions, "is_estimate": True,
             "model": "kdagen.codegen.lower.cost_model register-tile fit (4 H100 kernels, "
                      "6.7-9.4 ns per instruction)"}
+
+
+def sass_estimate(instructions: int, spill_bytes: int = 0) -> dict:
+    """The register-tile kernels' SASS fit (SASS_NS_PER_INSTRUCTION): µs per CTA from the
+    assembled kernel's instruction count; ``spill_bytes`` > 0 marks it outside the fit."""
+    return {"us": round(instructions * SASS_NS_PER_INSTRUCTION / 1000.0, 2),
+            "instructions": instructions, "is_estimate": True, "spills": spill_bytes > 0,
+            "model": "kdagen.codegen.lower.cost_model SASS fit (4 H100 register-tile kernels, "
+                     "2.2-2.7 ns per SASS instruction; a spilling kernel ran 7.2)"}
 
 
 def kernel_report(counter: CostCounter, serial: bool, warps: int | None = None) -> dict:
