@@ -71,7 +71,11 @@ class LowerOptions:
     # both chunks' TMA copies are issued at its start into bytes of their own, so the second
     # chunk's inputs land while the first computes: the copy latency a CTA of one chunk waits
     # out at its start, with no other CTA on the SM to hide it, is paid once per two chunks).
-    # Where the second set of ring tiles does not fit, the kernel keeps one chunk per CTA
+    # Where the second set of ring tiles does not fit, the kernel keeps one chunk per CTA.
+    # Measured (H100, B1_T32k_H16 fwd+bwd, both GDN prologues at 2): alone the recompute
+    # prologue 746 -> 698 us, the forward's 786 -> 794, but beside their scans both slower
+    # (1146 -> 1229, 1013 -> 1104 us) and the call 10.081 -> 10.379 ms; GPU check (quick) 60 ok
+    # (bench/results/h100_stop59_ab_v2.log, h100_stop59_timeline_v2.log). Off by default
     register_tile_chunks_per_cta: int = 1
     # the register-tile lowering's gate cumsum ([C] vectors) and row sums of tile expressions
     # (the L2 norms): "own" (its shuffle scan and two-thread row halves) or "native" (the tile
@@ -80,7 +84,11 @@ class LowerOptions:
     # compute the gate cumsum and the norms again, and dG's near-cancelling terms amplify any
     # disagreement (docs/MATH.md §3): gdn_bwd's dq kernel (stop 57) and dk kernel (stop 58)
     # on register tiles beside native ones failed the steep-gate dA_log check (2.1e-2,
-    # 2.26e-2); "native" is the candidate fix, not yet GPU-checked
+    # 2.26e-2). With "native" the dq kernel passes (H100, GPU check of gdn_*: 206 ok, the
+    # steep-gate dA_log 2.04e-3 against 2.1e-2 with "own"; bench/results/
+    # h100_stop59_check_dq1ns_full.log); "own" stays the default, as no register-tile kernel
+    # that needs it is on by default (the dq kernel on register tiles measured slower end to
+    # end: tuning.py)
     register_tile_sums: str = "own"
     # consumer warpgroups per CTA of a register scan (64 value columns each; the rest of V goes
     # to more CTAs per head)

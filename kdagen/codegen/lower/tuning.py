@@ -115,6 +115,14 @@ TUNED: tuple[TunedKernel, ...] = (
                 "H100, B1_T32k_H16, one process: the backward's recompute prologue 810 -> 749 "
                 "us alone, beside its scan 1219 -> 1148 us (bench/results/h100_stop56_cand32.log, "
                 "h100_stop56_timeline32.log); GPU check 60 ok (h100_stop56_check_cand.log)"),
+    # not here: gdn_bwd's dq kernel (k2) on register tiles (two warpgroups, one CTA per SM,
+    # register_tile_sums=native, which passes the GPU check). Alone it is faster (H100,
+    # B1_T32k_H16: 2115 -> 1557 us), but beside the reverse scan it ran 3410 us (the native
+    # one 2709) and the call got slower: fwd+bwd 10.081 -> 10.530 ms with the two-warpgroup
+    # scan, 10.988 with the one-warpgroup scan (bench/results/h100_stop59_ab_v2.log,
+    # h100_stop59_timeline_v2.log). Nor load_batch=2 on gdn_bwd's dk kernel (4764 -> 4799 us)
+    # or scan_operand_reads=2 on kda_bwd's (5568 -> 5724; h100_stop59_ab_gk4lb2.log,
+    # h100_stop59_ab_kk4sor.log)
     TunedKernel("sm_90a", "sm90-native", "gdn_bwd", (256, 128), "k4_scan4",
                 (("chunk_warpgroups", 4), ("load_batch", 2)),
                 "H100, B1_T8k_H16, one process: 3894 -> 3009 us per value part, no spill "
