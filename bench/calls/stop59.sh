@@ -17,6 +17,10 @@
 #         chunks per CTA (check_c2), then def (stop 58's default) / nm / dq1 / dq2 / c2 at
 #         B1_T32k_H16 gdn fwd+bwd, per kernel
 #   knobs def / ab_gk4lb2 (gdn) and def / ab_kk4sor (kda) at B1_T32k_H16 fwd+bwd
+#   (run directly) def / fsw (the forward and recompute scans on two warpgroups:
+#         tune=gdn_fwd.k1_scan1:scan_warpgroups=2,gdn_bwd.k1_scan1:scan_warpgroups=2, bundle
+#         ab_fsw built by emit_bench_bundle.py at B1_T8k_H16 --ops gdn) / c2o, and the forward
+#         timelines: bench/results/h100_stop59_ab_fsw_c2o.log, h100_stop59_timeline_fsw.log
 set -x
 nvidia-smi --query-gpu=name --format=csv,noheader
 source "$(dirname "$0")/common.sh"

@@ -75,7 +75,9 @@ class LowerOptions:
     # Measured (H100, B1_T32k_H16 fwd+bwd, both GDN prologues at 2): alone the recompute
     # prologue 746 -> 698 us, the forward's 786 -> 794, but beside their scans both slower
     # (1146 -> 1229, 1013 -> 1104 us) and the call 10.081 -> 10.379 ms; GPU check (quick) 60 ok
-    # (bench/results/h100_stop59_ab_v2.log, h100_stop59_timeline_v2.log). Off by default
+    # (bench/results/h100_stop59_ab_v2.log, h100_stop59_timeline_v2.log). GDN's forward
+    # output kernel at 2 goes from two CTAs per SM to one: 495 -> 722 us
+    # (h100_stop59_ab_fsw_c2o.log). Off by default
     register_tile_chunks_per_cta: int = 1
     # the register-tile lowering's gate cumsum ([C] vectors) and row sums of tile expressions
     # (the L2 norms): "own" (its shuffle scan and two-thread row halves) or "native" (the tile
