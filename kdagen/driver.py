@@ -260,7 +260,8 @@ class Compilation:
 
     def _cost(self) -> None:
         self._record("cost", lambda: format_reports(
-            (k.name, k.cost) for k in self.kernels if k.cost is not None))
+            ((k.name, k.cost) for k in self.kernels if k.cost is not None),
+            {k.name: k.launch.get("hbm_bytes_per_token") for k in self.kernels}))
 
     def _ptx(self) -> None:
         for k in self.kernels:

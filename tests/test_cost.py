@@ -322,3 +322,19 @@ def test_global_bytes_count_access_widths_and_scale_to_the_cta():
     # an annotation, not an instruction: the issue fit does not count it
     assert report["throughput"]["instructions"] == 2 + 1 + 3
     assert "global traffic (LDG/STG, L1<->L2)" in cost_model.format_report("k", report)
+
+
+def test_cost_stage_closes_with_the_programs_hbm_bytes_per_token():
+    """The cost stage sums the bytes each kernel moves per token (kda-partition's count, the
+    manifest's hbm_bytes_per_token) into one line: the program's intermediate traffic, which
+    bounds GDN's forward (its overlapped prologue and scan run near HBM bandwidth)."""
+    import re
+    comp = Compilation("gdn_fwd", {}, "sm_90a", lower=dict(DEFAULT_LOWERING)).run("cost")
+    per = {k.name.rsplit("__", 1)[-1]: k.launch["hbm_bytes_per_token"] for k in comp.kernels}
+    assert len(per) == 3 and all(v > 0 for v in per.values())
+    last = comp.output("cost").rstrip().splitlines()[-1]
+    m = re.match(r"// HBM bytes per token and value head .*: ([\d.]+) \((.*)\)$", last)
+    assert m, last
+    assert float(m.group(1)) == pytest.approx(sum(per.values()), abs=0.01)
+    listed = dict(item.rsplit(" ", 1) for item in m.group(2).split(", "))
+    assert {k: float(v) for k, v in listed.items()} == pytest.approx(per)
