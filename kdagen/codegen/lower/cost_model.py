@@ -304,7 +304,7 @@ def format_reports(items, hbm_per_token: dict | None = None) -> str:
     """``(name, report)`` pairs as the ``cost`` stage's text; ``hbm_per_token``: {kernel:
     bytes each moves per token and value head (kda-partition's count)}, summed in a closing
     line (the program's bytes: at B1_T32k_H16 GDN's forward moves 7446 per token, whose
-    overlapped prologue and scan ran at 2.9 TB/s of the H100's 3.35 by this count)."""
+    overlapped prologue and scan ran at 2.6 TB/s of the H100's 3.35 by this count)."""
     head = ("// static cost per kernel (kdagen.codegen.lower.cost); the us figures are an "
             "ESTIMATE of kdagen.codegen.lower.cost_model, not measurements\n")
     text = head + "".join(f"// ----- kernel {format_report(n, r)}\n" for n, r in items)
