@@ -261,11 +261,14 @@ def kernel_rows(run, reps: int, context: dict, *, tokens: int, value_heads: int,
                 longest_tokens: int, sequences: int | None = None) -> list[dict]:
     """The per-kernel table rows of one kdagen call (``run``), each with ``context`` (impl,
     op, config, mode) in front."""
+    import torch
     calls = time_kernel_launches(run, reps)
+    sms = (torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+           if torch.cuda.is_available() else None)
     return [{**context, **kernel_table.kernel_row(entry, grid, times, tokens=tokens,
                                                   value_heads=value_heads,
                                                   longest_tokens=longest_tokens, chunk=CHUNK,
-                                                  sequences=sequences)}
+                                                  sequences=sequences, sms=sms)}
             for _, grid, entry, times in kernel_table.group_launches(calls)]
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from kdagen._mlir import ir
 from kdagen.codegen import ptxas as ptxas_mod
+from kdagen.codegen import sass as sass_mod
 from kdagen.codegen.lower.emitter import workspace_specs
 from kdagen.codegen.lower.kernel import native_path
 from kdagen.codegen.lower.options import LowerOptions
@@ -262,14 +263,23 @@ def _write_variants(out, files, manifest, lowered, programs_with_options, tgts, 
             if res is not None:
                 if not res.ok:
                     raise RuntimeError(f"ptxas failed for {k.name} on {target.chip}:\n{res.log}")
+                sass = None
                 if res.cubin:
                     files.write(f"{stem}.cubin", res.cubin)
                     entry.cubin_file = f"{stem}.cubin"
+                    mixes = sass_mod.instruction_mix(res.cubin)    # None without nvdisasm
+                    if mixes and k.name in mixes:
+                        sass = mixes[k.name]["instructions"]
                 r = res.resources.get(k.name)
                 if r is not None:
                     entry.resources = asdict(r)
                     row.update(registers=r.registers, spill_stores=r.spill_stores,
                                spill_loads=r.spill_loads, stack_bytes=r.stack_bytes)
+                    if sass is not None:
+                        # the SASS listing's length (kdagen.codegen.sass): what each thread of
+                        # a fully unrolled (register-tile) kernel executes
+                        entry.resources["sass_instructions"] = sass
+                        row.update(sass_instructions=sass)
             manifest.kernels = [e for e in manifest.kernels
                                 if not (e.name == k.name and e.chip == target.chip)]
             manifest.kernels.append(entry)

@@ -129,13 +129,16 @@ def pct_of_floor(floor_us: float, measured_us: float) -> float:
 
 def kernel_row(entry: dict, grid, times_us: list[float], *, tokens: int, value_heads: int,
                longest_tokens: int, chunk: int = 64, limits: SmLimits | None = None,
-               sequences: int | None = None) -> dict:
+               sequences: int | None = None, sms: int | None = None) -> dict:
     """One row of the table: ``entry`` is the kernel's manifest entry (a dict, as in
     manifest.json), ``grid`` the grid it was launched with, ``times_us`` its µs per call over
     the repetitions; ``tokens``, ``value_heads`` and ``longest_tokens`` (tokens of the longest
     sequence) describe the problem; ``sequences`` its sequences: a serial kernel launched over
     more (a call run as segments, kdagen.runtime.segments, grid[1] = sequences · P) walked
-    ``longest_tokens / P`` tokens, which its µs per step counts."""
+    ``longest_tokens / P`` tokens, which its µs per step counts. ``sms``: the device's SMs,
+    for a chunk-parallel kernel's ns per SASS instruction (its µs over its waves of CTAs, per
+    instruction of its SASS listing: kdagen.codegen.cost_model.SASS_NS_PER_INSTRUCTION is the
+    fit for register-tile kernels, whose listing is what each thread executes)."""
     launch = entry["launch"]
     limits = limits or sm_limits(entry.get("chip") or "sm_90a")
     threads = math.prod(launch["block"])
@@ -149,13 +152,17 @@ def kernel_row(entry: dict, grid, times_us: list[float], *, tokens: int, value_h
                            else ctas_per_sm(threads, registers, smem, limits)),
            "us": us, "reps": len(times_us), "us_per_step": None,
            "bytes": None, "floor_us": None, "pct_floor": None,
-           "l2_bytes": l2_bytes(entry, grid)}
+           "l2_bytes": l2_bytes(entry, grid),
+           "sass": resources.get("sass_instructions"), "ns_per_sass": None}
     if is_serial(launch):
         walked = longest_tokens
         launched = int(grid[1]) if len(grid) > 1 else 0
         if sequences and launched > sequences and launched % sequences == 0:
             walked = longest_tokens // (launched // sequences)
         row["us_per_step"] = us_per_chunk_step(us, walked, chunk)
+    elif row["sass"] and sms and row["ctas_per_sm"] and us > 0:
+        waves = math.ceil(math.prod(int(g) for g in grid) / (sms * row["ctas_per_sm"]))
+        row["ns_per_sass"] = 1000.0 * us / waves / row["sass"]
     per_token = launch.get("hbm_bytes_per_token")    # None: the program was not partitioned
     if per_token is not None:
         row["bytes"] = bytes_moved(per_token, tokens, value_heads)
@@ -199,7 +206,8 @@ _COLUMNS = [
     ("regs", "registers", "{}", True), ("smem B", "smem_bytes", "{}", True),
     ("us", "us", "{:.1f}", True), ("us/step", "us_per_step", "{:.2f}", True),
     ("MB", "bytes", "{:.1f}", True), ("% floor", "pct_floor", "{:.1f}", True),
-    ("L2 MB", "l2_bytes", "{:.1f}", True),
+    ("L2 MB", "l2_bytes", "{:.1f}", True), ("SASS", "sass", "{}", True),
+    ("ns/SASS", "ns_per_sass", "{:.2f}", True),
 ]
 
 

@@ -146,11 +146,11 @@ def test_table_is_aligned_and_marks_missing_values():
     lines = format_kernel_table(rows).splitlines()
     assert lines[0].split() == ["impl", "op", "config", "mode", "kernel", "grid", "threads",
                                 "CTA/SM", "regs", "smem", "B", "us", "us/step", "MB", "%",
-                                "floor", "L2", "MB"]
+                                "floor", "L2", "MB", "SASS", "ns/SASS"]
     assert lines[1].split()[4:] == ["k1_scan1", "16,1,1", "256", "1", "232", "206864", "11032.0",
-                                    "86.19", "402.7", "0.8", "-"]
+                                    "86.19", "402.7", "0.8", "-", "-", "-"]
     assert lines[2].split()[4:] == ["k2_sum", "1,1,1", "256", "-", "-", "0", "3.2", "-", "-",
-                                    "-", "-"]
+                                    "-", "-", "-", "-"]
     # right-aligned numbers: every row's "us" column ends where the header's does
     end = lines[0].index("us/step") - 2
     assert all(line[end - 1] != " " and line[end] == " " for line in lines)
@@ -214,4 +214,26 @@ def test_static_l2_bytes_scale_the_cost_reports_count_to_the_grid():
                      longest_tokens=8192)
     assert row["l2_bytes"] == 1_624_064 * 16 * 128
     assert format_kernel_table([{"impl": "k", "op": "kda", "config": "c", "mode": "fwdbwd",
-                                 **row}]).splitlines()[1].split()[-1] == "3326.1"
+                                 **row}]).splitlines()[1].split()[-3] == "3326.1"
+
+
+def test_chunk_kernel_row_prices_its_sass_per_wave():
+    """A chunk-parallel kernel whose manifest carries its SASS count gets ns per SASS
+    instruction: µs over its waves of CTAs (CTAs / (SMs x CTAs per SM)), per instruction; a
+    serial kernel (a loop: its listing is not what it executes) gets none."""
+    entry = _state_entry(registers=118, shared_bytes=0)
+    entry["launch"] = {**entry["launch"], "parallel_chunks": True,
+                       "grid": ["HV", "N", "max_chunks"], "block": [256, 1, 1],
+                       "dynamic_shared_memory": 116736}
+    entry["resources"]["sass_instructions"] = 3600
+    row = kernel_row(entry, (16, 1, 512), [900.0], tokens=32768, value_heads=16,
+                     longest_tokens=32768, sms=132)
+    assert row["ctas_per_sm"] == 1 and row["sass"] == 3600
+    waves = -(-16 * 512 // 132)
+    assert row["ns_per_sass"] == pytest.approx(1000 * 900.0 / waves / 3600)
+    assert "ns/SASS" in format_kernel_table([row]) and "3600" in format_kernel_table([row])
+    serial = _state_entry(registers=232, shared_bytes=0)
+    serial["resources"]["sass_instructions"] = 900
+    row = kernel_row(serial, (16, 1, 1), [1000.0], tokens=8192, value_heads=16,
+                     longest_tokens=8192, sms=132)
+    assert row["sass"] == 900 and row["ns_per_sass"] is None
