@@ -127,6 +127,11 @@ def pct_of_floor(floor_us: float, measured_us: float) -> float:
     return 100.0 * floor_us / measured_us
 
 
+#: the lowering path whose kernels are fully unrolled (their SASS listing is what a thread
+#: executes): kdagen.codegen.lower.register_tiles.PATH_NAME
+REGISTER_TILE_PATH = "sm90-register-tile"
+
+
 def kernel_row(entry: dict, grid, times_us: list[float], *, tokens: int, value_heads: int,
                longest_tokens: int, chunk: int = 64, limits: SmLimits | None = None,
                sequences: int | None = None, sms: int | None = None) -> dict:
@@ -136,9 +141,9 @@ def kernel_row(entry: dict, grid, times_us: list[float], *, tokens: int, value_h
     sequence) describe the problem; ``sequences`` its sequences: a serial kernel launched over
     more (a call run as segments, kdagen.runtime.segments, grid[1] = sequences · P) walked
     ``longest_tokens / P`` tokens, which its µs per step counts. ``sms``: the device's SMs,
-    for a chunk-parallel kernel's ns per SASS instruction (its µs over its waves of CTAs, per
-    instruction of its SASS listing: kdagen.codegen.cost_model.SASS_NS_PER_INSTRUCTION is the
-    fit for register-tile kernels, whose listing is what each thread executes)."""
+    for a register-tile kernel's ns per SASS instruction (its µs over its waves of CTAs, per
+    instruction of its SASS listing, which is what each of its threads executes: the unit of
+    kdagen.codegen.lower.cost_model.SASS_NS_PER_INSTRUCTION; other kernels loop)."""
     launch = entry["launch"]
     limits = limits or sm_limits(entry.get("chip") or "sm_90a")
     threads = math.prod(launch["block"])
@@ -160,7 +165,8 @@ def kernel_row(entry: dict, grid, times_us: list[float], *, tokens: int, value_h
         if sequences and launched > sequences and launched % sequences == 0:
             walked = longest_tokens // (launched // sequences)
         row["us_per_step"] = us_per_chunk_step(us, walked, chunk)
-    elif row["sass"] and sms and row["ctas_per_sm"] and us > 0:
+    elif (entry.get("path") == REGISTER_TILE_PATH and row["sass"] and sms
+          and row["ctas_per_sm"] and us > 0):
         waves = math.ceil(math.prod(int(g) for g in grid) / (sms * row["ctas_per_sm"]))
         row["ns_per_sass"] = 1000.0 * us / waves / row["sass"]
     per_token = launch.get("hbm_bytes_per_token")    # None: the program was not partitioned

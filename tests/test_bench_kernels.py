@@ -218,10 +218,12 @@ def test_static_l2_bytes_scale_the_cost_reports_count_to_the_grid():
 
 
 def test_chunk_kernel_row_prices_its_sass_per_wave():
-    """A chunk-parallel kernel whose manifest carries its SASS count gets ns per SASS
-    instruction: µs over its waves of CTAs (CTAs / (SMs x CTAs per SM)), per instruction; a
-    serial kernel (a loop: its listing is not what it executes) gets none."""
+    """A register-tile kernel whose manifest carries its SASS count gets ns per SASS
+    instruction: µs over its waves of CTAs (CTAs / (SMs x CTAs per SM)), per instruction;
+    kernels with loops (a native chunk kernel, a serial scan: their listing is not what they
+    execute) get none."""
     entry = _state_entry(registers=118, shared_bytes=0)
+    entry["path"] = "sm90-register-tile"
     entry["launch"] = {**entry["launch"], "parallel_chunks": True,
                        "grid": ["HV", "N", "max_chunks"], "block": [256, 1, 1],
                        "dynamic_shared_memory": 116736}
@@ -232,8 +234,18 @@ def test_chunk_kernel_row_prices_its_sass_per_wave():
     waves = -(-16 * 512 // 132)
     assert row["ns_per_sass"] == pytest.approx(1000 * 900.0 / waves / 3600)
     assert "ns/SASS" in format_kernel_table([row]) and "3600" in format_kernel_table([row])
+    entry["path"] = "sm90-native"
+    assert kernel_row(entry, (16, 1, 512), [900.0], tokens=32768, value_heads=16,
+                      longest_tokens=32768, sms=132)["ns_per_sass"] is None
     serial = _state_entry(registers=232, shared_bytes=0)
     serial["resources"]["sass_instructions"] = 900
     row = kernel_row(serial, (16, 1, 1), [1000.0], tokens=8192, value_heads=16,
                      longest_tokens=8192, sms=132)
     assert row["sass"] == 900 and row["ns_per_sass"] is None
+
+
+def test_register_tile_path_name_matches_the_lowering():
+    """kernel_table (runtime side, no MLIR) names the register-tile path as the lowering does."""
+    from kdagen.codegen.lower.register_tiles import PATH_NAME
+    from kdagen.kernel_table import REGISTER_TILE_PATH
+    assert REGISTER_TILE_PATH == PATH_NAME
