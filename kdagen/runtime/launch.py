@@ -455,6 +455,10 @@ class LoweredProgram:
 #: order on one stream (the kernels are the same: the flags are then set before the scan looks
 #: at them). An ablation switch for benchmarks.
 OVERLAP = os.environ.get("KDAGEN_OVERLAP", "1") != "0"
+#: the side stream's priority: "high" (the default: the scan's CTAs take SMs as they free up)
+#: or "default" (KDAGEN_SIDE_PRIORITY=default; an ablation: whether the priority is what
+#: slows a chunk kernel beside its scan, bench/calls/stop60.sh)
+SIDE_PRIORITY = os.environ.get("KDAGEN_SIDE_PRIORITY", "high")
 #: the scan overlaps only while its CTAs take at most this share of the SMs: they wait for
 #: chunk CTAs that need SMs of their own (every SM held by a waiting scan CTA would deadlock)
 OVERLAP_SM_SHARE = 0.5
@@ -476,8 +480,11 @@ def _side_stream(device, which: int = 0) -> "torch.cuda.Stream":
     index = device.index if device.index is not None else torch.cuda.current_device()
     s = _SIDE_STREAMS.get((index, which))
     if s is None:
+        if SIDE_PRIORITY not in ("high", "default"):
+            raise ValueError(f"KDAGEN_SIDE_PRIORITY={SIDE_PRIORITY!r}: use 'high' or 'default'")
         lo, hi = torch.cuda.Stream.priority_range()
-        s = _SIDE_STREAMS[(index, which)] = torch.cuda.Stream(device=index, priority=hi)
+        priority = hi if SIDE_PRIORITY == "high" else 0
+        s = _SIDE_STREAMS[(index, which)] = torch.cuda.Stream(device=index, priority=priority)
     return s
 
 

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# GPU calls prepared at stop 59 for the next session (through bench/gpu_run.sh; carry
+# [".whl", ".gpucarry"]). Bundles, built here: bench_nm, ab_dq2, ab_c2 (bench/calls/
+# stop59_build.sh v2) and bench_sass (python bench/emit_bench_bundle.py .bundles/bench_sass
+# --path native --configs B1_T8k_H16 --ops gdn: manifests with each kernel's SASS count).
+#   sass    the per-kernel table with the SASS and ns/SASS columns (not yet run on a GPU),
+#           gdn fwd and fwd+bwd at B1_T32k_H16
+#   beside  why a chunk kernel slows beside its scan (the register-tile dq kernel: 1557 us
+#           alone, 3410 beside the reverse scan; the two-chunk prologues): the call timelines
+#           of nm, dq2 and c2 with the scans beside (default), beside at default stream
+#           priority (KDAGEN_SIDE_PRIORITY=default), and after (KDAGEN_OVERLAP=0)
+set -x
+nvidia-smi --query-gpu=name --format=csv,noheader
+case "$1" in
+sass)
+    timeout 150 python3 -m kdagen.cli bench --bundle sass=.bundles/bench_sass --bundle nm=.bundles/bench_nm \
+        --ops gdn --modes fwd,fwdbwd --configs B1_T32k_H16 --no-fla --rep-ms 150 --kernels \
+        --kernel-reps 3 --json "$OUT/ab_sass.json" > "$OUT/ab_sass.log" 2>&1
+    echo "bench_rc=$?"; grep -A4 "^op |" "$OUT/ab_sass.log"
+    grep -E "^impl|kdagen_sass|Error|Traceback" "$OUT/ab_sass.log" | head -30 ;;
+beside)
+    for env in "KDAGEN_OVERLAP=1" "KDAGEN_SIDE_PRIORITY=default" "KDAGEN_OVERLAP=0"; do
+        tag=${env//=/_}
+        env $env timeout 150 python3 bench/overlap_timeline.py --bundle nm=.bundles/bench_nm \
+            --bundle dq2=.bundles/ab_dq2 --bundle c2=.bundles/ab_c2 --ops gdn --modes fwdbwd \
+            --configs B1_T32k_H16 --reps 5 --json "$OUT/timeline_$tag.json" > "$OUT/timeline_$tag.log" 2>&1
+        echo "$env rc=$?"; cat "$OUT/timeline_$tag.log"
+    done ;;
+esac
