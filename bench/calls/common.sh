@@ -9,6 +9,17 @@ checks() {       # checks TIMEOUT BUNDLE...: the quick GPU check of each bundle,
     done
 }
 
+full_checks() {  # full_checks TIMEOUT BUNDLE...: the full GPU check of each bundle, into
+                 # $OUT/BUNDLE_full.log; fails (status 1) if any check did
+    local t=$1 status=0 rc; shift
+    for b in "$@"; do
+        timeout "$t" python3 -m tools.gpu_check .bundles/$b > "$OUT/${b}_full.log" 2>&1
+        rc=$?; echo "$b rc=$rc"; grep -E "SUMMARY|FAIL|ERROR|Error" "$OUT/${b}_full.log" | head -12
+        [ $rc = 0 ] || status=1
+    done
+    return $status
+}
+
 layers() {       # layers TAG CALLS "OP MODE"...: bench/host_layers.py on .bundles/bench_def per
                  # case, into $OUT/TAG_OP_MODE.{json,log} (an env prefix reaches its runs)
     local tag=$1 calls=$2; shift 2

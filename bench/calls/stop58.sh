@@ -31,14 +31,9 @@ nvidia-smi --query-gpu=name --format=csv,noheader
 source "$(dirname "$0")/common.sh"
 case "$1" in
 check)
-    for b in check_def check_dk check_sw; do
-        timeout 170 python3 -m tools.gpu_check .bundles/$b > "$OUT/${b}_full.log" 2>&1
-        echo "$b rc=$?"; grep -E "SUMMARY|FAIL|ERROR|Error" "$OUT/${b}_full.log" | head -20
-    done ;;
+    full_checks 170 check_def check_dk check_sw ;;
 dkab)
-    timeout 150 python3 -m tools.gpu_check .bundles/check_dk > "$OUT/check_dk_full.log" 2>&1
-    rc=$?; echo "check_dk rc=$rc"; grep -E "SUMMARY|FAIL|ERROR|Error" "$OUT/check_dk_full.log" | head -20
-    [ $rc = 0 ] || exit 0
+    full_checks 150 check_dk || exit 0
     bash "$0" gdnab ;;
 gdnab)
     timeout 280 python3 -m kdagen.cli bench --bundle base=.bundles/bench_base --bundle def=.bundles/bench_def \
@@ -61,10 +56,7 @@ fla)
         --kernel-reps 3 --json "$OUT/fla32.json" > "$OUT/fla32.log" 2>&1
     echo "bench_rc=$?"; grep -A8 "^op |" "$OUT/fla32.log"; tail -4 "$OUT/fla32.log" ;;
 ns)
-    for b in check_dkns check_dq1ns check_defns; do
-        timeout 150 python3 -m tools.gpu_check .bundles/$b > "$OUT/${b}_full.log" 2>&1
-        echo "$b rc=$?"; grep -E "SUMMARY|FAIL|ERROR|Error" "$OUT/${b}_full.log" | head -12
-    done
+    full_checks 150 check_dkns check_dq1ns check_defns
     timeout 150 python3 -m kdagen.cli bench --bundle def=.bundles/bench_def --bundle ns=.bundles/ab_ns \
         --ops gdn --modes fwd,fwdbwd --configs B1_T32k_H16 --no-fla --rep-ms 200 --kernels \
         --kernel-reps 3 --json "$OUT/ab_ns.json" > "$OUT/ab_ns.log" 2>&1

@@ -17,18 +17,7 @@ K4=gdn_bwd.k4_scan4:register_tiles=true+register_tile_warpgroups=2
 DQ1=gdn_bwd.k2_scan2:register_tiles=true+register_tile_warpgroups=2+register_tile_ctas_per_sm=1
 SW=gdn_bwd.k3_scan3:scan_warpgroups=2,kda_bwd.k3_scan3:scan_warpgroups=2
 mkdir -p .bundles .gpucarry
-check() {    # check NAME ONLY [--lower K=V ...]
-    local name=$1 only=$2; shift 2
-    rm -rf ".bundles/$name"
-    "$PY" -m tools.check_bundle ".bundles/$name" --set native --pipeline chip --chips sm_90a \
-        --only "$only" "$@" > "/tmp/$name.log" 2>&1
-}
-bench() {    # bench NAME [emit_bench_bundle options ...]
-    local name=$1; shift
-    rm -rf ".bundles/$name"
-    "$PY" bench/emit_bench_bundle.py ".bundles/$name" --path native --configs B1_T8k_H16 "$@" \
-        > "/tmp/$name.log" 2>&1
-}
+source bench/calls/build_common.sh
 built=()
 for set in "${@:-ns}"; do
     case "$set" in
@@ -46,5 +35,4 @@ for set in "${@:-ns}"; do
     *) echo "unknown set $set" >&2; exit 2 ;;
     esac
 done
-for b in "${built[@]}"; do tar -cJf ".gpucarry/$b.tar.xz" -C .bundles "$b"; done
-du -sh .gpucarry
+pack "${built[@]}"

@@ -26,15 +26,9 @@ nvidia-smi --query-gpu=name --format=csv,noheader
 source "$(dirname "$0")/common.sh"
 case "$1" in
 ns)
-    for b in check_dkns check_dq1ns check_defns; do
-        timeout 170 python3 -m tools.gpu_check .bundles/$b > "$OUT/${b}_full.log" 2>&1
-        echo "$b rc=$?"; grep -E "SUMMARY|FAIL|ERROR|Error" "$OUT/${b}_full.log" | head -12
-    done ;;
+    full_checks 170 check_dkns check_dq1ns check_defns ;;
 v2)
-    for b in check_nm check_dq1ns; do
-        timeout 140 python3 -m tools.gpu_check .bundles/$b > "$OUT/${b}_full.log" 2>&1
-        echo "$b rc=$?"; grep -E "SUMMARY|FAIL|ERROR|Error" "$OUT/${b}_full.log" | head -12
-    done
+    full_checks 140 check_nm check_dq1ns
     timeout 60 python3 -m tools.gpu_check .bundles/check_c2 --quick > "$OUT/check_c2_quick.log" 2>&1
     echo "check_c2 rc=$?"; grep -E "SUMMARY|FAIL|ERROR|Error" "$OUT/check_c2_quick.log" | head -12
     timeout 200 python3 -m kdagen.cli bench --bundle def=.bundles/bench_def --bundle nm=.bundles/bench_nm \
@@ -44,10 +38,7 @@ v2)
     echo "bench_rc=$?"; grep -A7 "^op |" "$OUT/ab_v2.log"
     grep -E "k[0-9]_scan[0-9] |Error|Traceback" "$OUT/ab_v2.log" | head -50 ;;
 all)
-    for b in check_dq1ns check_c2; do
-        timeout 150 python3 -m tools.gpu_check .bundles/$b > "$OUT/${b}_full.log" 2>&1
-        echo "$b rc=$?"; grep -E "SUMMARY|FAIL|ERROR|Error" "$OUT/${b}_full.log" | head -12
-    done
+    full_checks 150 check_dq1ns check_c2
     timeout 240 python3 -m kdagen.cli bench --bundle def=.bundles/bench_def --bundle dq2=.bundles/ab_dq2 \
         --bundle dq1=.bundles/ab_dq1 --bundle c2=.bundles/ab_c2 --ops gdn --modes fwdbwd \
         --configs B1_T32k_H16 --no-fla --rep-ms 200 --kernels --kernel-reps 3 \
@@ -55,10 +46,7 @@ all)
     echo "bench_rc=$?"; grep -A6 "^op |" "$OUT/ab_all32.log"
     grep -E "k[0-9]_scan[0-9] |Error|Traceback" "$OUT/ab_all32.log" | head -50 ;;
 a)
-    for b in check_dq1ns check_defns; do
-        timeout 150 python3 -m tools.gpu_check .bundles/$b > "$OUT/${b}_full.log" 2>&1
-        echo "$b rc=$?"; grep -E "SUMMARY|FAIL|ERROR|Error" "$OUT/${b}_full.log" | head -12
-    done
+    full_checks 150 check_dq1ns check_defns
     bash "$0" dqab ;;
 dqab)
     timeout 230 python3 -m kdagen.cli bench --bundle def=.bundles/bench_def --bundle ns=.bundles/ab_ns \
@@ -68,9 +56,7 @@ dqab)
     echo "bench_rc=$?"; grep -A7 "^op |" "$OUT/ab_dq32.log"
     grep -E "k[0-9]_scan[0-9] |Error|Traceback" "$OUT/ab_dq32.log" | head -50 ;;
 c2)
-    timeout 150 python3 -m tools.gpu_check .bundles/check_c2 > "$OUT/check_c2_full.log" 2>&1
-    rc=$?; echo "check_c2 rc=$rc"; grep -E "SUMMARY|FAIL|ERROR|Error" "$OUT/check_c2_full.log" | head -12
-    [ $rc = 0 ] || exit 0
+    full_checks 150 check_c2 || exit 0
     timeout 230 python3 -m kdagen.cli bench --bundle def=.bundles/bench_def --bundle c2=.bundles/ab_c2 \
         --bundle c2o=.bundles/ab_c2o --ops gdn --modes fwd,fwdbwd --configs B1_T32k_H16 \
         --no-fla --rep-ms 200 --kernels --kernel-reps 3 --json "$OUT/ab_c2.json" > "$OUT/ab_c2.log" 2>&1

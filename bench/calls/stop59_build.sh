@@ -27,12 +27,7 @@ DQ1=gdn_bwd.k2_scan2:register_tiles=true+register_tile_warpgroups=2+register_til
 WG1=gdn_bwd.k3_scan3:scan_warpgroups=1
 NS=register_tile_sums=native
 mkdir -p .bundles .gpucarry
-bench() {    # bench NAME [emit_bench_bundle options ...]
-    local name=$1; shift
-    rm -rf ".bundles/$name"
-    "$PY" bench/emit_bench_bundle.py ".bundles/$name" --path native --configs B1_T8k_H16 "$@" \
-        > "/tmp/$name.log" 2>&1
-}
+source bench/calls/build_common.sh
 built=()
 for set in "${@:-dq}"; do
     case "$set" in
@@ -46,9 +41,7 @@ for set in "${@:-dq}"; do
         C2O=$C2,gdn_fwd.k2_scan2:register_tile_chunks_per_cta=2
         bench ab_c2 --ops gdn --set tune=$C2
         bench ab_c2o --ops gdn --set tune=$C2O
-        rm -rf .bundles/check_c2
-        "$PY" -m tools.check_bundle .bundles/check_c2 --set native --pipeline chip --chips sm_90a \
-            --only gdn_ --lower tune=$C2O > /tmp/check_c2.log 2>&1
+        check check_c2 gdn_ --lower tune=$C2O
         built+=(ab_c2 ab_c2o check_c2) ;;
     v2)
         C2=gdn_fwd.k0_scan0:register_tile_chunks_per_cta=2,gdn_bwd.k0_scan0:register_tile_chunks_per_cta=2
@@ -56,11 +49,9 @@ for set in "${@:-dq}"; do
         bench ab_dq2 --ops gdn --set tune=$DQ1 --set $NS
         bench ab_dq1 --ops gdn --set tune=$DQ1,$WG1 --set $NS
         bench ab_c2 --ops gdn --set tune=$C2
-        for c in "check_nm:" "check_dq1ns:--lower tune=$DQ1 --lower $NS" "check_c2:--lower tune=$C2"; do
-            name=${c%%:*}; rm -rf ".bundles/$name"
-            "$PY" -m tools.check_bundle ".bundles/$name" --set native --pipeline chip --chips sm_90a \
-                --only gdn_ ${c#*:} > "/tmp/$name.log" 2>&1
-        done
+        check check_nm gdn_
+        check check_dq1ns gdn_ --lower tune=$DQ1 --lower $NS
+        check check_c2 gdn_ --lower tune=$C2
         built+=(bench_nm ab_dq2 ab_dq1 ab_c2 check_nm check_dq1ns check_c2) ;;
     knobs)
         bench ab_gk4lb2 --ops gdn --set tune=gdn_bwd.k4_scan4:load_batch=2
@@ -69,5 +60,4 @@ for set in "${@:-dq}"; do
     *) echo "unknown set $set" >&2; exit 2 ;;
     esac
 done
-for b in "${built[@]}"; do tar -cJf ".gpucarry/$b.tar.xz" -C .bundles "$b"; done
-du -sh .gpucarry
+pack "${built[@]}"
