@@ -29,7 +29,6 @@ from pathlib import Path
 
 from kdagen._mlir import ir
 from kdagen.codegen import ptxas as ptxas_mod
-from kdagen.codegen import sass as sass_mod
 from kdagen.codegen.lower.emitter import workspace_specs
 from kdagen.codegen.lower.kernel import native_path
 from kdagen.codegen.lower.options import LowerOptions
@@ -267,9 +266,9 @@ def _write_variants(out, files, manifest, lowered, programs_with_options, tgts, 
                 if res.cubin:
                     files.write(f"{stem}.cubin", res.cubin)
                     entry.cubin_file = f"{stem}.cubin"
-                    mixes = sass_mod.instruction_mix(res.cubin)    # None without nvdisasm
-                    if mixes and k.name in mixes:
-                        sass = mixes[k.name]["instructions"]
+                    mix = comp.sass_mix(k.name)    # None without nvdisasm
+                    if mix is not None:
+                        sass = mix["instructions"]
                 r = res.resources.get(k.name)
                 if r is not None:
                     entry.resources = asdict(r)

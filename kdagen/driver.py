@@ -34,6 +34,7 @@ from kdagen.codegen import to_ptx
 from kdagen.codegen.backend_pool import BackendJob, BackendPool, LibdeviceCallError
 from kdagen.codegen.lower.cost_model import (SASS_NS_PER_INSTRUCTION, format_reports,
                                              sass_estimate)
+from kdagen.codegen.lower import register_tiles
 from kdagen.codegen.lower.kernel import lower_program
 from kdagen.codegen.lower.options import LowerOptions
 from kdagen.codegen.to_ptx import lower_to_ptx
@@ -172,6 +173,7 @@ class Compilation:
     kernels: list = field(default_factory=list, init=False)
     ptx: dict = field(default_factory=dict, init=False)
     assembled: dict = field(default_factory=dict, init=False)
+    _sass: dict = field(default_factory=dict, init=False)     # kernel -> its SASS mix (or None)
     pass_run: object = field(default=None, init=False)
     backend_seconds: dict = field(default_factory=dict, init=False)   # kernel -> (LLVM s, ptxas s)
     seconds: dict = field(default_factory=dict, init=False)   # "passes", "lowering": wall seconds
@@ -291,20 +293,28 @@ class Compilation:
                                             for n, r in self.assembled.items())
                      if self.assembled else "// ptxas not found: no cubin\n")
 
+    def sass_mix(self, name: str) -> dict | None:
+        """Assembled kernel ``name``'s SASS instruction mix (kdagen.codegen.sass), disassembled
+        once per compilation; None without a cubin or nvdisasm."""
+        if name not in self._sass:
+            res = self.assembled.get(name)
+            mixes = (sass_mod.instruction_mix(res.cubin)
+                     if res is not None and res.cubin is not None else None)
+            self._sass[name] = (mixes or {}).get(name)
+        return self._sass[name]
+
     def _sass_lines(self, name: str, res) -> str:
         """The kernel's SASS instruction mix (where nvdisasm is found) and, for a
         register-tile kernel, the SASS fit's estimate per CTA."""
         if res.cubin is None:
             return ""
-        mixes = sass_mod.instruction_mix(res.cubin)
-        if mixes is None:
-            return "// SASS: nvdisasm not found (pip install nvidia-cuda-nvdisasm)\n"
-        mix = mixes.get(name)
+        mix = self.sass_mix(name)
         if mix is None:
-            return ""
+            return ("// SASS: nvdisasm not found (pip install nvidia-cuda-nvdisasm)\n"
+                    if sass_mod.find_nvdisasm() is None else "")
         text = sass_mod.format_mix(mix)
         path = next((k.path for k in self.kernels if k.name == name), None)
-        if path == "sm90-register-tile":
+        if path == register_tiles.PATH_NAME:
             spill = sum(r.spills for r in res.resources.values())
             est = sass_estimate(mix["instructions"], spill)
             text += (f"// SASS ESTIMATE (fit, not a measurement): {est['us']:g} us per CTA "
