@@ -1174,16 +1174,17 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
         sequence has it), both chunks' copies issued at the start, each into its own bytes,
         so the second chunk's land while the first computes."""
         n = self.geo.nchunks
-        zs = [z * 2, z * 2 + 1]
-        chunks = [(cta_chunk(self.group, zz, n), B.icmp("lt", zz, n)) for zz in zs]
+        first, second = cta_chunk(self.group, z * 2, n), cta_chunk(self.group, z * 2 + 1, n)
+        has_second = B.icmp("lt", z * 2 + 1, n)
 
         def both():
-            self._chunk(chunks[0][0], chunks)
+            # inside the first chunk's condition: its copies need none of their own
+            self._chunk(first, [(first, None), (second, has_second)])
             bar.sync_threads()       # the first chunk's regions read before the second's writes
             self.cost.event("bar.sync")
             with self._second_buffer():
-                B.if_then(chunks[1][1], lambda: self._chunk(chunks[1][0], None))
-        B.if_then(chunks[0][1], both)
+                B.if_then(has_second, lambda: self._chunk(second, None))
+        B.if_then(B.icmp("lt", z * 2, n), both)
 
     @contextlib.contextmanager
     def _second_buffer(self):
