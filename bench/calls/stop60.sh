@@ -9,7 +9,14 @@
 #           alone, 3410 beside the reverse scan; the two-chunk prologues): the call timelines
 #           of nm, dq2 and c2 with the scans beside (default), beside at default stream
 #           priority (KDAGEN_SIDE_PRIORITY=default), and after (KDAGEN_OVERLAP=0)
+#   tf32    gdn_bwd's dk kernel with its plain products in TF32 (stop60_build.sh tf32): the
+#           full GPU check of gdn_* (check_tf32dk), then gdn fwd+bwd at B1_T32k_H16 against
+#           today's default (bench_nm) with the per-kernel table
+#   f16c    fp16 checkpoints (stop60_build.sh f16c): the full GPU check of every program
+#           (check_f16c), then kdagen today (def60) against fp16 checkpoints (f16c), gdn and kda,
+#           fwd and fwd+bwd, B1_T32k_H16 and B8_T4k_H32, with the per-kernel table
 set -x
+source bench/calls/common.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
 case "$1" in
 sass)
@@ -26,4 +33,18 @@ beside)
             --configs B1_T32k_H16 --reps 5 --json "$OUT/timeline_$tag.json" > "$OUT/timeline_$tag.log" 2>&1
         echo "$env rc=$?"; cat "$OUT/timeline_$tag.log"
     done ;;
+f16c)
+    full_checks 330 check_f16c
+    timeout 240 python3 -m kdagen.cli bench --bundle def60=.bundles/bench_def60 --bundle f16c=.bundles/ab_f16c \
+        --ops gdn,kda --modes fwd,fwdbwd --configs B1_T32k_H16,B8_T4k_H32 --no-fla --rep-ms 150 --kernels \
+        --kernel-reps 3 --json "$OUT/ab_f16c.json" > "$OUT/ab_f16c.log" 2>&1
+    echo "bench_rc=$?"; grep -A10 "^op |" "$OUT/ab_f16c.log"
+    grep -E "Error|Traceback" "$OUT/ab_f16c.log" | head -20 ;;
+tf32)
+    full_checks 200 check_tf32dk || exit 0
+    timeout 200 python3 -m kdagen.cli bench --bundle nm=.bundles/bench_nm --bundle tf32dk=.bundles/ab_tf32dk \
+        --ops gdn --modes fwdbwd --configs B1_T32k_H16,B1_T8k_H16 --no-fla --rep-ms 200 --kernels \
+        --kernel-reps 3 --json "$OUT/ab_tf32dk.json" > "$OUT/ab_tf32dk.log" 2>&1
+    echo "bench_rc=$?"; grep -A6 "^op |" "$OUT/ab_tf32dk.log"
+    grep -E "k4_scan4|Error|Traceback" "$OUT/ab_tf32dk.log" | head -20 ;;
 esac

@@ -15,7 +15,8 @@ from .registry import parse_pipeline
 #: the passes every chip runs after kda-bind-target
 PIPELINE = ["verify", "kda-stable-reassociate", "kda-partition", "kda-share-chunk-values",
             "kda-narrow-broadcasts", "kda-narrow-reductions", "kda-assign-precision",
-            "kda-fold-row-decay", "kda-warp-specialize", "kda-assign-layouts", "verify"]
+            "kda-narrow-checkpoints", "kda-fold-row-decay", "kda-warp-specialize",
+            "kda-assign-layouts", "verify"]
 
 PIPELINES: dict[str, list[str]] = {
     chip: [f"kda-bind-target{{chip={chip}}}", *PIPELINE] for chip in TARGETS}

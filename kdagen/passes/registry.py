@@ -6,8 +6,8 @@ import dataclasses
 import re
 
 from . import (assign_layouts, assign_precision, autodiff_pass, builtin, fold_row_decay,  # noqa: F401
-               narrow_broadcasts, narrow_reductions, partition, share_chunk_values, stable_reassociate,
-               warp_specialize)
+               narrow_broadcasts, narrow_checkpoints, narrow_reductions, partition,
+               share_chunk_values, stable_reassociate, warp_specialize)
 from .base import PASSES, ModulePass, PipelineSyntaxError, _format_value, option_rules
 from .partition import _WORKSPACE_TYPES, PartitionPass
 from .stable_reassociate import StableReassociatePass

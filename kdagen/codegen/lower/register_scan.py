@@ -186,10 +186,11 @@ class StoreSlot:
     rows: int                    # K
     cols: int                    # the CTA's value columns
     offset: int = 0              # byte offset of the staging tile in shared memory
+    elt: str = "f32"             # the checkpoint's element type (f16: converted when staged)
 
     @property
     def layout(self) -> SmemLayout:
-        return SmemLayout(self.rows, self.cols, 4, SWIZZLE)
+        return SmemLayout(self.rows, self.cols, ELEM_BYTES[self.elt], SWIZZLE)
 
     @property
     def nbytes(self) -> int:
@@ -200,7 +201,7 @@ class StoreSlot:
         return f"{self.tensor}_tmap_st"
 
     def tensor_map(self) -> dict:
-        return {"tensor": self.tensor, "dtype": "f32", "flatten": 2,
+        return {"tensor": self.tensor, "dtype": self.elt, "flatten": 2,
                 "box": [1, self.rows, self.layout.panel_cols], "swizzle": SWIZZLE}
 
 
@@ -431,6 +432,15 @@ class NoMatch(Exception):
     """Why a kernel does not fit the register-resident scan."""
 
 
+def stores_carried(n, carried) -> bool:
+    """Whether store node ``n`` stores the carried value (a checkpoint), as it is or
+    converted (kda-partition{checkpoint_dtype=fp16}: the state at chunk start in f16)."""
+    v = n.operands[2]
+    while v.owner is not None and v.owner.op == "kda.convert":
+        v = v.owner.operands[0]
+    return v is carried
+
+
 def _source(v):
     """The ring load or carried argument behind pass-through ops."""
     while v.owner is not None and v.owner.op in _PASS_THROUGH:
@@ -593,14 +603,14 @@ def _plan_checkpoint_stores(plan: RegisterScanPlan, carried, smem_limit: int) ->
     which overlap the second product)."""
     end = -(-(plan.ring_bytes + 16 * plan.barrier_pairs) // 1024) * 1024
     for n in plan.scan.body.nodes:
-        if n.op != "kda.store_chunk" or n.operands[2] is not carried:
+        if n.op != "kda.store_chunk" or not stores_carried(n, carried):
             continue
         name, elt, layout, heads, tail = mem_info(n.operands[0])
         rows = n.operands[2].shape[0]
-        if (elt != "f32" or layout == "token" or list(tail) != list(n.operands[2].shape)
+        if (elt not in ("f32", "f16") or layout == "token" or list(tail) != list(n.operands[2].shape)
                 or tail[-1] != plan.V or rows % 8):
             continue
-        st = StoreSlot(n, n.operands[0], name, rows, plan.V // plan.v_ctas, end)
+        st = StoreSlot(n, n.operands[0], name, rows, plan.V // plan.v_ctas, end, elt)
         if st.offset + st.nbytes > smem_limit:
             continue
         plan.stores.append(st)
@@ -857,7 +867,7 @@ class RegisterScanEmitter(SharedMemoryKernelEmitter):
         nodes = body.nodes[:-1]
         # checkpoints of the carried value go first: stored after the first product is issued,
         # ptxas waits for that product before the stores (C7517) and nothing overlaps
-        early = [n for n in nodes if n.op == "kda.store_chunk" and n.operands[2] is body.args[1]]
+        early = [n for n in nodes if n.op == "kda.store_chunk" and stores_carried(n, body.args[1])]
         order = schedule_step(nodes, body.args[1], early) if self.opts.scan_schedule == "early" \
             else [n for n in nodes if n not in early]
         return early, order
@@ -1187,14 +1197,14 @@ class RegisterScanEmitter(SharedMemoryKernelEmitter):
         flight), write their registers (swizzled: at most 2-way bank conflicts) and fence them
         for the async proxy; thread 0 issues one copy per 32-column panel."""
         rp, geo = self.rplan, self.geo
-        frag = self._ready(self.env[n.operands[2]])
+        frag = self._ready(self._stored(n))
         nconsumer = rp.consumer_warpgroups * WG_THREADS
         # every consumer thread waits and commits (no groups in flight but thread 0's: free);
         # only the copies are predicated on thread 0 — branches here made ptxas spill
         tma.tma_store_wait(self.target, 0, read_only=True)
         bar.named_barrier_sync(STAGING_BARRIER, nconsumer)
         self.cost.event("bar.sync")
-        lay = st.layout
+        lay, eb = st.layout, ELEM_BYTES[st.elt]
         g, t = lane_group(self.lane), self._lane_row()
         col = (self.v0 - self.cta_v0) + self.warp * 16 + g
         row = t if frag.row0 is None else t + frag.row0
@@ -1205,9 +1215,9 @@ class RegisterScanEmitter(SharedMemoryKernelEmitter):
                 # one pointer per swizzle phase (it depends on the row mod 8 only), the 8-row
                 # groups as immediates: an address per register would be hoisted out of the
                 # chunk loop, two registers each, and spill
-                first = (lay.byte_offset(row + self._reg_row(h), col + 8 * q) + st.offset) // 4
-                base[(h, q)] = B.gep(self.smem_base, first, "f32")
-            B.store(base[(h, q)], 8 * j * lay.row_pitch // 4, x, "f32")
+                first = (lay.byte_offset(row + self._reg_row(h), col + 8 * q) + st.offset) // eb
+                base[(h, q)] = B.gep(self.smem_base, first, st.elt)
+            B.store(base[(h, q)], 8 * j * lay.row_pitch // eb, x, st.elt)
         bar.fence_proxy_async_shared()
         self.cost.event("fence.proxy.async")
         bar.named_barrier_sync(STAGING_BARRIER, nconsumer)
@@ -1483,7 +1493,16 @@ class RegisterScanEmitter(SharedMemoryKernelEmitter):
         return Frag(part.rows, out)
 
     def _store_chunk(self, n) -> None:
-        self._store(self.env[n.operands[2]], self.env[n.operands[0]], self.geo.chunk_row(self._c))
+        self._store(self._stored(n), self.env[n.operands[0]], self.geo.chunk_row(self._c))
+
+    def _stored(self, n):
+        """The register tile store node ``n`` writes: its operand, seen through conversions
+        (pass-through here: the store converts to the memory's element type), which an early
+        checkpoint store meets before the step has evaluated them."""
+        v = n.operands[2]
+        while v not in self.env and v.owner is not None and v.owner.op == "kda.convert":
+            v = v.owner.operands[0]
+        return self.env[v]
 
 
 __all__ = ["match", "NoMatch", "RegisterScanPlan", "RegisterScanEmitter", "PATH_NAME"]

@@ -226,14 +226,14 @@ def _slot_for(node, value_block: bool, v_ctas: int) -> TileSlot:
     kind = "token" if node.op == "kda.load" else "chunk"
     if (kind == "token") != (layout == "token"):
         raise NoMatch(f"{name}: a load TMA cannot express")
-    if elt not in ("bf16", "f32"):
+    if elt not in ("bf16", "f16", "f32"):
         raise NoMatch(f"{name}: element type {elt}")
     rows, cols = node.results[0].shape
     if value_block:
         if cols % (V_BLOCK * v_ctas) and cols != V_BLOCK * v_ctas:
             raise NoMatch(f"{name}: {cols} value columns")
         cols //= v_ctas
-    if (cols * {"bf16": 2, "f32": 4}[elt]) % SWIZZLE or rows % 8:
+    if (cols * {"bf16": 2, "f16": 2, "f32": 4}[elt]) % SWIZZLE or rows % 8:
         raise NoMatch(f"{name}: a [{rows}, {cols}] {elt} tile is not whole 128-byte panels")
     return TileSlot(node, node.operands[0], name, elt, kind, rows, cols, value_block, heads)
 
@@ -502,8 +502,11 @@ def _plan(program, scan, C: int, V: int, v_ctas: int, dot: str, smem_limit: int,
                     plan.one_warpgroup.append("a product of a shared tile")
                 kinds[r] = "acc"
                 continue
+            # W is read element-wise into A fragments: an f32 ring tile, or an f16 one (the
+            # fp16 checkpoints of kda-partition{checkpoint_dtype=fp16}: exact in TF32 and in
+            # bf16 hi + lo)
             if kinds.get(rsrc) != "ring" or rhs.shape[1] != V or \
-                    mem_info(rsrc.owner.operands[0])[1] != "f32":
+                    mem_info(rsrc.owner.operands[0])[1] not in ("f32", "f16"):
                 general_product(n)
                 continue
             ln, lf = row_scaled(lhs)
@@ -1899,6 +1902,12 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
             out.append((hi_regs, lo_regs))
         return out
 
+    def _ring_element(self, ws: TileSlot, row, col):
+        """Element (row, col) of ring tile ``ws`` as f32 (an f16 or bf16 tile widened)."""
+        eb = ws.elem_bytes
+        return B.load(self.smem_base, (ws.offset + ws.layout.byte_offset(row, col)) // eb,
+                      ws.elt)
+
     def _dot_ring(self, n, ws: TileSlot) -> Acc:
         """(X·r)·W as its transpose: Wᵀ (f32, shared memory) split into bf16 hi + lo register A
         fragments, X (bf16, K-major ring tile) as B; the row factors r scale the result's
@@ -1907,12 +1916,11 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
         ln, lf = row_scaled(n.operands[0])
         xs = self.slot_of[ln]
         K = xs.cols
-        wl = ws.layout
         descs = wgmma.k_block_descriptors(xs.layout, self._addr32(xs.offset), K // 16, 16)
         values = []
         for part in self._parts(ws.cols):       # the 64-column value blocks it computes
-            a_regs = self._half_a_split(K, lambda m, k, p=part: B.load(
-                self.smem_base, (ws.offset + wl.byte_offset(k, m + V_BLOCK * p)) // 4, "f32"))
+            a_regs = self._half_a_split(K, lambda m, k, p=part: self._ring_element(
+                ws, k, m + V_BLOCK * p))
             vals = [B.f(0.0)] * (C // 2)
             wgmma.wgmma_fence(self.target)
             for (hi, lo), d in zip(a_regs, descs):
@@ -1969,15 +1977,13 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
             bar.fence_proxy_async_shared()
             bar.sync_threads()
             self.cost.event("bar.sync")
-        wl = ws.layout
         add, init = self._init_from_add(n)
         descs = wgmma.k_block_descriptors(lay, self._addr32(base), K // 8, 8)
         values = []
         per = C // 2
         for i_part, part in enumerate(self._parts(ws.cols)):    # its 64-column value blocks
             def element(m, k, part=part):
-                x = B.load(self.smem_base,
-                           (ws.offset + wl.byte_offset(k, m + V_BLOCK * part)) // 4, "f32")
+                x = self._ring_element(ws, k, m + V_BLOCK * part)
                 if tokens:
                     x = B.sel(B.icmp("lt", self._c * geo.C + k, geo.seqlen), x, B.f(0.0))
                 return x

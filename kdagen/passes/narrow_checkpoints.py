@@ -1,0 +1,155 @@
+"""``kda-narrow-checkpoints``: store a serial kernel's per-chunk checkpoints in fp16 where
+every product that reads them rounds its operands to a 10-bit significand anyway.
+
+The recurrence slice (kda-partition) has each serial scan store the values its off-cycle
+kernel needs, per chunk: the state at chunk start and v' in a forward. They are fp32, 1.5 KB
+per token and value head at K = V = 128 written and read again, a fifth of the forward's HBM
+bytes, and the forward runs at the bandwidth (docs/ARCHITECTURE.md, "where GDN's time goes").
+A product at TF32 reads an operand to 10 significand bits; fp16 keeps exactly those bits
+(its exponent range aside), so a checkpoint every reader of which only feeds such products
+can be stored in fp16 and the products compute what they computed from fp32: in the CPU
+simulator of the kernels o moves from 1.736e-3 to 1.737e-3 (gdn_fwd, "B1_T1000 weak";
+floor 1.66e-3). A checkpoint a more precise product reads (bf16x3, tf32x3: the backward's dk
+kernel reading the state and dS for the gate-parameter gradients) keeps fp32: there fp16 moved
+gdn_bwd's dA_log from 6.0e-4 to 9.2e-4 ("B1_T200 correlated steep").
+
+fp16's largest value is 65504: a state or v' entry beyond it would store as infinity. This
+pass does not scale; ``dtype=fp16`` is opt-in until the checkpoints carry a power-of-two scale
+per chunk (the next step: the reader's products take it as an epilogue factor).
+
+A checkpoint here is a ``kda.workspace`` of layout ``chunk`` and element f32 that serial
+kernels (scans carrying a value) write and chunk-parallel kernels read, where every read feeds
+only matrix operands of products whose ``kda.precision`` is ``tf32`` or ``bf16``; the
+runtime allocates workspaces by name, so all workspaces of one name narrow together or not at
+all. Writers convert to f16 before their store, readers widen after their load (exact). After
+``kda-assign-precision`` (it reads the products' precision), before the per-kernel planning.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .._mlir import ir
+from ..ir.accessors import program_func
+from ..ir.transforms import walk
+from .base import ModulePass, register_pass
+from .partition import _attributes, _shape, hbm_bytes_per_token
+
+#: products whose operands are rounded to at most a 10-bit significand (fp16 keeps them)
+NARROW_PRECISIONS = frozenset({"tf32", "bf16"})
+PRODUCT_OPS = frozenset({"kda.dot", "kda.decay_dot", "kda.decay_matmul"})
+_TYPES = {"fp16": ir.F16Type}
+
+
+def _users(value) -> list:
+    return [u.owner.operation if hasattr(u.owner, "operation") else u.owner for u in value.uses]
+
+
+def _feeds_narrow_products(value) -> bool:
+    """Whether ``value`` is used only as a matrix operand (operand 0 or 1) of products at a
+    precision of at most 10 significand bits."""
+    users = _users(value)
+    if not users:
+        return False
+    for use in value.uses:
+        op = use.owner.operation if hasattr(use.owner, "operation") else use.owner
+        if op.name not in PRODUCT_OPS or use.operand_number > 1:
+            return False
+        if "kda.precision" not in op.attributes or \
+                ir.StringAttr(op.attributes["kda.precision"]).value not in NARROW_PRECISIONS:
+            return False
+    return True
+
+
+def _kernel_of(op):
+    while op is not None and not (op.name == "kda.scan" and "kda.kernel" in op.attributes):
+        op = op.parent
+    return op
+
+
+@register_pass
+@dataclass
+class NarrowCheckpointsPass(ModulePass):
+    name = "kda-narrow-checkpoints"
+    summary = "serial kernels' checkpoints in fp16 where only TF32 products read them"
+    # "fp32": leave every checkpoint as it is (the default until scaled); "fp16": narrow
+    dtype: str = field(default="fp32", metadata={"choices": ("fp32", "fp16")})
+    # which checkpoints: "tf32" (those only products of at most TF32 precision read) or "all"
+    # (every one: the accuracy study's knob, e.g. the backward's state read at bf16x3)
+    scope: str = field(default="tf32", metadata={"choices": ("tf32", "all")})
+
+    def run(self, module: ir.Module) -> None:
+        if self.dtype == "fp32":
+            return
+        with module.context, ir.Location.unknown():
+            func = program_func(module)
+            top = [op.operation for op in func.regions[0].blocks[0].operations]
+            by_name: dict = {}
+            for op in top:
+                if op.name == "kda.workspace":
+                    by_name.setdefault(ir.StringAttr(op.attributes["name"]).value, []).append(op)
+            accesses = {}
+            for op in walk(module):
+                if op.name in ("kda.store_chunk", "kda.load_chunk"):
+                    accesses.setdefault(op.operands[0], []).append(op)
+            touched = set()
+            for name, spaces in by_name.items():
+                if all(self._eligible(ws, accesses.get(ws.results[0], []), self.scope)
+                       for ws in spaces):
+                    for ws in spaces:
+                        touched.update(self._narrow(ws, accesses.get(ws.results[0], [])))
+            for kernel in touched:
+                kernel.attributes["kda.hbm_bytes_per_token"] = ir.FloatAttr.get(
+                    ir.F64Type.get(), hbm_bytes_per_token(kernel))
+
+    @staticmethod
+    def _eligible(ws, accesses: list, scope: str) -> bool:
+        mem_t = ir.MemRefType(ws.results[0].type)
+        if str(mem_t.element_type) != "f32" or "layout" not in ws.attributes or \
+                ir.StringAttr(ws.attributes["layout"]).value != "chunk":
+            return False
+        if len(accesses) != len(_users(ws.results[0])):     # read some other way (sum_chunks)
+            return False
+        stores = [a for a in accesses if a.name == "kda.store_chunk"]
+        loads = [a for a in accesses if a.name == "kda.load_chunk"]
+        if not stores or not loads:
+            return False
+        for s in stores:
+            kernel = _kernel_of(s)
+            if kernel is None or not kernel.operands:          # not a serial kernel
+                return False
+        for load in loads:
+            kernel = _kernel_of(load)
+            if kernel is None or kernel.operands:
+                return False
+            if scope == "tf32" and not _feeds_narrow_products(load.results[0]):
+                return False
+        return True
+
+    def _narrow(self, ws, accesses: list) -> set:
+        """Re-type workspace ``ws`` and its accesses to f16; the kernels touched."""
+        f16 = _TYPES[self.dtype].get()
+        mem_t = ir.MemRefType(ws.results[0].type)
+        new = ir.Operation.create("kda.workspace", results=[
+            ir.MemRefType.get(list(mem_t.shape), f16)], attributes=_attributes(ws),
+            loc=ws.location, ip=ir.InsertionPoint(ws)).results[0]
+        kernels = set()
+        for a in accesses:
+            kernels.add(_kernel_of(a))
+            if a.name == "kda.store_chunk":
+                value = a.operands[2]
+                narrow = ir.Operation.create("kda.convert", results=[ir.RankedTensorType.get(
+                    _shape(value.type), f16)], operands=[value], ip=ir.InsertionPoint(a))
+                ir.Operation.create("kda.store_chunk", results=[], operands=[
+                    new, a.operands[1], narrow.results[0]], attributes=_attributes(a),
+                    loc=a.location, ip=ir.InsertionPoint(a))
+            else:
+                result = a.results[0]
+                load = ir.Operation.create("kda.load_chunk", results=[ir.RankedTensorType.get(
+                    _shape(result.type), f16)], operands=[new, a.operands[1]],
+                    attributes=_attributes(a), loc=a.location, ip=ir.InsertionPoint(a))
+                wide = ir.Operation.create("kda.convert", results=[result.type],
+                                           operands=[load.results[0]], ip=ir.InsertionPoint(a))
+                result.replace_all_uses_with(wide.results[0])
+            a.erase()
+        ws.erase()
+        return kernels
