@@ -15,6 +15,10 @@
 #   f16c    fp16 checkpoints (stop60_build.sh f16c): the full GPU check of every program
 #           (check_f16c), then kdagen today (def60) against fp16 checkpoints (f16c), gdn and kda,
 #           fwd and fwd+bwd, B1_T32k_H16 and B8_T4k_H32, with the per-kernel table
+#   clocks  the SM clock and power while fwd+bwd calls repeat (gdn B1_T32k_H16, today's
+#           default), scans beside their chunk kernels and after them: whether the pairs
+#           throttle the GPU (a chunk kernel slows beside its scan more than the scan's 16 SMs
+#           explain: the dq kernel 2148 -> 2707 us, the register-tile one 1557 -> 3433)
 set -x
 source bench/calls/common.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
@@ -34,12 +38,34 @@ beside)
         echo "$env rc=$?"; cat "$OUT/timeline_$tag.log"
     done ;;
 f16c)
-    full_checks 330 check_f16c
-    timeout 240 python3 -m kdagen.cli bench --bundle def60=.bundles/bench_def60 --bundle f16c=.bundles/ab_f16c \
+    full_checks 300 check_f16c
+    timeout 200 python3 -m kdagen.cli bench --bundle def60=.bundles/bench_def60 --bundle f16c=.bundles/ab_f16c \
         --ops gdn,kda --modes fwd,fwdbwd --configs B1_T32k_H16,B8_T4k_H32 --no-fla --rep-ms 150 --kernels \
         --kernel-reps 3 --json "$OUT/ab_f16c.json" > "$OUT/ab_f16c.log" 2>&1
     echo "bench_rc=$?"; grep -A10 "^op |" "$OUT/ab_f16c.log"
     grep -E "Error|Traceback" "$OUT/ab_f16c.log" | head -20 ;;
+clocks)
+    for env in "KDAGEN_OVERLAP=1" "KDAGEN_OVERLAP=0"; do
+        tag=${env//=/_}
+        nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
+            --format=csv,noheader,nounits -lms 20 > "$OUT/clocks_$tag.csv" 2>&1 &
+        smi=$!
+        env $env timeout 150 python3 bench/overlap_timeline.py --bundle def60=.bundles/bench_def60 \
+            --bundle dq2=.bundles/ab_dq2 --ops gdn --modes fwdbwd --configs B1_T32k_H16 --reps 400 \
+            > "$OUT/clocks_timeline_$tag.log" 2>&1
+        echo "$env rc=$?"; kill $smi; sleep 0.2
+        python3 - "$OUT/clocks_$tag.csv" <<'PY'
+import sys, statistics
+rows = [l.split(", ") for l in open(sys.argv[1]) if l.count(",") >= 4]
+busy = [r for r in rows if float(r[2]) > 150]            # samples while the kernels ran
+for i, name in ((0, "sm MHz"), (1, "mem MHz"), (2, "power W"), (3, "temp C")):
+    vals = [float(r[i]) for r in busy]
+    if vals:
+        print(f"{name}: median {statistics.median(vals):.0f} min {min(vals):.0f} max {max(vals):.0f} ({len(vals)} samples)")
+print("throttle reasons seen:", sorted({r[4].strip() for r in busy}))
+PY
+        cat "$OUT/clocks_timeline_$tag.log"
+    done ;;
 tf32)
     full_checks 200 check_tf32dk || exit 0
     timeout 200 python3 -m kdagen.cli bench --bundle nm=.bundles/bench_nm --bundle tf32dk=.bundles/ab_tf32dk \
