@@ -258,3 +258,39 @@ def test_flag_waiting_scans_keep_their_wgmma_asynchronous(program):
     for name, log in scan_logs().items():
         assert "C7517" not in log and "C7518" not in log, (name, log)
     assert any("C7518" in log for log in scan_logs(scan_group_wait=False).values())
+
+
+@pytest.mark.parametrize("fence", ["each", "one"])
+def test_flag_fence_placement(fence):
+    """LowerOptions.flag_fence: "each" has every thread fence before the barrier that precedes
+    the publish; "one" has the barrier first and the publishing thread alone fence, right
+    before its st.release (the PTX of gdn_fwd's prologue, a register-tile chunk kernel)."""
+    import re
+
+    from kdagen import driver
+    from kdagen.codegen.lower.kernel import lower_program
+    from kdagen.codegen.lower.options import LowerOptions
+    from kdagen.target import TARGETS
+    mod = driver.build_module("gdn_fwd", {}, pipeline="chip", chip="sm_90a")
+    opts = LowerOptions(path="native", dot="auto", flag_fence=fence)
+    k = lower_program(mod, TARGETS["sm_90a"], options=opts, cost=False)[0]
+    assert k.launch.get("chunk_flags") == "publish"
+    ptx = driver.ptx_of(k.module, TARGETS["sm_90a"], k.name)
+    lines = [ln.strip() for ln in ptx.splitlines()
+             if re.match(r"\s*(@%p\d+ bra|bar\.sync|fence\.acq_rel\.gpu|st\.release\.gpu)", ln)]
+    publish = max(i for i, ln in enumerate(lines) if ln.startswith("st.release.gpu"))
+    fence_at = max(i for i, ln in enumerate(lines[:publish]) if ln.startswith("fence.acq_rel"))
+    barrier_at = max(i for i, ln in enumerate(lines[:publish]) if ln.startswith("bar.sync"))
+    assert ptx.count("fence.acq_rel.gpu") == 1
+    if fence == "each":
+        assert fence_at < barrier_at, lines[fence_at:publish + 1]
+    else:
+        # bar.sync, the branch that leaves the other threads out, then fence and publish
+        assert barrier_at < fence_at == publish - 1, lines[barrier_at:publish + 1]
+        assert any(ln.endswith("bra") or " bra " in ln for ln in lines[barrier_at:fence_at])
+
+
+def test_flag_fence_option_is_checked():
+    from kdagen.codegen.lower.chunk_flags import publish_chunk_ready
+    with pytest.raises(ValueError, match="flag_fence='all'.*'each' or 'one'"):
+        publish_chunk_ready(None, None, 0, 1, None, None, "all")

@@ -16,8 +16,9 @@ def test_stage_names_follow_the_chip_pipeline():
     assert comp.stage_names() == ["kda", "kda-bind-target", "verify", "kda-stable-reassociate",
                                   "kda-partition", "kda-share-chunk-values",
                                   "kda-narrow-broadcasts", "kda-narrow-reductions",
-                                  "kda-assign-precision", "kda-fold-row-decay",
-                                  "kda-warp-specialize", "kda-assign-layouts", "verify",
+                                  "kda-assign-precision", "kda-narrow-checkpoints",
+                                  "kda-fold-row-decay", "kda-warp-specialize",
+                                  "kda-assign-layouts", "verify",
                                   *BACKEND_STAGES]
     stable = Compilation("gdn_fwd", OPTS, "sm_120a", pipeline="stable")
     assert stable.stage_names() == ["kda", "kda-stable-reassociate", *BACKEND_STAGES]

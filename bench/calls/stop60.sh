@@ -19,6 +19,13 @@
 #           default), scans beside their chunk kernels and after them: whether the pairs
 #           throttle the GPU (a chunk kernel slows beside its scan more than the scan's 16 SMs
 #           explain: the dq kernel 2148 -> 2707 us, the register-tile one 1557 -> 3433)
+#   ncu     warp-stall sources (Nsight Compute, one kernel each, B1_T8k_H16): gdn_fwd's state
+#           scan with fp32 and with fp16 checkpoints (what a step waits on: the ring's TMA or
+#           its products), and the register-tile dq kernel (ab_dq2) alone; read here with
+#           python -m tools.ncu_hotspots FILE.csv
+#   ff1     one release fence per chunk flag (stop60_build.sh ff1): the full GPU check of every
+#           program (check_ff1), today's default (def60) against ff1 and ff1 + fp16 checkpoints
+#           (f16ff), gdn and kda, fwd and fwd+bwd, B1_T32k_H16 and B8_T4k_H32; gdn's timeline
 set -x
 source bench/calls/common.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
@@ -44,6 +51,28 @@ f16c)
         --kernel-reps 3 --json "$OUT/ab_f16c.json" > "$OUT/ab_f16c.log" 2>&1
     echo "bench_rc=$?"; grep -A10 "^op |" "$OUT/ab_f16c.log"
     grep -E "Error|Traceback" "$OUT/ab_f16c.log" | head -20 ;;
+ff1)
+    full_checks 250 check_ff1
+    timeout 230 python3 -m kdagen.cli bench --bundle def60=.bundles/bench_def60 --bundle ff1=.bundles/ab_ff1 \
+        --bundle f16ff=.bundles/ab_f16ff --ops gdn,kda --modes fwd,fwdbwd --configs B1_T32k_H16,B8_T4k_H32 \
+        --no-fla --rep-ms 120 --kernels --kernel-reps 3 --json "$OUT/ab_ff1.json" > "$OUT/ab_ff1.log" 2>&1
+    echo "bench_rc=$?"; grep -A10 "^op |" "$OUT/ab_ff1.log"
+    grep -E "Error|Traceback" "$OUT/ab_ff1.log" | head -20
+    timeout 60 python3 bench/overlap_timeline.py --bundle def60=.bundles/bench_def60 --bundle ff1=.bundles/ab_ff1 \
+        --ops gdn --modes fwdbwd --configs B1_T32k_H16 --reps 5 > "$OUT/timeline_ff1.log" 2>&1
+    cat "$OUT/timeline_ff1.log" ;;
+ncu)
+    NCU="ncu --clock-control none -c 1 --section WarpStateStats --section SourceCounters --page source --print-source sass --csv"
+    for b in def60 f16c; do
+        bundle=.bundles/bench_def60; [ $b = f16c ] && bundle=.bundles/ab_f16c
+        timeout 120 $NCU -k regex:k1_scan1 python3 bench/one_call.py $bundle --op gdn --config B1_T8k_H16 --calls 1 \
+            > "$OUT/ncu_gdn_fwd_scan_$b.csv" 2> "$OUT/ncu_gdn_fwd_scan_$b.err"
+        echo "$b rc=$?"; tail -2 "$OUT/ncu_gdn_fwd_scan_$b.err"
+    done
+    timeout 150 $NCU -k regex:k2_scan2 --launch-skip 1 python3 bench/one_call.py .bundles/ab_dq2 --op gdn \
+        --config B1_T8k_H16 --grad --calls 1 > "$OUT/ncu_gdn_dq2.csv" 2> "$OUT/ncu_gdn_dq2.err"
+    echo "dq2 rc=$?"; tail -2 "$OUT/ncu_gdn_dq2.err"
+    xz -9 "$OUT"/ncu_*.csv; ls -la "$OUT" ;;
 clocks)
     for env in "KDAGEN_OVERLAP=1" "KDAGEN_OVERLAP=0"; do
         tag=${env//=/_}

@@ -12,6 +12,9 @@
 #          (kda-narrow-checkpoints{dtype=fp16}; 10-bit significands, what the output kernel's
 #          TF32 products read anyway): bench_def60 (today's default, both ops), ab_f16c (both
 #          ops), check_f16c (the GPU check's native set, every program)
+#   ff1    chunk flags published after one fence by the publishing thread instead of one per
+#          thread (LowerOptions.flag_fence=one): ab_ff1 (both ops), ab_f16ff (with fp16
+#          checkpoints too), check_ff1 (the GPU check's native set, every program)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-.venv/bin/python}
@@ -31,6 +34,11 @@ for set in "${@:-tf32}"; do
         bench ab_f16c --pipeline "$F16C"
         check check_f16c "" --pipeline "$F16C"
         built+=(bench_def60 ab_f16c check_f16c) ;;
+    ff1)
+        bench ab_ff1 --set flag_fence=one
+        bench ab_f16ff --set flag_fence=one --pipeline "$F16C"
+        check check_ff1 "" --lower flag_fence=one
+        built+=(ab_ff1 ab_f16ff check_ff1) ;;
     *) echo "unknown set $set" >&2; exit 2 ;;
     esac
 done

@@ -24,18 +24,37 @@ from . import backend as B
 from .plan import LOAD_OPS, STORE_OPS
 from .program import walk
 
-__all__ = ["FLAGS_PARAM", "pair_kernels", "kernel_memrefs", "publish_chunk_ready"]
+__all__ = ["FLAGS_PARAM", "FLAG_FENCES", "pair_kernels", "kernel_memrefs", "publish_chunk_ready"]
 
 
-def publish_chunk_ready(target, base, row, value: int, tid, cost) -> None:
-    """After a chunk's global stores: every thread orders its stores before a barrier, then
-    one thread releases the chunk's flag (kdagen.codegen.sm90.flags); nothing where ``base`` is
-    null (the scan runs after this kernel, nothing to announce)."""
-    def publish():
+#: LowerOptions.flag_fence values: who runs the gpu-scope release fence before a chunk flag
+FLAG_FENCES = ("each", "one")
+
+
+def publish_chunk_ready(target, base, row, value: int, tid, cost, fence: str = "each") -> None:
+    """After a chunk's global stores, release the chunk's flag (kdagen.codegen.sm90.flags);
+    nothing where ``base`` is null (the scan runs after this kernel, nothing to announce).
+    ``fence``: "each" (every thread fences its own stores, a barrier, one thread publishes) or
+    "one" (a barrier, then the publishing thread alone fences and publishes: the barrier orders
+    every thread's stores before its fence, which a release is cumulative over, as in a
+    cooperative-groups grid sync; the other warps skip a fence that waits for their stores to
+    reach L2)."""
+    if fence not in FLAG_FENCES:
+        raise ValueError(f"flag_fence={fence!r}: use 'each' or 'one'")
+
+    def release():
         flags.release_fence(target)
-        B.barrier()
+        flags.publish(target, base, row, value)
+
+    def publish():
+        if fence == "each":
+            flags.release_fence(target)
+            B.barrier()
+            B.if_then(B.icmp("eq", tid, 0), lambda: flags.publish(target, base, row, value))
+        else:
+            B.barrier()
+            B.if_then(B.icmp("eq", tid, 0), release)
         cost.event("fence.gpu")
-        B.if_then(B.icmp("eq", tid, 0), lambda: flags.publish(target, base, row, value))
         cost.event("flag.publish")
     B.if_then(flags.is_set(base), publish)
 

@@ -14,7 +14,7 @@ from kdagen.target import Target
 
 from . import register_scan, register_tiles, sm90_native, tuning
 from . import tiles as T_
-from .chunk_flags import pair_kernels
+from .chunk_flags import FLAG_FENCES, pair_kernels
 from .cost_model import kernel_report, register_tile_estimate
 from .emitter import REDUCE_SLOTS_BYTES, GlobalKernelEmitter, TileKernelEmitter
 from .options import TENSORMAP_PARAMS, TRANSPOSED_STORE_ORDERS, LowerOptions, product_precision
@@ -106,6 +106,9 @@ def prepare(program: Program, target: Target | None, prefix: str,
     if opts.register_tile_ctas_per_sm not in (0, 1, 2):
         raise LoweringError(f"register_tile_ctas_per_sm: {opts.register_tile_ctas_per_sm}; "
                             "use 0 (as many as fit), 1 or 2")
+    if opts.flag_fence not in FLAG_FENCES:
+        raise LoweringError(f"flag_fence: {opts.flag_fence!r}; use "
+                            f"{' or '.join(map(repr, FLAG_FENCES))}")
     if opts.overlap_order not in OVERLAP_ORDERS:
         raise LoweringError(f"overlap_order: {opts.overlap_order!r}; use "
                             f"{' or '.join(map(repr, OVERLAP_ORDERS))}")

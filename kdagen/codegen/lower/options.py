@@ -140,6 +140,13 @@ class LowerOptions:
     # fwd+bwd KDA 14.34 -> 13.24 ms and GDN 11.89 -> 10.77 against "forward"; GPU check 574 ok
     # (bench/results/h100_stop52_ab_wait_*)
     chunk_flags: str | bool = "all"
+    # who runs the gpu-scope release fence before a chunk kernel's CTA publishes its chunk flag
+    # (chunk_flags.publish_chunk_ready): "each" (every thread, then a barrier) or "one" (a
+    # barrier, then the publishing thread: the cooperative-groups grid-sync pattern). In
+    # Nsight Compute the register-tile dq kernel alone (H100, gdn B1_T8k_H16) spent 5.8% of
+    # its warp-stall samples in the per-thread fences (ERRBAR;
+    # bench/results/h100_stop60_ncu_dq2_hotspots.txt)
+    flag_fence: str = "each"
     # which kernel of an overlapped pair (chunk_flags) is launched first: "chunk" (the chunk
     # kernel, then its scan on a high-priority side stream) or "scan" (the scan first, so its
     # CTAs hold their SMs before the chunk kernel's grid fills the rest). A chunk kernel at two

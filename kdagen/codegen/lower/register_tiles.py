@@ -1283,7 +1283,7 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
                                 f"{rp.vectors} planned")
         if self.publish_flags:
             publish_chunk_ready(self.target, self.p_flags, self.geo.chunk_row(c),
-                                self.flag_value, self.tid, self.cost)
+                                self.flag_value, self.tid, self.cost, self.opts.flag_fence)
 
     def _zero_rows_past_the_end(self, c) -> None:
         """Zero the rows of the token tiles past the sequence end (the last chunk of a

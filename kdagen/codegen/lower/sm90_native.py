@@ -710,7 +710,7 @@ class Sm90NativeTileEmitter(TileKernelEmitter):
         if not self.publish_flags:
             return
         publish_chunk_ready(self.target, self.p_flags, self.geo.chunk_row(c), self.flag_value,
-                            self.geo.tid, self.cost)
+                            self.geo.tid, self.cost, self.opts.flag_fence)
 
     def _wait_full(self) -> None:
         if self._waited:
