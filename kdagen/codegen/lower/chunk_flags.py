@@ -31,7 +31,7 @@ __all__ = ["FLAGS_PARAM", "FLAG_FENCES", "pair_kernels", "kernel_memrefs", "publ
 FLAG_FENCES = ("each", "one")
 
 
-def publish_chunk_ready(target, base, row, value: int, tid, cost, fence: str = "each") -> None:
+def publish_chunk_ready(target, base, row, value: int, tid, cost, fence: str = "one") -> None:
     """After a chunk's global stores, release the chunk's flag (kdagen.codegen.sm90.flags);
     nothing where ``base`` is null (the scan runs after this kernel, nothing to announce).
     ``fence``: "each" (every thread fences its own stores, a barrier, one thread publishes) or

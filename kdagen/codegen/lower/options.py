@@ -145,8 +145,12 @@ class LowerOptions:
     # barrier, then the publishing thread: the cooperative-groups grid-sync pattern). In
     # Nsight Compute the register-tile dq kernel alone (H100, gdn B1_T8k_H16) spent 5.8% of
     # its warp-stall samples in the per-thread fences (ERRBAR;
-    # bench/results/h100_stop60_ncu_dq2_hotspots.txt)
-    flag_fence: str = "each"
+    # bench/results/h100_stop60_ncu_dq2_hotspots.txt). "one" by default: on the H100 (one
+    # process) gdn B1_T32k_H16 fwd 1.490 -> 1.462 ms, fwd+bwd 10.113 -> 10.086, the pairs beside
+    # their scans 1142 -> 1130, 1012 -> 989 and 2737 -> 2707 us; B8_T4k_H32 and kda even; GPU
+    # check 574 ok (h100_stop60_ab_ff1.log, h100_stop60_timeline_ff1.log,
+    # h100_stop60_check_ff1_full.log)
+    flag_fence: str = "one"
     # which kernel of an overlapped pair (chunk_flags) is launched first: "chunk" (the chunk
     # kernel, then its scan on a high-priority side stream) or "scan" (the scan first, so its
     # CTAs hold their SMs before the chunk kernel's grid fills the rest). A chunk kernel at two

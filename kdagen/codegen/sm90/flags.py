@@ -5,8 +5,10 @@ Protocol (one 32-bit flag per (chunk row, head), zero at the start of a program 
 k-th pair of kernels of the call, k = 1, 2, ..., uses the value k, so a later pair never takes
 an earlier pair's flags for its own):
 
-  producing CTA:   every thread that stored the chunk's outputs runs `release_fence`, the
-                   threads synchronise, then one thread runs `publish` (st.release.gpu k)
+  producing CTA:   the threads that stored the chunk's outputs synchronise, then one thread
+                   runs `release_fence` and `publish` (st.release.gpu k): the barrier orders
+                   every thread's stores before that fence, and a release is cumulative over
+                   them (LowerOptions.flag_fence="each": every thread fences before the barrier)
   consuming CTA:   the thread that issues the chunk's TMA loads runs `wait_published` first
                    (ld.acquire.gpu until the flag is k or more, then a proxy fence: the loads
                    that follow are async-proxy reads of what generic-proxy stores wrote)
