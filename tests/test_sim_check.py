@@ -92,3 +92,23 @@ def test_check_bundle_rejects_a_bad_kernel_dot(tmp_path):
     with pytest.raises(SystemExit, match="--kernel-dot"):
         check_bundle.main([str(tmp_path / "b"), "--only", "no such variant",
                            "--kernel-dot", "k0=fp64"])
+
+
+def test_pipeline_option_builds_the_simulated_program_with_it(capsys):
+    """--pipeline: the program goes through that pipeline (here fp16 checkpoints: the output
+    kernel reads an f16 workspace) and the report names it; a pass outside the chip's pipeline
+    is refused by the parser."""
+    from tools.scan_precision_probe import SimulatedProgram
+    pipeline = "chip+kda-narrow-checkpoints{dtype=fp16}"
+    sim = SimulatedProgram("gdn_fwd", dict(head_k_dim=64, head_v_dim=64, gate="gdn_softplus"),
+                           "auto", "sm_90a", pipeline=pipeline)
+    workspaces = {w["name"]: w["elt"] for w in sim.spec["workspaces"]}
+    assert workspaces["S_chunks"] == "f16" and workspaces["w_ws"] == "f32", workspaces
+    assert sim_check.main(["gdn_fwd", "--head-dim", "64", "--case", "B2_T1",
+                           "--pipeline", pipeline]) == 0
+    out = capsys.readouterr().out
+    assert f"pipeline {pipeline}" in out
+    assert [line.split()[-1] for line in out.splitlines() if line.startswith("B2_T1")] == \
+        ["ok", "ok"]
+    with pytest.raises(SystemExit):
+        sim_check.main(["gdn_fwd", "--pipeline", "chip+kda-nonsense{x=1}"])

@@ -53,18 +53,19 @@ class SimulatedProgram:
     """``program`` with ``options`` lowered with ``dot`` through ``chip``'s pipeline, ready to
     run the GPU check's cases (``cases``: their dicts, in the check's order, which is also
     each case's seed) in the CPU simulator; ``edit(module)`` changes the module first;
-    ``lower``: lowering options (LowerOptions fields) over the defaults.
+    ``lower``: lowering options (LowerOptions fields) over the defaults; ``pipeline``: the pass
+    pipeline ("chip", or "chip+PASS{KEY=VALUE}").
     ``out``: where the bundle's manifest goes (a fresh temporary folder by default)."""
 
     def __init__(self, program: str, options: dict, dot: str, chip: str, edit=None, out=None,
-                 quick: bool = False, lower: dict | None = None):
+                 quick: bool = False, lower: dict | None = None, pipeline: str = "chip"):
         out = pathlib.Path(out) if out is not None else pathlib.Path(tempfile.mkdtemp())
-        res = write_bundle(out, [(program, options, {"dot": dot, "pipeline": "chip"})], [chip],
+        res = write_bundle(out, [(program, options, {"dot": dot, "pipeline": pipeline})], [chip],
                            assemble=False)
         (vname,) = res["variants"]
         self.program, self.chip = program, chip
         self.spec = res["variants"][vname]
-        module = build_module(program, options, "chip", chip)
+        module = build_module(program, options, pipeline, chip)
         if edit is not None:
             edit(module)
         lib = SimLibrary(out, {vname: module}, chip, options=LowerOptions(dot=dot, **(lower or {})))

@@ -1,6 +1,6 @@
 """The GPU check's cases for one program, run in the CPU simulator of its kernels (no GPU).
 
-``python -m tools.sim_check gdn_bwd [--head-dim 128] [--gate NAME] [--chip sm_90a]
+``python -m tools.sim_check gdn_bwd [--head-dim 128] [--gate NAME] [--chip sm_90a] [--pipeline P]
 [--dot auto] [--case SUBSTRING] [--quick] [--lower KEY=VALUE ...] [--kernel-threads k2=256,...]
 [--kernel-dot k0=tf32x3,...]``
 
@@ -38,6 +38,7 @@ from dataclasses import replace
 
 from kdagen.codegen.lower import tuning
 from kdagen.codegen.lower.options import parse_lower_option
+from kdagen.driver import pipeline_argument
 from kdagen.emit import DEFAULT_GATES
 from kdagen.ir.precision import PRECISIONS
 
@@ -105,6 +106,9 @@ def main(argv=None) -> int:
     ap.add_argument("--dot", default="auto")
     ap.add_argument("--case", default=None, help="only cases whose label contains this")
     ap.add_argument("--quick", action="store_true", help="the GPU check's two quick cases")
+    ap.add_argument("--pipeline", default="chip", type=pipeline_argument,
+                    help="the pass pipeline: chip, or chip+PASS{KEY=VALUE} (e.g. "
+                         "'chip+kda-narrow-checkpoints{dtype=fp16}')")
     ap.add_argument("--lower", action="append", default=[], metavar="KEY=VALUE",
                     help="a lowering option (LowerOptions field), e.g. ordered_sums=true")
     ap.add_argument("--kernel-threads", default="", metavar="k2=256,...",
@@ -119,7 +123,8 @@ def main(argv=None) -> int:
     lower = dict(parse_lower_option(t) for t in a.lower)
     with kernel_threads(_kernel_counts(a.kernel_threads), kernel_dots(a.kernel_dot)):
         return _report(a, gate, SimulatedProgram(a.program, options, a.dot, a.chip,
-                                                 quick=a.quick, lower=lower))
+                                                 quick=a.quick, lower=lower,
+                                                 pipeline=a.pipeline))
 
 
 def _report(a, gate: str, sim) -> int:
@@ -127,7 +132,8 @@ def _report(a, gate: str, sim) -> int:
     if not labels:
         print(f"sim_check: no case of {a.program} matches {a.case!r}", file=sys.stderr)
         return 1
-    extra = ("".join(f" {t}" for t in a.lower)
+    extra = ((f" pipeline {a.pipeline}" if a.pipeline != "chip" else "")
+             + "".join(f" {t}" for t in a.lower)
              + (f" threads {a.kernel_threads}" if a.kernel_threads else "")
              + (f" kernel dot {a.kernel_dot}" if a.kernel_dot else ""))
     print(f"{a.program} K=V={a.head_dim} gate={gate} chip={a.chip} dot={a.dot}{extra} "
