@@ -13,7 +13,8 @@ from kdagen.ir.dialect import print_module
 from kdagen.ir.testing import make_case
 from kdagen.reference import rel_err
 
-F16_CHIP = "chip+kda-narrow-checkpoints{dtype=fp16}"
+F16_CHIP = "chip+kda-narrow-checkpoints{dtype=fp16}"               # columns scaled (default)
+F16_UNSCALED = "chip+kda-narrow-checkpoints{dtype=fp16,scale=none}"
 
 GOLDEN = r"""
 // CHECK-DAG: %[[SW:.*]] = "kda.workspace"() {{.*}}name = "S_chunks"{{.*}} -> memref<?x?x128x128xf16>
@@ -54,7 +55,7 @@ def test_golden_fp16_checkpoints_gdn_fwd():
     from kdagen.driver import pipeline_passes
     from kdagen.ir.programs import build_program
     from kdagen.passes.pipeline import run_pipeline
-    passes = pipeline_passes(F16_CHIP, "sm_90a")
+    passes = pipeline_passes(F16_UNSCALED, "sm_90a")
     upto = [p.name for p in passes].index("kda-narrow-checkpoints") + 1
     module = build_program("gdn_fwd")
     run_pipeline(module, passes[:upto])
@@ -76,15 +77,16 @@ def test_only_checkpoints_that_tf32_products_read_narrow(program, narrowed):
         assert {"S_chunks", "dS_chunks"} <= {n for n, t in every.items() if t.startswith("f16")}
 
 
+@pytest.mark.parametrize("pipeline", [F16_CHIP, F16_UNSCALED])
 @pytest.mark.parametrize("family", ["gdn", "kda"])
-def test_fp16_checkpoints_change_only_the_storage_rounding(family):
+def test_fp16_checkpoints_change_only_the_storage_rounding(family, pipeline):
     """Without storage rounding the conversions are exact: the same numbers as the fp32
     checkpoints; with it (inputs, checkpoints and o rounded to their storage types) o's error
     against the exact result is that of the fp32 checkpoints, to 2%."""
     pytest.importorskip("kdagen._mlir")
     case = make_case(family, seed=3, lengths=[1, 70, 130], H=1, HV=2, decay="weak")
     ref = _final(f"{family}_fwd", "chip", case.options)
-    f16 = _final(f"{family}_fwd", F16_CHIP, case.options)
+    f16 = _final(f"{family}_fwd", pipeline, case.options)
     exact, base = interpreter.run(f16, case.inputs), interpreter.run(ref, case.inputs)
     for key in base:
         assert rel_err(exact[key], base[key]) <= 1e-10, key
@@ -97,13 +99,13 @@ def test_fp16_checkpoints_change_only_the_storage_rounding(family):
 
 
 def test_the_sm90_kernels_take_f16_checkpoints_on_their_register_paths():
-    """gdn_fwd with fp16 checkpoints: the state scan stays on the register scan and stores the
+    """gdn_fwd with unscaled fp16 checkpoints: the state scan stays on the register scan and stores the
     state through its staging tile as f16 (an f16 tensor map), the output kernel stays on
     register tiles reading f16 ring tiles; nothing spills."""
     pytest.importorskip("kdagen._mlir")
     from kdagen.codegen import ptxas
     from kdagen.driver import DEFAULT_LOWERING, Compilation
-    comp = Compilation("gdn_fwd", {}, "sm_90a", pipeline=F16_CHIP, lower=DEFAULT_LOWERING,
+    comp = Compilation("gdn_fwd", {}, "sm_90a", pipeline=F16_UNSCALED, lower=DEFAULT_LOWERING,
                        ptxas=False)
     comp.run("ptx")
     kernels = comp.kernels
@@ -122,3 +124,23 @@ def test_the_sm90_kernels_take_f16_checkpoints_on_their_register_paths():
         assert r.ok, (k.name, r.log)
         (res,) = r.resources.values()
         assert res.spill_stores == 0 and res.spill_loads == 0, k.name
+
+
+@pytest.mark.parametrize("family", ["gdn", "kda"])
+def test_column_scales_keep_large_states_in_fp16_range(family):
+    """v scaled by 2^17: the state's entries pass fp16's 65504. Unscaled, the checkpoints store
+    infinities and o is lost; with each column scaled by its norm, o's error stays that of the
+    fp32 checkpoints (interpreter, storage rounding on)."""
+    pytest.importorskip("kdagen._mlir")
+    case = make_case(family, seed=4, lengths=[130], H=1, HV=1, decay="weak")
+    inputs = dict(case.inputs, v=case.inputs["v"] * 2.0 ** 17)
+    ref = _final(f"{family}_fwd", "chip", case.options)
+    exact = interpreter.run(ref, inputs)
+    assert exact["final_state"].abs().max() > 65504
+    errors = {}
+    for name, pipeline in (("fp32", "chip"), ("column", F16_CHIP), ("none", F16_UNSCALED)):
+        got = interpreter.run(_final(f"{family}_fwd", pipeline, case.options), inputs,
+                              round_storage=True)["o"]
+        errors[name] = rel_err(got, exact["o"]) if torch.isfinite(got).all() else float("inf")
+    assert errors["none"] > 10 * errors["fp32"], errors
+    assert errors["column"] <= 1.02 * errors["fp32"], errors
