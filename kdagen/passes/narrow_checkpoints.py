@@ -13,9 +13,15 @@ floor 1.66e-3). A checkpoint a more precise product reads (bf16x3, tf32x3: the b
 kernel reading the state and dS for the gate-parameter gradients) keeps fp32: there fp16 moved
 gdn_bwd's dA_log from 6.0e-4 to 9.2e-4 ("B1_T200 correlated steep").
 
-fp16's largest value is 65504: a state or v' entry beyond it would store as infinity. This
-pass does not scale; ``dtype=fp16`` is opt-in until the checkpoints carry a power-of-two scale
-per chunk (the next step: the reader's products take it as an epilogue factor).
+fp16's largest value is 65504, and nothing bounds the state and v' by a constant (they scale
+with v). ``scale=column`` (the default) divides each value column by its 2-norm over the rows
+before the conversion, so every stored entry is in [-1, 1], and stores the [V] norms per chunk
+beside it in fp32; the reader multiplies them back (a column of the state or of v' feeds one
+column of o, so each column keeps 10 bits relative to itself). ``scale=none`` stores the
+values as they are: an entry past 65504 becomes infinity. The sm_90a register scan and
+register-tile kernels lower only ``scale=none`` so far (with the scale, those kernels take the
+native tile path); that is what the GPU measured, and ``dtype=fp16`` stays opt-in until they
+lower the scale too.
 
 A checkpoint here is a ``kda.workspace`` of layout ``chunk`` and element f32 that serial
 kernels (scans carrying a value) write and chunk-parallel kernels read, where every read feeds
