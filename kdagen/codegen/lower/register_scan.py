@@ -434,7 +434,7 @@ class NoMatch(Exception):
 
 def stores_carried(n, carried) -> bool:
     """Whether store node ``n`` stores the carried value (a checkpoint), as it is or
-    converted (kda-partition{checkpoint_dtype=fp16}: the state at chunk start in f16)."""
+    converted (kda-narrow-checkpoints{dtype=fp16}: the state at chunk start in f16)."""
     v = n.operands[2]
     while v.owner is not None and v.owner.op == "kda.convert":
         v = v.owner.operands[0]
@@ -607,8 +607,8 @@ def _plan_checkpoint_stores(plan: RegisterScanPlan, carried, smem_limit: int) ->
             continue
         name, elt, layout, heads, tail = mem_info(n.operands[0])
         rows = n.operands[2].shape[0]
-        if (elt not in ("f32", "f16") or layout == "token" or list(tail) != list(n.operands[2].shape)
-                or tail[-1] != plan.V or rows % 8):
+        if (elt not in ("f32", "f16") or layout == "token"
+                or list(tail) != list(n.operands[2].shape) or tail[-1] != plan.V or rows % 8):
             continue
         st = StoreSlot(n, n.operands[0], name, rows, plan.V // plan.v_ctas, end, elt)
         if st.offset + st.nbytes > smem_limit:

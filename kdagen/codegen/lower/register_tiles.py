@@ -503,7 +503,7 @@ def _plan(program, scan, C: int, V: int, v_ctas: int, dot: str, smem_limit: int,
                 kinds[r] = "acc"
                 continue
             # W is read element-wise into A fragments: an f32 ring tile, or an f16 one (the
-            # fp16 checkpoints of kda-partition{checkpoint_dtype=fp16}: exact in TF32 and in
+            # fp16 checkpoints of kda-narrow-checkpoints{dtype=fp16}: exact in TF32 and in
             # bf16 hi + lo)
             if kinds.get(rsrc) != "ring" or rhs.shape[1] != V or \
                     mem_info(rsrc.owner.operands[0])[1] not in ("f32", "f16"):
