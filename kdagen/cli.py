@@ -202,8 +202,11 @@ def _cost_cell(row: dict) -> str:
               help="A lowering option over the defaults (kdagen.codegen.lower.options."
                    "LowerOptions), e.g. --lower load_batch=2 --lower "
                    "tensormap_params=grid_constant; repeatable.")
+@click.option("--pipeline", default="chip", show_default=True,
+              help="The pass pipeline: 'chip' (each chip's), or pass options over it, e.g. "
+                   "'chip+kda-narrow-checkpoints{dtype=fp16}'.")
 def emit(out_dir, op, targets, head_dims, gate, gate_files, path, verbose, quiet, dump_dir,
-         decode, residuals, lower_options):
+         decode, residuals, lower_options, pipeline):
     """Generate kernels for each chip into a bundle (manifest.json + .ptx/.cubin).
 
     The bundle replaces the one an earlier emit left in the folder (its kernel files that the
@@ -213,6 +216,9 @@ def emit(out_dir, op, targets, head_dims, gate, gate_files, path, verbose, quiet
     from .emit import _resource_cells, emit_bundle, emit_programs, gate_cumsum_names
     from .table import chip_rank
     targets = sorted(targets, key=lambda t: chip_rank(t.chip))
+    lower = _parse_lower(lower_options)
+    if pipeline != "chip":
+        lower["pipeline"] = _checked_pipeline(pipeline, targets)
     loaded = _load_gate_files(gate_files)
     if gate is None and loaded:
         gate = ",".join(g.name for g in loaded)
@@ -240,7 +246,7 @@ def emit(out_dir, op, targets, head_dims, gate, gate_files, path, verbose, quiet
                 rows = emit_programs(out_dir, targets, ops, head_dim=head_dims, gate=gate,
                                      path=path, progress=progress, dump_dir=dump_dir,
                                      timing=timing, decode=decode, residuals=residuals,
-                                     lower=_parse_lower(lower_options))
+                                     lower=lower)
             except ValueError as err:
                 raise click.ClickException(str(err))
             failed = []
@@ -650,6 +656,21 @@ def bench_help() -> str:
     """`kdagen bench --help`: the benchmark's own argument help."""
     from .benchmark import build_parser
     return build_parser().format_help().rstrip("\n")
+
+
+def _checked_pipeline(text: str, targets) -> str:
+    """``--pipeline`` as the driver takes it, checked against each chip's pipeline (an
+    actionable error naming the option otherwise)."""
+    from .driver import validate_pipeline
+    if not text.startswith("chip+"):
+        raise click.BadParameter(f"{text!r}: use chip or chip+PASS{{KEY=VALUE}}",
+                                 param_hint="--pipeline")
+    for t in targets:
+        try:
+            validate_pipeline(text, t.chip)
+        except Exception as err:   # noqa: BLE001 - the parser's message names the problem
+            raise click.BadParameter(str(err), param_hint="--pipeline")
+    return text
 
 
 def _parse_lower(pairs) -> dict:

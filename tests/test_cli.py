@@ -100,6 +100,29 @@ def test_emit_rejects_unknown_arch(tmp_path):
     assert "unknown chip 'sm_90'" in result.output and "sm_90a" in result.output
 
 
+def test_emit_pipeline_option_reaches_the_lowering_and_is_checked(tmp_path, monkeypatch):
+    """--pipeline chip+PASS{...}: the bundle's programs go through it (emit_programs gets it in
+    its lowering options); a pass outside the chip's pipeline or a bad option value is refused
+    naming --pipeline, before anything compiles."""
+    pytest.importorskip("kdagen._mlir")
+    import kdagen.emit as emit_mod
+    seen = {}
+
+    def fake_emit_programs(out_dir, targets, ops, **kw):
+        seen.update(kw)
+        return []
+    monkeypatch.setattr(emit_mod, "emit_programs", fake_emit_programs)
+    pipeline = "chip+kda-narrow-checkpoints{dtype=fp16}"
+    result = run("emit", "-o", str(tmp_path), "--op", "gdn", "--arch", "sm_90a",
+                 "--pipeline", pipeline, "-q")
+    assert result.exit_code == 0, result.output
+    assert seen["lower"] == {"pipeline": pipeline}
+    for bad in ("chip+kda-nonsense{x=1}", "chip+kda-narrow-checkpoints{dtype=fp8}", "stable"):
+        result = run("emit", "-o", str(tmp_path), "--op", "gdn", "--arch", "sm_90a",
+                     "--pipeline", bad, "-q")
+        assert result.exit_code == 2 and "--pipeline" in result.output, (bad, result.output)
+
+
 def test_emit_rejects_bad_head_dim(tmp_path):
     result = run("emit", "-o", str(tmp_path), "--head-dim", "96")
     assert result.exit_code == 2
