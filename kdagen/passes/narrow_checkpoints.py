@@ -36,28 +36,28 @@ from dataclasses import dataclass, field
 
 from .._mlir import ir
 from ..ir.accessors import program_func
+from ..ir.precision import PRODUCT_OPS
 from ..ir.transforms import walk
 from .base import ModulePass, register_pass
-from .partition import _attributes, _shape, hbm_bytes_per_token
+from .partition import _WORKSPACE_TYPES, _attributes, _elt_type, _shape
+from .share_chunk_values import _count_bytes
 
 #: products whose operands are rounded to at most a 10-bit significand (fp16 keeps them)
 NARROW_PRECISIONS = frozenset({"tf32", "bf16"})
-PRODUCT_OPS = frozenset({"kda.dot", "kda.decay_dot", "kda.decay_matmul"})
-_TYPES = {"fp16": ir.F16Type}
 
 
-def _users(value) -> list:
-    return [u.owner.operation if hasattr(u.owner, "operation") else u.owner for u in value.uses]
+def _owner(use):
+    return use.owner.operation if hasattr(use.owner, "operation") else use.owner
 
 
 def _feeds_narrow_products(value) -> bool:
     """Whether ``value`` is used only as a matrix operand (operand 0 or 1) of products at a
     precision of at most 10 significand bits."""
-    users = _users(value)
-    if not users:
+    uses = list(value.uses)
+    if not uses:
         return False
-    for use in value.uses:
-        op = use.owner.operation if hasattr(use.owner, "operation") else use.owner
+    for use in uses:
+        op = _owner(use)
         if op.name not in PRODUCT_OPS or use.operand_number > 1:
             return False
         if "kda.precision" not in op.attributes or \
@@ -109,8 +109,7 @@ class NarrowCheckpointsPass(ModulePass):
                     for ws in spaces:
                         touched.update(self._narrow(ws, accesses.get(ws.results[0], [])))
             for kernel in touched:
-                kernel.attributes["kda.hbm_bytes_per_token"] = ir.FloatAttr.get(
-                    ir.F64Type.get(), hbm_bytes_per_token(kernel))
+                _count_bytes(kernel)
 
     @staticmethod
     def _eligible(ws, accesses: list, scope: str) -> bool:
@@ -118,7 +117,7 @@ class NarrowCheckpointsPass(ModulePass):
         if str(mem_t.element_type) != "f32" or "layout" not in ws.attributes or \
                 ir.StringAttr(ws.attributes["layout"]).value != "chunk":
             return False
-        if len(accesses) != len(_users(ws.results[0])):     # read some other way (sum_chunks)
+        if len(accesses) != len(list(ws.results[0].uses)):  # read some other way (sum_chunks)
             return False
         stores = [a for a in accesses if a.name == "kda.store_chunk"]
         loads = [a for a in accesses if a.name == "kda.load_chunk"]
@@ -138,7 +137,7 @@ class NarrowCheckpointsPass(ModulePass):
 
     def _narrow(self, ws, accesses: list) -> set:
         """Re-type workspace ``ws`` and its accesses to f16; the kernels touched."""
-        f16 = _TYPES[self.dtype].get()
+        f16 = _elt_type(_WORKSPACE_TYPES[self.dtype])
         mem_t = ir.MemRefType(ws.results[0].type)
         new = ir.Operation.create("kda.workspace", results=[
             ir.MemRefType.get(list(mem_t.shape), f16)], attributes=_attributes(ws),
@@ -148,7 +147,7 @@ class NarrowCheckpointsPass(ModulePass):
             shape = list(mem_t.shape)
             norms = ir.Operation.create("kda.workspace", results=[
                 ir.MemRefType.get(shape[:2] + shape[-1:], ir.F32Type.get())], attributes={
-                "name": ir.StringAttr.get(f"{ir.StringAttr(ws.attributes['name']).value}_norm"),
+                "name": ir.StringAttr.get(f"{_name(ws)}_norm"),
                 "layout": ir.StringAttr.get("chunk")}, loc=ws.location,
                 ip=ir.InsertionPoint(ws)).results[0]
         kernels = set()

@@ -43,17 +43,15 @@ def publish_chunk_ready(target, base, row, value: int, tid, cost, fence: str = "
         raise ValueError(f"flag_fence={fence!r}: use 'each' or 'one'")
 
     def release():
-        flags.release_fence(target)
+        if fence == "one":
+            flags.release_fence(target)
         flags.publish(target, base, row, value)
 
     def publish():
         if fence == "each":
             flags.release_fence(target)
-            B.barrier()
-            B.if_then(B.icmp("eq", tid, 0), lambda: flags.publish(target, base, row, value))
-        else:
-            B.barrier()
-            B.if_then(B.icmp("eq", tid, 0), release)
+        B.barrier()
+        B.if_then(B.icmp("eq", tid, 0), release)
         cost.event("fence.gpu")
         cost.event("flag.publish")
     B.if_then(flags.is_set(base), publish)

@@ -45,6 +45,7 @@ import contextlib
 from dataclasses import dataclass, field
 
 from kdagen._mlir import llvm
+from kdagen.runtime.tensormap import ELEM_BYTES
 from kdagen.target import Target
 
 from ..common import barrier as bar
@@ -123,7 +124,7 @@ class TileSlot:
 
     @property
     def elem_bytes(self) -> int:
-        return {"bf16": 2, "f16": 2, "f32": 4}[self.elt]
+        return ELEM_BYTES[self.elt]
 
     @property
     def layout(self) -> SmemLayout:
@@ -233,7 +234,7 @@ def _slot_for(node, value_block: bool, v_ctas: int) -> TileSlot:
         if cols % (V_BLOCK * v_ctas) and cols != V_BLOCK * v_ctas:
             raise NoMatch(f"{name}: {cols} value columns")
         cols //= v_ctas
-    if (cols * {"bf16": 2, "f16": 2, "f32": 4}[elt]) % SWIZZLE or rows % 8:
+    if (cols * ELEM_BYTES[elt]) % SWIZZLE or rows % 8:
         raise NoMatch(f"{name}: a [{rows}, {cols}] {elt} tile is not whole 128-byte panels")
     return TileSlot(node, node.operands[0], name, elt, kind, rows, cols, value_block, heads)
 
