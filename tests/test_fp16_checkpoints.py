@@ -98,14 +98,17 @@ def test_fp16_checkpoints_change_only_the_storage_rounding(family, pipeline):
     assert rel_err(rounded["final_state"], base_rounded["final_state"]) <= 1e-10
 
 
-def test_the_sm90_kernels_take_f16_checkpoints_on_their_register_paths():
-    """gdn_fwd with unscaled fp16 checkpoints: the state scan stays on the register scan and stores the
-    state through its staging tile as f16 (an f16 tensor map), the output kernel stays on
-    register tiles reading f16 ring tiles; nothing spills."""
+@pytest.mark.parametrize("pipeline", [F16_CHIP, F16_UNSCALED], ids=["column", "unscaled"])
+def test_the_sm90_kernels_take_f16_checkpoints_on_their_register_paths(pipeline):
+    """gdn_fwd with fp16 checkpoints, scaled by column or not: the state scan stays on the
+    register scan and stores the state through its staging tile as f16 (an f16 tensor map),
+    the output kernel stays on register tiles reading f16 ring tiles; nothing spills. Scaled,
+    the scan sums each value column by quad shuffles (no shared memory: its shared stores are
+    the staging tile's alone), stores the [V] norms, and the output kernel reads them."""
     pytest.importorskip("kdagen._mlir")
     from kdagen.codegen import ptxas
     from kdagen.driver import DEFAULT_LOWERING, Compilation
-    comp = Compilation("gdn_fwd", {}, "sm_90a", pipeline=F16_UNSCALED, lower=DEFAULT_LOWERING,
+    comp = Compilation("gdn_fwd", {}, "sm_90a", pipeline=pipeline, lower=DEFAULT_LOWERING,
                        ptxas=False)
     comp.run("ptx")
     kernels = comp.kernels
@@ -115,6 +118,21 @@ def test_the_sm90_kernels_take_f16_checkpoints_on_their_register_paths():
             for k in kernels]
     assert maps[1]["S_chunks"] == ("S_chunks_tmap_st", "f16"), maps[1]
     assert maps[2]["S_chunks"][1] == maps[2]["v_new_chunks"][1] == "f16", maps[2]
+    scan_ptx, out_ptx = comp.ptx[kernels[1].name], comp.ptx[kernels[2].name]
+    scaled = pipeline == F16_CHIP
+
+    def reads_param(k, ptx, name):
+        i = [p.name for p in k.params].index(name)
+        return f"{k.name}_param_{i}]" in ptx
+    for norms in ("S_chunks_norm", "v_new_chunks_norm"):
+        assert any(p.name == norms for p in kernels[1].params) == scaled, norms
+        if scaled:      # written by the scan, read by the output kernel
+            assert reads_param(kernels[1], scan_ptx, norms), norms
+            assert reads_param(kernels[2], out_ptx, norms), norms
+    shuffles = scan_ptx.count("shfl.sync.bfly")
+    assert shuffles == (8 if scaled else 0), shuffles   # 2 columns x 2 steps x 2 checkpoints
+    if scaled:
+        assert "div.rn.f32" not in scan_ptx           # the scale is rcp(sqrt): no IEEE division
     try:
         exe = ptxas.find_ptxas()
     except ptxas.PtxasNotFound:

@@ -6,7 +6,18 @@
 #           with fp32 and with fp16 checkpoints: what the bandwidth-bound forward's chunk
 #           kernels wait on (stop 60 has the state scan's and the dq kernel's). Read here with
 #           python -m tools.ncu_hotspots FILE.csv [--memory]
+#   f16s    fp16 checkpoints with their column scale on the register paths (bash
+#           bench/calls/stop61_build.sh f16s): the full GPU check of every program
+#           (check_f16s), then today's default (def61) against scaled (f16s) and unscaled
+#           (f16n) fp16 checkpoints, gdn and kda, fwd and fwd+bwd, B1_T32k_H16 and B8_T4k_H32,
+#           with the per-kernel table
+#   cf      (bash bench/calls/stop61_build.sh f16s cf) the full GPU checks of scaled fp16
+#           checkpoints with the checkpoints stored first (check_f16cf), fp32 checkpoints stored
+#           first (check_cf), and scaled fp16 on the portable (check_f16p) and stand-in
+#           (check_f16st) sets; then def61 against f16s2, f16cf and cf, gdn and kda, fwd and
+#           fwd+bwd, B1_T32k_H16 and B8_T4k_H32, with the per-kernel table
 set -x
+source bench/calls/common.sh
 nvidia-smi --query-gpu=name --format=csv,noheader
 case "$1" in
 ncu2)
@@ -20,4 +31,20 @@ ncu2)
         done
     done
     xz -9 "$OUT"/ncu_*.csv; ls -la "$OUT" ;;
+f16s)
+    full_checks 300 check_f16s
+    timeout 240 python3 -m kdagen.cli bench --bundle def61=.bundles/bench_def61 --bundle f16s=.bundles/ab_f16s \
+        --bundle f16n=.bundles/ab_f16n --ops gdn,kda --modes fwd,fwdbwd --configs B1_T32k_H16,B8_T4k_H32 \
+        --no-fla --rep-ms 120 --kernels --kernel-reps 3 --json "$OUT/ab_f16s.json" > "$OUT/ab_f16s.log" 2>&1
+    echo "bench_rc=$?"; grep -A10 "^op |" "$OUT/ab_f16s.log"
+    grep -E "Error|Traceback" "$OUT/ab_f16s.log" | head -20 ;;
+cf)
+    full_checks 200 check_f16cf check_cf
+    full_checks 300 check_f16p check_f16st
+    timeout 280 python3 -m kdagen.cli bench --bundle def61=.bundles/bench_def61 --bundle f16s2=.bundles/ab_f16s2 \
+        --bundle f16cf=.bundles/ab_f16cf --bundle cf=.bundles/ab_cf --ops gdn,kda --modes fwd,fwdbwd \
+        --configs B1_T32k_H16,B8_T4k_H32 --no-fla --rep-ms 120 --kernels --kernel-reps 3 \
+        --json "$OUT/ab_cf.json" > "$OUT/ab_cf.log" 2>&1
+    echo "bench_rc=$?"; grep -A10 "^op |" "$OUT/ab_cf.log"
+    grep -E "Error|Traceback" "$OUT/ab_cf.log" | head -20 ;;
 esac

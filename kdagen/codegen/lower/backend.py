@@ -103,6 +103,11 @@ def sqrt(a):
     return current().sqrt(a)
 
 
+def rsqrt_approx(a):
+    """1/sqrt(a) to ~2^-22 relative (MUFU.RSQ): for scales, which need no correct rounding."""
+    return current().rsqrt_approx(a)
+
+
 def sel(cond, a, b):
     return current().sel(cond, a, b)
 

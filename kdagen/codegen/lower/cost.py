@@ -86,6 +86,7 @@ EVENTS = {
     "ex2": "ex2.approx",
     "lg2": "lg2.approx",
     "rcp": "rcp.approx",
+    "rsqrt": "rsqrt.approx",
     "sqrt": "sqrt.rn",
     "cvt.bf16x2": "f32 pairs packed to bf16x2",
     "cvt.tf32": "f32 rounded to TF32 (cvt.rna) for a register wgmma operand",
@@ -252,7 +253,7 @@ class CostCounter:
 #: events that are instructions a thread issues (what :func:`op_breakdown` ranks ops by)
 INSTRUCTION_EVENTS = ("ld.global", "st.global", "ld.shared", "st.shared", "st.shared.staging",
                       "bar.sync", "wgmma", "mma.sync", "fma", "alu.f32", "ex2", "lg2", "rcp",
-                      "sqrt", "div", "shfl", "cvt.bf16x2", "cvt.tf32")
+                      "rsqrt", "sqrt", "div", "shfl", "cvt.bf16x2", "cvt.tf32")
 
 
 def op_breakdown(counter: CostCounter, top: int | None = None) -> list[dict]:

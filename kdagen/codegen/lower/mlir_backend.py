@@ -153,6 +153,10 @@ class MlirBackend:
         self.cost.event("sqrt")
         return self.llvm.inline_asm(self.f32(), [a], "sqrt.rn.f32 $0, $1;", "=f,f")
 
+    def rsqrt_approx(self, a):
+        self.cost.event("rsqrt")
+        return self.llvm.inline_asm(self.f32(), [a], "rsqrt.approx.ftz.f32 $0, $1;", "=f,f")
+
     def sel(self, cond, a, b):
         return self.arith.select(cond, a, b)
 

@@ -169,6 +169,10 @@ class LowerOptions:
     # tensor cores busy, so overlapping them gains nothing and the reads hoisted before the
     # first product delay it
     scan_schedule: str = "program"
+    # a register scan's step stores the carried value's checkpoints (and computes them: the
+    # fp16 checkpoints' column scale) before it waits for the chunk's ring tiles, which those
+    # stores do not read, so that their work overlaps copies still landing (else after it)
+    scan_checkpoints_first: bool = False
     # which of a register scan's products take their register A operand as two TF32 parts,
     # hi = tf32(x) and lo = tf32(x - hi), two wgmma per k block on the same B (~22 bits of A
     # instead of 11, twice those products' tensor time): "state" (A is the carried state),

@@ -427,16 +427,19 @@ class GenericTileOps:
             return N, 0, 0
         return lay.panel_cols, self.wg * lay.panel_cols, self.wg * lay.panel_bytes
 
-    def _tf32_a_regs(self, K: int, element, split: bool = False) -> list:
+    def _tf32_a_regs(self, K: int, element, split: bool = False, row_factors=None) -> list:
         """Per 8-deep block, the TF32 A fragment registers of A[m, k] = ``element(m, k)``
         (this warp's rows, PTX's m64nNk8 layout); ``split``: (hi, lo) register lists, hi + lo
-        = A to ~22 bits (`tf32_split_operand_bits`)."""
+        = A to ~22 bits (`tf32_split_operand_bits`); ``row_factors``: a factor for each of
+        the thread's two rows (16·warp + g and 8 after it), multiplied in before rounding."""
         out = []
         for kb in range(K // 8):
             regs = []
             for jj in range(4):
                 m, kc = wgmma_tf32_a_coord(self.warp, self.lane, jj)
                 v = element(m, 8 * kb + kc)
+                if row_factors is not None:
+                    v = B.mul(v, row_factors[jj % 2])
                 regs.append(tf32_split_operand_bits(v) if split else tf32_operand_bits(v))
             out.append(([r[0] for r in regs], [r[1] for r in regs]) if split else regs)
         return out

@@ -84,10 +84,13 @@ MAX_WARPGROUPS = 2
 SMEM_LIMIT = 227 * 1024
 EXCHANGE_BARRIER = 1         # named barrier of a K-split scan's partial-sum exchange
 STAGING_BARRIER = 2          # named barrier of the checkpoint staging tile (TMA stores)
+COLUMN_SUM_CHAINS = 4        # independent add chains of a column sum (`_column_sums`)
 
 _RING_LOADS = ("kda.load", "kda.load_chunk")
 _PASS_THROUGH = ("kda.pipeline_wait", "kda.convert", "kda.assume_range")
 _ELEMENTWISE = ("kda.add", "kda.sub", "kda.mul", "kda.neg")
+#: ops on column vectors ([V]: one value per value column, `ColumnVector`)
+_VECTOR_OPS = _ELEMENTWISE + ("kda.rsqrt",)
 
 
 @dataclass
@@ -433,12 +436,45 @@ class NoMatch(Exception):
 
 
 def stores_carried(n, carried) -> bool:
-    """Whether store node ``n`` stores the carried value (a checkpoint), as it is or
-    converted (kda-narrow-checkpoints{dtype=fp16}: the state at chunk start in f16)."""
-    v = n.operands[2]
-    while v.owner is not None and v.owner.op == "kda.convert":
-        v = v.owner.operands[0]
-    return v is carried
+    """Whether store node ``n`` stores a checkpoint of the carried value: the value as it is,
+    converted (kda-narrow-checkpoints{dtype=fp16}: the state at chunk start in f16), or
+    computed from it alone (its column scale: the state divided by its column norms, and
+    the norms), so that it can be stored before the step issues a product."""
+    reaches, stack, seen = False, [n.operands[2]], set()
+    while stack:
+        v = stack.pop()
+        if v is carried:
+            reaches = True
+            continue
+        if id(v) in seen:
+            continue
+        seen.add(id(v))
+        o = v.owner
+        if o is None or o.op in _RING_LOADS or o.op == "kda.dot":
+            return False
+        if o.op == "kda.constant":
+            continue
+        if o.op not in _VECTOR_OPS + ("kda.convert", "kda.broadcast", "kda.reduce_sum"):
+            return False
+        stack.extend(o.operands)
+    return reaches
+
+
+def _summed_product(v) -> bool:
+    """Whether ``v`` is a product of tiles read only by a column sum (`RegisterScanEmitter.
+    _column_sums` takes its factors as FMAs; it is never made)."""
+    o = v.owner
+    return (o is not None and o.op == "kda.mul" and len(v.shape) == 2 and len(v.uses) == 1
+            and v.uses[0][0].op == "kda.reduce_sum")
+
+
+def column_sum_source(n, frag: set):
+    """The register tile a ``kda.reduce_sum`` node ``n`` sums over its rows (dims [0]: one sum
+    per value column), else None."""
+    src = n.operands[0]
+    if list(n.attrs.get("dims", ())) != [0] or src not in frag or len(src.shape) != 2:
+        return None
+    return src
 
 
 def _source(v):
@@ -492,6 +528,7 @@ def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT,
     plan = RegisterScanPlan(scan, K, V, wgs, blocks // wgs)
     slots: dict = {}
     frag = {carried}
+    columns = set()         # [V] column vectors (`ColumnVector`)
     precisions = set()
 
     def slot_of(v, operand=False, transposed=False):
@@ -541,17 +578,32 @@ def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT,
             slot_of(lhs, operand=True, transposed=bool(n.attrs.get("transpose_lhs")))
             frag.add(n.results[0])
             continue
+        if op == "kda.reduce_sum":
+            if column_sum_source(n, frag) is None:
+                raise NoMatch("a reduction that is not a column sum of a register tile")
+            columns.add(n.results[0])
+            continue
+        if op in _VECTOR_OPS and list(n.results[0].shape) == [V]:
+            for o in n.operands:
+                if o not in columns and (o.owner is None or o.owner.op != "kda.constant"):
+                    raise NoMatch(f"{op} of a [V] vector that is not a column vector")
+            columns.add(n.results[0])
+            continue
         if op in _ELEMENTWISE:
             if len(n.results[0].shape) != 2 or n.results[0].shape[1] != V:
                 raise NoMatch(f"{op} on a tile that is not [R, V]")
             for o in n.operands:
                 if o not in frag:
-                    _elementwise_source(o, slot_of)
+                    _elementwise_source(o, slot_of, columns)
             frag.add(n.results[0])
             continue
-        if op == "kda.broadcast":
-            continue                  # checked at its users
+        if op in ("kda.broadcast", "kda.constant"):
+            continue                  # checked at their users
         if op == "kda.store_chunk":
+            if n.operands[2] in columns:
+                if mem_info(n.operands[0])[1] != "f32":
+                    raise NoMatch("a column vector stored to a workspace that is not f32")
+                continue
             if n.operands[2] not in frag:
                 raise NoMatch("a stored tile is not a register tile")
             continue
@@ -582,7 +634,8 @@ def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT,
     if plan.smem_bytes > smem_limit:
         raise NoMatch(f"a ring stage of {off} bytes does not fit in shared memory")
     k_split = k_split_for(k_split, K)
-    if k_split > 1 and plan.warpgroups == 1:
+    # (a column sum over a K split would need the warpgroups' partial sums)
+    if k_split > 1 and plan.warpgroups == 1 and not columns:
         try:
             _plan_k_split(plan, carried, k_split)
         except NoMatch:
@@ -606,6 +659,8 @@ def _plan_checkpoint_stores(plan: RegisterScanPlan, carried, smem_limit: int) ->
         if n.op != "kda.store_chunk" or not stores_carried(n, carried):
             continue
         name, elt, layout, heads, tail = mem_info(n.operands[0])
+        if len(n.operands[2].shape) != 2:
+            continue                  # a column vector (the checkpoint's column norms)
         rows = n.operands[2].shape[0]
         if (elt not in ("f32", "f16") or layout == "token"
                 or list(tail) != list(n.operands[2].shape) or tail[-1] != plan.V or rows % 8):
@@ -701,9 +756,9 @@ def _plan_k_split(plan: RegisterScanPlan, carried, k: int) -> None:
     plan.k_split, plan.split_values, plan.exchanges = k, split, exchanges
 
 
-def _elementwise_source(v, slot_of):
+def _elementwise_source(v, slot_of, columns=frozenset()):
     """Check a non-register operand of an element-wise op: a ring tile, a broadcast vector
-    from the ring, or a broadcast scalar."""
+    from the ring, a broadcast column vector (``columns``) or a broadcast scalar."""
     n = v.owner
     if n is not None and n.op == "kda.broadcast":
         src = n.operands[0]
@@ -712,6 +767,8 @@ def _elementwise_source(v, slot_of):
         dims = list(n.attrs["dims"])
         if len(src.shape) == 1 and dims == [1]:
             slot_of(src)
+            return
+        if src in columns and dims == [0]:
             return
         raise NoMatch(f"broadcast {list(src.shape)} over dims {dims}")
     if n is not None and n.op == "kda.constant":
@@ -758,6 +815,15 @@ class Frag:
 
     def __init__(self, rows: int, values: list, row0=None):
         self.rows, self.values, self.row0 = rows, values, row0
+
+
+class ColumnVector:
+    """A [V] vector with one value per value column (a column sum of a register tile, and
+    element-wise ops on such): this thread's two columns, ``v0 + 16·warp + g`` and 8 after
+    it, the two accumulator rows its registers hold."""
+
+    def __init__(self, values: list):
+        self.values = values
 
 
 class _Pending:
@@ -865,9 +931,16 @@ class RegisterScanEmitter(SharedMemoryKernelEmitter):
         """(the checkpoint stores emitted first, the rest of a step's nodes in emission
         order); the same every step."""
         nodes = body.nodes[:-1]
-        # checkpoints of the carried value go first: stored after the first product is issued,
-        # ptxas waits for that product before the stores (C7517) and nothing overlaps
-        early = [n for n in nodes if n.op == "kda.store_chunk" and stores_carried(n, body.args[1])]
+        # checkpoints of the carried value go first, with what computes them from it (a column
+        # scale): stored after the first product is issued, ptxas waits for that product
+        # before the stores (C7517) and nothing overlaps
+        stores = [n for n in nodes if n.op == "kda.store_chunk"
+                  and stores_carried(n, body.args[1])]
+        inside, cone = set(nodes), set(stores)
+        for n in reversed(nodes):
+            if n in cone:
+                cone.update(o.owner for o in n.operands if o.owner in inside)
+        early = [n for n in nodes if n in cone]
         order = schedule_step(nodes, body.args[1], early) if self.opts.scan_schedule == "early" \
             else [n for n in nodes if n not in early]
         return early, order
@@ -997,12 +1070,20 @@ class RegisterScanEmitter(SharedMemoryKernelEmitter):
             stage, phase = self._stage(it)
             with self.cost.chunk_step():
                 self._phase_now = phase
-                if not rp.slot_barriers:
+
+                def ring_wait():
+                    if rp.slot_barriers:
+                        return
                     bar.mbarrier_wait(self._full(stage), phase)
                     self.cost.event("mbarrier.wait")
                     if rp.depth == 1:   # this step's loads started only when the last one ended
                         self.cost.event("ring.refill_bytes", rp.stage_bytes_tx)
-                out = self._step(body, c, stage, Frag(self.k_local, list(carried), self.row0))
+                if self.opts.scan_checkpoints_first:
+                    out = self._step(body, c, stage, Frag(self.k_local, list(carried), self.row0),
+                                     ring_wait)
+                else:
+                    ring_wait()
+                    out = self._step(body, c, stage, Frag(self.k_local, list(carried), self.row0))
                 if rp.exchanges:
                     # the partial sums were written (generic proxy) into ring tiles TMA refills
                     bar.fence_proxy_async_shared()
@@ -1093,7 +1174,10 @@ class RegisterScanEmitter(SharedMemoryKernelEmitter):
                       lambda part=part: store(pairs[part * share:(part + 1) * share]))
 
     # -- one chunk step ------------------------------------------------------------------------
-    def _step(self, body, c, stage, carried: Frag) -> Frag:
+    def _step(self, body, c, stage, carried: Frag, ring_wait=None) -> Frag:
+        """One chunk step; ``ring_wait``: the wait for the stage's ring tiles, made after the
+        checkpoints of the carried value (which read no ring tile) are stored, so that their
+        work overlaps the copies still landing."""
         env = self.env
         env[body.args[0]] = c
         env[body.args[1]] = carried
@@ -1102,6 +1186,8 @@ class RegisterScanEmitter(SharedMemoryKernelEmitter):
         early, order = self._step_order(body)
         self._early = list(early)
         self._flush_early()
+        if ring_wait is not None:
+            ring_wait()
         slots = self.rplan.slots if self.rplan.slot_barriers else []
         self._acquired, self._released, self._releasing = set(), set(), []
         last = self._last_reads(order) if slots else {}
@@ -1183,6 +1269,9 @@ class RegisterScanEmitter(SharedMemoryKernelEmitter):
 
     def _flush_early(self):
         for n in self._early:
+            if n.op != "kda.store_chunk":
+                self._node(n)
+                continue
             st = self.store_of.get(n)
             if st is not None and not (self.env[n.operands[0]].transposed
                                        or self.env[n.operands[0]].round):
@@ -1249,6 +1338,12 @@ class RegisterScanEmitter(SharedMemoryKernelEmitter):
             env[r] = ("scalar", B.f(float(n.attrs["value"])))
         elif op == "kda.dot":
             self._dot(n)
+        elif op == "kda.reduce_sum":
+            env[r] = self._column_sums(n)
+        elif op in _VECTOR_OPS and len(r.shape) == 1:
+            env[r] = self._column_op(op, [env[o] for o in n.operands])
+        elif r is not None and _summed_product(r):
+            env[r] = ("summed", n)      # its column sum takes the products as FMAs
         elif op in _ELEMENTWISE:
             if self._fused.get(id(n)) is not None:
                 env[r] = self._fused.pop(id(n))
@@ -1296,6 +1391,10 @@ class RegisterScanEmitter(SharedMemoryKernelEmitter):
                 s = self.env[src]
                 s = s[1] if isinstance(s, tuple) else s
                 return [s] * (rows // 2)
+            if isinstance(self.env[src], ColumnVector):
+                # register i sits in accumulator row 16·warp + g + 8·((i // 2) % 2)
+                col = self.env[src].values
+                return [col[(i // 2) % 2] for i in range(rows // 2)]
             _, slot = self.env[src]
             first = self._slot_base(slot) // ELEM_BYTES[slot.elt]
             if row0 is not None:
@@ -1493,7 +1592,88 @@ class RegisterScanEmitter(SharedMemoryKernelEmitter):
         return Frag(part.rows, out)
 
     def _store_chunk(self, n) -> None:
-        self._store(self._stored(n), self.env[n.operands[0]], self.geo.chunk_row(self._c))
+        x = self._stored(n)
+        if isinstance(x, ColumnVector):
+            self._store_columns(x, self.env[n.operands[0]], self.geo.chunk_row(self._c))
+            return
+        self._store(x, self.env[n.operands[0]], self.geo.chunk_row(self._c))
+
+    # -- column vectors ([V]: one value per value column) -----------------------------------
+    def _column_sums(self, n) -> ColumnVector:
+        """The sums over the rows of a register tile, per value column: each value column is
+        one accumulator row, held by one lane quad (its rows spread over the quad's four
+        lanes), so a thread adds its registers of each of its two rows and two butterfly
+        shuffles add the quad's partial sums (no shared memory, no barrier). A tile of
+        products read only here (a square for a norm) is summed as FMAs."""
+        x = self.env[n.operands[0]]
+        if isinstance(x, tuple) and x[0] == "summed":
+            frag = self._ready(self.env[x[1].operands[0]])
+            rows, row0 = frag.rows, frag.row0
+            a, b = (self._elementwise_operand(o, rows, row0) for o in x[1].operands)
+            terms = list(zip(a, b))
+        else:
+            frag = self._ready(x)
+            rows, row0 = frag.rows, frag.row0
+            terms = [(v, None) for v in frag.values]
+        if row0 is not None:
+            raise LoweringError("register scan: a column sum of a K-split state slice")
+        out = []
+        for q in (0, 1):
+            # COLUMN_SUM_CHAINS independent chains, then added: a chain as long as the tile
+            # is deep waits on each add's latency
+            chains = [None] * COLUMN_SUM_CHAINS
+            mine = [t for i, t in enumerate(terms) if (i // 2) % 2 == q]
+            for j, (u, w) in enumerate(mine):
+                c = j % COLUMN_SUM_CHAINS
+                if w is None:
+                    chains[c] = u if chains[c] is None else B.add(chains[c], u)
+                else:
+                    chains[c] = B.mul(u, w) if chains[c] is None else B.fma(u, w, chains[c])
+                self.cost.event("alu.f32")
+            chains = [c for c in chains if c is not None]
+            while len(chains) > 1:
+                chains = [B.add(chains[k], chains[k + 1]) if k + 1 < len(chains) else chains[k]
+                          for k in range(0, len(chains), 2)]
+                self.cost.event("alu.f32", len(chains))
+            acc = chains[0]
+            for mask in (1, 2):
+                acc = B.add(acc, B.shfl_xor(acc, mask))
+                self.cost.event("shfl")
+            out.append(acc)
+        return ColumnVector(out)
+
+    def _column_op(self, op: str, operands: list) -> ColumnVector:
+        def pair(x):
+            if isinstance(x, ColumnVector):
+                return x.values
+            if isinstance(x, tuple) and x[0] == "scalar":
+                return [x[1], x[1]]
+            raise LoweringError(f"register scan: {op} of {x!r} on column vectors")
+        args = [pair(x) for x in operands]
+        f = {"kda.add": B.add, "kda.sub": B.sub, "kda.mul": B.mul}.get(op)
+        if op == "kda.neg":
+            vals = [B.neg(a) for a in args[0]]
+        elif op == "kda.rsqrt":
+            # a scale: it need not be correctly rounded (its users multiply by it and by the
+            # norm it makes, both from this one value: x·r and s·r give back x·s·r², within
+            # 2^-21 of x), so one MUFU.RSQ instead of an IEEE square root and division
+            vals = [B.rsqrt_approx(a) for a in args[0]]
+        else:
+            vals = [f(a, b) for a, b in zip(*args)]
+        self.cost.event("alu.f32", 2)
+        return ColumnVector(vals)
+
+    def _store_columns(self, x: ColumnVector, mem, row) -> None:
+        """A column vector into a [.., V] chunk workspace: the quad's first lane stores its
+        two columns."""
+        col = self.v0 + self.warp * 16 + lane_group(self.lane)
+        ptr = B.gep(mem.ptr, B.wide(row) * mem.inner + B.wide(col), mem.elt)
+
+        def store():
+            for q, v in enumerate(x.values):
+                B.store(ptr, 8 * q, v, mem.elt)
+        B.if_then(B.icmp("eq", lane_in_group(self.lane), 0), store)
+        self.cost.event("st.global", 2)
 
     def _stored(self, n):
         """The register tile store node ``n`` writes: its operand, seen through conversions

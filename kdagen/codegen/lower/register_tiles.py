@@ -70,7 +70,8 @@ from .plan import LoweringError
 from .program import new_node
 from .register_generic import (MAT_PAD, GenericTileOps, b_operand_form, generic_dot_regions,
                                product_operands, product_shape)
-from .register_values import SWIZZLE, V_BLOCK, VIEWS, Acc, row_scaled, through_views
+from .register_values import (SWIZZLE, V_BLOCK, VIEWS, Acc, column_scaled, row_scaled,
+                              through_views)
 
 PATH_NAME = "sm90-register-tile"
 THREADS = 128                # one consumer warpgroup
@@ -89,7 +90,8 @@ STEEP_BLOCK = 64.0
 _VECTOR_OPS = ("kda.add", "kda.sub", "kda.mul", "kda.div", "kda.neg", "kda.exp2", "kda.log2",
                "kda.sigmoid", "kda.softplus", "kda.rsqrt", "kda.clamp", "kda.in_range",
                "kda.select", "kda.constant", "kda.valid_rows", "kda.broadcast", "kda.convert",
-               "kda.load", "kda.scalar", "kda.load_head", "kda.extract_row") + VIEWS
+               "kda.load", "kda.load_chunk", "kda.scalar", "kda.load_head",
+               "kda.extract_row") + VIEWS
 _ACC_ELEMENTWISE = ("kda.add", "kda.sub", "kda.mul", "kda.neg")
 _OUTSIDE = ("kda.workspace", "kda.scalar", "kda.constant", "kda.load_head")
 
@@ -166,6 +168,8 @@ class RegisterTilePlan:
     kinds: dict = field(default_factory=dict)      # value -> its register-tile form
     mats: list = field(default_factory=list)       # accumulators read through shared copies
     b_forms: dict = field(default_factory=dict)    # general products -> their B form
+    #: products whose W is a ring tile times a factor per column -> that [V] vector
+    column_factors: dict = field(default_factory=dict)
     b_stages: list = field(default_factory=list)   # general products staging their B
     outs: list = field(default_factory=list)       # token-tile stores (a staging area each)
     vec_len: int = 64                              # floats per shared vector
@@ -505,7 +509,13 @@ def _plan(program, scan, C: int, V: int, v_ctas: int, dot: str, smem_limit: int,
                 continue
             # W is read element-wise into A fragments: an f32 ring tile, or an f16 one (the
             # fp16 checkpoints of kda-narrow-checkpoints{dtype=fp16}: exact in TF32 and in
-            # bf16 hi + lo)
+            # bf16 hi + lo), possibly times a factor per column (their column norms): the
+            # A fragment's rows are W's columns, so each A element is multiplied by its row's
+            # factor, as the program does before the product
+            cw, cf = column_scaled(rhs)
+            if cw is not None and kinds.get(cw) == "ring" and cf.shape[0] == V:
+                rsrc = cw
+                plan.column_factors[n] = cf
             if kinds.get(rsrc) != "ring" or rhs.shape[1] != V or \
                     mem_info(rsrc.owner.operands[0])[1] not in ("f32", "f16"):
                 general_product(n)
@@ -1867,7 +1877,8 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
             return self._dot_tile(n, x)
         if isinstance(x, T_.BufRef):
             return self._dot_shared(n, x, self.env[rhs])
-        ws = self.slot_of[through_views(rhs).owner]
+        cw = column_scaled(rhs)[0] if n in self.rplan.column_factors else None
+        ws = self.slot_of[(cw if cw is not None else through_views(rhs)).owner]
         ln = row_scaled(lhs)[0]
         if not isinstance(x, Acc) and ln is not None and self.slot_of[ln].elt == "bf16":
             return self._dot_ring(n, ws)
@@ -1885,10 +1896,10 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
             return users[0], y
         return None, None
 
-    def _half_a_split(self, K: int, element) -> list:
+    def _half_a_split(self, K: int, element, row_factors=None) -> list:
         """[(hi, lo)] per 16-deep block: the 16-bit A fragments of A[m, k] = ``element(m, k)``
         (rows of this warp, PTX's m64nNk16 register layout) as bf16 hi and lo parts, hi + lo =
-        A to ~16 significant bits."""
+        A to ~16 significant bits; ``row_factors``: the factors of the thread's two rows."""
         g, t = lane_group(self.lane), lane_in_group(self.lane)
         m0 = self.warp * 16 + g
         out = []
@@ -1897,11 +1908,24 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
             for j in range(4):
                 m = m0 + 8 * (j % 2)
                 k = 16 * kb + 8 * (j // 2) + 2 * t
-                hi, lo = bf16_split_pack(element(m, k), element(m, k + 1))
+                x0, x1 = element(m, k), element(m, k + 1)
+                if row_factors is not None:
+                    x0, x1 = B.mul(x0, row_factors[j % 2]), B.mul(x1, row_factors[j % 2])
+                hi, lo = bf16_split_pack(x0, x1)
                 hi_regs.append(hi)
                 lo_regs.append(lo)
             out.append((hi_regs, lo_regs))
         return out
+
+    def _a_row_factors(self, n, part: int):
+        """The column factors of product ``n``'s W (`RegisterTilePlan.column_factors`) at the
+        two A rows this thread holds in value block ``part`` (rows 16·warp + g and 8 after it:
+        W's columns), else None."""
+        f = self.rplan.column_factors.get(n)
+        if f is None:
+            return None
+        col = self.cta_v0 + V_BLOCK * part + self.warp * 16 + lane_group(self.lane)
+        return [self.env[f].read((col + 8 * h,)) for h in (0, 1)]
 
     def _ring_element(self, ws: TileSlot, row, col):
         """Element (row, col) of ring tile ``ws`` as f32 (an f16 or bf16 tile widened)."""
@@ -1921,7 +1945,7 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
         values = []
         for part in self._parts(ws.cols):       # the 64-column value blocks it computes
             a_regs = self._half_a_split(K, lambda m, k, p=part: self._ring_element(
-                ws, k, m + V_BLOCK * p))
+                ws, k, m + V_BLOCK * p), self._a_row_factors(n, part))
             vals = [B.f(0.0)] * (C // 2)
             wgmma.wgmma_fence(self.target)
             for (hi, lo), d in zip(a_regs, descs):
@@ -1988,7 +2012,7 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
                 if tokens:
                     x = B.sel(B.icmp("lt", self._c * geo.C + k, geo.seqlen), x, B.f(0.0))
                 return x
-            a_regs = self._tf32_a_regs(K, element)
+            a_regs = self._tf32_a_regs(K, element, row_factors=self._a_row_factors(n, part))
             vals = (list(init.values[per * i_part:per * (i_part + 1)]) if init is not None
                     else [B.f(0.0)] * per)
             wgmma.wgmma_fence(self.target)

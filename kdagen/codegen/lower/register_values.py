@@ -28,6 +28,23 @@ def _row_factor(v):
     return None
 
 
+def column_scaled(v) -> tuple:
+    """(ring tile value, [V] column factor) when ``v`` is a ring tile (seen through views)
+    times a broadcast of one vector over its rows (``x · broadcast(n, dims=[0])``: the fp16
+    checkpoints' column norms, kda-narrow-checkpoints{scale=column}), else (None, None)."""
+    v = through_views(v)
+    if v.owner is None or v.owner.op != "kda.mul":
+        return None, None
+    for x, f in (v.owner.operands, reversed(v.owner.operands)):
+        b = through_views(f).owner
+        x = through_views(x)
+        if (b is not None and b.op == "kda.broadcast" and list(b.attrs.get("dims", ())) == [0]
+                and len(b.operands[0].shape) == 1 and len(x.shape) == 2 and x.owner is not None
+                and x.owner.op in ("kda.load", "kda.load_chunk")):
+            return x, b.operands[0]
+    return None, None
+
+
 def row_scaled(v) -> tuple:
     """(ring load node, [row factor values]) when ``v`` is a ring tile times broadcasts of
     per-row vectors (``q · broadcast(rq) · broadcast(2^G)``), else (None, [])."""

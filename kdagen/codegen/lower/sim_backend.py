@@ -181,6 +181,10 @@ class SimBackend:
         with np.errstate(invalid="ignore"):
             return np.sqrt(self._f(a))
 
+    def rsqrt_approx(self, a):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.float32(1.0) / np.sqrt(self._f(a))
+
     def sel(self, cond, a, b):
         return np.where(cond, self._f(a), self._f(b)).astype(np.float32)
 
