@@ -15,6 +15,7 @@ from kdagen.reference import rel_err
 
 F16_CHIP = "chip+kda-narrow-checkpoints{dtype=fp16}"               # columns scaled (default)
 F16_UNSCALED = "chip+kda-narrow-checkpoints{dtype=fp16,scale=none}"
+F32_CHIP = "chip+kda-narrow-checkpoints{dtype=fp32}"               # the pass off
 
 GOLDEN = r"""
 // CHECK-DAG: %[[SW:.*]] = "kda.workspace"() {{.*}}name = "S_chunks"{{.*}} -> memref<?x?x128x128xf16>
@@ -67,11 +68,12 @@ def test_golden_fp16_checkpoints_gdn_fwd():
     ("gdn_bwd", set()), ("kda_bwd", set())])
 def test_only_checkpoints_that_tf32_products_read_narrow(program, narrowed):
     """The forwards' checkpoints narrow; the backwards' keep fp32 (the dk kernel reads the
-    state and dS at bf16x3), unless scope=all; off by default."""
+    state and dS at bf16x3), unless scope=all; off by default (dtype=fp32)."""
     pytest.importorskip("kdagen._mlir")
     types = _workspace_types(_final(program))
     assert {n for n, t in types.items() if t.startswith("f16")} == narrowed, types
-    assert not any(t.startswith("f16") for t in _workspace_types(_final(program, "chip")).values())
+    for pipeline in ("chip", F32_CHIP):
+        assert not any(t.startswith("f16") for t in _workspace_types(_final(program, pipeline)).values())
     if program.endswith("_bwd"):
         every = _workspace_types(_final(program, F16_CHIP[:-1] + ",scope=all}"))
         assert {"S_chunks", "dS_chunks"} <= {n for n, t in every.items() if t.startswith("f16")}
@@ -85,7 +87,7 @@ def test_fp16_checkpoints_change_only_the_storage_rounding(family, pipeline):
     against the exact result is that of the fp32 checkpoints, to 2%."""
     pytest.importorskip("kdagen._mlir")
     case = make_case(family, seed=3, lengths=[1, 70, 130], H=1, HV=2, decay="weak")
-    ref = _final(f"{family}_fwd", "chip", case.options)
+    ref = _final(f"{family}_fwd", F32_CHIP, case.options)
     f16 = _final(f"{family}_fwd", pipeline, case.options)
     exact, base = interpreter.run(f16, case.inputs), interpreter.run(ref, case.inputs)
     for key in base:
@@ -152,13 +154,49 @@ def test_column_scales_keep_large_states_in_fp16_range(family):
     pytest.importorskip("kdagen._mlir")
     case = make_case(family, seed=4, lengths=[130], H=1, HV=1, decay="weak")
     inputs = dict(case.inputs, v=case.inputs["v"] * 2.0 ** 17)
-    ref = _final(f"{family}_fwd", "chip", case.options)
+    ref = _final(f"{family}_fwd", F32_CHIP, case.options)
     exact = interpreter.run(ref, inputs)
     assert exact["final_state"].abs().max() > 65504
     errors = {}
-    for name, pipeline in (("fp32", "chip"), ("column", F16_CHIP), ("none", F16_UNSCALED)):
+    for name, pipeline in (("fp32", F32_CHIP), ("column", F16_CHIP), ("none", F16_UNSCALED)):
         got = interpreter.run(_final(f"{family}_fwd", pipeline, case.options), inputs,
                               round_storage=True)["o"]
         errors[name] = rel_err(got, exact["o"]) if torch.isfinite(got).all() else float("inf")
     assert errors["none"] > 10 * errors["fp32"], errors
     assert errors["column"] <= 1.02 * errors["fp32"], errors
+
+
+@pytest.mark.parametrize("family", ["gdn", "kda"])
+def test_column_sums_of_a_k_split_state_meet_in_shared_memory(family):
+    """K = 256: the register scan splits the state's rows over two warpgroups (each 128 rows);
+    the state's column sums are then partial, and the warpgroups add theirs through shared
+    memory (two [2, 64] buffers by step parity, one named barrier of both); v' is whole in
+    each, so its sums need none. Only the first slice stores the norms; nothing spills."""
+    pytest.importorskip("kdagen._mlir")
+    from kdagen.codegen import ptxas
+    from kdagen.driver import DEFAULT_LOWERING, Compilation
+
+    def scan_of(pipeline):
+        comp = Compilation(f"{family}_fwd", {"head_k_dim": 256}, "sm_90a", pipeline=pipeline,
+                           lower=DEFAULT_LOWERING, ptxas=False)
+        comp.run("ptx")
+        (scan,) = [k for k in comp.kernels if k.path == "sm90-register-scan"]
+        return scan, comp.ptx[scan.name]
+    scan, ptx = scan_of(F16_CHIP)
+    _, unscaled = scan_of(F16_UNSCALED)
+    assert scan.launch["block"][0] == 3 * 128       # two consumer warpgroups and the producer
+    # the state's sums: 2 columns x 2 quad shuffles, then the exchange; v''s: 2 x 2 more
+    assert ptx.count("shfl.sync.bfly") == 8
+    # beside the unscaled scan: one more exchange barrier, each thread's two partials stored
+    # and both slices' read back
+    for text, more in (("bar.sync \t1, 256;", 1), ("st.shared.b32", 2), ("ld.shared.b32", 4)):
+        assert ptx.count(text) == unscaled.count(text) + more, text
+    assert scan.launch["dynamic_shared_memory"] <= 227 * 1024
+    try:
+        exe = ptxas.find_ptxas()
+    except ptxas.PtxasNotFound:
+        pytest.skip("ptxas not found")
+    r = ptxas.assemble(ptx, "sm_90a", exe)
+    assert r.ok, r.log
+    (res,) = r.resources.values()
+    assert res.spill_stores == 0 and res.spill_loads == 0

@@ -15,6 +15,8 @@ from kdagen.codegen.common.layouts import (acc_reg_for_tf32_a, interleave8, wgmm
 from kdagen.codegen.lower.sim_backend import tf32_round
 from kdagen.runtime.tensormap import view_dims
 
+F32_CHECKPOINTS = "chip+kda-narrow-checkpoints{dtype=fp32}"
+
 
 def _acc_coords(n_cols):
     """[thread][register] -> (row, col) of a wgmma m64n{n_cols} accumulator."""
@@ -94,7 +96,10 @@ def _plans(program, k_split=1, **opts):
     from kdagen.codegen.lower.plan import group_kernels
     from kdagen.codegen.lower.program import read_program
     from kdagen.target import TARGETS
-    prog = read_program(driver.build_module(program, opts, pipeline="chip", chip="sm_90a"))
+    # fp32 checkpoints: the staging rules these tests check (the fp16 ones, scaled by column,
+    # are test_fp16_checkpoints.py's)
+    prog = read_program(driver.build_module(program, opts, pipeline=F32_CHECKPOINTS,
+                                            chip="sm_90a"))
     groups = group_kernels(prog, True)
     # the tuning table off: these tests are of the plans' rules (the table's entries, e.g.
     # the reverse scans on two warpgroups, are test_reverse_scans_take_two_warpgroups_by_the_table's)
@@ -179,7 +184,7 @@ def test_register_scan_kernel_assembles_for_sm90a(tmp_path, k_split):
     from kdagen.codegen.lower.options import LowerOptions
     from kdagen.target import TARGETS
     t = TARGETS["sm_90a"]
-    mod = driver.build_module("kda_fwd", {}, pipeline="chip", chip="sm_90a")
+    mod = driver.build_module("kda_fwd", {}, pipeline=F32_CHECKPOINTS, chip="sm_90a")
     opts = LowerOptions(path="native", dot="tf32", scan_k_split=k_split, scan_tma_stores=False)
     ks = [k for k in lower_program(mod, t, options=opts) if k.path == "sm90-register-scan"]
     assert len(ks) == 1
@@ -351,7 +356,7 @@ def test_staged_checkpoint_kernel_assembles_without_spills(tmp_path):
     from kdagen.codegen.lower.options import LowerOptions
     from kdagen.target import TARGETS
     t = TARGETS["sm_90a"]
-    mod = driver.build_module("kda_fwd", {}, pipeline="chip", chip="sm_90a")
+    mod = driver.build_module("kda_fwd", {}, pipeline=F32_CHECKPOINTS, chip="sm_90a")
     ks = [k for k in lower_program(mod, t, options=LowerOptions(path="native", dot="auto"))
           if k.path == "sm90-register-scan"]
     ptx = driver.ptx_of(ks[0].module, t, ks[0].name)
@@ -367,6 +372,34 @@ def test_staged_checkpoint_kernel_assembles_without_spills(tmp_path):
                         str(tmp_path / "k.cubin")], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "0 bytes spill stores" in r.stderr and "C7517" not in r.stderr
+
+
+@pytest.mark.parametrize("first", [False, True])
+def test_checkpoints_first_stores_before_the_ring_wait(first):
+    """scan_checkpoints_first: the step stages and copies out the carried value's checkpoint
+    (here with fp16 checkpoints' column scale: its sums' shuffles too) before it waits for the
+    chunk's ring tiles; off, after that wait. The step's only consumer mbarrier wait is the
+    ring's."""
+    from kdagen import driver
+    from kdagen.codegen.lower.kernel import lower_program
+    from kdagen.codegen.lower.options import LowerOptions
+    from kdagen.target import TARGETS
+    t = TARGETS["sm_90a"]
+    mod = driver.build_module("gdn_fwd", {}, pipeline="chip+kda-narrow-checkpoints{dtype=fp16}",
+                              chip="sm_90a")
+    opts = LowerOptions(path="native", dot="auto", scan_checkpoints_first=first)
+    (k,) = [k for k in lower_program(mod, t, options=opts) if k.path == "sm90-register-scan"]
+    ptx = driver.ptx_of(k.module, t, k.name)
+    copy_out = ptx.index("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group")
+    first_shuffle = ptx.index("shfl.sync.bfly")
+    waits = [m.start() for m in re.finditer(r"mbarrier\.try_wait\.parity", ptx)]
+    # the producer's wait for a free stage comes first in the text; the consumer's ring wait
+    # is the last one before the step's first product
+    ring_wait = max(w for w in waits if w < ptx.index("wgmma.mma_async"))
+    if first:
+        assert first_shuffle < copy_out < ring_wait
+    else:
+        assert ring_wait < first_shuffle < copy_out
 
 
 @pytest.mark.parametrize("program", ["kda_fwd", "kda_bwd", "gdn_bwd"])

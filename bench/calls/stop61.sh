@@ -47,4 +47,14 @@ cf)
         --json "$OUT/ab_cf.json" > "$OUT/ab_cf.log" 2>&1
     echo "bench_rc=$?"; grep -A10 "^op |" "$OUT/ab_cf.log"
     grep -E "Error|Traceback" "$OUT/ab_cf.log" | head -20 ;;
+cf2)    # (bash bench/calls/stop61_build.sh f16s cf k256) cf without the fp32 checkpoints stored
+        # first, with the K = 256 set in scaled fp16 (check_k256f16)
+    full_checks 200 check_f16cf check_k256f16
+    full_checks 300 check_f16p check_f16st
+    timeout 200 python3 -m kdagen.cli bench --bundle def61=.bundles/bench_def61 --bundle f16s2=.bundles/ab_f16s2 \
+        --bundle f16cf=.bundles/ab_f16cf --ops gdn,kda --modes fwd,fwdbwd \
+        --configs B1_T32k_H16,B8_T4k_H32 --no-fla --rep-ms 100 --kernels --kernel-reps 3 \
+        --json "$OUT/ab_cf.json" > "$OUT/ab_cf.log" 2>&1
+    echo "bench_rc=$?"; grep -A10 "^op |" "$OUT/ab_cf.log"
+    grep -E "Error|Traceback" "$OUT/ab_cf.log" | head -20 ;;
 esac

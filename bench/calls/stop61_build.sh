@@ -16,6 +16,9 @@
 #          check_f16cf and check_cf (the GPU check's native set, every program), check_f16p
 #          (the portable set) and check_f16st (what sm_100a / sm_120a run, compiled for
 #          sm_90a), both with scaled fp16 checkpoints
+#   k256   check_k256f16: the GPU check's K = 256 set with scaled fp16 checkpoints (the register
+#          scan splits the state's rows over two warpgroups, whose column sums meet in shared
+#          memory)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-.venv/bin/python}
@@ -44,6 +47,11 @@ for set in "${@:-f16s}"; do
         "$PY" -m tools.check_bundle .bundles/check_f16st --set standin --pipeline "$F16S" \
             --chips sm_90a > /tmp/check_f16st.log 2>&1
         built+=(ab_f16s2 ab_f16cf ab_cf check_f16cf check_cf check_f16p check_f16st) ;;
+    k256)
+        rm -rf .bundles/check_k256f16
+        "$PY" -m tools.check_bundle .bundles/check_k256f16 --set k256 --pipeline "$F16S" \
+            --chips sm_90a > /tmp/check_k256f16.log 2>&1
+        built+=(check_k256f16) ;;
     *) echo "unknown set $set" >&2; exit 2 ;;
     esac
 done

@@ -18,10 +18,10 @@ with v). ``scale=column`` (the default) divides each value column by its 2-norm 
 before the conversion, so every stored entry is in [-1, 1], and stores the [V] norms per chunk
 beside it in fp32; the reader multiplies them back (a column of the state or of v' feeds one
 column of o, so each column keeps 10 bits relative to itself). ``scale=none`` stores the
-values as they are: an entry past 65504 becomes infinity. The sm_90a register scan and
-register-tile kernels lower only ``scale=none`` so far (with the scale, those kernels take the
-native tile path); that is what the GPU measured, and ``dtype=fp16`` stays opt-in until they
-lower the scale too.
+values as they are: an entry past 65504 becomes infinity. On sm_90a the register scan sums
+each value column with two quad shuffles (a value column is one accumulator row) and stores
+the norms from the quad leaders; the register-tile reader multiplies each A element of the
+product's W (its rows are W's columns) by its column's norm.
 
 A checkpoint here is a ``kda.workspace`` of layout ``chunk`` and element f32 that serial
 kernels (scans carrying a value) write and chunk-parallel kernels read, where every read feeds
@@ -77,7 +77,13 @@ def _kernel_of(op):
 class NarrowCheckpointsPass(ModulePass):
     name = "kda-narrow-checkpoints"
     summary = "serial kernels' checkpoints in fp16 where only TF32 products read them"
-    # "fp32": leave every checkpoint as it is (the default until scaled); "fp16": narrow
+    # "fp32": leave every checkpoint as it is (the default); "fp16": narrow. fp16 with the
+    # column scale, on the H100 (one process; GPU check 574 ok): gdn fwd B1_T32k_H16 1.478 ->
+    # 1.395 ms, B8_T4k_H32 3.656 -> 3.120; kda fwd 2.474 -> 2.427 and 5.402 -> 4.928; fwd+bwd
+    # 0.3-2.5% faster (bench/results/h100_stop61_ab_f16s.log, h100_stop61_check_f16s_full.log).
+    # The default until the GPU checks the final lowering (rsqrt.approx and four add chains in
+    # the register scan's column sums, the K-split column exchange at K = 256) and the
+    # portable and stand-in sets with it (bench/calls/stop61.sh cf2)
     dtype: str = field(default="fp32", metadata={"choices": ("fp32", "fp16")})
     # which checkpoints: "tf32" (those only products of at most TF32 precision read) or "all"
     # (every one: the accuracy study's knob, e.g. the backward's state read at bf16x3)

@@ -224,6 +224,10 @@ class RegisterScanPlan:
     split_values: set = field(default_factory=set)    # tiles held as K / k_split row slices
     exchanges: dict = field(default_factory=dict)     # partial product -> slot it meets in
     stores: list = field(default_factory=list)        # checkpoints stored by TMA (StoreSlot)
+    # K split: the column sums of state slices (a column scale's norms) a step adds over the
+    # warpgroups, and where their partials meet in shared memory (`column_exchange_bytes`)
+    column_exchanges: int = 0
+    column_exchange_offset: int = 0
     precision: str = "tf32"      # of every product (SCAN_PRECISIONS)
     # a one-stage ring with a full and an empty barrier per slot, not per stage: each slot is
     # refilled for the next chunk as soon as this step's last read of it completes, so the
@@ -258,10 +262,18 @@ class RegisterScanPlan:
         return len(self.slots) if self.slot_barriers else self.depth
 
     @property
+    def column_exchange_bytes(self) -> int:
+        """Each warpgroup's partial column sums, per sum, in two buffers (step parity: a
+        warpgroup writing the next step's partials never meets one still reading these)."""
+        return 2 * self.column_exchanges * self.k_split * V_BLOCK * 4
+
+    @property
     def smem_bytes(self) -> int:
         end = self.ring_bytes + 16 * self.barrier_pairs
         for st in self.stores:
             end = max(end, st.offset + st.nbytes)
+        if self.column_exchanges:
+            end = max(end, self.column_exchange_offset + self.column_exchange_bytes)
         return end
 
     @property
@@ -375,8 +387,18 @@ def schedule_step(nodes: list, carried, skip=()) -> list:
         for o in n.operands:
             uses[o] = uses.get(o, 0) + 1
 
+    def computed(o):
+        """Whether value ``o`` is available: its producer emitted, and for a declaration (a
+        broadcast emits nothing: its users read its source) its operands as well."""
+        p = producer.get(o)
+        if p is None:
+            return True
+        if p.op in _DECLARATIONS:
+            return all(computed(x) for x in p.operands)
+        return p in done
+
     def ready(n):
-        return all(producer.get(o) is None or producer[o] in done for o in n.operands)
+        return all(computed(o) for o in n.operands)
 
     def awaited(n):
         """The in-flight values ``n`` must wait for."""
@@ -404,7 +426,7 @@ def schedule_step(nodes: list, carried, skip=()) -> list:
                 in_flight[r] = len(order)
 
     first = [n for n in nodes if n not in done and n.op in _ELEMENTWISE
-             and all(o is carried or producer.get(o) in done for o in n.operands)
+             and all(o is carried or computed(o) for o in n.operands)
              and carried in n.operands]
     for n in first:
         emit(n)
@@ -634,17 +656,21 @@ def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT,
     if plan.smem_bytes > smem_limit:
         raise NoMatch(f"a ring stage of {off} bytes does not fit in shared memory")
     k_split = k_split_for(k_split, K)
-    # (a column sum over a K split would need the warpgroups' partial sums)
-    if k_split > 1 and plan.warpgroups == 1 and not columns:
+    if k_split > 1 and plan.warpgroups == 1:
         try:
             _plan_k_split(plan, carried, k_split)
         except NoMatch:
             plan.k_split, plan.split_values, plan.exchanges = 1, set(), {}
+            plan.column_exchanges = 0
     plan.slot_barriers = bool(slot_barriers and plan.depth == 1 and not plan.exchanges)
     if plan.smem_bytes > smem_limit:
         plan.slot_barriers = False
     if tma_stores:
         _plan_checkpoint_stores(plan, carried, smem_limit)
+    if plan.column_exchanges:
+        plan.column_exchange_offset = -(-plan.smem_bytes // 16) * 16
+        if plan.smem_bytes > smem_limit:
+            raise NoMatch(f"the column sums' exchange does not fit in shared memory")
     return plan
 
 
@@ -705,6 +731,7 @@ def _plan_k_split(plan: RegisterScanPlan, carried, k: int) -> None:
     split = {carried}
     whole = set()
     exchanges = {}
+    column_sums = 0
     uses: dict = {}
     body = plan.scan.body
     for n in body.nodes:
@@ -744,7 +771,11 @@ def _plan_k_split(plan: RegisterScanPlan, carried, k: int) -> None:
                 split.add(res)
             else:
                 whole.add(res)
-        elif op in _ELEMENTWISE:
+        elif op == "kda.reduce_sum":
+            # a column sum of a slice: its partials are added over the warpgroups
+            if n.operands[0] in split:
+                column_sums += 1
+        elif op in _ELEMENTWISE and len(n.results[0].shape) == 2:
             kinds = {cls(o) for o in n.operands} - {None}
             if len(kinds) > 1:
                 raise NoMatch(f"{op} mixes state slices and whole tiles")
@@ -754,6 +785,7 @@ def _plan_k_split(plan: RegisterScanPlan, carried, k: int) -> None:
     if not exchanges:
         raise NoMatch("no product sums over the state's rows")
     plan.k_split, plan.split_values, plan.exchanges = k, split, exchanges
+    plan.column_exchanges = column_sums
 
 
 def _elementwise_source(v, slot_of, columns=frozenset()):
@@ -1183,6 +1215,7 @@ class RegisterScanEmitter(SharedMemoryKernelEmitter):
         env[body.args[1]] = carried
         self._carried_arg = body.args[1]
         self._c, self._stage_now = c, stage
+        self._column_sum_index = 0
         early, order = self._step_order(body)
         self._early = list(early)
         self._flush_early()
@@ -1615,8 +1648,6 @@ class RegisterScanEmitter(SharedMemoryKernelEmitter):
             frag = self._ready(x)
             rows, row0 = frag.rows, frag.row0
             terms = [(v, None) for v in frag.values]
-        if row0 is not None:
-            raise LoweringError("register scan: a column sum of a K-split state slice")
         out = []
         for q in (0, 1):
             # COLUMN_SUM_CHAINS independent chains, then added: a chain as long as the tile
@@ -1640,7 +1671,37 @@ class RegisterScanEmitter(SharedMemoryKernelEmitter):
                 acc = B.add(acc, B.shfl_xor(acc, mask))
                 self.cost.event("shfl")
             out.append(acc)
+        if row0 is not None:        # a K-split slice: add the other warpgroups' partials
+            out = self._exchange_columns(out)
         return ColumnVector(out)
+
+    def _exchange_columns(self, part: list) -> list:
+        """The column sums of the whole state from this warpgroup's partials over its K slice:
+        each writes its two columns' partials to shared memory (the buffer of this step's
+        parity and this sum), meets the others at the exchange barrier, and adds every
+        warpgroup's in slice order (so all hold the same sums)."""
+        rp, k = self.rplan, self.rplan.k_split
+        per_sum = k * V_BLOCK
+        index = self._column_sum_index
+        self._column_sum_index += 1
+        parity = self._c & 1            # consecutive steps take consecutive chunks
+        base = (rp.column_exchange_offset // 4
+                + (parity * rp.column_exchanges + index) * per_sum)
+        col = self.warp * 16 + lane_group(self.lane)
+        for q, x in enumerate(part):
+            B.store(self.smem_base, base + self.kpart * V_BLOCK + col + 8 * q, x, "f32")
+        self.cost.event("st.shared", 2)
+        bar.named_barrier_sync(EXCHANGE_BARRIER, k * WG_THREADS)
+        self.cost.event("bar.sync")
+        out = []
+        for q in (0, 1):
+            total = None
+            for p in range(k):
+                x = B.load(self.smem_base, base + p * V_BLOCK + col + 8 * q, "f32")
+                total = x if total is None else B.add(total, x)
+            self.cost.event("ld.shared", k)
+            out.append(total)
+        return out
 
     def _column_op(self, op: str, operands: list) -> ColumnVector:
         def pair(x):
@@ -1672,7 +1733,10 @@ class RegisterScanEmitter(SharedMemoryKernelEmitter):
         def store():
             for q, v in enumerate(x.values):
                 B.store(ptr, 8 * q, v, mem.elt)
-        B.if_then(B.icmp("eq", lane_in_group(self.lane), 0), store)
+        leader = B.icmp("eq", lane_in_group(self.lane), 0)
+        if self.rplan.k_split > 1:        # every slice holds the whole sums: the first stores
+            leader = B.band(leader, B.icmp("eq", self.kpart, 0))
+        B.if_then(leader, store)
         self.cost.event("st.global", 2)
 
     def _stored(self, n):
