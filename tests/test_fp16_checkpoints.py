@@ -134,7 +134,11 @@ def test_the_sm90_kernels_take_f16_checkpoints_on_their_register_paths(pipeline)
     shuffles = scan_ptx.count("shfl.sync.bfly")
     assert shuffles == (8 if scaled else 0), shuffles   # 2 columns x 2 steps x 2 checkpoints
     if scaled:
-        assert "div.rn.f32" not in scan_ptx           # the scale is rcp(sqrt): no IEEE division
+        assert "div.rn.f32" not in scan_ptx           # the scale is rsqrt.approx: no division
+    # the output kernel loads each product's two column norms per thread before it waits for
+    # the chunk's copies, not at the product
+    before_wait = out_ptx[:out_ptx.index("mbarrier.try_wait")]
+    assert before_wait.count("ld.global.b32") == (4 if scaled else 0)
     try:
         exe = ptxas.find_ptxas()
     except ptxas.PtxasNotFound:
