@@ -490,6 +490,14 @@ def _summed_product(v) -> bool:
             and v.uses[0][0].op == "kda.reduce_sum")
 
 
+def _apply(op: str, operands: list) -> list:
+    """An element-wise op (`_ELEMENTWISE`) over lists of its operands' register values."""
+    if op == "kda.neg":
+        return [B.neg(a) for a in operands[0]]
+    f = {"kda.add": B.add, "kda.sub": B.sub, "kda.mul": B.mul}[op]
+    return [f(a, b) for a, b in zip(*operands)]
+
+
 def column_sum_source(n, frag: set):
     """The register tile a ``kda.reduce_sum`` node ``n`` sums over its rows (dims [0]: one sum
     per value column), else None."""
@@ -1388,12 +1396,7 @@ class RegisterScanEmitter(SharedMemoryKernelEmitter):
                     rows, row0 = x.rows, x.row0        # a state slice stays one
             self._await_a_reads(n.operands)
             ops = [self._elementwise_operand(o, rows, row0) for o in n.operands]
-            f = {"kda.add": B.add, "kda.sub": B.sub, "kda.mul": B.mul}.get(op)
-            if op == "kda.neg":
-                vals = [B.neg(a) for a in ops[0]]
-            else:
-                vals = [f(a, b) for a, b in zip(*ops)]
-            env[r] = Frag(rows, vals, row0)
+            env[r] = Frag(rows, _apply(op, ops), row0)
         elif op == "kda.store_chunk":
             self._store_chunk(n)
         else:
@@ -1711,16 +1714,13 @@ class RegisterScanEmitter(SharedMemoryKernelEmitter):
                 return [x[1], x[1]]
             raise LoweringError(f"register scan: {op} of {x!r} on column vectors")
         args = [pair(x) for x in operands]
-        f = {"kda.add": B.add, "kda.sub": B.sub, "kda.mul": B.mul}.get(op)
-        if op == "kda.neg":
-            vals = [B.neg(a) for a in args[0]]
-        elif op == "kda.rsqrt":
+        if op == "kda.rsqrt":
             # a scale: it need not be correctly rounded (its users multiply by it and by the
             # norm it makes, both from this one value: x·r and s·r give back x·s·r², within
             # 2^-21 of x), so one MUFU.RSQ instead of an IEEE square root and division
             vals = [B.rsqrt_approx(a) for a in args[0]]
         else:
-            vals = [f(a, b) for a, b in zip(*args)]
+            vals = _apply(op, args)
         self.cost.event("alu.f32", 2)
         return ColumnVector(vals)
 
