@@ -187,7 +187,10 @@ def test_column_sums_of_a_k_split_state_meet_in_shared_memory(family):
         (scan,) = [k for k in comp.kernels if k.path == "sm90-register-scan"]
         return scan, comp.ptx[scan.name]
     scan, ptx = scan_of(F16_CHIP)
-    _, unscaled = scan_of(F16_UNSCALED)
+    plain, unscaled = scan_of(F16_UNSCALED)
+    # the exchange buffers after the rest: 2 step parities x 2 slices x 64 columns, fp32
+    before = plain.launch["dynamic_shared_memory"]
+    assert scan.launch["dynamic_shared_memory"] == -(-before // 16) * 16 + 2 * 2 * 64 * 4
     assert scan.launch["block"][0] == 3 * 128       # two consumer warpgroups and the producer
     # the state's sums: 2 columns x 2 quad shuffles, then the exchange; v''s: 2 x 2 more
     assert ptx.count("shfl.sync.bfly") == 8
