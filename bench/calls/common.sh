@@ -30,3 +30,15 @@ layers() {       # layers TAG CALLS "OP MODE"...: bench/host_layers.py on .bundl
         echo "$tag $1 $2 rc=$?"; cat "$OUT/${tag}_$1_$2.log"
     done
 }
+
+ab() {           # ab TAG TIMEOUT REP_MS NAME=BUNDLE...: kdagen bench of the bundles side by side
+                 # (gdn and kda, fwd and fwd+bwd, B1_T32k_H16 and B8_T4k_H32, the per-kernel
+                 # table), into $OUT/TAG.{json,log}; prints its table and any error
+    local tag=$1 t=$2 rep=$3 bundles=() b; shift 3
+    for b in "$@"; do bundles+=(--bundle "$b"); done
+    timeout "$t" python3 -m kdagen.cli bench "${bundles[@]}" --ops gdn,kda --modes fwd,fwdbwd \
+        --configs B1_T32k_H16,B8_T4k_H32 --no-fla --rep-ms "$rep" --kernels --kernel-reps 3 \
+        --json "$OUT/$tag.json" > "$OUT/$tag.log" 2>&1
+    echo "bench_rc=$?"; grep -A10 "^op |" "$OUT/$tag.log"
+    grep -E "Error|Traceback" "$OUT/$tag.log" | head -20
+}

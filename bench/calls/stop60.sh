@@ -46,18 +46,10 @@ beside)
     done ;;
 f16c)
     full_checks 300 check_f16c
-    timeout 200 python3 -m kdagen.cli bench --bundle def60=.bundles/bench_def60 --bundle f16c=.bundles/ab_f16c \
-        --ops gdn,kda --modes fwd,fwdbwd --configs B1_T32k_H16,B8_T4k_H32 --no-fla --rep-ms 150 --kernels \
-        --kernel-reps 3 --json "$OUT/ab_f16c.json" > "$OUT/ab_f16c.log" 2>&1
-    echo "bench_rc=$?"; grep -A10 "^op |" "$OUT/ab_f16c.log"
-    grep -E "Error|Traceback" "$OUT/ab_f16c.log" | head -20 ;;
+    ab ab_f16c 200 150 def60=.bundles/bench_def60 f16c=.bundles/ab_f16c ;;
 ff1)
     full_checks 250 check_ff1
-    timeout 230 python3 -m kdagen.cli bench --bundle def60=.bundles/bench_def60 --bundle ff1=.bundles/ab_ff1 \
-        --bundle f16ff=.bundles/ab_f16ff --ops gdn,kda --modes fwd,fwdbwd --configs B1_T32k_H16,B8_T4k_H32 \
-        --no-fla --rep-ms 120 --kernels --kernel-reps 3 --json "$OUT/ab_ff1.json" > "$OUT/ab_ff1.log" 2>&1
-    echo "bench_rc=$?"; grep -A10 "^op |" "$OUT/ab_ff1.log"
-    grep -E "Error|Traceback" "$OUT/ab_ff1.log" | head -20
+    ab ab_ff1 230 120 def60=.bundles/bench_def60 ff1=.bundles/ab_ff1 f16ff=.bundles/ab_f16ff
     timeout 60 python3 bench/overlap_timeline.py --bundle def60=.bundles/bench_def60 --bundle ff1=.bundles/ab_ff1 \
         --ops gdn --modes fwdbwd --configs B1_T32k_H16 --reps 5 > "$OUT/timeline_ff1.log" 2>&1
     cat "$OUT/timeline_ff1.log" ;;

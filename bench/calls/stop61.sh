@@ -33,28 +33,15 @@ ncu2)
     xz -9 "$OUT"/ncu_*.csv; ls -la "$OUT" ;;
 f16s)
     full_checks 300 check_f16s
-    timeout 240 python3 -m kdagen.cli bench --bundle def61=.bundles/bench_def61 --bundle f16s=.bundles/ab_f16s \
-        --bundle f16n=.bundles/ab_f16n --ops gdn,kda --modes fwd,fwdbwd --configs B1_T32k_H16,B8_T4k_H32 \
-        --no-fla --rep-ms 120 --kernels --kernel-reps 3 --json "$OUT/ab_f16s.json" > "$OUT/ab_f16s.log" 2>&1
-    echo "bench_rc=$?"; grep -A10 "^op |" "$OUT/ab_f16s.log"
-    grep -E "Error|Traceback" "$OUT/ab_f16s.log" | head -20 ;;
+    ab ab_f16s 240 120 def61=.bundles/bench_def61 f16s=.bundles/ab_f16s f16n=.bundles/ab_f16n ;;
 cf)
     full_checks 200 check_f16cf check_cf
     full_checks 300 check_f16p check_f16st
-    timeout 280 python3 -m kdagen.cli bench --bundle def61=.bundles/bench_def61 --bundle f16s2=.bundles/ab_f16s2 \
-        --bundle f16cf=.bundles/ab_f16cf --bundle cf=.bundles/ab_cf --ops gdn,kda --modes fwd,fwdbwd \
-        --configs B1_T32k_H16,B8_T4k_H32 --no-fla --rep-ms 120 --kernels --kernel-reps 3 \
-        --json "$OUT/ab_cf.json" > "$OUT/ab_cf.log" 2>&1
-    echo "bench_rc=$?"; grep -A10 "^op |" "$OUT/ab_cf.log"
-    grep -E "Error|Traceback" "$OUT/ab_cf.log" | head -20 ;;
+    ab ab_cf 280 120 def61=.bundles/bench_def61 f16s2=.bundles/ab_f16s2 f16cf=.bundles/ab_f16cf \
+        cf=.bundles/ab_cf ;;
 cf2)    # (bash bench/calls/stop61_build.sh f16s cf k256) cf without the fp32 checkpoints stored
         # first, with the K = 256 set in scaled fp16 (check_k256f16)
     full_checks 200 check_f16cf check_k256f16
     full_checks 300 check_f16p check_f16st
-    timeout 200 python3 -m kdagen.cli bench --bundle def61=.bundles/bench_def61 --bundle f16s2=.bundles/ab_f16s2 \
-        --bundle f16cf=.bundles/ab_f16cf --ops gdn,kda --modes fwd,fwdbwd \
-        --configs B1_T32k_H16,B8_T4k_H32 --no-fla --rep-ms 100 --kernels --kernel-reps 3 \
-        --json "$OUT/ab_cf.json" > "$OUT/ab_cf.log" 2>&1
-    echo "bench_rc=$?"; grep -A10 "^op |" "$OUT/ab_cf.log"
-    grep -E "Error|Traceback" "$OUT/ab_cf.log" | head -20 ;;
+    ab ab_cf 200 100 def61=.bundles/bench_def61 f16s2=.bundles/ab_f16s2 f16cf=.bundles/ab_f16cf ;;
 esac

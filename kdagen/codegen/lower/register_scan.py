@@ -678,7 +678,7 @@ def match(program, group, target: Target | None, smem_limit: int = SMEM_LIMIT,
     if plan.column_exchanges:
         plan.column_exchange_offset = -(-plan.smem_bytes // 16) * 16
         if plan.smem_bytes > smem_limit:
-            raise NoMatch(f"the column sums' exchange does not fit in shared memory")
+            raise NoMatch("the column sums' exchange does not fit in shared memory")
     return plan
 
 
@@ -1118,12 +1118,11 @@ class RegisterScanEmitter(SharedMemoryKernelEmitter):
                     self.cost.event("mbarrier.wait")
                     if rp.depth == 1:   # this step's loads started only when the last one ended
                         self.cost.event("ring.refill_bytes", rp.stage_bytes_tx)
-                if self.opts.scan_checkpoints_first:
-                    out = self._step(body, c, stage, Frag(self.k_local, list(carried), self.row0),
-                                     ring_wait)
-                else:
+                first = self.opts.scan_checkpoints_first
+                if not first:
                     ring_wait()
-                    out = self._step(body, c, stage, Frag(self.k_local, list(carried), self.row0))
+                out = self._step(body, c, stage, Frag(self.k_local, list(carried), self.row0),
+                                 ring_wait if first else None)
                 if rp.exchanges:
                     # the partial sums were written (generic proxy) into ring tiles TMA refills
                     bar.fence_proxy_async_shared()

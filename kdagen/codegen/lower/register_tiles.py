@@ -168,7 +168,8 @@ class RegisterTilePlan:
     kinds: dict = field(default_factory=dict)      # value -> its register-tile form
     mats: list = field(default_factory=list)       # accumulators read through shared copies
     b_forms: dict = field(default_factory=dict)    # general products -> their B form
-    #: products whose W is a ring tile times a factor per column -> that [V] vector
+    #: products whose W is a ring tile times a factor per column -> (that ring tile's value,
+    #: the [V] factor vector)
     column_factors: dict = field(default_factory=dict)
     b_stages: list = field(default_factory=list)   # general products staging their B
     outs: list = field(default_factory=list)       # token-tile stores (a staging area each)
@@ -515,7 +516,7 @@ def _plan(program, scan, C: int, V: int, v_ctas: int, dot: str, smem_limit: int,
             cw, cf = column_scaled(rhs)
             if cw is not None and kinds.get(cw) == "ring" and cf.shape[0] == V:
                 rsrc = cw
-                plan.column_factors[n] = cf
+                plan.column_factors[n] = (cw, cf)
             if kinds.get(rsrc) != "ring" or rhs.shape[1] != V or \
                     mem_info(rsrc.owner.operands[0])[1] not in ("f32", "f16"):
                 general_product(n)
@@ -1878,8 +1879,9 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
             return self._dot_tile(n, x)
         if isinstance(x, T_.BufRef):
             return self._dot_shared(n, x, self.env[rhs])
-        cw = column_scaled(rhs)[0] if n in self.rplan.column_factors else None
-        ws = self.slot_of[(cw if cw is not None else through_views(rhs)).owner]
+        factors = self.rplan.column_factors
+        w = factors[n][0] if n in factors else through_views(rhs)
+        ws = self.slot_of[w.owner]
         ln = row_scaled(lhs)[0]
         if not isinstance(x, Acc) and ln is not None and self.slot_of[ln].elt == "bf16":
             return self._dot_ring(n, ws)
@@ -1922,12 +1924,11 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
         """The column factors of product ``n``'s W (`RegisterTilePlan.column_factors`) at the
         two A rows this thread holds in value block ``part`` (rows 16·warp + g and 8 after it:
         W's columns), else None; read at the chunk's start where they are a chunk load."""
-        f = self.rplan.column_factors.get(n)
-        if f is None:
+        if n not in self.rplan.column_factors:
             return None
         if (n, part) in self._column_factor_values:
             return self._column_factor_values[(n, part)]
-        return self._column_factor_rows(self.env[f], part)
+        return self._column_factor_rows(self.env[self.rplan.column_factors[n][1]], part)
 
     def _column_factor_rows(self, ref, part: int) -> list:
         col = self.cta_v0 + V_BLOCK * part + self.warp * 16 + lane_group(self.lane)
@@ -1939,13 +1940,12 @@ class RegisterTileEmitter(GenericTileOps, SharedMemoryKernelEmitter):
         waited for: read at the product, each load's latency sat right before its A
         fragments (H100, gdn B1_T32k_H16: the output kernel 406 -> 441 us over unscaled)."""
         out = {}
-        for n, f in self.rplan.column_factors.items():
+        for n, (w, f) in self.rplan.column_factors.items():
             load = through_views(f).owner
             if load is None or load.op != "kda.load_chunk":
                 continue
             ref = self.expr(load)
-            cw = column_scaled(n.operands[1])[0]
-            for part in self._parts(self.slot_of[cw.owner].cols):
+            for part in self._parts(self.slot_of[w.owner].cols):
                 out[(n, part)] = self._column_factor_rows(ref, part)
         return out
 

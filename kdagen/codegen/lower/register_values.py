@@ -18,14 +18,19 @@ def through_views(v):
     return v
 
 
-def _row_factor(v):
-    """The [C] value broadcast over the columns of ``v`` (``broadcast(x, dims=[1])``), else None."""
-    v = through_views(v)
-    n = v.owner
-    if (n is not None and n.op == "kda.broadcast" and list(n.attrs.get("dims", ())) == [1]
+def _broadcast_vector(v, dims: list):
+    """The vector ``v`` broadcasts along ``dims`` (``broadcast(x, dims)``, x one-dimensional),
+    seen through views, else None."""
+    n = through_views(v).owner
+    if (n is not None and n.op == "kda.broadcast" and list(n.attrs.get("dims", ())) == dims
             and len(n.operands[0].shape) == 1):
         return n.operands[0]
     return None
+
+
+def _row_factor(v):
+    """The [C] value broadcast over the columns of ``v`` (``broadcast(x, dims=[1])``), else None."""
+    return _broadcast_vector(v, [1])
 
 
 def column_scaled(v) -> tuple:
@@ -36,12 +41,10 @@ def column_scaled(v) -> tuple:
     if v.owner is None or v.owner.op != "kda.mul":
         return None, None
     for x, f in (v.owner.operands, reversed(v.owner.operands)):
-        b = through_views(f).owner
-        x = through_views(x)
-        if (b is not None and b.op == "kda.broadcast" and list(b.attrs.get("dims", ())) == [0]
-                and len(b.operands[0].shape) == 1 and len(x.shape) == 2 and x.owner is not None
+        factor, x = _broadcast_vector(f, [0]), through_views(x)
+        if (factor is not None and len(x.shape) == 2 and x.owner is not None
                 and x.owner.op in ("kda.load", "kda.load_chunk")):
-            return x, b.operands[0]
+            return x, factor
     return None, None
 
 
